@@ -1,0 +1,1 @@
+"""Implementations of the allocation interface, resolved by name."""

@@ -1,0 +1,144 @@
+"""Actions and their elasticity (paper 4.1).
+
+An action is one atomic call on external resources: a tool call or a reward computation. Its cost
+is a vector of demands, one per resource type. At most one resource is its *key elastic
+resource*; with m units of it the action takes `T_ori / (E(m) * m)`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from tangram.errors import ValidationError
+from tangram.resources import Demand
+
+Efficiency = Mapping[int, float] | Callable[[int], float]
+
+
+def _finite_positive(field_name: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValidationError(field_name, v, "must be a number")
+    v = float(v)
+    if not math.isfinite(v) or v <= 0:
+        raise ValidationError(field_name, v, "must be a finite positive number")
+    return v
+
+
+@dataclass(frozen=True, slots=True)
+class Elasticity:
+    """Key resource, single-unit duration `t_ori` and parallel efficiency E(m) in (0, 1]."""
+
+    key: str
+    t_ori: float
+    efficiency: Efficiency
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.key, str) or not self.key:
+            raise ValidationError("elasticity.key", self.key, "must be a resource name")
+        object.__setattr__(self, "t_ori", _finite_positive("elasticity.t_ori", self.t_ori))
+        if isinstance(self.efficiency, Mapping):
+            table = {}
+            for m, e in self.efficiency.items():
+                try:
+                    mi = int(m)
+                except (TypeError, ValueError):
+                    raise ValidationError("elasticity.efficiency", m, "keys must be integers")
+                table[mi] = self._check_e(mi, e)
+            object.__setattr__(self, "efficiency", MappingProxyType(table))
+        elif not callable(self.efficiency):
+            raise ValidationError("elasticity.efficiency", self.efficiency,
+                                  "must be a table {units: E} or a function of units")
+
+    @staticmethod
+    def _check_e(m: int, e: Any) -> float:
+        if isinstance(e, bool) or not isinstance(e, (int, float)):
+            raise ValidationError(f"elasticity.efficiency[{m}]", e, "must be a number")
+        e = float(e)
+        if not (0.0 < e <= 1.0):  # also rejects NaN
+            raise ValidationError(f"elasticity.efficiency[{m}]", e, "must be in (0, 1]")
+        return e
+
+    def e(self, m: int) -> float:
+        if isinstance(self.efficiency, Mapping):
+            try:
+                return self.efficiency[m]
+            except KeyError:
+                raise ValidationError("elasticity.efficiency", m, "no entry for this amount")
+        return self._check_e(m, self.efficiency(m))
+
+    def duration(self, m: int) -> float:
+        """`T_ori / (E(m) * m)`."""
+        return self.t_ori / (self.e(m) * m)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Action:
+    """One tool call or reward computation.
+
+    `duration` is the modelled run time of a non-elastic action (None when unknown: the
+    scheduler then uses the learned profile of its `kind`). `payload` is what the manager runs.
+    """
+
+    id: str
+    demands: Mapping[str, Demand]
+    elasticity: Elasticity | None = None
+    duration: float | None = None
+    trajectory: str | None = None
+    task: str | None = None
+    kind: str = "default"
+    service: str | None = None
+    payload: Any = None
+    submit_time: float = 0.0
+    mins: Mapping[str, int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, str) or not self.id:
+            raise ValidationError("action.id", self.id, "must be a non-empty string")
+        if not isinstance(self.demands, Mapping) or not self.demands:
+            raise ValidationError(f"action[{self.id}].demands", self.demands,
+                                  "must name at least one resource")
+        demands = {}
+        for r, d in self.demands.items():
+            if not isinstance(r, str) or not r:
+                raise ValidationError(f"action[{self.id}].demands", r, "resource names are strings")
+            demands[r] = Demand.parse(d, f"action[{self.id}].demands.{r}")
+        object.__setattr__(self, "demands", MappingProxyType(demands))
+        object.__setattr__(self, "mins", MappingProxyType({r: d.min for r, d in demands.items()}))
+        if self.duration is not None:
+            object.__setattr__(self, "duration",
+                               _finite_positive(f"action[{self.id}].duration", self.duration))
+        if not isinstance(self.submit_time, (int, float)) or not math.isfinite(self.submit_time):
+            raise ValidationError(f"action[{self.id}].submit_time", self.submit_time,
+                                  "must be a finite number")
+        el = self.elasticity
+        if el is not None:
+            if el.key not in demands:
+                raise ValidationError(f"action[{self.id}].elasticity.key", el.key,
+                                      f"is not among the demanded resources {sorted(demands)}")
+            for m in demands[el.key].amounts:
+                try:
+                    el.e(m)
+                except ValidationError as exc:
+                    raise ValidationError(f"action[{self.id}].elasticity.efficiency", m,
+                                          f"missing or bad efficiency for allowed amount "
+                                          f"({exc.problem})") from None
+
+    @property
+    def key(self) -> str | None:
+        return self.elasticity.key if self.elasticity is not None else None
+
+    @property
+    def is_elastic(self) -> bool:
+        el = self.elasticity
+        return el is not None and not self.demands[el.key].is_fixed
+
+    def duration_at(self, units: int | None = None) -> float | None:
+        """Modelled duration with `units` of the key resource (elastic) or the fixed duration."""
+        el = self.elasticity
+        if el is not None:
+            return el.duration(units if units is not None else self.demands[el.key].min)
+        return self.duration

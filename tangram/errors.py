@@ -1,0 +1,33 @@
+"""One error hierarchy for the whole project, rooted at `TangramError`."""
+
+from __future__ import annotations
+
+
+class TangramError(Exception):
+    """Base of every error Tangram raises on purpose."""
+
+
+class ValidationError(TangramError, ValueError):
+    """A value a user gave is not acceptable; the message names the field and the value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        self.problem = problem
+        super().__init__(f"{field}: {problem} (got {value!r})")
+
+
+class Infeasible(TangramError):
+    """No allocation can satisfy the request."""
+
+
+class InvariantError(TangramError, AssertionError):
+    """An allocation broke an invariant (over capacity, a core or GPU used twice, ...)."""
+
+
+class BackendUnavailable(TangramError):
+    """A requested backend cannot run on this machine; the message names the fix."""
+
+
+class ActionFailed(TangramError):
+    """An action could not run (its environment is lost or broken, its node died, ...)."""

@@ -1,0 +1,300 @@
+"""Pool state: the free/used units of one resource type over its nodes (pure, no side effects).
+
+Three topologies: `FlatPool` (interchangeable units per node: API slots, memory), `CorePool`
+(cores grouped by NUMA domain per node; CPU is scheduled per node) and `ChunkPool` (a buddy chunk
+tree per GPU node; chunks are pooled across nodes for the DP). Policies copy a pool and try
+placements on the copy; the scheduler applies the final placements with `take`, which refuses
+anything that breaks an invariant.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+
+from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError
+
+from tangram.errors import Infeasible, ValidationError
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where units were granted: the node, and the concrete cores or GPU chunk."""
+
+    node: str
+    cores: tuple[int, ...] = ()
+    chunk: tuple[int, int] | None = None
+
+
+class Pool(ABC):
+    """One resource type over its nodes."""
+
+    resource: str
+    per_node: bool  # True: the DP groups actions per node (CPU); False: pooled (GPU chunks)
+
+    @abstractmethod
+    def nodes(self) -> list[str]: ...
+    @abstractmethod
+    def capacity(self, node: str | None = None) -> int: ...
+    @abstractmethod
+    def free(self, node: str | None = None) -> int: ...
+    @abstractmethod
+    def largest_request(self) -> int:
+        """The largest single amount that could ever be placed (on an empty pool)."""
+    @abstractmethod
+    def fits(self, k: int, node: str | None = None,
+             exclude: Collection[str] = ()) -> str | None:
+        """A node where k units fit now (`node` if given), or None."""
+    @abstractmethod
+    def place(self, k: int, node: str | None = None, exclude: Collection[str] = (),
+              prefer: Callable[[str, tuple[int, int]], float] | None = None) -> Placement:
+        """Choose and take k units; raises `Infeasible` when they do not fit."""
+    @abstractmethod
+    def take(self, placement: Placement, k: int) -> None:
+        """Take exactly this placement; raises `TopologyError` when any part is not free."""
+    @abstractmethod
+    def release(self, placement: Placement, k: int) -> None: ...
+    @abstractmethod
+    def operator(self, node: str | None = None) -> FlatOperator | ChunkOperator: ...
+    @abstractmethod
+    def copy(self) -> Pool: ...
+
+    def validate_amounts(self, field: str, amounts: Collection[int]) -> None:
+        """Reject a demand no placement could ever meet (checked at submission)."""
+        if min(amounts) > self.largest_request():
+            raise Infeasible(f"{field}: needs at least {min(amounts)} {self.resource}, the "
+                             f"largest placement this cluster has is {self.largest_request()}")
+
+
+class FlatPool(Pool):
+    per_node = True
+
+    def __init__(self, resource: str, units: Mapping[str, int]) -> None:
+        self.resource = resource
+        for n, u in units.items():
+            if isinstance(u, bool) or not isinstance(u, int) or u < 0:
+                raise ValidationError(f"resources.{resource}.units", u,
+                                      "must be a non-negative integer")
+        self._cap = dict(units)
+        self._free = dict(units)
+
+    def nodes(self) -> list[str]:
+        return list(self._cap)
+
+    def capacity(self, node: str | None = None) -> int:
+        return self._cap[node] if node is not None else sum(self._cap.values())
+
+    def free(self, node: str | None = None) -> int:
+        return self._free[node] if node is not None else sum(self._free.values())
+
+    def largest_request(self) -> int:
+        return max(self._cap.values(), default=0)
+
+    def fits(self, k, node=None, exclude=()):
+        if node is not None:
+            return node if self._free.get(node, -1) >= k and node not in exclude else None
+        best, best_free = None, -1
+        for n, f in self._free.items():
+            if f >= k and f > best_free and n not in exclude:
+                best, best_free = n, f
+        return best
+
+    def place(self, k, node=None, exclude=(), prefer=None):
+        n = self.fits(k, node, exclude)
+        if n is None:
+            raise Infeasible(f"{self.resource}: {k} units do not fit")
+        self._free[n] -= k
+        return Placement(n)
+
+    def take(self, placement, k):
+        f = self._free.get(placement.node)
+        if f is None:
+            raise TopologyError(f"{self.resource}: no node {placement.node!r}")
+        if k > f:
+            raise TopologyError(f"{self.resource}@{placement.node}: {k} units over the {f} free")
+        self._free[placement.node] = f - k
+
+    def release(self, placement, k):
+        f = self._free[placement.node] + k
+        if f > self._cap[placement.node]:
+            raise TopologyError(f"{self.resource}@{placement.node}: released above capacity")
+        self._free[placement.node] = f
+
+    def operator(self, node=None):
+        return FlatOperator(self.free(node))
+
+    def copy(self):
+        p = FlatPool.__new__(FlatPool)
+        p.resource, p._cap, p._free = self.resource, self._cap, dict(self._free)
+        return p
+
+
+class CorePool(Pool):
+    per_node = True
+
+    def __init__(self, resource: str, nodes: Mapping[str, CpuNode]) -> None:
+        self.resource = resource
+        self._nodes = dict(nodes)
+        self._free = {n: c.free_count() for n, c in self._nodes.items()}
+
+    def cpu_node(self, node: str) -> CpuNode:
+        return self._nodes[node]
+
+    def nodes(self):
+        return list(self._nodes)
+
+    def capacity(self, node=None):
+        if node is not None:
+            return self._nodes[node].capacity
+        return sum(c.capacity for c in self._nodes.values())
+
+    def free(self, node=None):
+        return self._free[node] if node is not None else sum(self._free.values())
+
+    def largest_request(self):
+        return max((c.capacity for c in self._nodes.values()), default=0)
+
+    fits = FlatPool.fits
+
+    def place(self, k, node=None, exclude=(), prefer=None):
+        n = self.fits(k, node, exclude)
+        if n is None:
+            raise Infeasible(f"{self.resource}: {k} cores do not fit")
+        cores = self._nodes[n].allocate(k)
+        self._free[n] -= k
+        return Placement(n, cores=cores)
+
+    def take(self, placement, k):
+        node = self._nodes.get(placement.node)
+        if node is None:
+            raise TopologyError(f"{self.resource}: no node {placement.node!r}")
+        if len(placement.cores) != k:
+            raise TopologyError(f"{self.resource}: {len(placement.cores)} cores for {k} units")
+        node.take(placement.cores)
+        self._free[placement.node] -= k
+
+    def release(self, placement, k):
+        self._nodes[placement.node].release(placement.cores)
+        self._free[placement.node] += k
+
+    def operator(self, node=None):
+        return FlatOperator(self.free(node))
+
+    def copy(self):
+        p = CorePool.__new__(CorePool)
+        p.resource = self.resource
+        p._nodes = {n: c.copy() for n, c in self._nodes.items()}
+        p._free = dict(self._free)
+        return p
+
+
+class ChunkPool(Pool):
+    per_node = False
+
+    def __init__(self, resource: str, nodes: Mapping[str, ChunkTree]) -> None:
+        self.resource = resource
+        self._trees = dict(nodes)
+
+    def tree(self, node: str) -> ChunkTree:
+        return self._trees[node]
+
+    def nodes(self):
+        return list(self._trees)
+
+    def capacity(self, node=None):
+        if node is not None:
+            return self._trees[node].num_gpus
+        return sum(t.num_gpus for t in self._trees.values())
+
+    def free(self, node=None):
+        if node is not None:
+            return self._trees[node].free_gpus()
+        return sum(t.free_gpus() for t in self._trees.values())
+
+    def largest_request(self):
+        return max((t.num_gpus for t in self._trees.values()), default=0)
+
+    def validate_amounts(self, field, amounts):
+        for k in amounts:
+            if k & (k - 1):
+                raise ValidationError(field, k, "GPU amounts must be powers of two (an action "
+                                      "of k GPUs takes one aligned chunk of k)")
+        super().validate_amounts(field, amounts)
+
+    def _best_level(self, k, node, exclude):
+        """Smallest free chunk level >= level(k) over the allowed nodes: (level, nodes at it)."""
+        a = (k - 1).bit_length()
+        best, at = None, []
+        for n, t in self._trees.items():
+            if (node is not None and n != node) or n in exclude or a >= t.levels:
+                continue
+            lv = next((b for b in range(a, t.levels) if t.free[b]), None)
+            if lv is None:
+                continue
+            if best is None or lv < best:
+                best, at = lv, [n]
+            elif lv == best:
+                at.append(n)
+        return best, at
+
+    def fits(self, k, node=None, exclude=()):
+        if k & (k - 1):
+            return None
+        _, at = self._best_level(k, node, exclude)
+        return at[0] if at else None
+
+    def place(self, k, node=None, exclude=(), prefer=None):
+        if k & (k - 1):
+            raise Infeasible(f"{self.resource}: {k} GPUs is not a power of two")
+        _, at = self._best_level(k, node, exclude)
+        if not at:
+            raise Infeasible(f"{self.resource}: no free chunk of {k} GPUs")
+        if prefer is None:
+            n = at[0]
+            return Placement(n, chunk=self._trees[n].allocate(k))
+        # among equal-level choices on every node, the highest preference wins
+        best = None
+        for n in at:
+            t = self._trees[n]
+            size = k
+            b = (k - 1).bit_length()
+            lv = next(x for x in range(b, t.levels) if t.free[x])
+            for p0, p1 in t.free[lv]:
+                for s in range(p0, p1, size):
+                    score = prefer(n, (s, s + size))
+                    if best is None or score > best[0] or (score == best[0] and (n, s) < best[1:]):
+                        best = (score, n, s)
+        assert best is not None
+        _, n, s = best
+        self._trees[n].take((s, s + k))
+        return Placement(n, chunk=(s, s + k))
+
+    def take(self, placement, k):
+        t = self._trees.get(placement.node)
+        if t is None:
+            raise TopologyError(f"{self.resource}: no node {placement.node!r}")
+        if placement.chunk is None or placement.chunk[1] - placement.chunk[0] != k:
+            raise TopologyError(f"{self.resource}: chunk {placement.chunk} does not hold {k} GPUs")
+        t.take(placement.chunk)
+
+    def release(self, placement, k):
+        assert placement.chunk is not None
+        self._trees[placement.node].release(placement.chunk)
+
+    def free_chunks(self, node: str | None = None) -> dict[int, int]:
+        total: dict[int, int] = {}
+        for n, t in self._trees.items():
+            if node is None or n == node:
+                for size, c in t.free_counts().items():
+                    total[size] = total.get(size, 0) + c
+        return total
+
+    def operator(self, node=None):
+        return ChunkOperator(self.free_chunks(node))
+
+    def copy(self):
+        p = ChunkPool.__new__(ChunkPool)
+        p.resource = self.resource
+        p._trees = {n: t.copy() for n, t in self._trees.items()}
+        return p

@@ -1,0 +1,13 @@
+"""Topologies (networkx), buddy chunk trees, DP operators and machine discovery."""
+
+from topology.chunks import Chunk, ChunkTree, build_chunk_graph, chunk_level
+from topology.cpu import CpuNode
+from topology.discovery import GpuDiscovery, GpuInfo, discover_gpus, discover_numa, parse_cpulist
+from topology.errors import InvariantViolation, TopologyError
+from topology.operators import ChunkOperator, FlatOperator
+
+__all__ = [
+    "Chunk", "ChunkOperator", "ChunkTree", "CpuNode", "FlatOperator", "GpuDiscovery", "GpuInfo",
+    "InvariantViolation", "TopologyError", "build_chunk_graph", "chunk_level", "discover_gpus",
+    "discover_numa", "parse_cpulist",
+]

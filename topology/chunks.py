@@ -1,0 +1,187 @@
+"""The GPU chunk tree of one node: aligned power-of-two intervals, buddy split and merge.
+
+HiveD-style multi-level cells (paper 5.3): a node of G GPUs (G a power of two) starts as one
+free chunk (0, G). A request of k GPUs takes a free chunk of level a = ceil(log2 k), splitting the
+smallest free chunk of a level b >= a. Freeing a chunk merges it with its buddy while the buddy is
+free. The tree of all intervals is a networkx DiGraph (parent -> children), the form the exact
+solvers read; per-level free lists hold the state. Invariants are checked after every mutation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import networkx as nx
+
+from topology.errors import InvariantViolation, TopologyError
+
+Chunk = tuple[int, int]
+
+
+def chunk_level(k: int) -> int:
+    """Level of the smallest power-of-two chunk holding k GPUs."""
+    if k <= 0:
+        raise TopologyError(f"a GPU request must be positive, got {k!r}")
+    return (k - 1).bit_length()
+
+
+def build_chunk_graph(num_gpus: int) -> nx.DiGraph:
+    """All aligned intervals of a node with `num_gpus` GPUs, edges parent -> the two halves."""
+    g = nx.DiGraph()
+    size = num_gpus
+    level = num_gpus.bit_length() - 1
+    while size >= 1:
+        for start in range(0, num_gpus, size):
+            g.add_node((start, start + size), level=level, size=size)
+            if size < num_gpus:
+                parent_size = size * 2
+                ps = start - start % parent_size
+                g.add_edge((ps, ps + parent_size), (start, start + size))
+        size //= 2
+        level -= 1
+    return g
+
+
+class ChunkTree:
+    """Free/used state of one GPU node's chunk tree, with buddy allocation."""
+
+    def __init__(self, num_gpus: int, node: str = "gpu0", check: bool = True) -> None:
+        if num_gpus <= 0 or num_gpus & (num_gpus - 1):
+            raise TopologyError(f"GPUs per node must be a power of two, got {num_gpus!r}")
+        self.node = node
+        self.num_gpus = num_gpus
+        self.levels = num_gpus.bit_length()  # levels 0 .. levels-1
+        self.free: list[set[Chunk]] = [set() for _ in range(self.levels)]
+        self.free[self.levels - 1].add((0, num_gpus))
+        self.used: set[Chunk] = set()
+        self.check_invariants = check
+        self._graph: nx.DiGraph | None = None
+
+    # -- views -------------------------------------------------------------------------------
+    @property
+    def graph(self) -> nx.DiGraph:
+        if self._graph is None:
+            self._graph = build_chunk_graph(self.num_gpus)
+        return self._graph
+
+    def free_counts(self) -> dict[int, int]:
+        return {1 << lv: len(s) for lv, s in enumerate(self.free)}
+
+    def free_gpus(self) -> int:
+        return sum(len(s) << lv for lv, s in enumerate(self.free))
+
+    def largest_free(self) -> int:
+        for lv in range(self.levels - 1, -1, -1):
+            if self.free[lv]:
+                return 1 << lv
+        return 0
+
+    def can_allocate(self, k: int) -> bool:
+        a = chunk_level(k)
+        return a < self.levels and any(self.free[b] for b in range(a, self.levels))
+
+    def copy(self) -> ChunkTree:
+        t = ChunkTree.__new__(ChunkTree)
+        t.node = self.node
+        t.num_gpus = self.num_gpus
+        t.levels = self.levels
+        t.free = [set(s) for s in self.free]
+        t.used = set(self.used)
+        t.check_invariants = self.check_invariants
+        t._graph = self._graph
+        return t
+
+    # -- mutations ---------------------------------------------------------------------------
+    def allocate(self, k: int, score: Callable[[Chunk], float] | None = None) -> Chunk:
+        """Take one aligned chunk of ceil-pow2(k) GPUs from the smallest free level that holds it.
+
+        Among the chunks this could yield (any aligned sub-chunk of any free chunk of that
+        smallest level), `score` picks the highest; ties go to the lowest start.
+        """
+        a = chunk_level(k)
+        if a >= self.levels:
+            raise TopologyError(f"{self.node}: {k} GPUs exceed the node's {self.num_gpus}")
+        b = next((lv for lv in range(a, self.levels) if self.free[lv]), None)
+        if b is None:
+            raise TopologyError(f"{self.node}: no free chunk of {1 << a} GPUs")
+        size = 1 << a
+        options = sorted(
+            (s, s + size) for (p0, p1) in self.free[b] for s in range(p0, p1, size)
+        )
+        target = max(options, key=score) if score is not None else options[0]
+        self.take(target)
+        return target
+
+    def take(self, chunk: Chunk) -> None:
+        """Mark exactly `chunk` used, splitting the free chunk that contains it."""
+        s, e = chunk
+        size = e - s
+        if size <= 0 or size & (size - 1) or s % size or e > self.num_gpus or s < 0:
+            raise TopologyError(f"{self.node}: {chunk} is not an aligned chunk of this node")
+        a = size.bit_length() - 1
+        for b in range(a, self.levels):
+            bs = 1 << b
+            parent = (s - s % bs, s - s % bs + bs)
+            if parent in self.free[b]:
+                self.free[b].remove(parent)
+                # split down toward the target, freeing the sibling halves
+                lo, hi = parent
+                for lv in range(b - 1, a - 1, -1):
+                    half = 1 << lv
+                    left, right = (lo, lo + half), (lo + half, hi)
+                    if s < lo + half:
+                        self.free[lv].add(right)
+                        lo, hi = left
+                    else:
+                        self.free[lv].add(left)
+                        lo, hi = right
+                self.used.add(chunk)
+                self._check()
+                return
+        raise TopologyError(f"{self.node}: chunk {chunk} is not free")
+
+    def release(self, chunk: Chunk) -> None:
+        """Free a used chunk and merge buddies upward."""
+        if chunk not in self.used:
+            raise TopologyError(f"{self.node}: chunk {chunk} is not in use")
+        self.used.remove(chunk)
+        s, e = chunk
+        size = e - s
+        lv = size.bit_length() - 1
+        while lv < self.levels - 1:
+            buddy = (s ^ size, (s ^ size) + size)
+            if buddy not in self.free[lv]:
+                break
+            self.free[lv].remove(buddy)
+            s = min(s, buddy[0])
+            size *= 2
+            lv += 1
+        self.free[lv].add((s, s + size))
+        self._check()
+
+    # -- invariants --------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self.check_invariants:
+            self.verify()
+
+    def verify(self) -> None:
+        """Aligned chunks, no overlap, free + used = all GPUs, no unmerged free buddies."""
+        covered = [0] * self.num_gpus
+        chunks: Iterable[Chunk] = [c for s in self.free for c in s] + list(self.used)
+        for lv, s in enumerate(self.free):
+            for c in s:
+                if c[1] - c[0] != 1 << lv:
+                    raise InvariantViolation(f"{self.node}: free chunk {c} filed at level {lv}")
+                if lv < self.levels - 1:
+                    size = 1 << lv
+                    buddy = (c[0] ^ size, (c[0] ^ size) + size)
+                    if buddy in s:
+                        raise InvariantViolation(f"{self.node}: free buddies {c} {buddy} unmerged")
+        for s, e in chunks:
+            size = e - s
+            if size <= 0 or size & (size - 1) or s % size:
+                raise InvariantViolation(f"{self.node}: chunk {(s, e)} is not aligned")
+            for g in range(s, e):
+                covered[g] += 1
+        if any(c != 1 for c in covered):
+            raise InvariantViolation(f"{self.node}: GPU coverage {covered} (free+used != all)")

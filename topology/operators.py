@@ -1,0 +1,158 @@
+"""DP operators: the state spaces DPArrange runs over (paper, Appendix B).
+
+An operator encodes the free capacity of one resource as a finite set of integer states and
+advances a DP layer for one task in one vectorised step. `step` is a *pull or push* over all
+states at once; no Python loop runs over (state, amount) pairs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+INF = np.inf
+
+
+class FlatOperator:
+    """`units` interchangeable free units (the cores of one node). State = units used so far."""
+
+    __slots__ = ("units", "num_states", "initial", "_index_cache", "_arange")
+
+    def __init__(self, units: int) -> None:
+        if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 0:
+            raise ValueError(f"FlatOperator: units must be a non-negative integer, got {units!r}")
+        self.units = int(units)
+        self.num_states = self.units + 1
+        self.initial = 0
+        self._index_cache: dict[bytes, np.ndarray] = {}
+        self._arange = np.arange(self.num_states)
+
+    def __repr__(self) -> str:
+        return f"FlatOperator(units={self.units})"
+
+    def _index(self, amounts: np.ndarray) -> np.ndarray:
+        key = amounts.tobytes()
+        idx = self._index_cache.get(key)
+        if idx is None:
+            idx = self._arange[None, :] - amounts[:, None]
+            idx[idx < 0] = self.num_states  # sentinel slot holding +inf
+            self._index_cache[key] = idx
+        return idx
+
+    def step(
+        self, prev: np.ndarray, amounts: np.ndarray, durations: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One DP layer: new[t] = min_a prev[t - amounts[a]] + durations[a].
+
+        Returns (new costs, chosen amount index or -1, predecessor state or -1) per state.
+        """
+        idx = self._index(amounts)
+        padded = np.empty(self.num_states + 1)
+        padded[:-1] = prev
+        padded[-1] = INF
+        cand = padded[idx]
+        cand += durations[:, None]
+        choice = cand.argmin(axis=0)
+        cols = self._arange
+        new = cand[choice, cols]
+        pred = idx[choice, cols]
+        dead = ~np.isfinite(new)
+        choice[dead] = -1
+        pred[dead] = -1
+        return new, choice, pred
+
+    def units_used(self, state: int) -> int:
+        return int(state)
+
+
+class ChunkOperator:
+    """Free aligned chunks by size, pooled across nodes (paper 5.3, with buddy splitting).
+
+    A task of k GPUs (k a power of two) takes one whole chunk of size k, split buddy-style from
+    the smallest free chunk that holds it: taking 2 from a free 8 leaves a free 4 and a free 2.
+    States are the reachable tuples of free-chunk counts, enumerated once per operator.
+    """
+
+    __slots__ = ("sizes", "num_states", "initial", "states", "_next", "_size_col")
+
+    def __init__(self, free: Mapping[int, int]) -> None:
+        sizes = sorted(int(s) for s in free)
+        for s in sizes:
+            if s <= 0 or s & (s - 1):
+                raise ValueError(f"ChunkOperator: chunk size must be a power of two, got {s!r}")
+            if int(free[s]) < 0:
+                raise ValueError(f"ChunkOperator: free[{s}] must be >= 0, got {free[s]!r}")
+        top = sizes[-1] if sizes else 1
+        self.sizes = tuple(1 << i for i in range(top.bit_length()))
+        self._size_col = {s: i for i, s in enumerate(self.sizes)}
+        start = tuple(int(free.get(s, 0)) for s in self.sizes)
+        self.states, self._next = self._enumerate(start)
+        self.num_states = len(self.states)
+        self.initial = 0
+
+    def __repr__(self) -> str:
+        return f"ChunkOperator(free={dict(zip(self.sizes, self.states[0]))})"
+
+    def _take(self, state: tuple[int, ...], level: int) -> tuple[int, ...] | None:
+        counts = list(state)
+        for b in range(level, len(counts)):
+            if counts[b]:
+                counts[b] -= 1
+                for lv in range(level, b):
+                    counts[lv] += 1
+                return tuple(counts)
+        return None
+
+    def _enumerate(self, start: tuple[int, ...]) -> tuple[list[tuple[int, ...]], np.ndarray]:
+        index = {start: 0}
+        states = [start]
+        rows: list[list[int]] = []
+        i = 0
+        while i < len(states):
+            row = []
+            for level in range(len(self.sizes)):
+                nxt = self._take(states[i], level)
+                if nxt is None:
+                    row.append(-1)
+                    continue
+                j = index.get(nxt)
+                if j is None:
+                    j = index[nxt] = len(states)
+                    states.append(nxt)
+                row.append(j)
+            rows.append(row)
+            i += 1
+        table = np.array(rows, dtype=np.int64).reshape(len(states), len(self.sizes))
+        return states, table
+
+    def step(
+        self, prev: np.ndarray, amounts: np.ndarray, durations: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One DP layer pushed forward through the transition table, keeping the cheapest."""
+        n = self.num_states
+        cols = np.array([self._size_col.get(int(a), -1) for a in amounts], dtype=np.int64)
+        nxt = np.where(cols[None, :] >= 0, self._next[:, np.maximum(cols, 0)], -1)
+        cost = prev[:, None] + durations[None, :]
+        ok = (nxt >= 0) & np.isfinite(cost)
+        src, arm = np.nonzero(ok)
+        dst = nxt[src, arm]
+        c = cost[src, arm]
+        new = np.full(n, INF)
+        choice = np.full(n, -1, dtype=np.int64)
+        pred = np.full(n, -1, dtype=np.int64)
+        if dst.size:
+            order = np.lexsort((c, dst))
+            dst_s = dst[order]
+            first = np.ones(dst_s.size, dtype=bool)
+            first[1:] = dst_s[1:] != dst_s[:-1]
+            pick = order[first]
+            new[dst[pick]] = c[pick]
+            choice[dst[pick]] = arm[pick]
+            pred[dst[pick]] = src[pick]
+        return new, choice, pred
+
+    def units_used(self, state: int) -> int:
+        start = self.states[0]
+        now = self.states[state]
+        return sum(s * (a - b) for s, a, b in zip(self.sizes, start, now))
