@@ -1,0 +1,241 @@
+"""The instance file (DESIGN.md section 8): the common currency of replay, solve, gap and tests.
+
+```json
+{"resources": {"cpu": {"topology": "flat", "units": 8},
+               "gpu": {"topology": "chunks", "nodes": 2, "gpus_per_node": 8,
+                       "memory_gb": 80, "services": {"judge": {"memory_gb": 60, "restore_s": 2}}}},
+ "actions": [{"id": "a1", "arrival": 0.0, "key": "cpu", "demand": {"cpu": [1, 2, 4, 8]},
+              "t_ori": 12.0, "efficiency": {"1": 1.0, "2": 0.95, "4": 0.85, "8": 0.7}},
+             {"id": "a2", "arrival": 0.5, "demand": {"cpu": [1]}, "duration": 0.2}]}
+```
+
+Validated at load: every error names the JSON path of the bad value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from topology import ChunkTree
+
+from tangram.actions import Action, Elasticity
+from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.pools import ChunkPool, FlatPool, Pool
+from tangram.resources import Demand
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    memory_gb: float
+    restore_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """One resource type of the instance: flat units on one node, or GPU chunk nodes."""
+
+    name: str
+    topology: str  # "flat" | "chunks"
+    units: int = 0
+    nodes: int = 1
+    gpus_per_node: int = 0
+    memory_gb: float | None = None
+    services: Mapping[str, ServiceSpec] = field(default_factory=dict)
+
+    def node_names(self) -> list[str]:
+        if self.topology == "flat":
+            return ["node0"]
+        return [f"{self.name}{i}" for i in range(self.nodes)]
+
+    def build_pool(self) -> Pool:
+        if self.topology == "flat":
+            return FlatPool(self.name, {"node0": self.units})
+        return ChunkPool(self.name, {n: ChunkTree(self.gpus_per_node, n)
+                                     for n in self.node_names()})
+
+    @property
+    def capacity(self) -> int:
+        return self.units if self.topology == "flat" else self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    resources: Mapping[str, ResourceSpec]
+    actions: tuple[Action, ...]
+
+    def build_pools(self) -> dict[str, Pool]:
+        return {r: spec.build_pool() for r, spec in self.resources.items()}
+
+    def arrival(self, action: Action) -> float:
+        return action.submit_time
+
+
+def _num(path: str, v: Any, positive: bool = False, allow_zero: bool = True) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValidationError(path, v, "must be a finite number")
+    if (positive and v <= 0) or (not allow_zero and v == 0) or v < 0:
+        raise ValidationError(path, v, "must be positive" if positive else "must be >= 0")
+    return float(v)
+
+
+def _int(path: str, v: Any, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValidationError(path, v, f"must be an integer >= {minimum}")
+    return v
+
+
+def _keys(path: str, obj: Any, required: set[str], optional: set[str]) -> dict:
+    if not isinstance(obj, dict):
+        raise ValidationError(path, obj, "must be an object")
+    missing = required - set(obj)
+    if missing:
+        raise ValidationError(f"{path}.{sorted(missing)[0]}", None, "is required")
+    unknown = set(obj) - required - optional
+    if unknown:
+        raise ValidationError(f"{path}.{sorted(unknown)[0]}", obj[sorted(unknown)[0]],
+                              f"unknown key (allowed: {sorted(required | optional)})")
+    return obj
+
+
+def parse_resource(name: str, obj: Any) -> ResourceSpec:
+    path = f"resources.{name}"
+    if not isinstance(obj, dict) or obj.get("topology") not in ("flat", "chunks"):
+        raise ValidationError(f"{path}.topology", obj.get("topology") if isinstance(obj, dict)
+                              else obj, 'must be "flat" or "chunks"')
+    if obj["topology"] == "flat":
+        _keys(path, obj, {"topology", "units"}, set())
+        return ResourceSpec(name, "flat", units=_int(f"{path}.units", obj["units"]))
+    _keys(path, obj, {"topology", "nodes", "gpus_per_node"}, {"memory_gb", "services"})
+    g = _int(f"{path}.gpus_per_node", obj["gpus_per_node"])
+    if g & (g - 1):
+        raise ValidationError(f"{path}.gpus_per_node", g, "must be a power of two")
+    mem = obj.get("memory_gb")
+    services: dict[str, ServiceSpec] = {}
+    for sname, s in (obj.get("services") or {}).items():
+        sp = f"{path}.services.{sname}"
+        _keys(sp, s, {"memory_gb", "restore_s"}, set())
+        services[sname] = ServiceSpec(_num(f"{sp}.memory_gb", s["memory_gb"], positive=True),
+                                      _num(f"{sp}.restore_s", s["restore_s"]))
+        if mem is not None and services[sname].memory_gb > mem:
+            raise ValidationError(f"{sp}.memory_gb", s["memory_gb"],
+                                  f"exceeds the pool's memory_gb per GPU ({mem})")
+    if services and mem is None:
+        raise ValidationError(f"{path}.memory_gb", None, "is required when services are listed")
+    return ResourceSpec(name, "chunks", nodes=_int(f"{path}.nodes", obj["nodes"]),
+                        gpus_per_node=g,
+                        memory_gb=None if mem is None else _num(f"{path}.memory_gb", mem, True),
+                        services=services)
+
+
+def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Action:
+    path = f"actions[{i}]"
+    _keys(path, obj, {"id", "demand"},
+          {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory", "kind"})
+    aid = obj["id"]
+    if not isinstance(aid, str) or not aid:
+        raise ValidationError(f"{path}.id", aid, "must be a non-empty string")
+    path = f"actions[{aid}]"
+    if not isinstance(obj["demand"], dict) or not obj["demand"]:
+        raise ValidationError(f"{path}.demand", obj["demand"], "must map resources to amounts")
+    demands = {}
+    for r, d in obj["demand"].items():
+        if r not in resources:
+            raise ValidationError(f"{path}.demand.{r}", d,
+                                  f"unknown resource (declared: {sorted(resources)})")
+        demands[r] = Demand.parse(d, f"{path}.demand.{r}")
+    elastic = "key" in obj or "t_ori" in obj or "efficiency" in obj
+    elasticity = None
+    duration = None
+    if elastic:
+        for k in ("key", "t_ori", "efficiency"):
+            if k not in obj:
+                raise ValidationError(f"{path}.{k}", None, "is required for an elastic action")
+        if "duration" in obj:
+            raise ValidationError(f"{path}.duration", obj["duration"],
+                                  "an elastic action has t_ori and efficiency, not a duration")
+        if obj["key"] not in demands:
+            raise ValidationError(f"{path}.key", obj["key"], "must be one of the demanded "
+                                  f"resources {sorted(demands)}")
+        eff = obj["efficiency"]
+        if not isinstance(eff, dict):
+            raise ValidationError(f"{path}.efficiency", eff, "must map amounts to E(m)")
+        table = {}
+        for m, e in eff.items():
+            try:
+                mi = int(m)
+            except (TypeError, ValueError):
+                raise ValidationError(f"{path}.efficiency", m, "keys must be integers") from None
+            table[mi] = e
+        for m in demands[obj["key"]].amounts:
+            if m not in table:
+                raise ValidationError(f"{path}.efficiency.{m}", None,
+                                      "missing: every allowed amount of the key needs E(m)")
+        try:
+            elasticity = Elasticity(obj["key"], obj["t_ori"], table)
+        except ValidationError as exc:
+            raise ValidationError(f"{path}.{exc.field.removeprefix('elasticity.')}", exc.value,
+                                  exc.problem) from None
+    else:
+        if "duration" not in obj:
+            raise ValidationError(f"{path}.duration", None,
+                                  "is required (or key, t_ori and efficiency for elastic)")
+        duration = _num(f"{path}.duration", obj["duration"], positive=True)
+    service = obj.get("service")
+    if service is not None:
+        gpu_res = [r for r in demands if resources[r].topology == "chunks"]
+        if not gpu_res:
+            raise ValidationError(f"{path}.service", service, "needs a GPU (chunks) demand")
+        if service not in resources[gpu_res[0]].services:
+            raise ValidationError(f"{path}.service", service, "unknown service (declared: "
+                                  f"{sorted(resources[gpu_res[0]].services)})")
+    arrival = _num(f"{path}.arrival", obj.get("arrival", 0.0))
+    action = Action(aid, demands, elasticity=elasticity, duration=duration,
+                    trajectory=obj.get("trajectory"), kind=obj.get("kind", "default"),
+                    service=service, submit_time=arrival)
+    for r, d in demands.items():
+        spec = resources[r]
+        pool = spec.build_pool() if spec.topology == "flat" else None
+        if spec.topology == "chunks":
+            for k in d.amounts:
+                if k & (k - 1):
+                    raise ValidationError(f"{path}.demand.{r}", k, "GPU amounts must be powers "
+                                          "of two (a k-GPU action takes one aligned k-chunk)")
+            biggest = spec.gpus_per_node
+        else:
+            biggest = pool.largest_request() if pool else spec.units
+        if d.min > biggest:
+            raise Infeasible(f"{path}.demand.{r}: needs at least {d.min}, can never fit "
+                             f"(the largest placement is {biggest})")
+    return action
+
+
+def parse_instance(doc: Any) -> Instance:
+    _keys("instance", doc, {"resources", "actions"}, {"comment", "expected"})
+    if not isinstance(doc["resources"], dict) or not doc["resources"]:
+        raise ValidationError("resources", doc["resources"], "must declare at least one resource")
+    resources = {n: parse_resource(n, o) for n, o in doc["resources"].items()}
+    if not isinstance(doc["actions"], list):
+        raise ValidationError("actions", doc["actions"], "must be a list")
+    actions = [parse_action(i, a, resources) for i, a in enumerate(doc["actions"])]
+    ids = set()
+    for a in actions:
+        if a.id in ids:
+            raise ValidationError(f"actions[{a.id}].id", a.id, "duplicate action id")
+        ids.add(a.id)
+    actions.sort(key=lambda a: a.submit_time)  # stable: file order breaks ties
+    return Instance(resources, tuple(actions))
+
+
+def load_instance(path: str | Path) -> Instance:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TangramError(f"instance file {path}: not found") from None
+    except json.JSONDecodeError as exc:
+        raise TangramError(f"instance file {path}: not valid JSON ({exc})") from None
+    return parse_instance(doc)
