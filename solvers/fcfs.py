@@ -1,0 +1,108 @@
+"""The FCFS candidate scan shared by every queue-order policy (paper Algorithm 1, step 1).
+
+Walk the queue in order, placing each action at its minimum demands on scratch copies of the
+pools (so the *topology* must hold it, not only the sums). An action that does not fit blocks
+the pools it needs; a later action is passed over (may overtake) only when it shares no blocked
+pool with an earlier action that did not fit. So a full GPU pool never stalls CPU actions, and no
+action overtakes one it contends with (no starvation). CPU pools block per node where an
+action's node is known (its trajectory's environment), otherwise the whole resource.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+
+from tangram.actions import Action
+from tangram.allocation import ClusterView
+from tangram.errors import Infeasible
+from tangram.pools import Placement, Pool
+
+ALL = None  # blocked value meaning: every node of the resource
+
+
+class ScratchPools(Mapping[str, Pool]):
+    """Copy-on-first-access view of the cluster's pools, so a decision copies only what it uses."""
+
+    __slots__ = ("_src", "_copies")
+
+    def __init__(self, src: Mapping[str, Pool]) -> None:
+        self._src = src
+        self._copies: dict[str, Pool] = {}
+
+    def __getitem__(self, r: str) -> Pool:
+        p = self._copies.get(r)
+        if p is None:
+            p = self._copies[r] = self._src[r].copy()
+        return p
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._src)
+
+    def __len__(self) -> int:
+        return len(self._src)
+
+
+@dataclass(slots=True)
+class Candidate:
+    action: Action
+    units: dict[str, int]
+    placement: dict[str, Placement]
+
+
+def _prefer(view: ClusterView, action: Action, resource: str):
+    if view.prefer is None:
+        return None
+    pref = view.prefer
+    return lambda node, chunk: pref(action, resource, node, chunk)
+
+
+def scan_candidates(view: ClusterView, queue: Collection[Action],
+                    pools: Mapping[str, Pool]) -> list[Candidate]:
+    """Candidates at minimum demands, placed (tentatively) on `pools`, in queue order."""
+    blocked: dict[str, set[str] | None] = {}
+    fully = 0
+    n_res = len(view.pools)
+    out: list[Candidate] = []
+    for a in queue:
+        if fully == n_res:
+            break
+        mins = a.mins
+        fits = True
+        for r in mins:
+            if r in blocked:
+                b = blocked[r]
+                if b is ALL:
+                    fits = False
+                    break
+                node = view.node_for(a, r)
+                if node is None or node in b:
+                    # unbound: may still go to an unblocked node; bound to a blocked node: wait
+                    if node is not None:
+                        fits = False
+                        break
+        placed: dict[str, Placement] = {}
+        if fits:
+            for r, k in mins.items():
+                b = blocked.get(r)
+                try:
+                    placed[r] = pools[r].place(k, view.node_for(a, r), b or (),
+                                               _prefer(view, a, r))
+                except Infeasible:
+                    fits = False
+                    break
+        if fits:
+            out.append(Candidate(a, dict(mins), placed))
+            continue
+        for r, p in placed.items():
+            pools[r].release(p, mins[r])
+        for r in mins:
+            if blocked.get(r, 0) is ALL:
+                continue
+            node = view.node_for(a, r)
+            if node is None or not view.pools[r].per_node:
+                blocked[r] = ALL
+                fully += 1
+            else:
+                blocked.setdefault(r, set()).add(node)  # type: ignore[union-attr]
+    return out

@@ -1,0 +1,67 @@
+"""The ACT approximation (paper Algorithm 2).
+
+Candidates start now, so their completion is exact given their units. Everything else that
+contends for the same pool (the evicted candidates, then the queue behind them) is estimated by
+a completion heap seeded with the running actions: each waiting action takes its minimum units
+and starts once enough units have come back. `depth` lets the *first* waiting action try more
+than its minimum (depth 1: minimum only; depth d >= 2: d amounts evenly spread from its minimum
+to its maximum), which is what finds "run them one after another at full width".
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A waiting action as the estimate sees it: options (units, duration), minimum first."""
+
+    options: tuple[tuple[int, float], ...]
+
+
+def spread(options: tuple[tuple[int, float], ...], depth: int) -> tuple[tuple[int, float], ...]:
+    """`depth` options evenly spread over the allowed ones (min and max included)."""
+    n = len(options)
+    if depth <= 1 or n == 1:
+        return options[:1]
+    if depth >= n:
+        return options
+    idx = sorted({round(i * (n - 1) / (depth - 1)) for i in range(depth)})
+    return tuple(options[i] for i in idx)
+
+
+def _fill(heap: list[tuple[float, int]], free: int, clock: float, now: float,
+          first: tuple[int, float] | None, rest: list[Waiting], capacity: int) -> float:
+    """Sum of (end - now) of the waiting actions, started in order as units come back."""
+    total = 0.0
+    for i, w in enumerate(rest):
+        u, d = first if (i == 0 and first is not None) else w.options[0]
+        if u > capacity:
+            continue
+        while free < u and heap:
+            t, back = heapq.heappop(heap)
+            free += back
+            if t > clock:
+                clock = t
+        end = clock + d
+        heapq.heappush(heap, (end, u))
+        free -= u
+        total += end - now
+    return total
+
+
+def estimate_waiting(busy: list[tuple[float, int]], free: int, now: float,
+                     rest: list[Waiting], depth: int, capacity: int) -> float:
+    """Best estimated completion sum of `rest` over the first one's `depth` options."""
+    if not rest:
+        return 0.0
+    best = None
+    for opt in spread(rest[0].options, depth):
+        heap = list(busy)
+        heapq.heapify(heap)
+        v = _fill(heap, free, now, now, opt, rest, capacity)
+        if best is None or v < best:
+            best = v
+    return best if best is not None else 0.0

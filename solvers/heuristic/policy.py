@@ -1,0 +1,142 @@
+"""`heuristic`: the paper's elastic scheduler (Algorithms 1 and 2).
+
+1. FCFS candidates at minimum demands (`solvers.fcfs`), topology checked.
+2. Group elastic candidates by (key resource, node) — CPU per node, GPU chunks pooled.
+3. Per group, greedy eviction: one DPArrange pass over the group gives the optimum for every
+   prefix; evict from the back while the ACT approximation keeps falling.
+4. Everything else (non-scalable, unknown elasticity) keeps its minimum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
+from solvers.heuristic.dparrange import DPTable
+from solvers.heuristic.objective import Waiting, estimate_waiting
+from solvers.registry import register
+from tangram.actions import Action
+from tangram.allocation import Assignment, ClusterView
+from tangram.errors import Infeasible, ValidationError
+from tangram.pools import Pool
+
+
+@register("heuristic")
+@dataclass(frozen=True)
+class HeuristicAllocator:
+    """depth: options the first waiting action tries in the estimate (paper: 2).
+    lookahead: how many waiting actions behind the candidates the estimate looks at."""
+
+    depth: int = 2
+    lookahead: int = 32
+
+    def __post_init__(self) -> None:
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
+            raise ValidationError("allocator.depth", self.depth, "must be an integer >= 1")
+        if (isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int)
+                or self.lookahead < 0):
+            raise ValidationError("allocator.lookahead", self.lookahead, "must be an integer >= 0")
+
+    def allocate(self, view: ClusterView, queue: Collection[Action],
+                 now: float) -> list[Assignment]:
+        pools = ScratchPools(view.pools)
+        cands = scan_candidates(view, queue, pools)
+        if not cands:
+            return []
+        groups: dict[tuple[str, str | None], list[int]] = {}
+        for i, c in enumerate(cands):
+            a = c.action
+            if a.is_elastic:
+                r = a.key
+                assert r is not None
+                node = c.placement[r].node if view.pools[r].per_node else None
+                groups.setdefault((r, node), []).append(i)
+        evicted: set[int] = set()
+        for (r, node), idxs in groups.items():
+            evicted.update(self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now))
+        return [Assignment(c.action, c.units, c.placement)
+                for i, c in enumerate(cands) if i not in evicted]
+
+    # -- one group -----------------------------------------------------------------------------
+    def _arrange(self, view: ClusterView, pool: Pool, pools, cands: list[Candidate],
+                 idxs: list[int], r: str, node: str | None, queue: Collection[Action],
+                 now: float) -> list[int]:
+        for i in idxs:
+            pool.release(cands[i].placement[r], cands[i].units[r])
+        cap = pool.free(node)
+        tasks = []
+        for i in idxs:
+            a = cands[i].action
+            el = a.elasticity
+            assert el is not None
+            tasks.append({m: el.duration(m) for m in a.demands[r].amounts if m <= cap})
+        table = DPTable(tasks, pool.operator(node))
+        busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
+        capacity = pool.capacity(node)
+        waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
+        best_t, best_obj, best_units = None, None, None
+        for t in range(len(idxs), 0, -1):
+            try:
+                arr = table.best(t)
+            except Infeasible:
+                continue
+            heap = list(busy)
+            heap.extend((now + tasks[j][u], u) for j, u in enumerate(arr.units))
+            free = capacity - sum(u for _, u in heap)
+            obj = arr.total + estimate_waiting(heap, free, now, waiting_evicted[t:] + rest_tail,
+                                               self.depth, capacity)
+            if best_obj is not None and obj >= best_obj - 1e-12:
+                break
+            best_t, best_obj, best_units = t, obj, arr.units
+        if best_t is None:  # cannot happen: the minimum arrangement of all of them fits
+            raise Infeasible(f"{r}: no arrangement for the candidates")
+        for j, i in enumerate(idxs[:best_t]):
+            c = cands[i]
+            c.units[r] = best_units[j]
+            c.placement[r] = pool.place(best_units[j], node, (), _prefer(view, c.action, r))
+        gone = idxs[best_t:]
+        for i in gone:  # an evicted candidate gives back its other resources too
+            c = cands[i]
+            for r2, p in c.placement.items():
+                if r2 != r:
+                    pools[r2].release(p, c.units[r2])
+        return gone
+
+    def _waiting(self, a: Action, r: str, view: ClusterView, capacity: int) -> Waiting:
+        amounts = [m for m in a.demands[r].amounts if m <= capacity] or [a.demands[r].min]
+        if a.is_elastic and a.key == r:
+            return Waiting(tuple((m, view.estimate(a, m)) for m in amounts))
+        return Waiting(((a.mins[r], view.estimate(a, None)),))
+
+    def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
+                    node: str | None, queue: Collection[Action], now: float):
+        """Busy units of the group's pool (running + other candidates) and the queue behind."""
+        busy: list[tuple[float, int]] = []
+        for ra in view.running:
+            u = ra.assignment.units.get(r)
+            if u and (node is None or ra.assignment.placement[r].node == node):
+                busy.append((max(ra.expected_end, now), u))
+        group = set(idxs)
+        cand_ids = set()
+        for i, c in enumerate(cands):
+            cand_ids.add(c.action.id)
+            if i in group or r not in c.units:
+                continue
+            if node is None or c.placement[r].node == node:
+                a = c.action
+                d = view.estimate(a, c.units[a.key] if a.key else None)
+                busy.append((now + d, c.units[r]))
+        capacity = view.pools[r].capacity(node)
+        tail: list[Waiting] = []
+        if self.lookahead:
+            for a in queue:
+                if a.id in cand_ids or r not in a.mins:
+                    continue
+                bound = view.node_for(a, r)
+                if node is not None and bound is not None and bound != node:
+                    continue
+                tail.append(self._waiting(a, r, view, capacity))
+                if len(tail) >= self.lookahead:
+                    break
+        return busy, tail
