@@ -1,0 +1,94 @@
+"""The GPU manager, evict-on-execution (paper 5.3): runs placed service actions.
+
+The scheduler grants an action one aligned chunk (placed with `residency.prefer`, so chunks
+where the service is resident win). `run` then asks the pure `Residency` what to do, has the
+backend evict the victims and restore the service if it was not resident, invokes the service
+with the action's payload (a JSON request) and returns the response as the `Outcome`, with the
+restore time it took. Start-up (`start`) deploys every registered service once: its host copy
+is kept for the life of the manager.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from tangram.allocation import Assignment
+from tangram.errors import ValidationError
+from tangram.pools import ChunkPool, Pool
+
+from managers.base import Manager, Outcome
+from managers.gpu.backend import GpuBackend
+from managers.gpu.residency import Residency
+
+
+class GpuManager(Manager):
+    """One chunk pool (`resource`), its residency cache and one executor backend."""
+
+    name = "gpu"
+
+    def __init__(self, pool: ChunkPool, residency: Residency, backend: GpuBackend,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if pool.resource != residency.resource:
+            raise ValidationError("gpu.resource", residency.resource,
+                                  f"the residency and the pool ({pool.resource!r}) differ")
+        self.resource = pool.resource
+        self.pool = pool
+        self.residency = residency
+        self.backend = backend
+        self.clock = clock
+        self._started = False
+
+    def pools(self) -> Mapping[str, Pool]:
+        return {self.resource: self.pool}
+
+    def prefer(self, action, resource: str, node: str, chunk: tuple[int, int]) -> float:
+        """The placement preference for `ClusterView.prefer`."""
+        return self.residency.prefer(action, resource, node, chunk)
+
+    async def start(self) -> None:
+        """Deploy every registered service's host copy (once)."""
+        if not self._started:
+            for service in self.residency.registry:
+                await self.backend.deploy(service)
+            self._started = True
+
+    async def run(self, assignment: Assignment) -> Outcome:
+        action = assignment.action
+        placement = assignment.placement.get(self.resource)
+        if action.service is None or placement is None or placement.chunk is None:
+            return Outcome("failed", detail=f"action {action.id}: a GPU action needs a service "
+                           f"and a chunk of {self.resource!r}")
+        await self.start()
+        node, chunk = placement.node, placement.chunk
+        service = self.residency.registry.get(action.service)
+        decision = self.residency.begin(action, node, chunk, self.clock())
+        restore_s = 0.0
+        try:
+            for victim in decision.evicted:
+                try:
+                    await self.backend.evict(self.residency.registry.get(victim.service),
+                                             victim.node, victim.chunk)
+                except Exception as exc:
+                    self.residency.forget(service.name, node, chunk)
+                    return Outcome("failed", detail=f"evicting {victim.service} from "
+                                   f"{victim.node}{victim.chunk} failed: {exc}")
+            if decision.restored:
+                try:
+                    restore_s = await self.backend.restore(service, node, chunk)
+                except Exception as exc:
+                    self.residency.forget(service.name, node, chunk)
+                    return Outcome("failed", detail=f"restore of {service.name} on "
+                                   f"{node}{chunk} failed: {exc}")
+            try:
+                output = await self.backend.invoke(service, node, chunk, action.payload)
+            except Exception as exc:
+                return Outcome("error", detail=f"{service.name} on {node}{chunk}: {exc}",
+                               restore_s=restore_s)
+            return Outcome("ok", output=output, restore_s=restore_s,
+                           detail="restored" if decision.restored else "resident")
+        finally:
+            self.residency.end(action, node, chunk, self.clock())
+
+    async def close(self) -> None:
+        await self.backend.close()
