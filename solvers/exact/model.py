@@ -30,6 +30,7 @@ import networkx as nx
 from tangram.actions import Action
 from tangram.errors import Infeasible, TangramError
 from tangram.pools import ChunkPool, FlatPool, Placement, Pool
+from topology import ChunkTree
 
 DEFAULT_RESOLUTION = 0.01
 """Seconds per tick of the discretised schedule (durations are rounded up to it)."""
@@ -133,25 +134,31 @@ def free_chunks(pool: ChunkPool, node: str, k: int, blocked: set[int]) -> list[t
 
 
 def _slots(pool: Pool, resource: str, k: int, blocked: Mapping[str, set[int]],
-           node: str | None) -> list[Slot]:
+           node: str | None, capacity: Mapping[tuple[str, str], int]) -> list[Slot]:
     nodes = [node] if node is not None else pool.nodes()
     if isinstance(pool, ChunkPool):
         return [Slot(resource, n, c) for n in nodes
                 for c in free_chunks(pool, n, k, blocked.get(n, set()))]
-    return [Slot(resource, n) for n in nodes if pool.capacity(n) >= k]
+    return [Slot(resource, n) for n in nodes if capacity[(resource, n)] >= k]
+
+
+def flat_capacities(pools: Mapping[str, Pool]) -> dict[tuple[str, str], int]:
+    return {(r, n): p.capacity(n) for r, p in pools.items()
+            if not isinstance(p, ChunkPool) for n in p.nodes()}
 
 
 def build_modes(action: Action, pools: Mapping[str, Pool], duration: Duration, resolution: float,
-                blocked: Mapping[str, Mapping[str, set[int]]],
-                bound: Mapping[str, str]) -> tuple[Mode, ...]:
-    """Every (amount, slot per resource) the action can run in; `bound` pins a node per resource."""
+                blocked: Mapping[str, Mapping[str, set[int]]], bound: Mapping[str, str],
+                capacity: Mapping[tuple[str, str], int]) -> tuple[Mode, ...]:
+    """Every (amount, slot per resource) the action can run in; `bound` pins a node per resource,
+    `blocked` takes GPUs out of chunk pools and `capacity` sizes flat nodes."""
     modes: list[Mode] = []
     for units, d in _options(action, duration, resolution):
         combos: list[tuple[Slot, ...]] = [()]
         for r, k in units.items():
             if r not in pools:
                 raise TangramError(f"action {action.id}: no pool for resource {r!r}")
-            slots = _slots(pools[r], r, k, blocked.get(r, {}), bound.get(r))
+            slots = _slots(pools[r], r, k, blocked.get(r, {}), bound.get(r), capacity)
             combos = [c + (s,) for c in combos for s in slots]
         modes += [Mode(units, c, d, max(1, to_ticks(d, resolution))) for c in combos]
     if not modes:
@@ -181,7 +188,7 @@ def template_pools(pools: Mapping[str, Pool], flat_capacity: Mapping[tuple[str, 
     out: dict[str, Pool] = {}
     for r, p in pools.items():
         if isinstance(p, ChunkPool):
-            fresh = ChunkPool(r, {n: type(p.tree(n))(p.tree(n).num_gpus, n) for n in p.nodes()})
+            fresh = ChunkPool(r, {n: ChunkTree(p.tree(n).num_gpus, n) for n in p.nodes()})
             for n, gpus in blocked.get(r, {}).items():
                 for g in sorted(gpus):
                     fresh.take(Placement(n, chunk=(g, g + 1)), 1)
@@ -198,11 +205,10 @@ def instance_model(resources_pools: Mapping[str, Pool], actions: Sequence[Action
     if not resolution > 0:
         raise TangramError(f"resolution must be positive, got {resolution!r}")
     origin = 0.0
+    cap = flat_capacities(resources_pools)
     jobs = tuple(Job(a, a.submit_time, to_ticks(a.submit_time - origin, resolution),
-                     build_modes(a, resources_pools, duration, resolution, {}, {}))
+                     build_modes(a, resources_pools, duration, resolution, {}, {}, cap))
                  for a in actions)
-    cap = {(r, n): p.capacity(n) for r, p in resources_pools.items()
-           if not isinstance(p, ChunkPool) for n in p.nodes()}
     flat, gpu = index_sets(jobs)
     return ScheduleModel(jobs, resolution, origin, cap, flat, gpu,
                          template_pools(resources_pools, cap, {}))

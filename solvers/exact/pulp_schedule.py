@@ -97,4 +97,6 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     modes = tuple(max(range(len(job.modes)), key=lambda m, i=i: x[i, m].value() or 0.0)
                   for i, job in enumerate(jobs))
     objective = float(pulp.value(prob.objective))
-    return RawSolution(status, modes, tuple(round(v.value()) for v in s), objective, bound, wall)
+    # a start in no constraint is absent from the solved problem: it sits at its lower bound
+    starts = tuple(round(v.lowBound if v.value() is None else v.value()) for v in s)
+    return RawSolution(status, modes, starts, objective, bound, wall)
