@@ -94,6 +94,8 @@ class Action:
     payload: Any = None
     submit_time: float = 0.0
     mins: Mapping[str, int] = field(init=False, repr=False)
+    options: tuple[tuple[int, float], ...] = field(init=False, repr=False)
+    """(units of the key resource, modelled duration) per allowed amount; () if not elastic."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -115,6 +117,7 @@ class Action:
             raise ValidationError(f"action[{self.id}].submit_time", self.submit_time,
                                   "must be a finite number")
         el = self.elasticity
+        object.__setattr__(self, "options", ())
         if el is not None:
             if el.key not in demands:
                 raise ValidationError(f"action[{self.id}].elasticity.key", el.key,
@@ -126,6 +129,8 @@ class Action:
                     raise ValidationError(f"action[{self.id}].elasticity.efficiency", m,
                                           f"missing or bad efficiency for allowed amount "
                                           f"({exc.problem})") from None
+            object.__setattr__(self, "options", tuple(
+                (m, el.duration(m)) for m in demands[el.key].amounts))
 
     @property
     def key(self) -> str | None:
@@ -138,6 +143,12 @@ class Action:
 
     def duration_at(self, units: int | None = None) -> float | None:
         """Modelled duration with `units` of the key resource (elastic) or the fixed duration."""
+        if self.options:
+            if units is None:
+                return self.options[0][1]
+            for m, d in self.options:
+                if m == units:
+                    return d
         el = self.elasticity
         if el is not None:
             return el.duration(units if units is not None else self.demands[el.key].min)

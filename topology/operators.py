@@ -17,7 +17,7 @@ INF = np.inf
 class FlatOperator:
     """`units` interchangeable free units (the cores of one node). State = units used so far."""
 
-    __slots__ = ("units", "num_states", "initial", "_index_cache", "_arange")
+    __slots__ = ("units", "num_states", "initial", "_arange")
 
     def __init__(self, units: int) -> None:
         if isinstance(units, bool) or not isinstance(units, (int, np.integer)) or units < 0:
@@ -25,42 +25,32 @@ class FlatOperator:
         self.units = int(units)
         self.num_states = self.units + 1
         self.initial = 0
-        self._index_cache: dict[bytes, np.ndarray] = {}
         self._arange = np.arange(self.num_states)
 
     def __repr__(self) -> str:
         return f"FlatOperator(units={self.units})"
-
-    def _index(self, amounts: np.ndarray) -> np.ndarray:
-        key = amounts.tobytes()
-        idx = self._index_cache.get(key)
-        if idx is None:
-            idx = self._arange[None, :] - amounts[:, None]
-            idx[idx < 0] = self.num_states  # sentinel slot holding +inf
-            self._index_cache[key] = idx
-        return idx
 
     def step(
         self, prev: np.ndarray, amounts: np.ndarray, durations: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One DP layer: new[t] = min_a prev[t - amounts[a]] + durations[a].
 
-        Returns (new costs, chosen amount index or -1, predecessor state or -1) per state.
+        `prev` is read through a copy padded on the left with +inf (as many slots as the largest
+        amount), so t - amount < 0 lands on +inf without masking. Returns (new costs, chosen
+        amount index, predecessor state) per state; entries of states with infinite cost are
+        meaningless (backtracking never reaches them).
         """
-        idx = self._index(amounts)
-        padded = np.empty(self.num_states + 1)
-        padded[:-1] = prev
-        padded[-1] = INF
-        cand = padded[idx]
-        cand += durations[:, None]
-        choice = cand.argmin(axis=0)
-        cols = self._arange
-        new = cand[choice, cols]
-        pred = idx[choice, cols]
-        dead = ~np.isfinite(new)
-        choice[dead] = -1
-        pred[dead] = -1
-        return new, choice, pred
+        s = self.num_states
+        pad = min(int(amounts.max()), s)
+        padded = np.empty(s + pad)
+        padded[:pad] = INF
+        padded[pad:] = prev
+        shifted = np.minimum(amounts, pad)  # amounts above capacity only ever read +inf
+        cand = padded[(self._arange + pad)[:, None] - shifted[None, :]]
+        cand += durations
+        choice = cand.argmin(axis=1)
+        new = np.take(cand.ravel(), self._arange * len(amounts) + choice)
+        return new, choice, self._arange - amounts[choice]
 
     def units_used(self, state: int) -> int:
         return int(state)

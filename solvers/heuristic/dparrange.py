@@ -31,9 +31,9 @@ def _task_arrays(i: int, task: Mapping[int, float]) -> tuple[np.ndarray, np.ndar
         raise ValidationError(f"tasks[{i}]", task, "needs at least one allowed amount")
     amounts = np.fromiter(task.keys(), dtype=np.int64, count=len(task))
     durs = np.fromiter(task.values(), dtype=np.float64, count=len(task))
-    if (amounts <= 0).any():
+    if amounts.min() <= 0:
         raise ValidationError(f"tasks[{i}]", dict(task), "amounts must be positive")
-    if not np.isfinite(durs).all() or (durs < 0).any():
+    if not (durs.min() >= 0 and math.isfinite(durs.sum())):  # NaN fails both
         raise ValidationError(f"tasks[{i}]", dict(task), "durations must be finite and >= 0")
     return amounts, durs
 

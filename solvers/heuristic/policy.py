@@ -65,12 +65,7 @@ class HeuristicAllocator:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
-        tasks = []
-        for i in idxs:
-            a = cands[i].action
-            el = a.elasticity
-            assert el is not None
-            tasks.append({m: el.duration(m) for m in a.demands[r].amounts if m <= cap})
+        tasks = [{m: d for m, d in cands[i].action.options if m <= cap} for i in idxs]
         table = DPTable(tasks, pool.operator(node))
         busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
@@ -104,9 +99,9 @@ class HeuristicAllocator:
         return gone
 
     def _waiting(self, a: Action, r: str, view: ClusterView, capacity: int) -> Waiting:
-        amounts = [m for m in a.demands[r].amounts if m <= capacity] or [a.demands[r].min]
-        if a.is_elastic and a.key == r:
-            return Waiting(tuple((m, view.estimate(a, m)) for m in amounts))
+        if a.options and a.key == r:
+            opts = tuple(o for o in a.options if o[0] <= capacity)
+            return Waiting(opts or a.options[:1])
         return Waiting(((a.mins[r], view.estimate(a, None)),))
 
     def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
