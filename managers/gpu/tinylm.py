@@ -78,7 +78,10 @@ class TinyLM(nn.Module):
         self.pos = nn.Embedding(cfg.max_len, cfg.dim)
         self.blocks = nn.ModuleList(Block(cfg.dim, cfg.heads) for _ in range(cfg.layers))
         self.ln = nn.LayerNorm(cfg.dim)
-        with torch.no_grad():
+        with torch.no_grad():  # every weight from the seed alone: equal configs, equal models
+            for m in self.modules():
+                if isinstance(m, nn.Linear):
+                    m.bias.zero_()
             for p in self.parameters():
                 if p.dim() > 1:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)

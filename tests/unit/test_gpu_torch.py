@@ -1,0 +1,112 @@
+"""The torch backend: restore really copies the weights to the device, evict really frees them,
+invoke runs the forward pass on the device copy. Runs on CPU (a separate copy stands for the
+device) and, where CUDA is available, checks the CUDA memory counters too."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tangram.actions import Action  # noqa: E402
+from tangram.allocation import Assignment  # noqa: E402
+from tangram.pools import ChunkPool, Placement  # noqa: E402
+from topology import ChunkTree  # noqa: E402
+
+from managers.gpu import GB, GpuManager, Residency, ServiceRegistry, create_backend  # noqa: E402
+from managers.gpu.tinylm import TinyLM, TinyLMConfig  # noqa: E402
+from managers.gpu.torch_backend import TorchBackend, torch_service  # noqa: E402
+
+CFG = TinyLMConfig(vocab=64, dim=32, layers=2, heads=4, max_len=32, seed=3)
+REQ = {"tokens": [[1, 5, 9, 2], [7, 7, 3]]}
+
+
+def backend() -> TorchBackend:
+    b = create_backend("torch", models={"lm": CFG, "lm2": TinyLMConfig(vocab=64, dim=32,
+                                                                       layers=1, seed=4)})
+    assert isinstance(b, TorchBackend)
+    return b
+
+
+def test_restore_copies_every_tensor_and_evict_frees_them() -> None:
+    b, s = backend(), torch_service("lm", CFG, dops=(1, 2))
+
+    async def go():
+        await b.deploy(s)
+        assert b.device_bytes() == 0
+        cuda0 = torch.cuda.memory_allocated() if b.cuda else 0
+        await b.restore(s, "n", (0, 2))
+        replicas = b.device[("lm", "n", (0, 2))]
+        assert len(replicas) == 2 and b.device_bytes() == 2 * CFG.nbytes()
+        host = b.host["lm"]
+        refs = []
+        for rep in replicas:
+            assert rep.keys() == host.keys()
+            for name, t in rep.items():
+                assert t.data_ptr() != host[name].data_ptr()  # a copy, not a view
+                assert torch.equal(t.cpu(), host[name])
+                refs.append(weakref.ref(t))
+        if b.cuda:
+            assert torch.cuda.memory_allocated() - cuda0 >= CFG.nbytes()
+        del replicas, rep, t
+        await b.evict(s, "n", (0, 2))
+        gc.collect()
+        assert b.device_bytes() == 0 and all(r() is None for r in refs)
+        if b.cuda:
+            assert torch.cuda.memory_allocated() == cuda0
+        assert b.host["lm"] is host  # the host copy is kept
+
+    asyncio.run(go())
+
+
+def test_invoke_returns_the_models_log_probs_and_needs_residency() -> None:
+    b, s = backend(), torch_service("lm", CFG)
+
+    async def go():
+        await b.deploy(s)
+        with pytest.raises(RuntimeError, match="not resident"):
+            await b.invoke(s, "n", (0, 1), REQ)
+        await b.restore(s, "n", (0, 1))
+        return await b.invoke(s, "n", (0, 1), REQ)
+
+    out = asyncio.run(go())
+    want = TinyLM(CFG)(torch.tensor([REQ["tokens"][0]]))[0].tolist()
+    assert out["logprobs"][0] == pytest.approx(want, abs=1e-5)
+    assert [len(x) for x in out["logprobs"]] == [3, 2]
+    assert all(v < 0 for v in out["logprobs"][1])
+
+
+def test_manager_on_torch_keeps_device_memory_to_the_residency_cache() -> None:
+    cfg2 = TinyLMConfig(vocab=64, dim=32, layers=1, seed=4)
+    reg = ServiceRegistry({"lm": torch_service("lm", CFG), "lm2": torch_service("lm2", cfg2)})
+    gpu = CFG.nbytes() + cfg2.nbytes() - 1  # the two never fit one GPU together
+    res = Residency.uniform({"n": 1}, gpu, reg)
+    b = backend()
+    m = GpuManager(ChunkPool("gpu", {"n": ChunkTree(1, "n")}), res, b)
+
+    async def go():
+        outs = []
+        for i, name in enumerate(["lm", "lm", "lm2", "lm"]):
+            a = Action(f"x{i}", {"gpu": 1}, duration=1.0, service=name, payload=REQ)
+            outs.append(await m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))})))
+            assert b.device_bytes() == res.used_bytes("n", 0) <= gpu
+        await m.close()
+        return outs
+
+    outs = asyncio.run(go())
+    assert [o.status for o in outs] == ["ok"] * 4
+    assert [o.detail for o in outs] == ["restored", "resident", "restored", "restored"]
+    assert outs[0].output == outs[1].output
+
+
+def test_bad_request_is_an_error_outcome_naming_the_field() -> None:
+    reg = ServiceRegistry({"lm": torch_service("lm", CFG)})
+    m = GpuManager(ChunkPool("gpu", {"n": ChunkTree(1, "n")}),
+                   Residency.uniform({"n": 1}, GB, reg), backend())
+    a = Action("x", {"gpu": 1}, duration=1.0, service="lm", payload={"tokens": [[1]]})
+    out = asyncio.run(m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))})))
+    assert out.status == "error" and "payload.tokens" in out.detail
