@@ -65,6 +65,16 @@ class HeuristicAllocator:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
+        if len(idxs) == 1 and pool.per_node:
+            # one candidate on interchangeable units: nothing to evict, no split to search
+            c = cands[idxs[0]]
+            m, best = 0, None
+            for units, d in c.action.options:
+                if units <= cap and (best is None or d < best):
+                    m, best = units, d
+            c.units[r] = m
+            c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
+            return []
         tasks = [{m: d for m, d in cands[i].action.options if m <= cap} for i in idxs]
         table = DPTable(tasks, pool.operator(node))
         busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
