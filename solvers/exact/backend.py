@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -46,7 +47,9 @@ def pulp_solver(name: str, time_limit: float):
     import pulp
 
     if name == "pulp-cbc":
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
+        with warnings.catch_warnings():  # the bundled CBC binary: deprecated in PuLP 4, works
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit)
     if name == "pulp-highs":
         solver = pulp.HiGHS(msg=False, timeLimit=time_limit)
         if not solver.available():

@@ -19,7 +19,7 @@ def solve_arrangement_pulp(model: ArrangementModel, backend: str,
     prob = pulp.LpProblem("tangram_arrangement", pulp.LpMinimize)
 
     # variables: x[t, c] = task t takes candidate c
-    x = {(t, c): pulp.LpVariable(f"x_{t}_{c}", cat="Binary")
+    x = {(t, c): prob.add_variable(f"x_{t}_{c}", cat="Binary")
          for t, cs in enumerate(cands) for c in range(len(cs))}
 
     # every task takes exactly one candidate

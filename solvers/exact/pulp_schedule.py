@@ -40,15 +40,15 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     prob = pulp.LpProblem("tangram_schedule", pulp.LpMinimize)
 
     # variables: mode choice, integer start and end per job, end-before-start per pair, start order
-    x = {(i, m): pulp.LpVariable(f"x_{i}_{m}", cat="Binary")
+    x = {(i, m): prob.add_variable(f"x_{i}_{m}", cat="Binary")
          for i, job in enumerate(jobs) for m in range(len(job.modes))}
-    s = [pulp.LpVariable(f"s_{i}", 0 if j.pinned else j.release, 0 if j.pinned else big_m,
+    s = [prob.add_variable(f"s_{i}", 0 if j.pinned else j.release, 0 if j.pinned else big_m,
                          cat="Integer") for i, j in enumerate(jobs)]
     e = [s[i] + pulp.lpSum(mode.ticks * x[i, m] for m, mode in enumerate(job.modes))
          for i, job in enumerate(jobs)]
-    p = {ij: pulp.LpVariable(f"p_{ij[0]}_{ij[1]}", cat="Binary") for ij in pairs}
+    p = {ij: prob.add_variable(f"p_{ij[0]}_{ij[1]}", cat="Binary") for ij in pairs}
     flat_pairs = {(i, j) for g in groups for i in g for j in g if i != j}
-    b = {ij: pulp.LpVariable(f"b_{ij[0]}_{ij[1]}", cat="Binary") for ij in flat_pairs}
+    b = {ij: prob.add_variable(f"b_{ij[0]}_{ij[1]}", cat="Binary") for ij in flat_pairs}
 
     # each job runs in exactly one mode
     for i, job in enumerate(jobs):
@@ -73,7 +73,7 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
                   for i in {u[0] for u in users}}
         peak = {i: max(k for ii, _, k in users if ii == i) for i in amount}
         for j in amount:
-            w = {i: pulp.LpVariable(f"w_{n}_{i}_{j}", 0) for i in amount if i != j}
+            w = {i: prob.add_variable(f"w_{n}_{i}_{j}", 0) for i in amount if i != j}
             for i, wi in w.items():
                 prob += wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)), f"load_{n}_{i}_{j}"
             prob += amount[j] + pulp.lpSum(w.values()) <= model.flat_capacity[key], f"cap_{n}_{j}"
