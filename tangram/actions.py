@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from tangram.errors import ValidationError
 from tangram.resources import Demand
 
@@ -96,6 +98,8 @@ class Action:
     mins: Mapping[str, int] = field(init=False, repr=False)
     options: tuple[tuple[int, float], ...] = field(init=False, repr=False)
     """(units of the key resource, modelled duration) per allowed amount; () if not elastic."""
+    option_arrays: tuple[Any, Any] | None = field(init=False, repr=False)
+    """`options` as (amounts, durations) numpy arrays, for the DP."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id:
@@ -118,6 +122,7 @@ class Action:
                                   "must be a finite number")
         el = self.elasticity
         object.__setattr__(self, "options", ())
+        object.__setattr__(self, "option_arrays", None)
         if el is not None:
             if el.key not in demands:
                 raise ValidationError(f"action[{self.id}].elasticity.key", el.key,
@@ -131,6 +136,9 @@ class Action:
                                           f"({exc.problem})") from None
             object.__setattr__(self, "options", tuple(
                 (m, el.duration(m)) for m in demands[el.key].amounts))
+            object.__setattr__(self, "option_arrays", (
+                np.array([m for m, _ in self.options], dtype=np.int64),
+                np.array([d for _, d in self.options], dtype=np.float64)))
 
     @property
     def key(self) -> str | None:

@@ -26,7 +26,12 @@ class Arrangement:
     units: tuple[int, ...]
 
 
-def _task_arrays(i: int, task: Mapping[int, float]) -> tuple[np.ndarray, np.ndarray]:
+TaskArrays = tuple[np.ndarray, np.ndarray]
+
+
+def _task_arrays(i: int, task: Mapping[int, float] | TaskArrays) -> TaskArrays:
+    if isinstance(task, tuple):  # already (amounts, durations) arrays, validated by the caller
+        return task
     if not task:
         raise ValidationError(f"tasks[{i}]", task, "needs at least one allowed amount")
     amounts = np.fromiter(task.keys(), dtype=np.int64, count=len(task))
@@ -43,7 +48,7 @@ class DPTable:
 
     __slots__ = ("op", "n", "_costs", "_choice", "_pred", "_amounts")
 
-    def __init__(self, tasks: Sequence[Mapping[int, float]], op: Operator) -> None:
+    def __init__(self, tasks: Sequence[Mapping[int, float] | TaskArrays], op: Operator) -> None:
         self.op = op
         self.n = len(tasks)
         layer = np.full(op.num_states, math.inf)

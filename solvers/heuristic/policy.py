@@ -75,7 +75,13 @@ class HeuristicAllocator:
             c.units[r] = m
             c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
             return []
-        tasks = [{m: d for m, d in cands[i].action.options if m <= cap} for i in idxs]
+        tasks = []
+        for i in idxs:
+            am, du = cands[i].action.option_arrays  # type: ignore[misc]
+            if am[-1] > cap:
+                keep = am <= cap
+                am, du = am[keep], du[keep]
+            tasks.append((am, du))
         table = DPTable(tasks, pool.operator(node))
         busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
@@ -87,7 +93,8 @@ class HeuristicAllocator:
             except Infeasible:
                 continue
             heap = list(busy)
-            heap.extend((now + tasks[j][u], u) for j, u in enumerate(arr.units))
+            heap.extend((now + cands[i].action.duration_at(u), u)
+                        for i, u in zip(idxs, arr.units))
             free = capacity - sum(u for _, u in heap)
             obj = arr.total + estimate_waiting(heap, free, now, waiting_evicted[t:] + rest_tail,
                                                self.depth, capacity)
@@ -110,8 +117,9 @@ class HeuristicAllocator:
 
     def _waiting(self, a: Action, r: str, view: ClusterView, capacity: int) -> Waiting:
         if a.options and a.key == r:
-            opts = tuple(o for o in a.options if o[0] <= capacity)
-            return Waiting(opts or a.options[:1])
+            if a.options[-1][0] <= capacity:
+                return Waiting(a.options)
+            return Waiting(tuple(o for o in a.options if o[0] <= capacity) or a.options[:1])
         return Waiting(((a.mins[r], view.estimate(a, None)),))
 
     def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
