@@ -79,7 +79,7 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture
 def servers():
     started = [FakeEngine("sglang"), FakeEngine("vllm")]
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in started]
+    threads = [threading.Thread(target=s.serve_forever, args=(0.05,), daemon=True) for s in started]
     for t in threads:
         t.start()
     yield started
