@@ -13,9 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from tangram.errors import BackendUnavailable, ValidationError
-
 from managers.gpu.services import Service
+from tangram.errors import BackendUnavailable, ValidationError
 
 Chunk = tuple[int, int]
 

@@ -16,15 +16,16 @@ import json
 import random
 import statistics
 import time
-
-from tangram.actions import Action
-from tangram.errors import Infeasible
-from tangram.pools import ChunkPool
-from topology import ChunkTree
+from typing import Any
 
 from managers.gpu.residency import RandomEviction, Residency
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
-from managers.gpu.trace import serve
+from managers.gpu.trace import chunk_of, serve
+from tangram.actions import Action
+from tangram.errors import Infeasible
+from tangram.pools import ChunkPool, Placement
+from tangram.resources import Demand
+from topology import ChunkTree
 
 NODES, GPUS, GPU_MEM = 5, 8, 80 * GB
 
@@ -80,9 +81,10 @@ def bench_placement(n_actions: int, seed: int, check: bool) -> dict:
     rng = random.Random(seed)
     reg = services(20, rng)
     res, pool = cluster(reg, check=check)
-    queue = [Action(f"a{i}", {"gpu": rng.choice([1, 1, 1, 2, 2, 4])}, duration=1.0,
+    queue = [Action(f"a{i}", {"gpu": Demand.fixed(rng.choice([1, 1, 1, 2, 2, 4]))}, duration=1.0,
                     service=f"svc{rng.randrange(20)}") for i in range(n_actions)]
-    running, spent, now = [], 0.0, 0.0
+    running: list[tuple[Action, Placement]] = []
+    spent, now = 0.0, 0.0
     for a in queue:
         k = a.demands["gpu"].min
         t0 = time.perf_counter()
@@ -92,12 +94,12 @@ def bench_placement(n_actions: int, seed: int, check: bool) -> dict:
             spent += time.perf_counter() - t0
             now += 1.0
             for b, w in running:
-                res.end(b, w.node, w.chunk, now)
-                pool.release(w, w.chunk[1] - w.chunk[0])
+                res.end(b, w.node, chunk_of(w), now)
+                pool.release(w, b.demands["gpu"].min)
             running.clear()
             t0 = time.perf_counter()
             where = pool.place(k, prefer=lambda n, c, a=a: res.prefer(a, "gpu", n, c))
-        res.begin(a, where.node, where.chunk, now)
+        res.begin(a, where.node, chunk_of(where), now)
         spent += time.perf_counter() - t0
         running.append((a, where))
     return {"actions": n_actions, "total_ms": spent * 1e3, "per_action_us": spent / n_actions * 1e6,
@@ -111,21 +113,22 @@ def bursty_trace(n_services: int, n_calls: int, seed: int, burst_every_s: float 
     rng = random.Random(seed)
     weights = [1 / (i + 1) for i in range(n_services)]
     dop = {i: rng.choice([1, 1, 2, 4]) for i in range(n_services)}
-    calls, t = [], 0.0
+    calls: list[Action] = []
+    t = 0.0
     while len(calls) < n_calls:
         t += rng.expovariate(1 / burst_every_s)
         s = rng.choices(range(n_services), weights)[0]
         bt = t
         for _ in range(min(int(rng.expovariate(1 / burst_calls)) + 1, n_calls - len(calls))):
             bt += rng.expovariate(1 / call_gap_s)
-            calls.append(Action(f"c{len(calls)}", {"gpu": dop[s]}, service=f"svc{s}",
+            calls.append(Action(f"c{len(calls)}", {"gpu": Demand.fixed(dop[s])}, service=f"svc{s}",
                                 submit_time=bt))
     return calls
 
 
 def bench_trace(n_services: int, n_calls: int, seed: int) -> dict:
     trace = bursty_trace(n_services, n_calls, seed)
-    out = {}
+    out: dict[str, Any] = {}
     for label, prefer, evict in [("preference + LRU", True, None),
                                  ("preference + random", True, RandomEviction(seed)),
                                  ("first fit + LRU", False, None),
@@ -156,7 +159,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     ns = p.parse_args(argv)
-    result = {
+    result: dict[str, Any] = {
         "torch": bench_torch(ns.size_mb, ns.repeats),
         "placement": [bench_placement(ns.actions, ns.seed, c) for c in (True, False)],
         "trace": bench_trace(ns.services, ns.calls, ns.seed),

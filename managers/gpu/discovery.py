@@ -12,9 +12,8 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass, field
 
-from topology import ChunkTree, GpuDiscovery, discover_gpus
-
 from tangram.pools import ChunkPool
+from topology import ChunkTree, GpuDiscovery, discover_gpus
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,9 @@ from typing import Any
 
 import httpx
 
-from tangram.errors import ValidationError
-
 from managers.gpu.backend import Chunk, GpuBackend, register
 from managers.gpu.services import Service
+from tangram.errors import ValidationError
 
 ENGINES = {
     # engine: (evict path, evict params, restore path, default request path)
@@ -82,7 +81,7 @@ class HttpBackend(GpuBackend):
         return r.json() if r.content and "json" in r.headers.get("content-type", "") else None
 
     async def deploy(self, service: Service) -> None:
-        for (name, node, chunk), ep in self.endpoints.items():
+        for name, node, chunk in list(self.endpoints):
             if name == service.name:
                 await self.evict(service, node, chunk)
 

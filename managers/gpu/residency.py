@@ -23,10 +23,9 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from managers.gpu.services import RestoreModel, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import InvariantError, ValidationError
-
-from managers.gpu.services import RestoreModel, Service, ServiceRegistry
 
 Chunk = tuple[int, int]
 
@@ -157,7 +156,7 @@ class Residency:
         return [e for e in self._entries.values() if node is None or e.node == node]
 
     def is_resident(self, service: str, node: str, chunk: Chunk) -> bool:
-        return (service, node, tuple(chunk)) in self._entries
+        return (service, node, (int(chunk[0]), int(chunk[1]))) in self._entries
 
     def last_use(self, entry: Entry) -> float:
         return self._last_use[entry][0]
@@ -248,7 +247,7 @@ class Residency:
 
     def forget(self, service: str, node: str, chunk: Chunk) -> None:
         """Drop a resident entry without a decision (its restore failed, its server died)."""
-        entry = self._entries.get((service, node, tuple(chunk)))
+        entry = self._entries.get((service, node, (int(chunk[0]), int(chunk[1]))))
         if entry is not None:
             self._drop(entry)
             self._verify()

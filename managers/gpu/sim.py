@@ -12,13 +12,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu.residency import Residency, RestoreDecision
+from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.instance import ResourceSpec
-
-from managers.gpu.backend import Chunk, GpuBackend, register
-from managers.gpu.residency import RestoreDecision, Residency
-from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 
 
 def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:

@@ -23,11 +23,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from tangram.errors import ValidationError
-
 from managers.gpu.backend import Chunk, GpuBackend, register
 from managers.gpu.services import Service
 from managers.gpu.tinylm import TinyLM, TinyLMConfig
+from tangram.errors import ValidationError
 
 ModelSource = TinyLMConfig | Callable[[], nn.Module]
 Key = tuple[str, str, Chunk]
@@ -95,7 +94,7 @@ class TorchBackend(GpuBackend):
 
     async def restore(self, service: Service, node: str, chunk: Chunk) -> float:
         await self.deploy(service)
-        key = (service.name, node, tuple(chunk))
+        key = (service.name, node, (chunk[0], chunk[1]))
         if key in self.device:
             return 0.0
         return await asyncio.to_thread(self._restore, service.name, key, chunk)
@@ -114,13 +113,13 @@ class TorchBackend(GpuBackend):
         return time.perf_counter() - t0
 
     async def evict(self, service: Service, node: str, chunk: Chunk) -> None:
-        replicas = self.device.pop((service.name, node, tuple(chunk)), None)
+        replicas = self.device.pop((service.name, node, (chunk[0], chunk[1])), None)
         del replicas
         if self.cuda and self.release_cached:
             torch.cuda.empty_cache()
 
     async def invoke(self, service: Service, node: str, chunk: Chunk, payload: Any) -> Any:
-        key = (service.name, node, tuple(chunk))
+        key = (service.name, node, (chunk[0], chunk[1]))
         if key not in self.device:
             raise RuntimeError(f"torch: {service.name} is not resident on {node}{chunk}")
         tokens = _tokens(payload)

@@ -11,14 +11,13 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
+from managers.gpu.http_backend import Endpoint
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement
 from topology import ChunkTree
-
-from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
-from managers.gpu.http_backend import Endpoint
 
 
 class FakeEngine(ThreadingHTTPServer):
@@ -50,7 +49,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         url = urlparse(self.path)
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length) or b"null")

@@ -6,12 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from managers.gpu import GB, RandomEviction, Residency, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import Infeasible, InvariantError
 from tangram.pools import ChunkPool
 from topology import ChunkTree
-
-from managers.gpu import GB, RandomEviction, Residency, Service, ServiceRegistry
 
 MEM = 80 * GB
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from topology import GpuDiscovery, GpuInfo
-
 from managers.gpu.discovery import discover_inventory, inventory_from
+from topology import GpuDiscovery, GpuInfo
 
 
 def gpus(n: int, mem: int = 80 * 10**9):

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from managers.gpu import GB, RandomEviction, Residency, RestoreModel, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import InvariantError, ValidationError
 from tangram.pools import ChunkPool
 from topology import ChunkTree
-
-from managers.gpu import GB, RandomEviction, Residency, RestoreModel, Service, ServiceRegistry
 
 
 def act(aid: str, service: str, k: int = 1) -> Action:

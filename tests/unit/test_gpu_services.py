@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tangram.errors import ValidationError
-
 from managers.gpu import GB, RestoreModel, Service, ServiceRegistry
+from tangram.errors import ValidationError
 
 
 def test_sharded_splits_weights_per_gpu_plus_reserve() -> None:

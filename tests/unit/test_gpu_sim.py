@@ -6,13 +6,6 @@ import asyncio
 
 import pytest
 
-from tangram.actions import Action
-from tangram.allocation import Assignment
-from tangram.errors import ValidationError
-from tangram.instance import parse_instance
-from tangram.pools import ChunkPool, Placement
-from topology import ChunkTree
-
 from managers.gpu import (
     GB,
     GpuBackend,
@@ -23,6 +16,12 @@ from managers.gpu import (
     create_backend,
 )
 from managers.gpu.sim import SimBackend, SimServiceModel
+from tangram.actions import Action
+from tangram.allocation import Assignment
+from tangram.errors import ValidationError
+from tangram.instance import parse_instance
+from tangram.pools import ChunkPool, Placement
+from topology import ChunkTree
 
 DOC = {
     "resources": {

@@ -12,14 +12,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tangram.actions import Action  # noqa: E402
-from tangram.allocation import Assignment  # noqa: E402
-from tangram.pools import ChunkPool, Placement  # noqa: E402
-from topology import ChunkTree  # noqa: E402
-
-from managers.gpu import GB, GpuManager, Residency, ServiceRegistry, create_backend  # noqa: E402
-from managers.gpu.tinylm import TinyLM, TinyLMConfig  # noqa: E402
-from managers.gpu.torch_backend import TorchBackend, torch_service  # noqa: E402
+from managers.gpu import GB, GpuManager, Residency, ServiceRegistry, create_backend
+from managers.gpu.tinylm import TinyLM, TinyLMConfig
+from managers.gpu.torch_backend import TorchBackend, torch_service
+from tangram.actions import Action
+from tangram.allocation import Assignment
+from tangram.pools import ChunkPool, Placement
+from topology import ChunkTree
 
 CFG = TinyLMConfig(vocab=64, dim=32, layers=2, heads=4, max_len=32, seed=3)
 REQ = {"tokens": [[1, 5, 9, 2], [7, 7, 3]]}
