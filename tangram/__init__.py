@@ -12,10 +12,24 @@ from tangram.errors import (
 )
 from tangram.pools import ChunkPool, CorePool, FlatPool, Placement, Pool
 from tangram.resources import Demand
+from tangram.results import Result
 
 __all__ = [
     "Action", "ActionFailed", "Allocator", "Assignment", "BackendUnavailable", "ChunkPool",
     "ClusterView", "CorePool", "Demand", "Elasticity", "FlatPool", "Infeasible",
-    "InvariantError", "Placement", "Pool", "RunningAction", "TangramError", "ValidationError",
-    "check_assignments",
+    "InvariantError", "Placement", "Pool", "Result", "RunningAction", "Tangram",
+    "TangramClient", "TangramError", "ValidationError", "check_assignments",
 ]
+
+
+def __getattr__(name: str):
+    # the runtime pulls in managers and solvers: load it only when asked for
+    if name == "Tangram":
+        from tangram.runtime import Tangram
+
+        return Tangram
+    if name == "TangramClient":
+        from tangram.client import TangramClient
+
+        return TangramClient
+    raise AttributeError(name)

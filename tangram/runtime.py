@@ -1,0 +1,368 @@
+"""The runtime: the scheduler on the wall clock, driving real managers, behind an asyncio API.
+
+```python
+async with Tangram.local() as tg:
+    env = await tg.open_env("traj-1", memory_mb=1024)
+    r = await tg.exec(env, "pytest -q tests", cpu=(1, 8), elastic=True, timeout=600)
+    out = await tg.invoke("judge", {"token_ids": [1, 2, 3]}, gpus=(1, 2))
+    resp = await tg.call_api("search", {"q": "tangram"})
+    await tg.close_env(env)
+```
+
+Every call becomes an *action* on the one queue; the policy runs on every arrival and
+completion; the manager of the action's pool runs it with exactly the granted units.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from managers.base import Manager, Outcome
+from solvers import get_allocator
+from tangram.actions import Action, Elasticity
+from tangram.allocation import Assignment
+from tangram.errors import ActionFailed, TangramError, ValidationError
+from tangram.metrics import Metrics
+from tangram.resources import Demand
+from tangram.results import Result
+from tangram.scheduler import Scheduler
+
+log = logging.getLogger("tangram")
+
+DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
+SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
+# at n=8 (CALIBRATION.md section 4 reports 1.6-3.3x on 4-14 workers)
+
+
+def amdahl(serial: float):
+    def efficiency(m: int) -> float:
+        return 1.0 / (m * (serial + (1.0 - serial) / m))
+    return efficiency
+
+
+@dataclass(slots=True)
+class _Pending:
+    action: Action
+    manager: Manager
+    future: asyncio.Future
+    submitted: float
+    started: float = 0.0
+    metric_kind: str = "exec"
+
+
+@dataclass(slots=True)
+class _Env:
+    env_id: str
+    trajectory: str
+    last_used: float
+    running: set[str] = field(default_factory=set)
+
+
+class Tangram:
+    """One scheduler, its managers and the environments of the trajectories it serves."""
+
+    def __init__(self, *, cpu: Any = None, gpu: Any = None,
+                 apis: Mapping[str, Manager] | None = None, policy: str = "heuristic",
+                 policy_options: Mapping[str, Any] | None = None,
+                 idle_env_s: float | None = None) -> None:
+        self.cpu = cpu
+        self.gpu = gpu
+        self.apis = dict(apis or {})
+        pools = {}
+        for m in [cpu, gpu, *self.apis.values()]:
+            if m is None:
+                continue
+            for r, p in m.pools().items():
+                if r in pools:
+                    raise ValidationError("pools", r, "two managers own the same resource")
+                pools[r] = p
+        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})),
+                                   prefer=gpu.prefer if gpu is not None else None)
+        self.policy = policy
+        self.idle_env_s = idle_env_s
+        self.metrics = Metrics(self.status)
+        self._envs: dict[str, _Env] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._closing = False
+        self._closed = False
+        self._t0 = time.monotonic()
+        self._reaper: asyncio.Task | None = None
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def local(cls, **options: Any) -> Tangram:
+        """This machine: its cores with the best CPU backend, a simulated GPU pool when there
+        is no GPU (saying so), no APIs unless given. See `tangram.config.build_local`."""
+        from tangram.config import build_local
+
+        return build_local(**options)
+
+    @classmethod
+    def from_config(cls, path: str) -> Tangram:
+        """Build from a YAML file; a bad key fails here with its path."""
+        from tangram.config import load_config
+
+        return load_config(path)
+
+    async def start(self) -> Tangram:
+        if self.gpu is not None:
+            await self.gpu.start()
+        if self.idle_env_s and self._reaper is None:
+            self._reaper = asyncio.create_task(self._reap_idle())
+        log.info("tangram: policy %s; pools %s", self.policy,
+                 ", ".join(f"{r} ({p.capacity()} units)" for r, p in self.scheduler.pools.items()))
+        return self
+
+    async def __aenter__(self) -> Tangram:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+    # -- environments --------------------------------------------------------------------------
+    async def open_env(self, trajectory: str, memory_mb: int = 1024) -> str:
+        self._admitting()
+        if self.cpu is None:
+            raise ValidationError("env", trajectory, "no CPU pool is configured")
+        if (isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0):
+            raise ValidationError("memory_mb", memory_mb, "must be a positive integer (MiB)")
+        env_id = await self.cpu.open_env(trajectory, memory_mb)
+        node = self.cpu.binding(trajectory)
+        self.scheduler.bind(trajectory, self.cpu.resource, node)
+        self._envs[env_id] = _Env(env_id, trajectory, time.monotonic())
+        log.info("env %s: trajectory %s on node %s (%d MiB reserved)", env_id, trajectory, node,
+                 memory_mb)
+        return env_id
+
+    async def close_env(self, env_id: str) -> None:
+        env = self._envs.pop(env_id, None)
+        if env is None:
+            raise ValidationError("env_id", env_id, "unknown environment")
+        for aid in list(env.running):  # queued actions of the env are cancelled
+            if self.scheduler.cancel(aid):
+                self._finish_cancelled(aid, "its environment was closed")
+        await self.cpu.close_env(env_id)
+        self.scheduler.unbind(env.trajectory)
+        log.info("env %s closed", env_id)
+
+    def _env(self, env_id: str) -> _Env:
+        env = self._envs.get(env_id)
+        if env is None:
+            raise ValidationError("env_id", env_id, "unknown environment (open it first)")
+        return env
+
+    # -- actions -------------------------------------------------------------------------------
+    async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
+                   timeout: float = 60.0, output_cap: int | None = None) -> Result:
+        from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+
+        self._admitting()
+        e = self._env(env)
+        if not isinstance(elastic, bool):
+            raise ValidationError("elastic", elastic, "must be true or false")
+        demand = Demand.parse(cpu, "cpu")
+        req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
+                          timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
+                          else output_cap)
+        first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
+        kind = f"exec:{first.rsplit('/', 1)[-1]}"
+        elasticity = None
+        if elastic and not demand.is_fixed:
+            t_ori = self.scheduler.profiles.t_ori(kind) or DEFAULT_T_ORI
+            elasticity = Elasticity(self.cpu.resource, t_ori, amdahl(SERIAL_FRACTION))
+        action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
+                        elasticity=elasticity, trajectory=e.trajectory, kind=kind,
+                        payload=req, submit_time=self._now())
+        e.running.add(action.id)
+        try:
+            return await self._submit(action, self.cpu, "exec")
+        finally:
+            e.running.discard(action.id)
+            e.last_used = time.monotonic()
+
+    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
+        self._admitting()
+        if self.gpu is None:
+            raise ValidationError("service", service, "no GPU pool is configured")
+        registry = self.gpu.residency.registry
+        if not isinstance(service, str) or service not in registry:
+            raise ValidationError("service", service, f"unknown service (registered: "
+                                  f"{registry.names()})")
+        svc = registry.get(service)
+        if isinstance(gpus, tuple) and len(gpus) == 2:
+            lo, hi = Demand.parse(gpus, "gpus").min, Demand.parse(gpus, "gpus").max
+            amounts = [k for k in svc.dops if lo <= k <= hi]
+        else:
+            amounts = list(Demand.parse(gpus, "gpus").amounts)
+            bad = [k for k in amounts if k not in svc.dops]
+            if bad:
+                raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
+        if not amounts:
+            raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
+        demand = Demand.choices(amounts)
+        elasticity = None
+        duration = svc.infer_s.get(demand.min)
+        if not demand.is_fixed and all(k in svc.infer_s for k in amounts):
+            base = demand.min * svc.infer_s[demand.min]
+            table = {k: min(1.0, base / (k * svc.infer_s[k])) for k in amounts}
+            elasticity = Elasticity(self.gpu.resource, base, table)
+            duration = None
+        action = Action(f"g-{uuid.uuid4().hex[:12]}", {self.gpu.resource: demand},
+                        elasticity=elasticity, duration=duration, kind=f"invoke:{service}",
+                        service=service, payload=payload, submit_time=self._now())
+        return await self._submit(action, self.gpu, f"invoke:{service}")
+
+    async def call_api(self, name: str, payload: Any = None) -> Result:
+        self._admitting()
+        manager = self.apis.get(name) if isinstance(name, str) else None
+        if manager is None:
+            raise ValidationError("api", name, f"unknown API (configured: {sorted(self.apis)})")
+        resource = next(iter(manager.pools()))
+        action = Action(f"a-{uuid.uuid4().hex[:12]}", {resource: 1}, kind=f"api:{name}",
+                        payload=payload, submit_time=self._now())
+        return await self._submit(action, manager, f"api:{name}")
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _now(self) -> float:
+        return time.monotonic() - self._t0
+
+    def _admitting(self) -> None:
+        if self._closing:
+            raise TangramError("Tangram is shutting down: no new work is admitted")
+
+    async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
+        self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[action.id] = _Pending(action, manager, fut, time.monotonic(),
+                                            metric_kind=metric_kind)
+        self._kick()
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if self.scheduler.cancel(action.id):  # still queued: drop it, nothing ran
+                self._pending.pop(action.id, None)
+                log.info("action %s cancelled by its caller while queued", action.id)
+            raise
+
+    def _kick(self) -> None:
+        """Run the policy now and start whatever it granted."""
+        for a in self.scheduler.decide(self._now()):
+            p = self._pending[a.action.id]
+            p.started = time.monotonic()
+            task = asyncio.create_task(self._run(p, a))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self.scheduler.queue and log.isEnabledFor(logging.DEBUG):
+            head = next(iter(self.scheduler.queue.values()))
+            log.debug("%d waiting; first %s needs %s, free %s", len(self.scheduler.queue),
+                      head.id, dict(head.mins),
+                      {r: self.scheduler.pools[r].free() for r in head.mins})
+
+    async def _run(self, p: _Pending, a: Assignment) -> None:
+        try:
+            outcome = await p.manager.run(a)
+        except asyncio.CancelledError:
+            outcome = Outcome("cancelled", detail="cancelled at shutdown while running")
+        except Exception as exc:  # a manager bug must not take other actions down
+            log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
+            outcome = Outcome("failed", detail=f"{type(exc).__name__}: {exc}")
+        end = time.monotonic()
+        self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
+                                learn=outcome.status == "ok")
+        self._pending.pop(a.action.id, None)
+        result = Result(
+            a.action.id, outcome.status, outcome.exit_code, outcome.stdout, outcome.stderr,
+            outcome.output, outcome.detail, dict(a.units),
+            {r: {"node": pl.node, "cores": list(pl.cores),
+                 "chunk": list(pl.chunk) if pl.chunk else None}
+             for r, pl in a.placement.items()},
+            p.started - p.submitted, end - p.started, outcome.restore_s, outcome.truncated)
+        self.metrics.observe(p.metric_kind, outcome.status, result.queued_s, result.act_s)
+        if outcome.restore_s > 0 and a.action.service:
+            self.metrics.restores.labels(a.action.service).inc()
+        if not p.future.done():
+            p.future.set_result(result)
+        if not self._closed:
+            self._kick()
+
+    def _finish_cancelled(self, action_id: str, why: str) -> None:
+        p = self._pending.pop(action_id, None)
+        if p is not None and not p.future.done():
+            p.future.set_result(Result(action_id, "cancelled", detail=why,
+                                       queued_s=time.monotonic() - p.submitted))
+
+    # -- observability -------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        pools = {}
+        for r, p in self.scheduler.pools.items():
+            cap, free = p.capacity(), p.free()
+            pools[r] = {"capacity": cap, "free": free,
+                        "utilisation": 0.0 if cap == 0 else (cap - free) / cap,
+                        "nodes": {n: {"capacity": p.capacity(n), "free": p.free(n)}
+                                  for n in p.nodes()}}
+        throttled = {name: getattr(m, "throttled", 0) for name, m in self.apis.items()}
+        return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
+                "running": len(self.scheduler.running), "envs": len(self._envs),
+                "cpu_backend": getattr(getattr(self.cpu, "backend", None), "name", None),
+                "gpu_backend": getattr(getattr(self.gpu, "backend", None), "name", None),
+                "api_throttled": throttled, "closing": self._closing}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    async def _reap_idle(self) -> None:
+        assert self.idle_env_s
+        period = max(0.05, min(5.0, self.idle_env_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            cutoff = time.monotonic() - self.idle_env_s
+            for env in list(self._envs.values()):
+                if not env.running and env.last_used < cutoff:
+                    log.info("env %s idle for %.0f s: reclaimed", env.env_id, self.idle_env_s)
+                    try:
+                        await self.close_env(env.env_id)
+                    except TangramError:
+                        pass
+
+    async def shutdown(self, deadline: float = 10.0) -> None:
+        """Stop admitting, cancel queued actions, let running ones finish within `deadline`
+        seconds (then cancel them: their process trees are killed), close every environment
+        and manager. Idempotent."""
+        if self._closed:
+            return
+        self._closing = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+        for aid in list(self.scheduler.queue):
+            self.scheduler.cancel(aid)
+            self._finish_cancelled(aid, "Tangram shut down before it started")
+        if self._tasks:
+            done, late = await asyncio.wait(set(self._tasks), timeout=deadline)
+            for t in late:
+                t.cancel()
+            if late:
+                log.warning("shutdown: %d actions still running after %.1f s were cancelled",
+                            len(late), deadline)
+                await asyncio.gather(*late, return_exceptions=True)
+        self._closed = True
+        for env_id in list(self._envs):
+            try:
+                await self.close_env(env_id)
+            except Exception:  # keep closing the rest
+                log.exception("closing env %s", env_id)
+        for m in [self.cpu, self.gpu, *self.apis.values()]:
+            if m is not None:
+                await m.close()
+        log.info("tangram: shut down")
+
+
+def require_ok(result: Result) -> Result:
+    """Raise `ActionFailed` unless the action succeeded (a convenience for scripts)."""
+    if not result.ok:
+        raise ActionFailed(f"action {result.action_id}: {result.status}: {result.detail}")
+    return result
