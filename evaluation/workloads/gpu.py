@@ -46,9 +46,9 @@ class SearchParams:
     search_p95_s: float = field(default=1.4, metadata=src("CALIBRATION §5 defaults: p95 1.4 s"))
     browse_median_s: float = field(default=1.5, metadata=src(
         "assumption: browse/PDF parsing twice a search"))
-    search_qps: float = field(default=10.0, metadata=src(
-        "CALIBRATION §5 defaults: rate limit 5-50 QPS per key"))
-    browse_qps: float = field(default=5.0, metadata=src("CALIBRATION §5: free tier 5 req/s"))
+    search_qps: float = field(default=5.0, metadata=src(
+        "CALIBRATION §5: rate limit 5-50 QPS per key (Serper free tier 5)"))
+    browse_qps: float = field(default=2.0, metadata=src("CALIBRATION §5: free tiers 1-5 req/s"))
     output_tokens_mean: float = field(default=1500.0, metadata=src(
         "assumption between CALIBRATION §6's 250 (no thinking) and 3k (thinking)"))
     decode_tok_s: float = field(default=65.0, metadata=src("CALIBRATION §6: 50-80 tok/s"))

@@ -1,0 +1,90 @@
+"""The four workloads of Fig. 6 and Fig. 7, each under Tangram and under its paper baseline
+(§7): AI coding vs Kubernetes (a 4-core pod per trajectory), DeepSearch vs per-trajectory API
+calls with retries and 5 static judge replicas, MOPD vs 9 statically deployed teachers (4 GPUs
+each, SGLang), MOPD + Search vs 10 static services of 4 GPUs each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from evaluation.closedloop import LoopResult, Policy
+from evaluation.experiments.common import (
+    Runner,
+    kubernetes,
+    search_baseline,
+    static_gpu,
+    tangram,
+)
+from evaluation.workloads import Workload, get_workload
+
+# per workload: (quick size, full size)
+SIZES = {
+    "coding": ({"batch": 128, "nodes": 1, "cores_per_node": 128},
+               {"batch": 1024, "nodes": 4, "cores_per_node": 256}),
+    "deepsearch": ({"batch": 96}, {"batch": 384}),
+    "mopd": ({"batch": 256}, {"batch": 1024}),
+    "mopd+search": ({"batch": 96}, {"batch": 384}),
+}
+
+# what Fig. 7 splits each trajectory's ACT into: part -> action kinds (None: environment setup)
+PARTS = {
+    "coding": {"environment": ("setup", "tool"), "reward": ("reward",)},
+    "deepsearch": {"api": ("search", "browse"), "reward": ("judge",)},
+    "mopd": {"teacher": ("logprob",)},
+    "mopd+search": {"teacher": ("logprob",), "api": ("search", "browse"), "reward": ("judge",)},
+}
+
+
+@dataclass
+class SuiteRun:
+    workload: Workload
+    policy: Policy
+    result: LoopResult
+
+    def part(self, kinds: tuple[str, ...]) -> float:
+        r = self.result
+        trajs = max(1, len(r.spans))
+        total = sum(sum(r.acts(k)) for k in kinds if k != "setup")
+        if "setup" in kinds:
+            total += sum(b - a for a, b in r.setups.values())
+        return total / trajs
+
+    def rejections(self) -> int:
+        routes = getattr(self.policy.allocator, "routes", ())
+        return sum(getattr(a, "rejections", 0) for _, a in routes)
+
+
+def systems(name: str, w: Workload) -> list[Policy]:
+    if name == "coding":
+        return [tangram(), kubernetes()]
+    if name == "deepsearch":
+        return [tangram(), search_baseline(w, static_gpu(["judge"], w, 1, replicas=5))]
+    if name == "mopd":
+        teachers = sorted(w.gpu.services) if w.gpu else []
+        return [tangram(), Policy("static", static_gpu(teachers, w, 4))]
+    services = sorted(w.gpu.services) if w.gpu else []
+    judge = static_gpu(services, w, 4)
+    return [tangram(), search_baseline(w, judge)]
+
+
+def run_suite(quick: bool, runner: Runner) -> dict[str, list[SuiteRun]]:
+    out: dict[str, list[SuiteRun]] = {}
+    for name, sizes in SIZES.items():
+        w = get_workload(name, **sizes[0 if quick else 1])
+        out[name] = [SuiteRun(w, p, runner.run(name, w, p)) for p in systems(name, w)]
+    return out
+
+
+def suite_runs() -> int:
+    return 2 * len(SIZES)
+
+
+def breakdown_rows(suite: dict[str, list[SuiteRun]]) -> list[dict[str, Any]]:
+    rows = []
+    for name, runs in suite.items():
+        for sr in runs:
+            for part, kinds in PARTS[name].items():
+                rows.append({"workload": name, "system": sr.policy.name, "part": part,
+                             "seconds_per_trajectory": round(sr.part(kinds), 3)})
+    return rows
