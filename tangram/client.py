@@ -1,0 +1,131 @@
+"""`TangramClient`: the Python API of `Tangram`, over HTTP to a `tangram serve` server.
+
+```python
+async with TangramClient("http://127.0.0.1:8470", token=None) as tg:
+    env = await tg.open_env("traj-1", memory_mb=1024)
+    r = await tg.exec(env, "pytest -q tests", cpu=(1, 8), elastic=True, timeout=600)
+    await tg.close_env(env)
+```
+
+Same methods, same arguments, same `Result`s as `Tangram`. A request the server refuses raises
+what `Tangram` would have raised: `ValidationError` (a bad value, an unknown environment,
+service or API) with the server's field, value and problem; `Infeasible` for a demand no pool
+can ever meet; `TangramError` otherwise (wrong token, shutting down, server fault).
+Cancelling a call closes its connection, which cancels the action if it is still queued.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+
+from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.results import Result
+
+
+def demand_json(demand: Any) -> Any:
+    """A demand as the server takes it: a (lo, hi) tuple becomes {"min", "max"}."""
+    if isinstance(demand, tuple) and len(demand) == 2:
+        return {"min": demand[0], "max": demand[1]}
+    if isinstance(demand, tuple | set | frozenset):
+        return sorted(demand)
+    return demand
+
+
+class TangramClient:
+    """An asyncio client of one server. `timeout`: seconds to wait for an answer (None: as
+    long as the action takes, queueing included); `limits`: httpx connection-pool limits."""
+
+    def __init__(self, base_url: str, token: str | None = None, *,
+                 timeout: float | None = None, limits: httpx.Limits | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0), transport=transport,
+            limits=limits or httpx.Limits(max_connections=256, max_keepalive_connections=256))
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    # -- the operations --------------------------------------------------------------------------
+    async def open_env(self, trajectory: str, memory_mb: int = 1024) -> str:
+        doc = await self._request("POST", "/v1/envs",
+                                  {"trajectory": trajectory, "memory_mb": memory_mb})
+        return str(doc["env_id"])
+
+    async def close_env(self, env_id: str) -> None:
+        await self._request("DELETE", f"/v1/envs/{_segment(env_id, 'env_id')}")
+
+    async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
+                   timeout: float = 60.0) -> Result:
+        body = {"command": command if isinstance(command, str) else list(command),
+                "cpu": demand_json(cpu), "elastic": elastic, "timeout": timeout}
+        return _result(await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec",
+                                           body))
+
+    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
+        body = {"payload": payload, "gpus": demand_json(gpus)}
+        path = f"/v1/services/{_segment(service, 'service')}/invoke"
+        return _result(await self._request("POST", path, body))
+
+    async def call_api(self, name: str, payload: Any = None) -> Result:
+        path = f"/v1/apis/{_segment(name, 'api')}/call"
+        return _result(await self._request("POST", path, {"payload": payload}))
+
+    async def status(self) -> dict[str, Any]:
+        return dict(await self._request("GET", "/v1/status"))
+
+    async def metrics(self) -> str:
+        response = await self._http.get("/metrics")
+        _raise_for(response)
+        return response.text
+
+    # -- transport -------------------------------------------------------------------------------
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            response = await self._http.request(method, path, json=body)
+        except httpx.TransportError as exc:
+            raise TangramError(f"{method} {path}: no answer from the server "
+                               f"({type(exc).__name__}: {exc})") from exc
+        _raise_for(response)
+        return response.json()
+
+
+def _segment(name: Any, field: str) -> str:
+    """A name that fits in one path segment, or the `ValidationError` Tangram would raise."""
+    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
+        raise ValidationError(field, name, "unknown (not a valid name)")
+    return quote(name, safe="")
+
+
+def _result(doc: dict[str, Any]) -> Result:
+    fields = set(Result.__dataclass_fields__)
+    return Result(**{k: v for k, v in doc.items() if k in fields})
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        doc = response.json()
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    message = str(doc.get("error") or response.text[:500] or response.reason_phrase)
+    code = response.status_code
+    if code == 409:
+        raise Infeasible(message)
+    if code in (404, 413, 422) and doc.get("field"):
+        raise ValidationError(str(doc["field"]), doc.get("value"),
+                              str(doc.get("problem") or message))
+    raise TangramError(f"HTTP {code}: {message}")

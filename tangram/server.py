@@ -1,0 +1,451 @@
+"""`tangram serve`: the runtime's operations over HTTP (FastAPI), JSON in and out.
+
+Endpoints (field names are the Python API's):
+
+    POST   /v1/envs                    {"trajectory", "memory_mb"}               -> {"env_id"}
+    POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
+    DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
+    POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
+    POST   /v1/apis/{name}/call        {"payload"}                               -> Result
+    GET    /v1/status                  Tangram.status()
+    GET    /metrics                    Prometheus text
+    GET    /healthz                    {"ok": true} (liveness, no token needed)
+    GET    /openapi.json, /docs        the schema (no token needed: it holds no data)
+
+A demand (`cpu`, `gpus`) is an integer (fixed), {"min", "max"} (a range) or a list of allowed
+amounts. An action that ran and failed (non-zero exit, timeout) answers 200 with its Result:
+its `status` says what happened. Errors answer a JSON body
+`{"error": <message>, "field": <name>, "value": <what was given>, "problem": <why>}`:
+
+    401  missing or wrong bearer token (when the server has one; /metrics needs it too)
+    404  unknown environment, service or API
+    409  a demand no pool can ever meet (`Infeasible`)
+    413  a body over MAX_BODY bytes
+    422  a malformed body or a value the runtime rejects (`ValidationError`)
+    503  the runtime is shutting down
+    499  (never seen by the client) it disconnected: its queued action was cancelled
+
+A client that disconnects while its action waits in the queue cancels that action; one that
+is already running finishes (its cores are released as usual) and its result is dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.results import Result
+from tangram.runtime import Tangram
+
+log = logging.getLogger("tangram.server")
+
+MAX_BODY = 1 << 20  # bytes of one request body
+MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
+MAX_ARGV = 4096  # elements of an argv command
+MAX_TIMEOUT = 24 * 3600.0  # s, an exec's timeout
+MAX_UNITS = 1 << 20  # one demand amount (as tangram.resources.MAX_AMOUNT)
+MAX_CHOICES = 1024  # amounts in a list demand
+MAX_NAME = 256  # characters of a trajectory, env, service or API name
+
+# -- request bodies ----------------------------------------------------------------------------
+
+Units = Annotated[int, Field(ge=1, le=MAX_UNITS)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class UnitRange(_Body):
+    """Any amount from `min` to `max` units (inclusive)."""
+
+    min: Units
+    max: Units
+
+
+Demand = Units | UnitRange | Annotated[list[Units], Field(min_length=1, max_length=MAX_CHOICES)]
+
+
+def demand_arg(d: Demand) -> Any:
+    """The Python API's form of a demand: a range is a (lo, hi) tuple."""
+    return (d.min, d.max) if isinstance(d, UnitRange) else d
+
+
+class OpenEnv(_Body):
+    trajectory: Name
+    memory_mb: Annotated[int, Field(ge=1, le=1 << 24)] = 1024
+
+
+class Exec(_Body):
+    command: (Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]
+              | Annotated[list[Annotated[str, Field(max_length=MAX_COMMAND)]],
+                          Field(min_length=1, max_length=MAX_ARGV)])
+    cpu: Demand = 1
+    elastic: bool = False
+    timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)] = 60.0
+
+    @field_validator("command")
+    @classmethod
+    def _no_nul(cls, v: str | list[str]) -> str | list[str]:
+        if any("\x00" in s for s in ([v] if isinstance(v, str) else v)):
+            raise ValueError("must not contain NUL characters")
+        return v
+
+
+class Invoke(_Body):
+    payload: Any = None
+    gpus: Demand = 1
+
+
+class CallApi(_Body):
+    payload: Any = None
+
+
+_FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields}
+
+
+class EnvOut(BaseModel):
+    env_id: str
+
+
+class ResultOut(BaseModel):
+    """`tangram.results.Result` as JSON."""
+
+    action_id: str
+    status: str
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output: Any = None
+    detail: str = ""
+    units: dict[str, int] = {}
+    placement: dict[str, Any] = {}
+    queued_s: float = 0.0
+    run_s: float = 0.0
+    restore_s: float = 0.0
+    truncated: bool = False
+
+
+class ErrorOut(BaseModel):
+    error: str
+    field: str | None = None
+    value: Any = None
+    problem: str | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)}
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _json_value(v: Any, limit: int = 200) -> Any:
+    """The offending value as JSON, shortened so an error never echoes a huge payload."""
+    if v is None or isinstance(v, bool | int | float):
+        return v
+    if isinstance(v, str):
+        return v if len(v) <= limit else v[:limit] + "..."
+    text = repr(v)
+    return v if len(text) <= limit and isinstance(v, list | dict) else text[:limit]
+
+
+def error(status: int, message: str, field: str | None = None, value: Any = None,
+          problem: str | None = None) -> JSONResponse:
+    body = {"error": message, "field": field, "value": _json_value(value), "problem": problem}
+    return JSONResponse(jsonable_encoder(body), status_code=status)
+
+
+def _unknown_name(exc: ValidationError) -> bool:
+    """An environment, service or API that is not there (unknown, or no pool of its kind is
+    configured): the runtime names these fields only for that."""
+    return exc.field in ("env_id", "service", "api")
+
+
+def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ValidationError)
+    return error(404 if _unknown_name(exc) else 422, str(exc), exc.field, exc.value, exc.problem)
+
+
+def _infeasible(request: Request, exc: Exception) -> JSONResponse:
+    field = {"exec": "cpu", "invoke": "gpus"}.get(request.url.path.rsplit("/", 1)[-1])
+    return error(409, str(exc), field, problem="no pool can ever meet this demand")
+
+
+def _tangram_error(_: Request, exc: Exception) -> JSONResponse:
+    closing = "shutting down" in str(exc)
+    return error(503 if closing else 400, str(exc))
+
+
+def _request_error(_: Request, exc: Exception) -> JSONResponse:
+    """The first bad field, named as in the body (`cpu`, `cpu.min`); a value that matches no
+    form of a union (a demand: int, range or list) lists why each form refused it."""
+    assert isinstance(exc, RequestValidationError)
+    errs = list(exc.errors()) or [{"loc": (), "msg": "invalid request", "type": "?"}]
+    full = tuple(errs[0].get("loc", ()))
+    skip = 1 if full and full[0] in ("body", "path", "query", "header") else 0
+    named = []
+    for part in full[skip:]:  # stop at a union branch's tag ("constrained-int", "UnitRange")
+        if not (isinstance(part, int) or part in _FIELDS or errs[0]["type"] == "extra_forbidden"):
+            break
+        named.append(str(part))
+    field = ".".join(named) or "body"
+    k = skip + len(named)
+    branches = [e for e in errs if tuple(e.get("loc", ()))[:k] == full[:k] and len(e["loc"]) > k]
+    if len(branches) > 1:
+        problem = "matches no accepted form: " + "; ".join(
+            f"as {e['loc'][k]}: {e.get('msg')}" for e in branches[:4])
+    else:
+        problem = str(errs[0].get("msg", "invalid"))
+    return error(422, f"{field}: {problem}", field, errs[0].get("input"), problem)
+
+
+def _internal(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("internal error", exc_info=exc)
+    return error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+# -- transport guards --------------------------------------------------------------------------
+
+
+class BodyLimit:
+    """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
+    declared its length or streams it chunked. The app then reads the buffered body and, after
+    it, the connection's own messages (so it still hears a disconnect)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            await self._too_large(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # disconnected before the body was in
+                return
+            size += len(message.get("body", b""))
+            if size > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error(413, f"request body over {self.limit} bytes", "body",
+                         problem=f"at most {self.limit} bytes")
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
+
+
+async def _until_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Result]) -> Response:
+    """Await `work` while listening for the client going away; if it does, cancel the work (a
+    queued action is dropped by the runtime) and answer nobody."""
+    action = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_until_disconnect(request))
+    try:
+        await asyncio.wait({action, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not action.done():
+            action.cancel()
+        watch.cancel()
+    if not action.done() or action.cancelled():
+        with contextlib.suppress(asyncio.CancelledError):
+            await action
+        log.info("%s %s: client disconnected; its action was cancelled", request.method,
+                 request.url.path)
+        return Response(status_code=499)
+    return JSONResponse(jsonable_encoder(action.result().to_dict()))
+
+
+# -- the app -----------------------------------------------------------------------------------
+
+
+def create_app(tg: Tangram, token: str | None = None, *,
+               shutdown_deadline: float = 10.0) -> FastAPI:
+    """An app serving `tg`. The app's lifespan starts `tg` and shuts it down (stop admitting,
+    let running actions finish within `shutdown_deadline` s, close every environment)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await tg.start()
+        try:
+            yield
+        finally:
+            await tg.shutdown(deadline=shutdown_deadline)
+
+    async def authorized(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, value = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+            raise _Unauthorized()
+
+    app = FastAPI(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
+                  description="Action-level resource management for agentic RL.")
+    app.add_middleware(BodyLimit)
+    app.state.tangram = tg
+    app.add_exception_handler(_Unauthorized, lambda r, e: _unauthorized())
+    app.add_exception_handler(ValidationError, _validation_error)
+    app.add_exception_handler(Infeasible, _infeasible)
+    app.add_exception_handler(TangramError, _tangram_error)
+    app.add_exception_handler(RequestValidationError, _request_error)
+    app.add_exception_handler(Exception, _internal)
+    guarded = [Depends(authorized)]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    @app.post("/v1/envs", dependencies=guarded, responses=ERRORS)
+    async def open_env(body: OpenEnv) -> EnvOut:
+        return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb))
+
+    @app.delete("/v1/envs/{env_id}", dependencies=guarded, responses=ERRORS)
+    async def close_env(env_id: str) -> EnvOut:
+        await tg.close_env(env_id)
+        return EnvOut(env_id=env_id)
+
+    @app.post("/v1/envs/{env_id}/exec", dependencies=guarded, response_model=None,
+              responses={200: {"model": ResultOut}, **ERRORS})
+    async def exec_(env_id: str, body: Exec, request: Request) -> Response:
+        command = body.command if isinstance(body.command, str) else list(body.command)
+        return await _unless_disconnected(request, tg.exec(
+            env_id, command, cpu=demand_arg(body.cpu), elastic=body.elastic,
+            timeout=body.timeout))
+
+    @app.post("/v1/services/{name}/invoke", dependencies=guarded, response_model=None,
+              responses={200: {"model": ResultOut}, **ERRORS})
+    async def invoke(name: str, body: Invoke, request: Request) -> Response:
+        return await _unless_disconnected(request, tg.invoke(name, body.payload,
+                                                             gpus=demand_arg(body.gpus)))
+
+    @app.post("/v1/apis/{name}/call", dependencies=guarded, response_model=None,
+              responses={200: {"model": ResultOut}, **ERRORS})
+    async def call_api(name: str, body: CallApi, request: Request) -> Response:
+        return await _unless_disconnected(request, tg.call_api(name, body.payload))
+
+    @app.get("/v1/status", dependencies=guarded, responses=ERRORS)
+    async def status() -> dict[str, Any]:
+        return tg.status()
+
+    @app.get("/metrics", dependencies=guarded, response_class=Response,
+             responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorOut}})
+    async def metrics() -> Response:
+        return Response(tg.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+def _unauthorized() -> JSONResponse:
+    response = error(401, "missing or wrong bearer token", "authorization",
+                     problem='send "Authorization: Bearer <token>"')
+    response.headers["www-authenticate"] = "Bearer"
+    return response
+
+
+# -- tangram serve -----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
+                    startup_timeout: float = 30.0) -> Iterator[str]:
+    """Serve `app` with uvicorn in a background thread (its own event loop) until the block
+    ends, then shut it down gracefully (the app's lifespan shuts the runtime down). Yields the
+    base URL; port 0 picks a free one. For tests and benchmarks."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           lifespan="on"))
+    thread = threading.Thread(target=server.run, name="tangram-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            raise TangramError(f"the server did not start on {host}:{port}")
+        time.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://{host}:{bound}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=startup_timeout)
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tangram serve", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="YAML cluster config (default: Tangram.local())")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument("--token", default=os.environ.get("TANGRAM_TOKEN"),
+                        help="require 'Authorization: Bearer TOKEN' (default: $TANGRAM_TOKEN)")
+    parser.add_argument("--shutdown-deadline", type=float, default=10.0, metavar="S",
+                        help="on stop, running actions get this long to finish (default 10)")
+    parser.add_argument("--log-level", default="info")
+    ns = parser.parse_args(argv)
+    import uvicorn
+
+    logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    tg = Tangram.from_config(ns.config) if ns.config else Tangram.local()
+    if not _is_loopback(ns.host) and not ns.token:
+        log.warning("serving on %s without a token: anyone who reaches it can run commands",
+                    ns.host)
+    app = create_app(tg, ns.token or None, shutdown_deadline=ns.shutdown_deadline)
+    print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs)", file=sys.stderr)
+    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(),
+                timeout_graceful_shutdown=ns.shutdown_deadline + 5)
+    return 0
