@@ -141,6 +141,25 @@ class CorePool(Pool):
     def cpu_node(self, node: str) -> CpuNode:
         return self._nodes[node]
 
+    def add_node(self, node: CpuNode) -> None:
+        """Membership: a machine joined; its cores become schedulable (in place, so the
+        scheduler holding this pool sees them at its next decision)."""
+        if node.name in self._nodes:
+            raise ValidationError(f"{self.resource}.nodes", node.name, "already in the pool")
+        self._nodes[node.name] = node
+        self._free[node.name] = node.free_count()
+
+    def remove_node(self, node: str) -> None:
+        """Membership: a machine left. Only an idle node goes (no core of it granted), so no
+        running placement ever names a node the pool no longer has."""
+        if node not in self._nodes:
+            raise ValidationError(f"{self.resource}.nodes", node, "not in the pool")
+        granted = self._nodes[node].capacity - self._free[node]
+        if granted:
+            raise ValidationError(f"{self.resource}.nodes", node,
+                                  f"{granted} cores still granted")
+        del self._nodes[node], self._free[node]
+
     def nodes(self):
         return list(self._nodes)
 
