@@ -1,0 +1,74 @@
+"""Fig. 8 (CPU): AI coding's mean ACT as the batch grows (fixed capacity) and as the capacity
+shrinks (fixed batch), Tangram vs Kubernetes; `min` (no elasticity) shows what the elastic
+heuristic adds and, on a small instance, the exact policy how far it is from optimal."""
+
+from __future__ import annotations
+
+from evaluation.experiments.common import Compare, Outcome, Runner, kubernetes, plain, tangram
+from evaluation.experiments.exactpol import SMALL, exact_policy
+from evaluation.workloads import get_workload
+
+QUICK = {"batches": (32, 64, 128), "cores": 128, "capacities": (64, 128, 256), "batch": 64}
+FULL = {"batches": (256, 512, 1024, 2048), "cores": 1024, "capacities": (512, 1024, 2048),
+        "batch": 1024}
+
+
+def _workload(batch: int, cores: int):
+    nodes = max(1, cores // 256)
+    return get_workload("coding", batch=batch, nodes=nodes, cores_per_node=cores // nodes)
+
+
+def plot(rows, fig) -> None:
+    for i, sweep in enumerate(("batch", "capacity")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        for system in sorted({r["system"] for r in rows if r["sweep"] == sweep}):
+            pts = [(r["x"], r["mean_act_s"]) for r in rows
+                   if r["sweep"] == sweep and r["system"] == system]
+            ax.plot(*zip(*pts), marker="o", label=system)
+        ax.set_xlabel("RL batch size" if sweep == "batch" else "CPU cores")
+        ax.set_ylabel("mean ACT (s)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+
+
+def main(quick: bool, quiet: bool) -> Outcome:
+    cfg = QUICK if quick else FULL
+    exact, why = exact_policy()
+    n = 3 * len(cfg["batches"]) + 2 * len(cfg["capacities"]) + 2 + (exact is not None)
+    rows = []
+    with Runner(n, quiet) as runner:
+        for sweep, xs in (("batch", cfg["batches"]), ("capacity", cfg["capacities"])):
+            for x in xs:
+                w = _workload(x, cfg["cores"]) if sweep == "batch" else _workload(cfg["batch"], x)
+                pols = [tangram(), kubernetes()] + ([plain("min")] if sweep == "batch" else [])
+                for p in pols:
+                    r = runner.run(f"{sweep}={x}", w, p)
+                    rows.append({"sweep": sweep, "x": x, "system": p.name,
+                                 "mean_act_s": round(r.mean_act(), 4),
+                                 "act_per_trajectory_s": round(r.per_trajectory()
+                                                               + r.mean_setup(), 3)})
+        w = get_workload("coding", **SMALL)
+        for p in [tangram(), plain("min")] + ([exact] if exact is not None else []):
+            r = runner.run("small", w, p)
+            rows.append({"sweep": "small", "x": SMALL["batch"], "system": p.name,
+                         "mean_act_s": round(r.mean_act(), 4),
+                         "act_per_trajectory_s": round(r.per_trajectory() + r.mean_setup(), 3)})
+    ratios = []
+    for r in rows:
+        if r["sweep"] == "batch" and r["system"] == "k8s":
+            ours = next(o for o in rows if o["sweep"] == "batch" and o["x"] == r["x"]
+                        and o["system"] == "tangram")
+            ratios.append(r["act_per_trajectory_s"] / ours["act_per_trajectory_s"])
+    compares = [Compare("ACT vs Kubernetes, smallest batch", ratios[0], 3.1),
+                Compare("ACT vs Kubernetes, largest batch", ratios[-1], 27.7)]
+    small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
+    if "exact" in small:
+        compares.append(Compare("small instance: heuristic / exact mean ACT",
+                                small["tangram"] / small["exact"], None,
+                                note="receding-horizon CP-SAT, 0.5 s per decision"))
+    compares.append(Compare("small instance: min / heuristic mean ACT",
+                            small["min"] / small["tangram"], None))
+    notes = ["ACT per trajectory includes environment setup (Kubernetes: pod pending + start)."]
+    if why:
+        notes.append(why)
+    return Outcome("fig8-cpu", rows, compares, plot, notes)
