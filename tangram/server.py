@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import hmac
 import ipaddress
+import json
 import logging
 import os
 import sys
@@ -49,6 +50,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tangram.errors import Infeasible, TangramError, ValidationError
@@ -159,13 +161,15 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 def _json_value(v: Any, limit: int = 200) -> Any:
-    """The offending value as JSON, shortened so an error never echoes a huge payload."""
-    if v is None or isinstance(v, bool | int | float):
-        return v
+    """The offending value as JSON, shortened so an error never echoes a huge payload (and
+    as text where JSON cannot hold it: inf, NaN, bytes)."""
     if isinstance(v, str):
         return v if len(v) <= limit else v[:limit] + "..."
-    text = repr(v)
-    return v if len(text) <= limit and isinstance(v, list | dict) else text[:limit]
+    try:
+        text = json.dumps(v, allow_nan=False)
+    except (TypeError, ValueError):
+        return repr(v)[:limit]
+    return v if len(text) <= limit else text[:limit] + "..."
 
 
 def error(status: int, message: str, field: str | None = None, value: Any = None,
@@ -216,6 +220,15 @@ def _request_error(_: Request, exc: Exception) -> JSONResponse:
     else:
         problem = str(errs[0].get("msg", "invalid"))
     return error(422, f"{field}: {problem}", field, errs[0].get("input"), problem)
+
+
+def _http_error(_: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own (no such path, method not allowed) in the same error shape."""
+    assert isinstance(exc, StarletteHTTPException)
+    response = error(exc.status_code, str(exc.detail), "path" if exc.status_code in (404, 405)
+                     else None)
+    response.headers.update(exc.headers or {})
+    return response
 
 
 def _internal(_: Request, exc: Exception) -> JSONResponse:
@@ -296,7 +309,16 @@ async def _unless_disconnected(request: Request, work: Awaitable[Result]) -> Res
         log.info("%s %s: client disconnected; its action was cancelled", request.method,
                  request.url.path)
         return Response(status_code=499)
-    return JSONResponse(jsonable_encoder(action.result().to_dict()))
+    return _result_response(action.result())
+
+
+def _result_response(result: Result) -> JSONResponse:
+    doc = jsonable_encoder(result.to_dict())
+    try:
+        return JSONResponse(doc)
+    except ValueError:  # an output JSON cannot hold (inf, NaN): sent as its text
+        doc["output"] = repr(result.output)
+        return JSONResponse(doc)
 
 
 # -- the app -----------------------------------------------------------------------------------
@@ -332,6 +354,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
     app.add_exception_handler(Infeasible, _infeasible)
     app.add_exception_handler(TangramError, _tangram_error)
     app.add_exception_handler(RequestValidationError, _request_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
     guarded = [Depends(authorized)]
 
