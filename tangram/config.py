@@ -30,7 +30,7 @@ import yaml
 from tangram.errors import TangramError, ValidationError
 
 log = logging.getLogger("tangram")
-GB = 1 << 30
+GB = 10**9  # as managers.gpu.GB
 
 
 def _mapping(path: str, v: Any, allowed: set[str]) -> dict:
