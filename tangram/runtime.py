@@ -105,6 +105,14 @@ class Tangram:
         return build_local(**options)
 
     @classmethod
+    def ray(cls, address: str | None = None, **options: Any) -> Tangram:
+        """The same API over a Ray cluster: a node agent per machine enforces its cores, the
+        scheduler here keeps the global state. See `tangram.distributed.build_ray`."""
+        from tangram.distributed import build_ray
+
+        return build_ray(address, **options)
+
+    @classmethod
     def from_config(cls, path: str) -> Tangram:
         """Build from a YAML file; a bad key fails here with its path."""
         from tangram.config import load_config
