@@ -1,0 +1,48 @@
+"""The `affinity` backend: sched_setaffinity only, for machines without root.
+
+The environment is a working directory; each exec's process is pinned to the granted cores
+between fork and exec (its descendants inherit the mask). There is no CPU quota and no memory
+limit, and a process may widen its own mask again: confinement is cooperative. The process
+group is killed at the deadline and after the command exits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from managers.base import Outcome
+from managers.cpu.backends.base import Backend, register
+from managers.cpu.backends.process import run_local
+from managers.cpu.pool import Environment
+from managers.cpu.request import Command, argv_of
+
+
+class AffinityBackend(Backend):
+    name = "affinity"
+
+    @classmethod
+    def probe(cls) -> str | None:
+        if not hasattr(os, "sched_setaffinity"):
+            return "sched_setaffinity is not available on this platform: use backend='sim'"
+        return None
+
+    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        os.makedirs(env.workdir, exist_ok=True)
+
+    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                   timeout: float, output_cap: int) -> Outcome:
+        mask = set(cores)
+
+        def pin() -> None:
+            os.sched_setaffinity(0, mask)
+
+        return await run_local(argv_of(command), cwd=env.workdir,
+                               env={**os.environ, "TANGRAM_ENV": env.id}, timeout=timeout,
+                               output_cap=output_cap, preexec=pin)
+
+    async def close(self, env: Environment) -> None:
+        shutil.rmtree(env.workdir, ignore_errors=True)
+
+
+register("affinity", AffinityBackend)

@@ -1,0 +1,95 @@
+"""The executor backend behind the CPU manager: how an environment exists and how one exec runs.
+
+A backend does the side effects only; the manager owns the pool logic. Contract of `exec`: the
+command runs confined to exactly `cores` (cpuset and, where the backend can, a CPU quota of
+len(cores) cores); when it returns, no process of that exec is left running (leftovers are
+killed, so the cores really come back); the action's own failures come back as an `Outcome`.
+A lost environment raises `EnvironmentBroken`.
+"""
+
+from __future__ import annotations
+
+import signal
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+from managers.base import Outcome
+from managers.cpu.pool import Environment
+from managers.cpu.request import Command
+from tangram.errors import ActionFailed
+
+
+class EnvironmentBroken(ActionFailed):
+    """The environment's sandbox is gone (its container died, its cgroup was removed)."""
+
+
+class Backend(ABC):
+    name: str = "backend"
+    local: bool = True  # runs on this machine only (one node)
+
+    @classmethod
+    @abstractmethod
+    def probe(cls) -> str | None:
+        """None when this backend can run here, else why not and how to fix it."""
+
+    @abstractmethod
+    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        """Create the sandbox of `env` (all of `cores` allowed while idle)."""
+
+    @abstractmethod
+    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                   timeout: float, output_cap: int) -> Outcome:
+        """Run one command confined to `cores`; see the module docstring."""
+
+    @abstractmethod
+    async def close(self, env: Environment) -> None:
+        """Kill everything left in the sandbox and remove it. Idempotent."""
+
+    async def shutdown(self) -> None:
+        """Release what the backend holds beyond environments (clients, parent cgroups)."""
+
+    def describe(self) -> str:
+        return self.name
+
+
+BACKENDS: dict[str, type[Backend]] = {}
+
+
+def register(name: str, cls: type[Backend]) -> None:
+    BACKENDS[name] = cls
+
+
+def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: bool,
+               timed_out: bool, timeout: float, output_cap: int) -> Outcome:
+    """Map a finished process to an `Outcome` whose detail says what happened."""
+    out = stdout.decode(errors="replace")
+    err = stderr.decode(errors="replace")
+    tail = f"; output truncated at {output_cap} bytes per stream" if truncated else ""
+    if timed_out:
+        return Outcome("timeout", exit_code, out, err,
+                       detail=f"killed at its {timeout:g} s timeout with its whole process "
+                              f"tree{tail}", truncated=truncated)
+    if exit_code == 0:
+        return Outcome("ok", 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
+    if exit_code is not None and exit_code < 0:
+        try:
+            sig = signal.Signals(-exit_code).name
+        except ValueError:
+            sig = str(-exit_code)
+        what = f"killed by signal {sig}"
+    elif exit_code == 127:
+        first = err.strip().splitlines()[-1] if err.strip() else ""
+        what = "exit code 127: command not found" + (f" ({first})" if first else "")
+    elif exit_code == 126:
+        what = "exit code 126: command not executable"
+    else:
+        what = f"exit code {exit_code}"
+    return Outcome("error", exit_code, out, err, detail=what + tail, truncated=truncated)
+
+
+def not_found(command: str, exc: OSError) -> Outcome:
+    return Outcome("error", 127, "", str(exc), detail=f"exit code 127: command not found "
+                   f"({command!r}: {exc.strerror or exc})")
+
+
+KillFn = Callable[[], None]

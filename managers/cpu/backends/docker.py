@@ -1,0 +1,268 @@
+"""The `docker` backend: one container per environment (docker SDK), as in the paper.
+
+Before each exec the container is updated (`cpuset_cpus`, `cpu_quota`) to the cores its running
+execs hold (exactly the grant when one exec runs, the union when a trajectory runs several at
+once; skipped when unchanged), then the command runs through `exec_create`/`exec_start`. The
+engine is local: at the deadline, and after an exec when no other exec of the environment runs,
+the processes left in the container's cgroup (all but its init) are killed from the host.
+A container that died makes every later exec fail with `EnvironmentBroken`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from managers.base import Outcome
+from managers.cpu.backends import cgroupfs as fs
+from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
+from managers.cpu.pool import Environment
+from managers.cpu.request import Command, argv_of
+from tangram.errors import BackendUnavailable
+
+DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
+KILL_GRACE_S = 5.0
+LABEL = "tangram.backend"
+
+
+@dataclass(slots=True)
+class _Container:
+    id: str
+    name: str
+    init_pid: int
+    folders: dict[str, Path]  # its cgroup on the host ({} when the engine is not local)
+    cpus: str
+    running: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, image: str | None = None, base_url: str | None = None,
+                 max_concurrent: int = 64, direct: bool = True) -> None:
+        """`direct`: when the engine is local and we are root, write the container's cgroup
+        files (cpuset, quota) instead of calling `container.update` (same effect, ~1000x
+        cheaper); otherwise every change goes through the API."""
+        import docker
+        from docker.errors import DockerException, ImageNotFound
+
+        self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
+        where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        try:
+            kw: dict[str, Any] = {"timeout": 24 * 3600, "max_pool_size": max_concurrent}
+            self.client = (docker.DockerClient(base_url=base_url, **kw) if base_url
+                           else docker.from_env(**kw))
+            self.client.ping()
+        except DockerException as exc:
+            raise BackendUnavailable(
+                f"cannot reach the Docker engine at {where} ({exc}): start dockerd (on Debian "
+                f"`apt-get install docker.io` then `dockerd &`, or `bash .ci/dockerd.sh`), set "
+                f"DOCKER_HOST, or choose backend='cgroup'") from exc
+        try:
+            self.client.images.get(self.image)
+        except ImageNotFound as exc:
+            self.client.close()
+            raise BackendUnavailable(
+                f"image {self.image!r} is not in the Docker engine at {where}: pull or build it, "
+                f"pass image=... (or TANGRAM_DOCKER_IMAGE), or run `bash .ci/dockerd.sh`, which "
+                f"builds {DEFAULT_IMAGE} offline") from exc
+        self.api = self.client.api
+        self.direct = direct
+        self.tag = uuid.uuid4().hex[:10]
+        self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="tangram-docker")
+        self._envs: dict[str, _Container] = {}
+        self._ids = itertools.count()
+
+    @classmethod
+    def probe(cls) -> str | None:
+        try:
+            cls(max_concurrent=1).client.close()
+        except BackendUnavailable as exc:
+            return str(exc)
+        except ImportError as exc:
+            return f"the docker SDK is not importable ({exc}): pip install docker"
+        return None
+
+    def describe(self) -> str:
+        return f"docker (image {self.image})"
+
+    async def _call(self, fn, *args, **kw):
+        return await asyncio.get_running_loop().run_in_executor(self._pool,
+                                                                lambda: fn(*args, **kw))
+
+    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        from docker.errors import DockerException
+
+        cpus = fs.cpulist(cores)
+        try:
+            c = await self._call(
+                self.client.containers.run, self.image, ["sleep", "1000000000"], detach=True,
+                name=f"tangram-{env.id}", labels={LABEL: self.tag, "tangram.env": env.id},
+                network_mode="none", mem_limit=f"{env.memory_mb}m", working_dir="/work",
+                cpuset_cpus=cpus, cpu_period=fs.PERIOD_US, cpu_quota=len(cores) * fs.PERIOD_US)
+            await self._call(c.reload)
+        except DockerException as exc:
+            raise BackendUnavailable(f"cannot start the container of environment {env.id} "
+                                     f"from {self.image!r}: {exc}") from exc
+        pid = int(c.attrs["State"]["Pid"])
+        folders = fs.folders_of(pid) if self.direct else {}
+        if folders and not os.access(folders["cpuset"] / "cpuset.cpus", os.W_OK):
+            folders = {}
+        self._envs[env.id] = _Container(c.id, c.name, pid, folders, cpus)
+
+    async def _broken(self, env: Environment, c: _Container, exc: Exception) -> EnvironmentBroken:
+        from docker.errors import NotFound
+
+        try:
+            state = (await self._call(self.api.inspect_container, c.id))["State"]
+            what = (f"is {state.get('Status')} (exit code {state.get('ExitCode')}"
+                    f"{', killed for memory' if state.get('OOMKilled') else ''})")
+        except NotFound:
+            what = "no longer exists"
+        return EnvironmentBroken(f"environment {env.id} is broken: its container {c.name} {what}; "
+                                 f"close it and open a new one ({exc})")
+
+    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                   timeout: float, output_cap: int) -> Outcome:
+        from docker.errors import APIError
+
+        c = self._envs.get(env.id)
+        if c is None:
+            raise EnvironmentBroken(f"environment {env.id} is broken: no container")
+        token = next(self._ids)
+        c.running[token] = cores
+        holder: dict[str, Any] = {}
+        try:
+            await self._set_cores(env, c)
+            run = asyncio.ensure_future(self._call(self._exec_sync, c.id, argv_of(command),
+                                                   env.id, output_cap, holder))
+            timed_out = False
+            try:
+                code, out, err, truncated = await asyncio.wait_for(asyncio.shield(run), timeout)
+            except TimeoutError:
+                timed_out = True
+                self._kill_exec(holder)
+                code, out, err, truncated = await asyncio.wait_for(run, KILL_GRACE_S)
+        except APIError as exc:
+            raise await self._broken(env, c, exc) from exc
+        finally:
+            del c.running[token]
+            if not c.running:
+                self._kill_leftovers(c)
+        if code == 126 and b"executable file not found" in out + err:
+            return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
+                                                                       "found in the container"))
+        return outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
+
+    async def _set_cores(self, env: Environment, c: _Container) -> None:
+        async with c.lock:
+            union = tuple(sorted(set().union(*c.running.values())))
+            cpus = fs.cpulist(union)
+            if cpus == c.cpus:
+                return
+            if c.folders:
+                version = 1 if (c.folders["cpu"] / "cpu.cfs_quota_us").exists() else 2
+                try:
+                    fs.set_cores(version, c.folders, union)
+                except OSError as exc:
+                    raise await self._broken(env, c, exc) from exc
+            else:
+                await self._call(self.api.update_container, c.id, cpuset_cpus=cpus,
+                                 cpu_quota=len(union) * fs.PERIOD_US)
+            c.cpus = cpus
+
+    def _exec_sync(self, cid: str, argv: list[str], env_id: str, cap: int,
+                   holder: dict[str, Any]) -> tuple[int | None, bytes, bytes, bool]:
+        exec_id = self.api.exec_create(cid, argv, workdir="/work",
+                                       environment={"TANGRAM_ENV": env_id})["Id"]
+        holder["exec_id"] = exec_id
+        out, err, truncated = bytearray(), bytearray(), False
+        for o, e in self.api.exec_start(exec_id, stream=True, demux=True):
+            for chunk, kept in ((o, out), (e, err)):
+                if chunk:
+                    room = cap - len(kept)
+                    if room > 0:
+                        kept += chunk[:room]
+                    truncated |= len(chunk) > room
+        code = self.api.exec_inspect(exec_id)["ExitCode"]
+        return code, bytes(out), bytes(err), truncated
+
+    def _kill_exec(self, holder: dict[str, Any]) -> None:
+        """Kill the exec's process and all its descendants (host pids)."""
+        exec_id = holder.get("exec_id")
+        if exec_id is None:
+            return
+        with contextlib.suppress(Exception):
+            pid = int(self.api.exec_inspect(exec_id).get("Pid") or 0)
+            if pid > 0:
+                for p in [pid, *_descendants(pid)]:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(p, signal.SIGKILL)
+
+    def _kill_leftovers(self, c: _Container) -> None:
+        if not c.folders:
+            return
+        for _ in range(20):
+            try:
+                left = [int(p) for p in fs.read(c.folders["cpu"] / "cgroup.procs").split()
+                        if int(p) != c.init_pid]
+            except OSError:
+                return
+            if not left:
+                return
+            for p in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p, signal.SIGKILL)
+
+    async def close(self, env: Environment) -> None:
+        from docker.errors import NotFound
+
+        c = self._envs.pop(env.id, None)
+        if c is not None:
+            with contextlib.suppress(NotFound):
+                await self._call(self.api.remove_container, c.id, force=True)
+
+    def containers(self) -> list[str]:
+        """Names of the containers this backend has created and not removed (leak checks)."""
+        found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.tag}"})
+        return [c.name for c in found]
+
+    async def shutdown(self) -> None:
+        from docker.errors import NotFound
+
+        for env_id in list(self._envs):
+            c = self._envs.pop(env_id)
+            with contextlib.suppress(NotFound):
+                await self._call(self.api.remove_container, c.id, force=True)
+        self._pool.shutdown(wait=False)
+        self.client.close()
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+register("docker", DockerBackend)

@@ -1,0 +1,88 @@
+"""Environment pool logic (paper 5.2), pure and shared by simulation and production.
+
+One environment per trajectory holds the trajectory's memory reservation for its whole life; the
+node is chosen when the environment opens (the trajectory's first action): among the nodes with
+enough memory for the trajectory, those with enough free cores for its first action now, and among
+them the least memory-loaded. Every later action of the trajectory stays on that node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from tangram.errors import Infeasible, ValidationError
+from tangram.pools import Pool
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """A trajectory's sandbox: its node, memory reservation and working directory."""
+
+    id: str
+    trajectory: str
+    node: str
+    memory_mb: int
+    workdir: str
+
+
+class EnvironmentTable:
+    """Environments, their memory reservations per node and the trajectory -> node bindings."""
+
+    def __init__(self, memory_mb: Mapping[str, int]) -> None:
+        for n, m in memory_mb.items():
+            if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
+                raise ValidationError(f"memory_mb[{n}]", m, "must be a positive integer (MiB)")
+        self._capacity = dict(memory_mb)
+        self._reserved = {n: 0 for n in memory_mb}
+        self._envs: dict[str, Environment] = {}
+        self._by_trajectory: dict[str, str] = {}
+
+    def memory_free(self, node: str) -> int:
+        return self._capacity[node] - self._reserved[node]
+
+    def memory_load(self, node: str) -> float:
+        return self._reserved[node] / self._capacity[node]
+
+    def choose_node(self, cores: Pool, memory_mb: int, min_cores: int = 1) -> str:
+        """The node for a new environment; raises `Infeasible` when no node has the memory."""
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
+            raise ValidationError("env.memory_mb", memory_mb, "must be a positive integer (MiB)")
+        roomy = [n for n in self._capacity if self.memory_free(n) >= memory_mb]
+        if not roomy:
+            best = max(self._capacity, key=self.memory_free, default=None)
+            raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
+                             f"{self.memory_free(best) if best else 0} MiB on {best})")
+        ready = [n for n in roomy if cores.free(n) >= min_cores] or roomy
+        return min(ready, key=lambda n: (self.memory_load(n), -cores.free(n), n))
+
+    def add(self, env: Environment) -> None:
+        if env.trajectory in self._by_trajectory:
+            raise ValidationError("env.trajectory", env.trajectory,
+                                  f"already has environment {self._by_trajectory[env.trajectory]}")
+        if self.memory_free(env.node) < env.memory_mb:
+            raise Infeasible(f"env.memory_mb: {env.memory_mb} MiB over the "
+                             f"{self.memory_free(env.node)} MiB free on {env.node}")
+        self._envs[env.id] = env
+        self._by_trajectory[env.trajectory] = env.id
+        self._reserved[env.node] += env.memory_mb
+
+    def remove(self, env_id: str) -> Environment:
+        env = self._envs.pop(env_id)
+        del self._by_trajectory[env.trajectory]
+        self._reserved[env.node] -= env.memory_mb
+        return env
+
+    def get(self, env_id: str) -> Environment | None:
+        return self._envs.get(env_id)
+
+    def of_trajectory(self, trajectory: str) -> Environment | None:
+        env_id = self._by_trajectory.get(trajectory)
+        return self._envs[env_id] if env_id is not None else None
+
+    def binding(self, trajectory: str) -> str | None:
+        env = self.of_trajectory(trajectory)
+        return env.node if env is not None else None
+
+    def all(self) -> list[Environment]:
+        return list(self._envs.values())

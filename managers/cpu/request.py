@@ -1,0 +1,89 @@
+"""What a CPU action runs: `ExecRequest`, the payload of an action on the `cpu` pool.
+
+Pure helpers live here too: turning a command into an argv, and giving elastic pytest runs their
+degree of parallelism (`pytest -n <granted cores>`, paper 5.2).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tangram.errors import ValidationError
+
+Command = str | tuple[str, ...]
+DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream
+
+
+@dataclass(frozen=True, slots=True)
+class ExecRequest:
+    """Run `command` in environment `env_id`.
+
+    `command`: a shell string (run with `sh -c`) or an argv tuple (run directly). `timeout` (s):
+    the whole process tree is killed at the deadline. `elastic`: a pytest invocation gets
+    `-n <granted cores>`. `output_cap`: bytes kept of stdout and of stderr each; the rest is
+    drained and dropped, and the outcome says it was truncated.
+    """
+
+    env_id: str
+    command: Command
+    timeout: float = 60.0
+    elastic: bool = False
+    output_cap: int = DEFAULT_OUTPUT_CAP
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.env_id, str) or not self.env_id:
+            raise ValidationError("exec.env_id", self.env_id, "must be an environment id")
+        cmd = self.command
+        if isinstance(cmd, Sequence) and not isinstance(cmd, str):
+            cmd = tuple(cmd)
+            if not cmd or not all(isinstance(a, str) for a in cmd):
+                raise ValidationError("exec.command", self.command,
+                                      "an argv must be a non-empty sequence of strings")
+            object.__setattr__(self, "command", cmd)
+        elif not isinstance(cmd, str) or not cmd.strip():
+            raise ValidationError("exec.command", cmd, "must be a non-empty string or argv")
+        t = self.timeout
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValidationError("exec.timeout", t, "must be a finite positive number of seconds")
+        cap = self.output_cap
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
+
+
+def argv_of(command: Command) -> list[str]:
+    """A shell string runs under `sh -c`; an argv runs as it is."""
+    return ["sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+_PYTEST = re.compile(r"(?P<head>(?:^|[;&|(]|\s)\s*(?:python3?\s+-m\s+pytest|py\.test|pytest))(?=\s|$)")
+
+
+def with_dop(command: Command, cores: int) -> Command:
+    """Give every pytest invocation in `command` `-n <cores>` (unless it already has `-n`).
+
+    Argv commands are rewritten when they start with `pytest` or `python -m pytest`; shell
+    strings at every pytest invocation (after `;`, `&&`, `|`, or at the start).
+    """
+    if cores < 1:
+        raise ValidationError("exec.cores", cores, "must be at least 1")
+    if isinstance(command, str):
+        if re.search(r"(^|\s)(-n|--numprocesses)(\s|=)", command):
+            return command
+        return _PYTEST.sub(lambda m: f"{m.group('head')} -n {cores}", command)
+    argv = list(command)
+    if "-n" in argv or any(a.startswith("--numprocesses") for a in argv):
+        return command
+    name = argv[0].rsplit("/", 1)[-1]
+    if name in ("pytest", "py.test"):
+        return tuple([argv[0], "-n", str(cores), *argv[1:]])
+    if re.fullmatch(r"python[0-9.]*", name) and argv[1:3] == ["-m", "pytest"]:
+        return tuple([*argv[:3], "-n", str(cores), *argv[3:]])
+    return command
+
+
+def describe(command: Command) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
