@@ -32,16 +32,29 @@ def spread(options: tuple[tuple[int, float], ...], depth: int) -> tuple[tuple[in
     return tuple(options[i] for i in idx)
 
 
-def _fill(heap: list[tuple[float, int]], free: int, clock: float, now: float,
+def _fill(releases: list[tuple[float, int]], free: int, now: float,
           first: tuple[int, float] | None, rest: list[Waiting], capacity: int) -> float:
-    """Sum of (end - now) of the waiting actions, started in order as units come back."""
+    """Sum of (end - now) of the waiting actions, started in order as units come back.
+
+    `releases` (sorted by time) are the busy units known now; the estimate's own completions
+    go to a heap, and the next unit to come back is the earlier of the two.
+    """
     total = 0.0
-    for i, w in enumerate(rest):
-        u, d = first if (i == 0 and first is not None) else w.options[0]
+    clock = now
+    i, n = 0, len(releases)
+    heap: list[tuple[float, int]] = []
+    for k, w in enumerate(rest):
+        u, d = first if (k == 0 and first is not None) else w.options[0]
         if u > capacity:
             continue
-        while free < u and heap:
-            t, back = heapq.heappop(heap)
+        while free < u:
+            if heap and (i >= n or heap[0][0] < releases[i][0]):
+                t, back = heapq.heappop(heap)
+            elif i < n:
+                t, back = releases[i]
+                i += 1
+            else:  # cannot happen while u <= capacity
+                break
             free += back
             if t > clock:
                 clock = t
@@ -54,14 +67,16 @@ def _fill(heap: list[tuple[float, int]], free: int, clock: float, now: float,
 
 def estimate_waiting(busy: list[tuple[float, int]], free: int, now: float,
                      rest: list[Waiting], depth: int, capacity: int) -> float:
-    """Best estimated completion sum of `rest` over the first one's `depth` options."""
+    """Best estimated completion sum of `rest` over the first one's `depth` options.
+
+    `busy`: (end time, units) of everything holding units of the pool now.
+    """
     if not rest:
         return 0.0
+    releases = sorted(busy)
     best = None
     for opt in spread(rest[0].options, depth):
-        heap = list(busy)
-        heapq.heapify(heap)
-        v = _fill(heap, free, now, now, opt, rest, capacity)
+        v = _fill(releases, free, now, opt, rest, capacity)
         if best is None or v < best:
             best = v
     return best if best is not None else 0.0
