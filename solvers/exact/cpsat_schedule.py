@@ -41,11 +41,6 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
     for key, users in model.flat_users.items():
         cp.add_cumulative([intervals[i][m] for i, m, _ in users], [k for _, _, k in users],
                           model.flat_capacity[key])
-    # redundant: on a flat node, modes taking more than half of it never overlap each other
-    for key, users in model.flat_users.items():
-        big = [intervals[i][m] for i, m, k in users if 2 * k > model.flat_capacity[key]]
-        if len(big) > 1:
-            cp.add_no_overlap(big)
     # GPU pools: at most one action at a time on each GPU (its chunk's root-to-leaf path)
     for users in model.gpu_users.values():
         if len(users) > 1:
