@@ -1,0 +1,433 @@
+"""Tangram over a Ray cluster: one node agent per machine, the scheduler and its pools central.
+
+```python
+tg = Tangram.ray(address="auto", cpu_backend="cgroup")   # or "ray://head:10001", "local:3"
+async with tg:
+    env = await tg.open_env("traj-1")                      # placed on some node, bound there
+    r = await tg.exec(env, "pytest -q", cpu=(1, 8), elastic=True)
+    r.placement["cpu"]["node"]                              # e.g. "n-77f33c71"
+```
+
+`RayCpuManager` is a `Manager` like `managers.cpu.CpuManager`, so `Tangram(cpu=...)` runs the
+same scheduler, policy and invariant checks over it: its `CorePool` has one node per agent
+(named `n-<first 8 hex of the Ray node id>`), and `run` sends each assignment to the agent that
+owns the placement's node. Ray does placement and RPC only.
+
+Membership and faults. A watcher polls `ray.nodes()` every `poll_s`: a node joining gets an
+agent and its cores join the pool; a node (or its agent) dying fails the actions running there
+(`Outcome("failed")`, naming the node), marks its environments lost (every later exec in them
+fails at once with the reason), and keeps every other queued action. A lost node stays in the
+pool, taking no new environments, until its environments are closed and its cores come back;
+then it leaves.
+
+`local:N` as an address starts an N-node cluster on this machine (`ray.cluster_utils.Cluster`,
+the `sim` backend per node, for demos and tests): see `ray_session`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from managers.base import Manager, Outcome
+from tangram.allocation import Assignment
+from tangram.errors import BackendUnavailable, Infeasible, ValidationError
+from tangram.pools import CorePool, Pool
+from tangram.ray_agent import NodeAgent, NodeInfo, sleep_seconds
+from topology import CpuNode
+
+log = logging.getLogger("tangram.ray")
+MiB = 1 << 20
+INSTALL_HINT = "Ray is not installed: pip install 'arl-tangram[ray]'"
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise BackendUnavailable(INSTALL_HINT) from None
+    return ray
+
+
+def node_name(ray_node_id: str) -> str:
+    return f"n-{ray_node_id[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteEnv:
+    id: str
+    trajectory: str
+    node: str
+    memory_mb: int
+
+
+@dataclass(slots=True)
+class _Node:
+    info: NodeInfo
+    agent: Any  # the Ray actor handle
+    lost: str = ""  # why, once the node or its agent died
+    reserved_mb: int = 0
+    envs: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class _Backend:
+    name: str
+
+
+class RayCpuManager(Manager):
+    """The `cpu` pool over every Ray node, each node's cores enforced by its agent.
+
+    Build it with `connect` (it starts the agents and reads their topology); the constructor
+    itself takes already described agents and does nothing else.
+    """
+
+    name = "cpu"
+
+    def __init__(self, agents: Mapping[str, tuple[Any, NodeInfo]], *, resource: str = "cpu",
+                 backend: str = "auto", backend_options: Mapping[str, Any] | None = None,
+                 poll_s: float = 1.0, owns_ray: bool = False) -> None:
+        self.resource = resource
+        self.backend = _Backend(f"ray:{backend}")
+        self._backend_name = backend
+        self._backend_options = dict(backend_options or {})
+        self.poll_s = poll_s
+        self._owns_ray = owns_ray
+        self.nodes: dict[str, _Node] = {n: _Node(info, a) for n, (a, info) in agents.items()}
+        self.pool = CorePool(resource, {n: CpuNode(n, info.numa) for n, (_, info) in
+                                        agents.items()})
+        self.envs: dict[str, RemoteEnv] = {}
+        self._by_trajectory: dict[str, str] = {}
+        self._joining: set[str] = set()
+        self._watcher: asyncio.Task | None = None
+        self._closed = False
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, address: str | None = None, *, backend: str = "auto",
+                backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
+                resource: str = "cpu", timeout_s: float = 60.0) -> RayCpuManager:
+        """Join the Ray cluster at `address` (None: start a local one-node Ray; an existing
+        connection is reused), start an agent on every alive node and wait for their reports."""
+        ray = import_ray()
+        owns = False
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(address=address, namespace="tangram", logging_level=logging.WARNING,
+                     include_dashboard=False if address is None else None)
+            owns = True
+        self = cls({}, resource=resource, backend=backend, backend_options=backend_options,
+                   poll_s=poll_s, owns_ray=owns)
+        pending = {nid: self._spawn(nid, n["Resources"]) for nid, n in self._alive().items()}
+        pending = {nid: a for nid, a in pending.items() if a is not None}
+        infos = ray.get([a.describe.remote() for a in pending.values()], timeout=timeout_s)
+        for agent, info in zip(pending.values(), infos, strict=True):
+            self._join(agent, info)
+        if not self.nodes:
+            raise BackendUnavailable(f"no Ray node can host a CPU agent: {ray.nodes()}")
+        return self
+
+    def _alive(self) -> dict[str, dict]:
+        ray = import_ray()
+        return {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}
+
+    def _spawn(self, ray_node_id: str, resources: Mapping[str, float]):
+        """An agent pinned to the node, or None when the sim backend has no cores to model."""
+        ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        cores = memory = None
+        if self._backend_name == "sim":  # model the node Ray describes
+            cores = int(resources.get("CPU", 0))
+            memory = int(resources.get("memory", 0) // MiB) or 4096
+            if cores == 0:
+                return None
+        actor = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
+        return actor.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
+            name=f"tangram-agent-{ray_node_id[:8]}-{uuid.uuid4().hex[:6]}",
+        ).remote(node_name(ray_node_id), ray_node_id, self._backend_name,
+                 self._backend_options, cores, memory)
+
+    def _join(self, agent: Any, info: NodeInfo) -> None:
+        self.nodes[info.name] = _Node(info, agent)
+        self.pool.add_node(CpuNode(info.name, info.numa))
+        log.info("ray: node %s joined (%d cores, %d MiB, %d GPUs, backend %s)", info.name,
+                 info.cores, info.memory_mb, info.gpus, info.backend)
+
+    # -- the Manager interface -----------------------------------------------------------------
+    def pools(self) -> Mapping[str, Pool]:
+        return {self.resource: self.pool}
+
+    def binding(self, trajectory: str) -> str | None:
+        env_id = self._by_trajectory.get(trajectory)
+        return self.envs[env_id].node if env_id is not None else None
+
+    def bindings(self) -> dict[tuple[str, str], str]:
+        return {(e.trajectory, self.resource): e.node for e in self.envs.values()}
+
+    def _choose_node(self, memory_mb: int, min_cores: int) -> str:
+        """Among live nodes with the memory, those with `min_cores` free now, least loaded
+        by memory (the rule of `managers.cpu.pool`, across machines)."""
+        roomy = [n for n, s in self.nodes.items()
+                 if not s.lost and s.info.memory_mb - s.reserved_mb >= memory_mb]
+        if not roomy:
+            raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no live node ("
+                             f"{sum(not s.lost for s in self.nodes.values())} live)")
+        ready = [n for n in roomy if self.pool.free(n) >= min_cores] or roomy
+        return min(ready, key=lambda n: (self.nodes[n].reserved_mb / self.nodes[n].info.memory_mb,
+                                         -self.pool.free(n), n))
+
+    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1) -> str:
+        self._ensure_watcher()
+        if not isinstance(trajectory, str) or not trajectory:
+            raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
+        if trajectory in self._by_trajectory:
+            raise ValidationError("env.trajectory", trajectory,
+                                  f"already has environment {self._by_trajectory[trajectory]}")
+        name = self._choose_node(memory_mb, min_cores)
+        node = self.nodes[name]
+        node.reserved_mb += memory_mb  # before the await: concurrent opens see it
+        try:
+            env_id = await node.agent.open_env.remote(trajectory, memory_mb)
+        except BaseException as exc:
+            node.reserved_mb -= memory_mb
+            if _is_actor_death(exc):
+                self._lose(name, f"its agent died ({type(exc).__name__})")
+                raise BackendUnavailable(f"env for {trajectory}: node {name} was lost while "
+                                         "opening it; open it again") from None
+            raise
+        self.envs[env_id] = RemoteEnv(env_id, trajectory, name, memory_mb)
+        self._by_trajectory[trajectory] = env_id
+        node.envs.add(env_id)
+        return env_id
+
+    async def close_env(self, env_id: str) -> None:
+        env = self.envs.pop(env_id, None)
+        if env is None:
+            return
+        del self._by_trajectory[env.trajectory]
+        node = self.nodes.get(env.node)
+        if node is None:
+            return
+        node.envs.discard(env_id)
+        node.reserved_mb -= env.memory_mb
+        if not node.lost:
+            try:
+                await node.agent.close_env.remote(env_id)
+            except Exception as exc:
+                if not _is_actor_death(exc):
+                    raise
+                self._lose(env.node, f"its agent died ({type(exc).__name__})")
+        self._retire_drained()
+
+    def lost_reason(self, env_id: str) -> str | None:
+        env = self.envs.get(env_id)
+        if env is None or not self.nodes[env.node].lost:
+            return None
+        return (f"environment {env_id} of trajectory {env.trajectory} is lost: node {env.node} "
+                f"(Ray node {self.nodes[env.node].info.ray_node_id[:12]}) "
+                f"{self.nodes[env.node].lost}; close it and open a new one")
+
+    async def run(self, assignment: Assignment) -> Outcome:
+        from managers.cpu.request import ExecRequest
+
+        self._ensure_watcher()
+        req = assignment.action.payload
+        if not isinstance(req, ExecRequest):
+            return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+                           f"ExecRequest, got {type(req).__name__}")
+        env = self.envs.get(req.env_id)
+        if env is None:
+            return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        lost = self.lost_reason(req.env_id)
+        if lost:
+            return Outcome("failed", detail=lost)
+        node = self.nodes[env.node]
+        try:
+            return await node.agent.run.remote(assignment)
+        except Exception as exc:
+            if not _is_actor_death(exc):
+                return Outcome("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
+            self._lose(env.node, f"died ({type(exc).__name__})")
+            return Outcome("failed", detail=f"action {assignment.action_id} failed: node "
+                           f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
+                           f"it ran; its environment {env.id} is lost")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        ray = import_ray()
+        live = [n for n in self.nodes.values() if not n.lost]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(*(n.agent.close.remote() for n in live),
+                                                  return_exceptions=True), 10.0)
+        for n in self.nodes.values():
+            with contextlib.suppress(Exception):
+                ray.kill(n.agent)
+        if self._owns_ray:
+            ray.shutdown()
+
+    # -- membership and faults -----------------------------------------------------------------
+    def describe_nodes(self) -> dict[str, dict[str, Any]]:
+        return {n: {"ray_node_id": s.info.ray_node_id, "cores": s.info.cores,
+                    "memory_mb": s.info.memory_mb, "gpus": s.info.gpus, "lost": s.lost or None,
+                    "envs": len(s.envs), "backend": s.info.backend}
+                for n, s in self.nodes.items()}
+
+    def _lose(self, name: str, why: str) -> None:
+        node = self.nodes.get(name)
+        if node is None or node.lost:
+            return
+        node.lost = why
+        log.warning("ray: node %s (Ray node %s) %s: %d environments lost", name,
+                    node.info.ray_node_id[:12], why, len(node.envs))
+        self._retire_drained()
+
+    def _retire_drained(self) -> None:
+        """A lost node leaves the pool once nothing of it is granted or bound."""
+        for name, node in list(self.nodes.items()):
+            if node.lost and not node.envs and \
+                    self.pool.free(name) == self.pool.capacity(name):
+                self.pool.remove_node(name)
+                del self.nodes[name]
+                log.info("ray: node %s left the pool", name)
+
+    def _ensure_watcher(self) -> None:
+        if self._watcher is None and not self._closed and self.poll_s > 0:
+            self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                await self.refresh(await loop.run_in_executor(None, self._alive))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a flaky GCS answer must not stop membership
+                log.exception("ray: membership poll failed")
+            await asyncio.sleep(self.poll_s)
+
+    async def refresh(self, alive: Mapping[str, Mapping[str, Any]]) -> None:
+        """Reconcile with the live Ray nodes: lose the dead, start agents on the new."""
+        known = {s.info.ray_node_id: n for n, s in self.nodes.items()}
+        for rid, name in known.items():
+            if rid not in alive:
+                self._lose(name, "died (Ray reports the node dead)")
+        self._retire_drained()
+        for rid, n in alive.items():
+            if rid in known or rid in self._joining:
+                continue
+            agent = self._spawn(rid, n["Resources"])
+            if agent is None:
+                continue
+            self._joining.add(rid)
+            try:
+                info = await agent.describe.remote()
+            except Exception as exc:
+                log.warning("ray: agent on new node %s did not start: %s", rid[:12], exc)
+                continue
+            finally:
+                self._joining.discard(rid)
+            if not self._closed:
+                self._join(agent, info)
+
+
+def _is_actor_death(exc: BaseException) -> bool:
+    try:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+    except ImportError:
+        return False
+    return isinstance(exc, (RayActorError, ActorUnavailableError))
+
+
+def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
+              backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
+              services: Mapping[str, Any] | None = None, apis: Mapping[str, Any] | None = None,
+              gpu: Mapping[str, Any] | None = None, policy: str = "heuristic",
+              policy_options: Mapping[str, Any] | None = None,
+              idle_env_s: float | None = None):
+    """`Tangram.ray(...)`: the CPU pool over the cluster's agents; the GPU pool and the APIs as
+    in `Tangram.local()` (GPU services stay central and simulated in this version)."""
+    from tangram.config import _pos_num, build_apis, build_gpu
+    from tangram.runtime import Tangram
+
+    if cpu_backend == "sim" and backend_options is None:
+        backend_options = {"duration": sleep_seconds, "time_scale": 1.0}
+    cpu = RayCpuManager.connect(address, backend=cpu_backend, backend_options=backend_options,
+                                poll_s=poll_s)
+    try:
+        return Tangram(cpu=cpu, gpu=build_gpu("gpu", {**dict(gpu or {}),
+                                                      "services": dict(services or {})}),
+                       apis=build_apis("apis", apis), policy=policy,
+                       policy_options=policy_options,
+                       idle_env_s=None if idle_env_s is None else _pos_num("idle_env_s",
+                                                                           idle_env_s))
+    except BaseException:
+        asyncio.run(cpu.close()) if not _loop_running() else None
+        raise
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def local_cluster(nodes: int = 3, cpus_per_node: int | Sequence[int] = 2,
+                  object_store_mb: int = 100, health_check_ms: int = 500) -> Iterator[Any]:
+    """An N-node Ray cluster on this machine (a CPU-less head plus N worker nodes of
+    `cpus_per_node` logical CPUs each, or one count per node), connected; shut down on exit.
+    Small by default: 100 MB object store per node, no dashboard."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import_ray()
+    import ray
+    from ray.cluster_utils import Cluster
+
+    store = object_store_mb * MiB
+    cluster = Cluster(initialize_head=True, connect=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": store, "include_dashboard": False,
+        "_system_config": {"health_check_period_ms": health_check_ms,
+                           "health_check_failure_threshold": 3}})
+    try:
+        cpus = [cpus_per_node] * nodes if isinstance(cpus_per_node, int) else cpus_per_node
+        for c in cpus:
+            cluster.add_node(num_cpus=c, object_store_memory=store)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None) -> Iterator[tuple[str | None, dict[str, Any]]]:
+    """For `tangram demo --ray ADDRESS` and `tangram serve --ray ADDRESS`: `local:N[xC]` starts
+    an N-node local cluster of C cores each (default 2) and yields its address with
+    `{"cpu_backend": "sim"}`; any other address is yielded as it is, with no options."""
+    if address and address.startswith("local:"):
+        spec = address.removeprefix("local:")
+        n, _, c = spec.partition("x")
+        try:
+            nodes, cores = int(n or 3), int(c or 2)
+        except ValueError:
+            raise ValidationError("ray", address, "local cluster is local:N or local:NxC") \
+                from None
+        with local_cluster(nodes, cores) as cluster:
+            yield cluster.address, {"cpu_backend": "sim"}
+    else:
+        yield address, {}

@@ -1,0 +1,100 @@
+"""The node agent: one Ray actor per machine that owns that machine's CPU backend.
+
+The central scheduler (`tangram.distributed.RayCpuManager`) decides how many cores and which
+ones; the agent only enforces that grant through an ordinary `managers.cpu.CpuManager` whose one
+node is this machine. Ray carries the RPC and pins the agent to its node
+(`NodeAffinitySchedulingStrategy(node_id, soft=False)`, `num_cpus=0`); Ray's own CPU resources are
+logical and play no part in enforcement.
+
+This module imports no Ray at top level: the class is made a Ray actor by the caller
+(`ray.remote(NodeAgent)`), so it stays importable, and testable, without Ray.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from managers.base import Outcome
+from tangram.allocation import Assignment
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What an agent found on its machine; the central pool is built from these."""
+
+    name: str  # the node's name in Tangram's pools and placements
+    ray_node_id: str
+    numa: Mapping[int, tuple[int, ...]]
+    memory_mb: int
+    gpus: int
+    backend: str
+
+    @property
+    def cores(self) -> int:
+        return sum(len(c) for c in self.numa.values())
+
+
+_SLEEP = re.compile(r"^\s*sleep\s+([0-9]*\.?[0-9]+)\s*$")
+
+
+def sleep_seconds(command: str | Sequence[str], cores: int) -> float:
+    """A `sim` duration model for tests and benches: `sleep X` takes X seconds, anything else
+    none (the sim backend then answers at once)."""
+    text = command if isinstance(command, str) else " ".join(command)
+    m = _SLEEP.match(text)
+    return float(m.group(1)) if m else 0.0
+
+
+def _gpu_count() -> int:
+    from topology import discover_gpus
+
+    try:
+        return len(discover_gpus().gpus)
+    except Exception:  # no NVML: no GPU to report
+        return 0
+
+
+class NodeAgent:
+    """Owns one machine's CPU backend; every method is a Ray RPC from the central manager.
+
+    `cores`: the simulated core count for the `sim` backend (a flat NUMA domain); None
+    discovers this machine's NUMA domains and cores from /sys. `memory_mb`: None reads
+    /proc/meminfo.
+    """
+
+    def __init__(self, name: str, ray_node_id: str, backend: str = "auto",
+                 backend_options: Mapping[str, Any] | None = None, cores: int | None = None,
+                 memory_mb: int | None = None) -> None:
+        from managers.cpu import CpuManager
+        from managers.cpu.backends import create, select
+        from managers.cpu.manager import _local_memory_mb
+        from topology import CpuNode
+        from topology.discovery import discover_numa
+
+        options = dict(backend_options or {})
+        be = select(None, **options) if backend == "auto" else create(backend, **options)
+        numa = {0: tuple(range(cores))} if cores is not None else \
+            {d: tuple(c) for d, c in discover_numa().items()}
+        memory = memory_mb if memory_mb is not None else _local_memory_mb()
+        self.info = NodeInfo(name, ray_node_id, numa, memory, _gpu_count(), be.name)
+        self.manager = CpuManager(be, nodes={name: CpuNode(name, numa)},
+                                  memory_mb={name: memory})
+
+    def describe(self) -> NodeInfo:
+        return self.info
+
+    async def open_env(self, trajectory: str, memory_mb: int) -> str:
+        return await self.manager.open_env(trajectory, memory_mb)
+
+    async def close_env(self, env_id: str) -> None:
+        await self.manager.close_env(env_id)
+
+    async def run(self, assignment: Assignment) -> Outcome:
+        """Run one action on exactly the cores the central scheduler granted on this node."""
+        return await self.manager.run(assignment)
+
+    async def close(self) -> None:
+        await self.manager.close()

@@ -1,0 +1,149 @@
+"""Tangram over a real multi-node Ray cluster on this machine (`ray.cluster_utils.Cluster`).
+
+One cluster for the module (a CPU-less head and two worker nodes of 2 and 4 logical CPUs); each
+node's agent runs the `sim` CPU backend (`sleep X` takes X seconds), so the nodes have disjoint
+modelled core sets. The last test adds a node and then kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections import defaultdict
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arl-tangram[ray]')")
+
+from tangram.distributed import RayCpuManager, local_cluster, node_name  # noqa: E402
+from tangram.runtime import Tangram  # noqa: E402
+
+POLL_S = 0.2
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with local_cluster(nodes=2, cpus_per_node=[2, 4]) as c:
+        yield c
+
+
+def tangram(cluster) -> Tangram:
+    return Tangram.ray(cluster.address, cpu_backend="sim", poll_s=POLL_S)
+
+
+def cpu_nodes(tg: Tangram) -> dict[str, int]:
+    pool = tg.scheduler.pools["cpu"]
+    return {n: pool.capacity(n) for n in pool.nodes()}
+
+
+async def timed_exec(tg, env, command, cpu):
+    t0 = time.monotonic()
+    r = await tg.exec(env, command, cpu=cpu)
+    start = t0 + r.queued_s
+    return r, start, start + r.run_s
+
+
+def test_pool_is_the_nodes_agents(cluster):
+    tg = tangram(cluster)
+    try:
+        alive = {node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
+                 for n in ray.nodes() if n["Alive"]}
+        assert cpu_nodes(tg) == {n: c for n, c in alive.items() if c}
+        assert sorted(cpu_nodes(tg).values()) == [2, 4]
+        assert isinstance(tg.cpu, RayCpuManager)
+        assert tg.status()["cpu_backend"] == "ray:sim"
+    finally:
+        asyncio.run(tg.shutdown())
+
+
+def test_placement_across_nodes_never_oversubscribes_a_node(cluster):
+    """Six trajectories, two cores per action: both nodes serve, and on every node the cores in
+    use at any instant stay within its capacity, each core held by one action at a time."""
+    tg = tangram(cluster)
+
+    async def main():
+        async with tg:
+            envs = [await tg.open_env(f"t{i}", memory_mb=256) for i in range(6)]
+            runs = await asyncio.gather(*(timed_exec(tg, e, "sleep 0.3", 2)
+                                          for e in envs for _ in range(2)))
+            return envs, runs
+
+    envs, runs = asyncio.run(main())
+    caps = cpu_nodes(tg)
+    assert all(r.ok for r, _, _ in runs), [r.detail for r, _, _ in runs]
+    per_node = defaultdict(list)
+    for r, s, e in runs:
+        pl = r.placement["cpu"]
+        assert len(pl["cores"]) == 2 and set(pl["cores"]) <= set(range(caps[pl["node"]]))
+        per_node[pl["node"]].append((s, e, pl["cores"]))
+    assert set(per_node) == set(caps), "both nodes take work"
+    for node, spans in per_node.items():
+        for s, _, _ in spans:  # at each start: who else holds cores on this node
+            held = [c for s2, e2, cs in spans if s2 <= s + 1e-3 < e2 - 1e-3 for c in cs]
+            assert len(held) <= caps[node]
+            assert len(held) == len(set(held)), f"{node}: a core granted twice at {s}"
+
+
+def test_trajectory_stays_on_its_node(cluster):
+    tg = tangram(cluster)
+
+    async def main():
+        async with tg:
+            envs = {f"s{i}": await tg.open_env(f"s{i}", memory_mb=128) for i in range(4)}
+            bound = {t: tg.cpu.binding(t) for t in envs}
+            results = await asyncio.gather(*(tg.exec(e, "sleep 0.05", cpu=(1, 2), elastic=True)
+                                             for e in envs.values() for _ in range(4)))
+            return envs, bound, results
+
+    envs, bound, results = asyncio.run(main())
+    env_node = {e: bound[t] for t, e in envs.items()}
+    assert len(set(bound.values())) == 2
+    for i, r in enumerate(results):
+        assert r.ok, r.detail
+        assert r.placement["cpu"]["node"] == env_node[list(envs.values())[i // 4]]
+
+
+def test_node_joins_then_dies_mid_run(cluster):
+    """A new node's cores join the pool; killing it fails its running action naming the node,
+    its environment is lost for later execs, and the other nodes keep serving their queue."""
+    tg = tangram(cluster)
+
+    async def wait_for(cond, what, limit=30.0):
+        t0 = time.monotonic()
+        while not cond():
+            assert time.monotonic() - t0 < limit, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def main():
+        async with tg:
+            before = dict(cpu_nodes(tg))
+            others = [await tg.open_env(f"o{i}", memory_mb=64) for i in range(3)]
+            new = cluster.add_node(num_cpus=2, object_store_memory=100 << 20)
+            new_name = node_name(new.node_id)
+            await wait_for(lambda: new_name in cpu_nodes(tg), "the new node to join")
+            assert cpu_nodes(tg)[new_name] == 2
+            victim = await tg.open_env("victim", memory_mb=64)  # least loaded: the new node
+            assert tg.cpu.binding("victim") == new_name
+            doomed = asyncio.create_task(tg.exec(victim, "sleep 30", cpu=1))
+            # the surviving nodes are kept busy with a queue longer than their cores
+            survivors = [asyncio.create_task(tg.exec(e, "sleep 0.4", cpu=2))
+                         for e in others for _ in range(3)]
+            await wait_for(lambda: tg.scheduler.pools["cpu"].free(new_name) < 2, "doomed start")
+            cluster.remove_node(new)
+            r = await asyncio.wait_for(doomed, 30)
+            assert r.status == "failed"
+            assert new_name in r.detail and "lost" in r.detail
+            after = await tg.exec(victim, "sleep 0.1")
+            assert after.status == "failed" and "lost" in after.detail and new_name in after.detail
+            done = await asyncio.gather(*survivors)
+            assert all(x.ok for x in done), [x.detail for x in done]
+            assert all(x.placement["cpu"]["node"] != new_name for x in done)
+            assert tg.cpu.describe_nodes()[new_name]["lost"]
+            await tg.close_env(victim)  # the last thing bound there: the node leaves
+            assert cpu_nodes(tg) == before
+            ok = await tg.exec(others[0], "sleep 0.01")
+            assert ok.ok
+
+    asyncio.run(main())
