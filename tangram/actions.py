@@ -48,7 +48,8 @@ class Elasticity:
                 try:
                     mi = int(m)
                 except (TypeError, ValueError):
-                    raise ValidationError("elasticity.efficiency", m, "keys must be integers")
+                    raise ValidationError("elasticity.efficiency", m,
+                                          "keys must be integers") from None
                 table[mi] = self._check_e(mi, e)
             object.__setattr__(self, "efficiency", MappingProxyType(table))
         elif not callable(self.efficiency):
@@ -69,7 +70,8 @@ class Elasticity:
             try:
                 return self.efficiency[m]
             except KeyError:
-                raise ValidationError("elasticity.efficiency", m, "no entry for this amount")
+                raise ValidationError("elasticity.efficiency", m,
+                                      "no entry for this amount") from None
         return self._check_e(m, self.efficiency(m))
 
     def duration(self, m: int) -> float:

@@ -54,7 +54,7 @@ class _SearchHandler(BaseHTTPRequestHandler):
     lock = threading.Lock()
     window: list[float] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
         now = time.monotonic()
         with self.lock:

@@ -21,12 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from topology import ChunkTree
-
 from tangram.actions import Action, Elasticity
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import ChunkPool, FlatPool, Pool
 from tangram.resources import Demand
+from topology import ChunkTree
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError
-
 from tangram.errors import Infeasible, ValidationError
+from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +71,7 @@ class FlatPool(Pool):
 
     def __init__(self, resource: str, units: Mapping[str, int]) -> None:
         self.resource = resource
-        for n, u in units.items():
+        for u in units.values():
             if isinstance(u, bool) or not isinstance(u, int) or u < 0:
                 raise ValidationError(f"resources.{resource}.units", u,
                                       "must be a non-negative integer")

@@ -50,8 +50,8 @@ def dparrange(argv: list[str]) -> int:
         chunk_tasks.append({m: t_ori / (m ** 0.8) for m in (1, 2, 4, 8)})
     flat = _timeit(lambda: dp_arrange(flat_tasks, FlatOperator(256)), ns.reps)
     chunk = _timeit(lambda: dp_arrange(chunk_tasks, ChunkOperator({8: 16})), ns.reps)
-    ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f} ms"  # noqa: E731
-    _report("dp_arrange (median over %d runs)" % ns.reps, [
+    ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f} ms"
+    _report(f"dp_arrange (median over {ns.reps} runs)", [
         ("64 tasks x 16 amounts, FlatOperator(256)", ms(flat), "<= 2 ms"),
         ("64 tasks x {1,2,4,8}, ChunkOperator({8: 16})", ms(chunk), "report"),
         ("  chunk operator states", str(ChunkOperator({8: 16}).num_states), ""),

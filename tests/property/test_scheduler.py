@@ -79,7 +79,8 @@ def test_checker_rejects_double_booking():
     with pytest.raises(InvariantError):
         check_assignments(pools, clash)
     with pytest.raises(InvariantError):  # 3 is not an allowed amount
-        check_assignments(pools, [Assignment(a, {"gpu": 4}, {"gpu": Placement("n0", chunk=(0, 4))})])
+        check_assignments(
+            pools, [Assignment(a, {"gpu": 4}, {"gpu": Placement("n0", chunk=(0, 4))})])
     unaligned = [Assignment(a, {"gpu": 2}, {"gpu": Placement("n0", chunk=(1, 3))})]
     with pytest.raises(InvariantError):
         check_assignments(pools, unaligned)
