@@ -130,7 +130,7 @@ class ClosedLoopSimulator:
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)
 
-    def run(self) -> LoopResult:  # noqa: C901  (one event loop, kept in one place)
+    def run(self) -> LoopResult:
         sched, life = self.scheduler, self.policy.lifecycle
         trajs = {t.id: t for t in self.workload.trajectories}
         for t in trajs.values():

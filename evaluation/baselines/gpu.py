@@ -23,6 +23,7 @@ from tangram.allocation import Assignment, ClusterView
 from tangram.errors import TangramError, ValidationError
 from tangram.instance import ResourceSpec, ServiceSpec
 from tangram.pools import Placement
+from topology import TopologyError
 
 Pin = tuple[str, str, int, int]  # (service, node, first GPU, end GPU)
 
@@ -76,7 +77,7 @@ class StaticServices(NoLifecycle):
                 place = Placement(node, chunk=(lo, hi))
                 try:
                     pools[self.resource].take(place, hi - lo)
-                except Exception:
+                except TopologyError:  # this replica is busy
                     continue
                 if not a.demands[self.resource].allows(hi - lo):
                     raise ValidationError(f"action[{a.id}]", hi - lo, "pinned size not allowed")

@@ -46,7 +46,7 @@ class Outcome:
     wall_s: float = 0.0
 
 
-# -- systems --------------------------------------------------------------------------------------
+# -- systems ---------------------------------------------------------------------------------
 
 def tangram() -> Policy:
     """The paper's configuration: the heuristic with depth 2."""
@@ -71,6 +71,11 @@ def static_gpu(services: Sequence[str], workload: Workload, gpus_each: int,
                                             gpus_each, replicas))
 
 
+def static_policy(name: str, static: StaticServices) -> Policy:
+    """Static services are deployed before the run: the allocator is its own lifecycle."""
+    return Policy(name, static, static)
+
+
 def search_baseline(workload: Workload, judge: StaticServices) -> Policy:
     """DeepSearch's baseline: per-trajectory API calls with retries, static judge replicas."""
     api = ApiRetry()
@@ -78,7 +83,7 @@ def search_baseline(workload: Workload, judge: StaticServices) -> Policy:
                   Lifecycles((api, judge)))
 
 
-# -- running ----------------------------------------------------------------------------------------
+# -- running ---------------------------------------------------------------------------------
 
 class Runner:
     """Runs simulations under one rich progress bar (or silently)."""
@@ -89,7 +94,7 @@ class Runner:
         self._progress = None
         self._task = None
 
-    def __enter__(self) -> Runner:
+    def __enter__(self) -> Runner:  # noqa: PYI034
         if not self.quiet:
             from rich.progress import (
                 BarColumn,
@@ -122,7 +127,7 @@ def ratio(baseline: float, ours: float) -> float | None:
     return baseline / ours if ours > 0 else None
 
 
-# -- output ----------------------------------------------------------------------------------------
+# -- output ----------------------------------------------------------------------------------
 
 def write(outcome: Outcome, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
@@ -163,7 +168,7 @@ def print_table(outcome: Outcome) -> None:
     t = Table(title=f"{outcome.name}: ours vs the paper ({outcome.wall_s:.1f} s)")
     for c in ("figure", "ours", "paper", "note"):
         t.add_column(c)
-    fmt = lambda v, u: "-" if v is None else f"{v:.2f}{u}"  # noqa: E731
+    fmt = lambda v, u: "-" if v is None else f"{v:.2f}{u}"
     for c in outcome.compares:
         t.add_row(c.metric, fmt(c.ours, c.unit), fmt(c.paper, c.unit), c.note)
     con = Console()

@@ -49,6 +49,6 @@ def main(quick: bool, quiet: bool) -> Outcome:
                                 ratio(base["makespan_s"], ours["makespan_s"]),
                                 PAPER_STEP.get(name),
                                 note="paper: whole RL step incl. generation and training"))
-    return Outcome("fig6", rows, compares, plot, notes=[
-        "ACT per trajectory = summed ACT of its actions (AI coding: plus its environment "
-        "setup, i.e. pod pending + start for Kubernetes, container start for Tangram)."])
+    note = ("ACT per trajectory = summed ACT of its actions (AI coding: plus its environment "
+            "setup, i.e. pod pending + start for Kubernetes, container start for Tangram).")
+    return Outcome("fig6", rows, compares, plot, notes=[note])

@@ -38,7 +38,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
     compares = []
     for name, runs in suite.items():
         ours, base = runs
-        get = lambda sys, part: next(  # noqa: E731
+        get = lambda sys, part: next(
             r["seconds_per_trajectory"] for r in rows
             if r["workload"] == name and r["system"] == sys and r["part"] == part)
         parts = sorted({r["part"] for r in rows if r["workload"] == name})
@@ -54,6 +54,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
             compares.append(Compare(f"{name}: API 429 answers (baseline; Tangram 0)",
                                     float(base.rejections()), None, unit="",
                                     note="paper: no API errors or retries with Tangram"))
-    return Outcome("fig7", rows, compares, plot, notes=[
-        "Kubernetes' environment part includes pods pending for cores; rewards gain little from "
-        "elastic DoP under Amdahl serial fraction 0.25 (CALIBRATION §4) against 4-core pods."])
+    note = ("Kubernetes' environment part includes pods pending for cores; rewards gain little "
+            "from elastic DoP under Amdahl serial fraction 0.25 (CALIBRATION §4) against 4-core "
+            "pods.")
+    return Outcome("fig7", rows, compares, plot, notes=[note])

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from evaluation.baselines import Serverless, serverless_executors
 from evaluation.closedloop import Policy
-from evaluation.experiments.common import Compare, Outcome, Runner, static_gpu, tangram
+from evaluation.experiments.common import (
+    Compare,
+    Outcome,
+    Runner,
+    static_gpu,
+    static_policy,
+    tangram,
+)
 from evaluation.workloads import get_workload
 
 QUICK = {"batches": (128, 512), "at": 512, "nodes": 5}
@@ -16,7 +23,7 @@ FULL = {"batches": (256, 512, 1024, 2048), "at": 2048, "nodes": 5}
 
 def _systems(w):
     teachers = sorted(w.gpu.services)
-    return [tangram(), Policy("sglang-static", static_gpu(teachers, w, 4)),
+    return [tangram(), static_policy("sglang-static", static_gpu(teachers, w, 4)),
             Policy("serverless", Serverless(dop=4), executors=serverless_executors())]
 
 

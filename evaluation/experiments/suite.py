@@ -14,6 +14,7 @@ from evaluation.experiments.common import (
     kubernetes,
     search_baseline,
     static_gpu,
+    static_policy,
     tangram,
 )
 from evaluation.workloads import Workload, get_workload
@@ -62,7 +63,7 @@ def systems(name: str, w: Workload) -> list[Policy]:
         return [tangram(), search_baseline(w, static_gpu(["judge"], w, 1, replicas=5))]
     if name == "mopd":
         teachers = sorted(w.gpu.services) if w.gpu else []
-        return [tangram(), Policy("static", static_gpu(teachers, w, 4))]
+        return [tangram(), static_policy("static", static_gpu(teachers, w, 4))]
     services = sorted(w.gpu.services) if w.gpu else []
     judge = static_gpu(services, w, 4)
     return [tangram(), search_baseline(w, judge)]

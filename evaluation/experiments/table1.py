@@ -32,7 +32,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
     with Runner(sum(len(v) for v in cfg.values()), quiet) as runner:
         for b in cfg["coding"]:
             w = get_workload("coding", batch=b, nodes=max(1, b // 256),
-                             cores_per_node=256 if b >= 256 else b)
+                             cores_per_node=min(256, b))
             r = runner.run(f"coding {b}", w, tangram())
             n = len(r.records)
             execution = sum(x.end - x.start for x in r.records.values()) / n
@@ -51,7 +51,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
             rows.append({"workload": "mopd", "batch": b, "queue_s": round(queue, 4),
                          "overhead_s": round(overhead, 4), "execution_s": round(execution, 4),
                          "overhead_pct": round(100 * overhead / execution, 2)})
-    worst = lambda wl: max(r["overhead_pct"] for r in rows if r["workload"] == wl)  # noqa: E731
+    worst = lambda wl: max(r["overhead_pct"] for r in rows if r["workload"] == wl)
     growth = [r["overhead_pct"] for r in rows if r["workload"] == "mopd"]
     return Outcome("table1", rows, [
         Compare("AI coding: overhead, % of execution (max over batches)", worst("coding"),

@@ -10,8 +10,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from topology import CpuNode
-
 from evaluation.workloads.base import (
     Step,
     Trajectory,
@@ -24,6 +22,7 @@ from evaluation.workloads.base import (
 from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
+from topology import CpuNode
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,39 @@
+"""Every experiment's quick mode writes its files and its ratios point the paper's way."""
+
+import json
+
+import pytest
+
+from evaluation.experiments import EXPERIMENTS, main, run_experiment
+from evaluation.experiments.common import write
+
+
+def _compare(outcome, start):
+    return next(c.ours for c in outcome.compares if c.metric.startswith(start))
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_quick_mode_writes_files(name, tmp_path):
+    outcome = run_experiment(name, quick=True)
+    paths = write(outcome, tmp_path)
+    for p in paths:
+        assert p.exists() and p.stat().st_size > 0
+    doc = json.loads(paths[1].read_text())
+    assert doc["rows"] and doc["compare"]
+    assert paths[0].read_text().count("\n") == len(outcome.rows) + 1
+    checks = {
+        "fig6": lambda o: _compare(o, "coding: ACT") > 1 and _compare(o, "mopd: ACT") > 1,
+        "fig7": lambda o: _compare(o, "coding: environment") > 1
+        and _compare(o, "coding: total") > 1,
+        "fig8-cpu": lambda o: _compare(o, "ACT vs Kubernetes, largest") > 1,
+        "fig8-gpu": lambda o: _compare(o, "static / Tangram") > 1,
+        "fig9": lambda o: _compare(o, "fixed DoP=16") > 1 and _compare(o, "fixed DoP=1 ") > 1,
+        "table1": lambda o: _compare(o, "AI coding: overhead") < 3.0,
+    }
+    assert checks[name](outcome), [(c.metric, c.ours) for c in outcome.compares]
+
+
+def test_cli_json(tmp_path, capsys):
+    assert main(["table1", "--quick", "--out", str(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["experiment"] == "table1" and len(doc["files"]) == 3
