@@ -39,12 +39,14 @@ import ipaddress
 import json
 import logging
 import os
+import socket
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Annotated, Any
 
+import uvicorn
 from fastapi import Depends, FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
@@ -329,13 +331,23 @@ def create_app(tg: Tangram, token: str | None = None, *,
     """An app serving `tg`. The app's lifespan starts `tg` and shuts it down (stop admitting,
     let running actions finish within `shutdown_deadline` s, close every environment)."""
 
+    stopping: asyncio.Task | None = None
+
+    def stop() -> asyncio.Task:
+        """Begin the runtime's graceful shutdown (once); `DrainingServer` calls it as soon as
+        the server stops, the lifespan waits for it."""
+        nonlocal stopping
+        if stopping is None:
+            stopping = asyncio.ensure_future(tg.shutdown(deadline=shutdown_deadline))
+        return stopping
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await tg.start()
         try:
             yield
         finally:
-            await tg.shutdown(deadline=shutdown_deadline)
+            await stop()
 
     async def authorized(request: Request) -> None:
         if token is None:
@@ -349,6 +361,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
                   description="Action-level resource management for agentic RL.")
     app.add_middleware(BodyLimit)
     app.state.tangram = tg
+    app.state.stop = stop
     app.add_exception_handler(_Unauthorized, lambda r, e: _unauthorized())
     app.add_exception_handler(ValidationError, _validation_error)
     app.add_exception_handler(Infeasible, _infeasible)
@@ -416,15 +429,26 @@ def _unauthorized() -> JSONResponse:
 # -- tangram serve -----------------------------------------------------------------------------
 
 
+class DrainingServer(uvicorn.Server):
+    """uvicorn waits for open requests before the app's lifespan shutdown, but those requests
+    wait on the runtime: so the runtime starts its graceful shutdown (no new actions, queued
+    ones cancelled, running ones get the deadline) the moment the server stops, and every open
+    request is answered with its action's result."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        stop = getattr(getattr(self.config.app, "state", None), "stop", None)
+        if stop is not None:
+            stop()
+        await super().shutdown(sockets)
+
+
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
                     startup_timeout: float = 30.0) -> Iterator[str]:
     """Serve `app` with uvicorn in a background thread (its own event loop) until the block
     ends, then shut it down gracefully (the app's lifespan shuts the runtime down). Yields the
     base URL; port 0 picks a free one. For tests and benchmarks."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            lifespan="on"))
     thread = threading.Thread(target=server.run, name="tangram-serve", daemon=True)
     thread.start()
@@ -460,8 +484,6 @@ def main(argv: list[str]) -> int:
                         help="on stop, running actions get this long to finish (default 10)")
     parser.add_argument("--log-level", default="info")
     ns = parser.parse_args(argv)
-    import uvicorn
-
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     tg = Tangram.from_config(ns.config) if ns.config else Tangram.local()
     if not _is_loopback(ns.host) and not ns.token:
@@ -469,6 +491,7 @@ def main(argv: list[str]) -> int:
                     ns.host)
     app = create_app(tg, ns.token or None, shutdown_deadline=ns.shutdown_deadline)
     print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs)", file=sys.stderr)
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level.lower(),
-                timeout_graceful_shutdown=ns.shutdown_deadline + 5)
+    DrainingServer(uvicorn.Config(app, host=ns.host, port=ns.port,
+                                  log_level=ns.log_level.lower(),
+                                  timeout_graceful_shutdown=ns.shutdown_deadline + 5)).run()
     return 0
