@@ -94,7 +94,7 @@ class Runner:
         self._progress = None
         self._task = None
 
-    def __enter__(self) -> Runner:  # noqa: PYI034
+    def __enter__(self) -> Runner:
         if not self.quiet:
             from rich.progress import (
                 BarColumn,

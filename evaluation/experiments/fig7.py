@@ -38,9 +38,9 @@ def main(quick: bool, quiet: bool) -> Outcome:
     compares = []
     for name, runs in suite.items():
         ours, base = runs
-        get = lambda sys, part: next(
-            r["seconds_per_trajectory"] for r in rows
-            if r["workload"] == name and r["system"] == sys and r["part"] == part)
+        table = {(r["system"], r["part"]): r["seconds_per_trajectory"] for r in rows
+                 if r["workload"] == name}
+        get = lambda sys, part, t=table: t[(sys, part)]
         parts = sorted({r["part"] for r in rows if r["workload"] == name})
         for part in parts:
             compares.append(Compare(f"{name}: {part}, baseline / Tangram",
