@@ -102,3 +102,8 @@ def solve_pulp_problem(prob, backend: str, time_limit: float) -> tuple[str, floa
 
         bound = float(pulp.value(prob.objective))
     return status, bound
+
+
+def chosen(x: dict, row: int, count: int) -> int:
+    """The index c whose binary x[row, c] is set (the largest value, against solver noise)."""
+    return max(range(count), key=lambda c: x[row, c].value() or 0.0)

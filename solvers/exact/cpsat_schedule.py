@@ -28,7 +28,10 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
         ivs = [cp.new_optional_fixed_size_interval_var(s, mode.ticks, lit, f"iv_{i}_{m}")
                for m, (mode, lit) in enumerate(zip(job.modes, lits))]
         e = cp.new_int_var(lo + min(m.ticks for m in job.modes), horizon, f"end_{i}")
-        starts.append(s), ends.append(e), present.append(lits), intervals.append(ivs)
+        starts.append(s)
+        ends.append(e)
+        present.append(lits)
+        intervals.append(ivs)
 
     # each job runs in exactly one mode
     for lits in present:
@@ -42,14 +45,14 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
         cp.add_cumulative([intervals[i][m] for i, m, _ in users], [k for _, _, k in users],
                           model.flat_capacity[key])
     # GPU pools: at most one action at a time on each GPU (its chunk's root-to-leaf path)
-    for users in model.gpu_users.values():
-        if len(users) > 1:
-            cp.add_no_overlap([intervals[i][m] for i, m in users])
+    for on_gpu in model.gpu_users.values():
+        if len(on_gpu) > 1:
+            cp.add_no_overlap([intervals[i][m] for i, m in on_gpu])
     if hint is not None:
-        for i, (m, s) in enumerate(zip(*hint)):
-            cp.add_hint(starts[i], s)
-            for mm, lit in enumerate(present[i]):
-                cp.add_hint(lit, mm == m)
+        for i, (mode, tick) in enumerate(zip(*hint)):
+            cp.add_hint(starts[i], tick)
+            for m, lit in enumerate(present[i]):
+                cp.add_hint(lit, m == mode)
 
     # objective: the weighted sum of end ticks (arrivals are constants)
     cp.minimize(sum(job.weight * ends[i] for i, job in enumerate(jobs)))

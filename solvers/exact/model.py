@@ -35,7 +35,7 @@ from topology import ChunkTree
 DEFAULT_RESOLUTION = 0.01
 """Seconds per tick of the discretised schedule (durations are rounded up to it)."""
 
-Duration = Callable[[Action, int], float]
+Duration = Callable[[Action, int | None], float]
 
 
 def to_ticks(seconds: float, resolution: float) -> int:
@@ -43,7 +43,7 @@ def to_ticks(seconds: float, resolution: float) -> int:
     return max(0, math.ceil(seconds / resolution - 1e-9))
 
 
-def action_duration(action: Action, units: int) -> float:
+def action_duration(action: Action, units: int | None) -> float:
     """The instance's own duration model: elastic `T_ori / (E(m) m)` or the fixed duration."""
     d = action.duration_at(units)
     if d is None:
@@ -115,11 +115,13 @@ def _options(action: Action, duration: Duration, resolution: float) -> list[tupl
     """(amounts per resource, duration) per allowed amount of the key resource."""
     base = {r: d.min for r, d in action.demands.items()}
     key = action.key
-    amounts = action.demands[key].amounts if key is not None else (None,)
+    if key is None:
+        choices: list[tuple[dict[str, int], int | None]] = [(base, None)]
+    else:
+        choices = [({**base, key: m}, m) for m in action.demands[key].amounts]
     out = []
-    for m in amounts:
-        units = dict(base) if m is None else {**base, key: m}
-        d = duration(action, units[key] if key is not None else None)
+    for units, m in choices:
+        d = duration(action, m)
         if not (d > 0 and math.isfinite(d)):
             raise TangramError(f"action {action.id}: duration {d!r} at {units} is not positive")
         out.append((units, d))

@@ -7,7 +7,7 @@ import time
 import pulp
 
 from solvers.exact.arrangement import ArrangementModel
-from solvers.exact.backend import INFEASIBLE, solve_pulp_problem
+from solvers.exact.backend import INFEASIBLE, chosen, solve_pulp_problem
 from tangram.errors import Infeasible
 
 
@@ -38,6 +38,4 @@ def solve_arrangement_pulp(model: ArrangementModel, backend: str,
     wall = time.perf_counter() - t0
     if status == INFEASIBLE:
         raise Infeasible(f"{backend}: the tasks do not fit the pool together")
-    chosen = tuple(max(range(len(cs)), key=lambda c, t=t: x[t, c].value() or 0.0)
-                   for t, cs in enumerate(cands))
-    return status, chosen, wall
+    return status, tuple(chosen(x, t, len(cs)) for t, cs in enumerate(cands)), wall

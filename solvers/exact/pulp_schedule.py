@@ -17,7 +17,7 @@ import time
 
 import pulp
 
-from solvers.exact.backend import OPTIMAL, RawSolution, solve_pulp_problem
+from solvers.exact.backend import OPTIMAL, RawSolution, chosen, solve_pulp_problem
 from solvers.exact.model import ScheduleModel
 from tangram.errors import Infeasible
 
@@ -78,9 +78,9 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
                 prob += wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)), f"load_{n}_{i}_{j}"
             prob += amount[j] + pulp.lpSum(w.values()) <= model.flat_capacity[key], f"cap_{n}_{j}"
     # GPU pools: two jobs whose chunks share a GPU run one after the other
-    for n, users in enumerate(model.gpu_users.values()):
-        on = {}
-        for i, m in users:
+    for n, on_gpu in enumerate(model.gpu_users.values()):
+        on: dict[int, pulp.LpAffineExpression] = {}
+        for i, m in on_gpu:
             on[i] = on.get(i, 0) + x[i, m]
         for i, j in itertools.combinations(sorted(on), 2):
             if (i, j) in p:
@@ -94,8 +94,7 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     wall = time.perf_counter() - t0
     if status not in (OPTIMAL, "feasible"):
         raise Infeasible(f"{backend} proved the schedule infeasible")
-    modes = tuple(max(range(len(job.modes)), key=lambda m, i=i: x[i, m].value() or 0.0)
-                  for i, job in enumerate(jobs))
+    modes = tuple(chosen(x, i, len(job.modes)) for i, job in enumerate(jobs))
     objective = float(pulp.value(prob.objective))
     # a start in no constraint is absent from the solved problem: it sits at its lower bound
     starts = tuple(round(v.lowBound if v.value() is None else v.value()) for v in s)
