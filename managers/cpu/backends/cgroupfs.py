@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,20 +126,23 @@ def pids(folder: Path) -> list[int]:
         return []
 
 
-def kill_all(folder: Path) -> None:
-    """SIGKILL every process in `folder` (cgroup.kill where the kernel has it)."""
-    kill_file = folder / "cgroup.kill"
-    if kill_file.exists():
+def kill_all(folder: Path, keep: int | None = None, wait_s: float = 1.0) -> None:
+    """SIGKILL every process in `folder` but `keep`, and wait (at most `wait_s`) until they
+    have left it, so the cores they ran on are really free when this returns."""
+    if keep is None and (folder / "cgroup.kill").exists():
         with contextlib.suppress(OSError):
-            write(kill_file, "1")
-            return
-    for _ in range(20):  # a process may fork while we read; go round until the folder is empty
-        found = pids(folder)
-        if not found:
+            write(folder / "cgroup.kill", "1")
+    deadline = time.monotonic() + wait_s
+    pause = 0.0005
+    while True:  # a process may fork while we read; go round until the folder is empty
+        found = [p for p in pids(folder) if p != keep]
+        if not found or time.monotonic() > deadline:
             return
         for pid in found:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
 
 
 def cpulist(cores: tuple[int, ...]) -> str:

@@ -157,7 +157,7 @@ class DockerBackend(Backend):
         finally:
             del c.running[token]
             if not c.running:
-                self._kill_leftovers(c)
+                await self._call(self._kill_leftovers, c)
         if code == 126 and b"executable file not found" in out + err:
             return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
                                                                        "found in the container"))
@@ -209,19 +209,8 @@ class DockerBackend(Backend):
                         os.kill(p, signal.SIGKILL)
 
     def _kill_leftovers(self, c: _Container) -> None:
-        if not c.folders:
-            return
-        for _ in range(20):
-            try:
-                left = [int(p) for p in fs.read(c.folders["cpu"] / "cgroup.procs").split()
-                        if int(p) != c.init_pid]
-            except OSError:
-                return
-            if not left:
-                return
-            for p in left:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(p, signal.SIGKILL)
+        if c.folders:
+            fs.kill_all(c.folders["cpu"], keep=c.init_pid)
 
     async def close(self, env: Environment) -> None:
         from docker.errors import NotFound

@@ -1,0 +1,165 @@
+"""The affinity and sim backends, automatic selection, node choice and `backend unavailable`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+import pytest
+
+from managers.cpu import CpuManager, EnvironmentTable, ExecRequest, with_dop
+from managers.cpu.backends.sim import SimBackend
+from tangram.errors import Infeasible, ValidationError
+from tangram.pools import CorePool
+from topology import CpuNode
+
+
+def alive(pid: int) -> bool:
+    """Running (not gone, not a zombie awaiting its reaper), allowing a moment to die."""
+    for _ in range(100):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_affinity_backend_pins_and_kills():
+    async def go():
+        m = CpuManager("affinity")
+        try:
+            env = await m.open_env("t", 64)
+            o = await m.execute(ExecRequest(env, "sh -c 'cat /proc/self/status'"), cores=1)
+            line = next(ln for ln in o.stdout.splitlines() if ln.startswith("Cpus_allowed_list"))
+            assert line.split(":")[1].strip() == "0"
+            o = await m.execute(ExecRequest(env, ("no-such-command-xyz",)))
+            assert (o.status, o.exit_code) == ("error", 127)
+            o = await m.execute(ExecRequest(env, "sleep 30 & echo $!; sleep 30", timeout=0.3))
+            assert o.status == "timeout" and not alive(int(o.stdout))
+            workdir = m.envs.get(env).workdir
+        finally:
+            await m.close()
+        assert not os.path.exists(workdir)
+
+    asyncio.run(go())
+
+
+def test_auto_selection_logs_its_choice(caplog: pytest.LogCaptureFixture):
+    async def go():
+        with caplog.at_level(logging.INFO, logger="managers.cpu"):
+            m = CpuManager("auto")
+        await m.close()
+        return m.backend.name
+
+    name = asyncio.run(go())
+    assert any(f"cpu backend: {name}" in r.getMessage() for r in caplog.records)
+    expected = "cgroup" if os.geteuid() == 0 else "affinity"
+    assert name in (expected, "docker")
+
+
+def test_cgroup_without_root_names_the_fix():
+    """A real unprivileged process asks for the cgroup backend."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop privileges for the check")
+    from managers.cpu.backends.cgroup import CgroupBackend  # imported before privileges drop
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: an ordinary user
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                CpuManager("cgroup")
+                msg = "started"
+            except Exception as exc:
+                msg = f"{type(exc).__name__} {exc}"
+            os.write(write, msg.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    assert CgroupBackend.probe() is None  # root here: available
+    assert text.startswith("BackendUnavailable"), text
+    assert "needs root" in text and "backend='affinity'" in text
+
+
+def test_unknown_backend_is_a_validation_error():
+    with pytest.raises(ValidationError, match="cpu.backend"):
+        CpuManager("kubernetes")
+
+
+def test_sim_environments_balance_memory_and_bind_nodes():
+    async def go():
+        nodes = {f"n{i}": CpuNode.flat(f"n{i}", 4) for i in range(3)}
+        m = CpuManager(SimBackend(duration=lambda cmd, k: 8.0 / k), nodes=nodes,
+                       memory_mb={"n0": 1000, "n1": 1000, "n2": 1000})
+        envs = [await m.open_env(f"traj{i}", 300) for i in range(6)]
+        placed = [m.envs.get(e).node for e in envs]
+        assert sorted(placed) == ["n0", "n0", "n1", "n1", "n2", "n2"]  # memory balanced
+        assert m.binding("traj0") == placed[0] and m.binding("nobody") is None
+        assert m.bindings()[("traj3", "cpu")] == placed[3]
+        with pytest.raises(Infeasible, match="memory_mb"):
+            await m.open_env("big", 500)
+        with pytest.raises(ValidationError, match="already has environment"):
+            await m.open_env("traj0", 10)
+        o = await m.execute(ExecRequest(envs[0], "pytest -q", elastic=True), cores=4)
+        assert o.status == "ok" and m.backend.execs[-1] == (envs[0], (0, 1, 2, 3),
+                                                            "pytest -n 4 -q")
+        o = await m.execute(ExecRequest(envs[0], "x", timeout=1.0), cores=2)
+        assert o.status == "timeout"
+        await m.close_env(envs[0])
+        assert m.binding("traj0") is None and m.envs.memory_free(placed[0]) == 700
+        await m.close()
+
+    asyncio.run(go())
+
+
+def test_node_choice_prefers_free_cores_now():
+    pool = CorePool("cpu", {"a": CpuNode.flat("a", 2), "b": CpuNode.flat("b", 2)})
+    table = EnvironmentTable({"a": 1000, "b": 4000})
+    pool.place(2, node="b")  # b is less loaded by memory but has no free core now
+    assert table.choose_node(pool, 100, min_cores=1) == "a"
+    assert table.choose_node(pool, 2000, min_cores=1) == "b"  # only b has the memory
+
+
+@pytest.mark.parametrize("command,cores,expected", [
+    ("pytest tests", 4, "pytest -n 4 tests"),
+    ("cd x && python -m pytest -q", 2, "cd x && python -m pytest -n 2 -q"),
+    ("pytest -n 3 a", 8, "pytest -n 3 a"),
+    ("echo pytest-cov", 2, "echo pytest-cov"),
+    (("pytest", "a"), 2, ("pytest", "-n", "2", "a")),
+    (("python3", "-m", "pytest"), 2, ("python3", "-m", "pytest", "-n", "2")),
+    (("make", "test"), 2, ("make", "test")),
+])
+def test_with_dop(command, cores, expected):
+    assert with_dop(command, cores) == expected
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"command": ""}, "exec.command"), ({"command": ()}, "exec.command"),
+    ({"timeout": 0}, "exec.timeout"), ({"output_cap": -1}, "exec.output_cap"),
+    ({"env_id": ""}, "exec.env_id"),
+])
+def test_exec_request_validation_names_the_field(kw, field):
+    args = {"env_id": "e", "command": "true", **kw}
+    with pytest.raises(ValidationError, match=field):
+        ExecRequest(**args)
+
+
+def test_unknown_environment_and_wrong_payload_fail_clearly():
+    async def go():
+        m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
+        o = await m.execute(ExecRequest(f"env-{uuid.uuid4().hex[:4]}", "true"))
+        assert o.status == "failed" and "no open environment" in o.detail
+        await m.close()
+
+    asyncio.run(go())
