@@ -1,0 +1,148 @@
+"""The API manager (paper 5.1): rate-limited external APIs behind the basic manager's gates.
+
+An API is configured by name (`ApiConfig`: base URL, method, headers, limits, timeout,
+retries); an action demanding `api:<name>` performs one HTTP request built from its `ApiRequest`
+payload. Flow control (concurrency slots, sliding-window quota held until a period after each
+response) keeps the upstream under its limit, so it never answers 429 because of us. Errors and
+timeouts come back as outcomes saying what happened; retries back off and each attempt counts
+against the quota.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import httpx
+
+from managers.base import Outcome
+from managers.basic import BasicManager, Gate, Limits
+from tangram.allocation import Assignment
+from tangram.errors import ValidationError
+
+RETRYABLE = frozenset({429, 502, 503, 504})
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """One upstream API. Its resource name is `api:<name>`."""
+
+    name: str
+    base_url: str
+    limits: Limits
+    method: str = "POST"
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout_s: float = 30.0
+    retries: int = 0
+    backoff_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or ":" in self.name:
+            raise ValidationError("api.name", self.name, "must be a non-empty name without ':'")
+        if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://",
+                                                                               "https://")):
+            raise ValidationError(f"api[{self.name}].base_url", self.base_url,
+                                  "must be an http:// or https:// URL")
+        t = self.timeout_s
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValidationError(f"api[{self.name}].timeout_s", t, "must be positive seconds")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
+            raise ValidationError(f"api[{self.name}].retries", self.retries,
+                                  "must be a non-negative integer")
+        object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
+
+    @property
+    def resource(self) -> str:
+        return f"api:{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiRequest:
+    """The payload of an API action: path under the base URL, JSON body, query parameters."""
+
+    path: str = ""
+    json: Any = None
+    params: Mapping[str, str] | None = None
+    method: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ApiResponse:
+    status_code: int
+    body: Any
+    attempts: int
+
+
+class ApiManager(BasicManager):
+    """One gate and one pool (`api:<name>`) per configured API, one shared HTTP client."""
+
+    name = "api"
+
+    def __init__(self, apis: Sequence[ApiConfig], client: httpx.AsyncClient | None = None) -> None:
+        self.apis = {a.resource: a for a in apis}
+        if len(self.apis) != len(apis):
+            raise ValidationError("apis", [a.name for a in apis], "names must be distinct")
+        super().__init__({r: a.limits for r, a in self.apis.items()})
+        self._client = client
+        self._own_client = client is None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
+                                                                 max_keepalive_connections=64))
+        return self._client
+
+    async def perform(self, assignment: Assignment, gates: list[Gate]) -> Outcome:
+        req = assignment.action.payload
+        if req is None:
+            req = ApiRequest()
+        if not isinstance(req, ApiRequest):
+            return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+                           f"ApiRequest, got {type(req).__name__}")
+        api = self.apis[next(r for r in assignment.action.demands if r in self.apis)]
+        gate = self.gates[api.resource]
+        url = api.base_url.rstrip("/") + "/" + req.path.lstrip("/") if req.path else api.base_url
+        method = req.method or api.method
+        last = ""
+        for attempt in range(1, api.retries + 2):
+            if attempt > 1:
+                await asyncio.sleep(api.backoff_s * 2 ** (attempt - 2))
+            try:
+                async with gate.use():
+                    resp = await self.client.request(method, url, json=req.json,
+                                                     params=req.params, headers=dict(api.headers),
+                                                     timeout=api.timeout_s)
+            except httpx.TimeoutException:
+                last = f"{method} {url}: no answer within {api.timeout_s:g} s"
+                status = "timeout"
+                continue
+            except httpx.HTTPError as exc:
+                last = f"{method} {url}: {type(exc).__name__}: {exc}"
+                status = "failed"
+                continue
+            body = _body(resp)
+            out = ApiResponse(resp.status_code, body, attempt)
+            if resp.is_success:
+                return Outcome("ok", output=out, detail=f"HTTP {resp.status_code}")
+            last = f"{method} {url}: HTTP {resp.status_code}"
+            status = "error"
+            if resp.status_code not in RETRYABLE or attempt == api.retries + 1:
+                return Outcome("error", output=out, detail=last + f" after {attempt} attempt(s)")
+        return Outcome(status, detail=f"{last} after {api.retries + 1} attempt(s)")
+
+    async def close(self) -> None:
+        if self._client is not None and self._own_client:
+            await self._client.aclose()
+            self._client = None
+
+
+def _body(resp: httpx.Response) -> Any:
+    try:
+        return resp.json()
+    except ValueError:
+        return resp.text
