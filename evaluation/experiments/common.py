@@ -91,8 +91,8 @@ class Runner:
     def __init__(self, total_runs: int, quiet: bool = False) -> None:
         self.quiet = quiet
         self.total = total_runs
-        self._progress = None
-        self._task = None
+        self._progress: Any = None
+        self._task: Any = None
 
     def __enter__(self) -> Runner:
         if not self.quiet:

@@ -3,6 +3,8 @@ stands in for the step time (the paper's arrows: 1.4x AI coding, 1.5x DeepSearch
 
 from __future__ import annotations
 
+from typing import Any
+
 from evaluation.experiments.common import Compare, Outcome, Runner, ratio
 from evaluation.experiments.suite import run_suite, suite_runs
 
@@ -29,7 +31,8 @@ def plot(rows, fig) -> None:
 def main(quick: bool, quiet: bool) -> Outcome:
     with Runner(suite_runs(), quiet) as runner:
         suite = run_suite(quick, runner)
-    rows, compares = [], []
+    rows: list[dict[str, Any]] = []
+    compares: list[Compare] = []
     for name, runs in suite.items():
         for sr in runs:
             r = sr.result

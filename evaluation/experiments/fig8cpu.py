@@ -4,12 +4,14 @@ heuristic adds and, on a small instance, the exact policy how far it is from opt
 
 from __future__ import annotations
 
+from typing import Any
+
 from evaluation.experiments.common import Compare, Outcome, Runner, kubernetes, plain, tangram
 from evaluation.experiments.exactpol import SMALL, exact_policy
 from evaluation.workloads import get_workload
 
-QUICK = {"batches": (32, 64, 128), "cores": 128, "capacities": (64, 128, 256), "batch": 64}
-FULL = {"batches": (256, 512, 1024, 2048), "cores": 1024, "capacities": (512, 1024, 2048),
+QUICK: dict[str, Any] = {"batches": (32, 64, 128), "cores": 128, "capacities": (64, 128, 256), "batch": 64}
+FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "cores": 1024, "capacities": (512, 1024, 2048),
         "batch": 1024}
 
 
@@ -35,24 +37,25 @@ def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     exact, why = exact_policy()
     n = 3 * len(cfg["batches"]) + 2 * len(cfg["capacities"]) + 2 + (exact is not None)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with Runner(n, quiet) as runner:
         for sweep, xs in (("batch", cfg["batches"]), ("capacity", cfg["capacities"])):
             for x in xs:
                 w = _workload(x, cfg["cores"]) if sweep == "batch" else _workload(cfg["batch"], x)
                 pols = [tangram(), kubernetes()] + ([plain("min")] if sweep == "batch" else [])
                 for p in pols:
-                    r = runner.run(f"{sweep}={x}", w, p)
+                    res = runner.run(f"{sweep}={x}", w, p)
                     rows.append({"sweep": sweep, "x": x, "system": p.name,
-                                 "mean_act_s": round(r.mean_act(), 4),
-                                 "act_per_trajectory_s": round(r.per_trajectory()
-                                                               + r.mean_setup(), 3)})
+                                 "mean_act_s": round(res.mean_act(), 4),
+                                 "act_per_trajectory_s": round(res.per_trajectory()
+                                                               + res.mean_setup(), 3)})
         w = get_workload("coding", **SMALL)
         for p in [tangram(), plain("min")] + ([exact] if exact is not None else []):
-            r = runner.run("small", w, p)
+            res = runner.run("small", w, p)
             rows.append({"sweep": "small", "x": SMALL["batch"], "system": p.name,
-                         "mean_act_s": round(r.mean_act(), 4),
-                         "act_per_trajectory_s": round(r.per_trajectory() + r.mean_setup(), 3)})
+                         "mean_act_s": round(res.mean_act(), 4),
+                         "act_per_trajectory_s": round(res.per_trajectory() + res.mean_setup(),
+                                                       3)})
     ratios = []
     for r in rows:
         if r["sweep"] == "batch" and r["system"] == "k8s":

@@ -5,6 +5,8 @@ baseline's mean ACT on all 5 nodes."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from evaluation.baselines import Serverless, serverless_executors
 from evaluation.closedloop import Policy
 from evaluation.experiments.common import (
@@ -17,8 +19,8 @@ from evaluation.experiments.common import (
 )
 from evaluation.workloads import get_workload
 
-QUICK = {"batches": (128, 512), "at": 512, "nodes": 5}
-FULL = {"batches": (256, 512, 1024, 2048), "at": 2048, "nodes": 5}
+QUICK: dict[str, Any] = {"batches": (128, 512), "at": 512, "nodes": 5}
+FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "at": 2048, "nodes": 5}
 
 
 def _systems(w):
@@ -50,7 +52,7 @@ def plot(rows, fig) -> None:
 
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
-    rows = []
+    rows: list[dict[str, Any]] = []
     with Runner(3 * len(cfg["batches"]) + cfg["nodes"], quiet) as runner:
         for b in cfg["batches"]:
             w = get_workload("mopd", batch=b, gpu_nodes=cfg["nodes"])

@@ -4,12 +4,14 @@ policy."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from evaluation.experiments.common import Compare, Outcome, Runner, plain, tangram
 from evaluation.experiments.exactpol import SMALL, exact_policy
 from evaluation.workloads import get_workload
 
-QUICK = {"batches": (32, 64, 128), "nodes": 1, "cores": 128, "at": 128}
-FULL = {"batches": (256, 512, 768, 1024, 1280), "nodes": 2, "cores": 256, "at": 1280}
+QUICK: dict[str, Any] = {"batches": (32, 64, 128), "nodes": 1, "cores": 128, "at": 128}
+FULL: dict[str, Any] = {"batches": (256, 512, 768, 1024, 1280), "nodes": 2, "cores": 256, "at": 1280}
 
 
 def plot(rows, fig) -> None:
@@ -35,7 +37,7 @@ def _policies():
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     exact, why = exact_policy()
-    rows = []
+    rows: list[dict[str, Any]] = []
     n = len(cfg["batches"]) * len(_policies()) + len(_policies()) + (exact is not None)
     with Runner(n, quiet) as runner:
         for b in cfg["batches"]:

@@ -20,7 +20,7 @@ from evaluation.experiments.common import (
 from evaluation.workloads import Workload, get_workload
 
 # per workload: (quick size, full size)
-SIZES = {
+SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "coding": ({"batch": 128, "nodes": 1, "cores_per_node": 128},
                {"batch": 1024, "nodes": 4, "cores_per_node": 256}),
     "deepsearch": ({"batch": 96}, {"batch": 384}),

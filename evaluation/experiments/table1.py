@@ -4,12 +4,14 @@ concurrency. AI coding's overhead is the scheduler's measured decision time per 
 
 from __future__ import annotations
 
+from typing import Any
+
 from evaluation.experiments.common import Compare, Outcome, Runner, tangram
 from evaluation.workloads import get_workload
 
 DOCKER_UPDATE_S = 0.010
-QUICK = {"coding": (32, 128), "mopd": (128, 512)}
-FULL = {"coding": (256, 1024, 2048), "mopd": (512, 1024, 2048)}
+QUICK: dict[str, Any] = {"coding": (32, 128), "mopd": (128, 512)}
+FULL: dict[str, Any] = {"coding": (256, 1024, 2048), "mopd": (512, 1024, 2048)}
 
 
 def plot(rows, fig) -> None:
@@ -28,7 +30,7 @@ def plot(rows, fig) -> None:
 
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
-    rows = []
+    rows: list[dict[str, Any]] = []
     with Runner(sum(len(v) for v in cfg.values()), quiet) as runner:
         for b in cfg["coding"]:
             w = get_workload("coding", batch=b, nodes=max(1, b // 256),
