@@ -10,8 +10,10 @@ from evaluation.experiments.common import Compare, Outcome, Runner, kubernetes, 
 from evaluation.experiments.exactpol import SMALL, exact_policy
 from evaluation.workloads import get_workload
 
-QUICK: dict[str, Any] = {"batches": (32, 64, 128), "cores": 128, "capacities": (64, 128, 256), "batch": 64}
-FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "cores": 1024, "capacities": (512, 1024, 2048),
+QUICK: dict[str, Any] = {"batches": (32, 64, 128), "cores": 128, "capacities": (64, 128, 256),
+                         "batch": 64}
+FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "cores": 1024,
+                        "capacities": (512, 1024, 2048),
         "batch": 1024}
 
 
