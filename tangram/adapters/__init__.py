@@ -1,0 +1,1 @@
+"""Adapters that plug Tangram into RL frameworks (verl: `tangram.adapters.verl`)."""
