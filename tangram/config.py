@@ -119,15 +119,33 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None):
     return GpuManager(pool, residency, create_backend(backend, **options))
 
 
+API_KEYS = {"url", "method", "headers", "concurrency", "quota", "period_s", "timeout_s",
+            "retries", "backoff_s"}
+
+
 def build_apis(path: str, spec: Any) -> dict:
+    """One `ApiManager` serving every configured API; returns {name: manager}."""
     if not spec:
         return {}
-    from managers.api import ApiManager
+    from managers.api import ApiConfig, ApiManager
+    from managers.basic import Limits
 
-    apis = {}
-    for name, s in _mapping(path, spec, set(spec or {})).items():
-        apis[name] = ApiManager.from_config(name, s, path=f"{path}.{name}")
-    return apis
+    configs = []
+    for name, s in _mapping(path, spec, set(spec)).items():
+        sp = f"{path}.{name}"
+        s = _mapping(sp, s, API_KEYS)
+        if "url" not in s:
+            raise ValidationError(f"{sp}.url", None, "is required")
+        try:
+            limits = Limits(s.get("concurrency"), s.get("quota"), s.get("period_s", 1.0))
+            configs.append(ApiConfig(
+                str(name), s["url"], limits, s.get("method", "POST"), s.get("headers") or {},
+                s.get("timeout_s", 30.0), s.get("retries", 0), s.get("backoff_s", 0.1)))
+        except ValidationError as exc:
+            field = exc.field.split(".")[-1].removeprefix(f"api[{name}]")
+            raise ValidationError(f"{sp}.{field or 'limits'}", exc.value, exc.problem) from None
+    manager = ApiManager(configs)
+    return {c.name: manager for c in configs}
 
 
 def build_cpu(path: str, spec: Mapping[str, Any] | None):

@@ -16,6 +16,7 @@ completion; the manager of the action's pool runs it with exactly the granted un
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -75,9 +76,9 @@ class Tangram:
         self.gpu = gpu
         self.apis = dict(apis or {})
         pools = {}
-        for m in [cpu, gpu, *self.apis.values()]:
-            if m is None:
-                continue
+        self._managers = list({id(m): m for m in [cpu, gpu, *self.apis.values()]
+                               if m is not None}.values())
+        for m in self._managers:
             for r, p in m.pools().items():
                 if r in pools:
                     raise ValidationError("pools", r, "two managers own the same resource")
@@ -232,8 +233,11 @@ class Tangram:
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
             raise ValidationError("api", name, f"unknown API (configured: {sorted(self.apis)})")
-        resource = next(iter(manager.pools()))
-        action = Action(f"a-{uuid.uuid4().hex[:12]}", {resource: 1}, kind=f"api:{name}",
+        from managers.api import ApiRequest
+
+        if not isinstance(payload, ApiRequest):
+            payload = ApiRequest(json=payload)
+        action = Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1}, kind=f"api:{name}",
                         payload=payload, submit_time=self._now())
         return await self._submit(action, manager, f"api:{name}")
 
@@ -285,9 +289,12 @@ class Tangram:
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
                                 learn=outcome.status == "ok")
         self._pending.pop(a.action.id, None)
+        output = outcome.output
+        if dataclasses.is_dataclass(output) and not isinstance(output, type):
+            output = dataclasses.asdict(output)
         result = Result(
             a.action.id, outcome.status, outcome.exit_code, outcome.stdout, outcome.stderr,
-            outcome.output, outcome.detail, dict(a.units),
+            output, outcome.detail, dict(a.units),
             {r: {"node": pl.node, "cores": list(pl.cores),
                  "chunk": list(pl.chunk) if pl.chunk else None}
              for r, pl in a.placement.items()},
@@ -315,7 +322,8 @@ class Tangram:
                         "utilisation": 0.0 if cap == 0 else (cap - free) / cap,
                         "nodes": {n: {"capacity": p.capacity(n), "free": p.free(n)}
                                   for n in p.nodes()}}
-        throttled = {name: getattr(m, "throttled", 0) for name, m in self.apis.items()}
+        throttled = {name: m.throttled(name) if hasattr(m, "throttled") else 0
+                     for name, m in self.apis.items()}
         return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
                 "running": len(self.scheduler.running), "envs": len(self._envs),
                 "cpu_backend": getattr(getattr(self.cpu, "backend", None), "name", None),
@@ -363,9 +371,8 @@ class Tangram:
                 await self.close_env(env_id)
             except Exception:  # keep closing the rest
                 log.exception("closing env %s", env_id)
-        for m in [self.cpu, self.gpu, *self.apis.values()]:
-            if m is not None:
-                await m.close()
+        for m in self._managers:
+            await m.close()
         log.info("tangram: shut down")
 
 

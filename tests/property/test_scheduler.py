@@ -87,36 +87,38 @@ def test_checker_rejects_double_booking():
 
 
 @st.composite
-def elastic_flat(draw):
+def elastic_batch(draw):
+    """Amdahl-style elastic actions that all arrive at once (no future arrivals)."""
     units = draw(st.integers(2, 16))
     acts = []
-    t = 0.0
     for i in range(draw(st.integers(2, 15))):
-        t += draw(st.sampled_from([0.0, 0.0, 0.3, 1.0]))
         amounts = sorted({1, *draw(st.lists(st.integers(1, units), max_size=4))})
         alpha = draw(st.floats(0.0, 0.3))  # Amdahl serial fraction
         eff = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m)) for m in amounts}
-        acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
+        acts.append({"id": f"a{i}", "arrival": 0.0, "key": "cpu", "demand": {"cpu": amounts},
                      "t_ori": draw(st.floats(1, 10)), "efficiency": eff})
     return parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},
                            "actions": acts})
 
 
-
 @settings(max_examples=80, deadline=None)
-@given(elastic_flat())
-def test_heuristic_not_much_worse_than_min_on_elastic_instances(instance):
-    """Finding (500 seeded instances, /tmp-free reproduction in `test_heuristic_beats_min_on_
-    average`): the heuristic's total ACT over min's has median 0.86 with online arrivals and 0.96
-    for one batch; it is worse on 8% (online) / 2% (batch) of instances, by at most 17% / 5%.
-    The losses are online effects: units granted to an elastic action just before a short one
-    arrives. The property allows 25%; more would be a bug."""
+@given(elastic_batch())
+def test_heuristic_not_much_worse_than_min_on_a_batch(instance):
+    """Finding (3,000 hypothesis examples): when every action is known up front, the
+    heuristic's total ACT is at most 1.095x min's (the ACT estimate is an approximation).
+
+    With online arrivals there is no constant bound, and none is asserted: an elastic action
+    alone in the queue takes every unit, and short actions arriving just after wait for it
+    (1.7x min's total ACT on an instance hypothesis found; arbitrarily worse ones exist). On
+    average the heuristic wins clearly: see the next test."""
     h = simulate(instance, get_allocator("heuristic")).total_act
     m = simulate(instance, get_allocator("min")).total_act
-    assert h <= m * 1.25 + 1e-9
+    assert h <= m * 1.15 + 1e-9
 
 
 def test_heuristic_beats_min_on_average():
+    """Online arrivals, 60 seeded instances: the mean ratio heuristic/min is below 0.95
+    (measured over 500 instances: median 0.86, 8% of instances worse than min)."""
     import random
 
     rng = random.Random(7)
