@@ -346,10 +346,12 @@ class RayCpuManager(Manager):
 
 def _is_actor_death(exc: BaseException) -> bool:
     try:
-        from ray.exceptions import ActorUnavailableError, RayActorError
+        from ray import exceptions
     except ImportError:
         return False
-    return isinstance(exc, (RayActorError, ActorUnavailableError))
+    kinds = tuple(getattr(exceptions, k) for k in ("RayActorError", "ActorUnavailableError")
+                  if hasattr(exceptions, k))  # the second is Ray >= 2.30 only
+    return isinstance(exc, kinds)
 
 
 def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
