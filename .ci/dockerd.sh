@@ -53,7 +53,7 @@ if [ -n "$BB" ] && ! ldd "$BB" >/dev/null 2>&1; then   # a static busybox: one f
   for a in sh sleep true false cat echo yes head ls kill ps; do ln -s busybox "$ROOT/bin/$a"; done
 else                                                    # this machine's own binaries + their libs
   for b in sh sleep true false cat echo yes head ls kill; do
-    src="$(command -v "$b" 2>/dev/null || true)"
+    src="$(PATH=/usr/bin:/bin type -P "$b" 2>/dev/null || true)"  # the file, not a builtin
     [ -n "$src" ] && [ -f "$src" ] || continue
     cp -L "$src" "$ROOT/bin/$b"
     ldd "$src" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do

@@ -112,12 +112,16 @@ def _handler(up: Upstream) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # a burst of naive concurrent clients must reach the limiter
+    daemon_threads = True
+
+
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
     up = Upstream(limit=int(os.environ.get("TANGRAM_TEST_API_LIMIT", "8")), period=0.25,
                   latency=0.005)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(up))
-    server.daemon_threads = True
+    server = _Server(("127.0.0.1", 0), _handler(up))
     up.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -115,15 +115,18 @@ def test_crashed_container_breaks_the_environment_clearly():
 def test_no_container_or_process_left_after_close():
     async def go():
         m, backend, env = await open_docker()
-        env2 = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 64)
-        assert len(backend.containers()) == 2
-        o = await m.execute(ExecRequest(env, "sleep 30 & echo started"))
-        assert o.status == "ok"
-        left = fs.read(backend._envs[env].folders["cpu"] / "cgroup.procs").split()
-        assert left == [str(backend._envs[env].init_pid)]  # the background sleep was killed
-        await m.close_env(env)
-        assert len(backend.containers()) == 1
-        await m.close()
+        try:
+            env2 = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 64)
+            assert len(backend.containers()) == 2
+            o = await m.execute(ExecRequest(env, "sleep 30 & echo started"))
+            assert o.status == "ok"
+            left = fs.read(backend._envs[env].folders["cpu"] / "cgroup.procs").split()
+            assert left == [str(backend._envs[env].init_pid)]  # the background sleep was killed
+            await m.close_env(env)
+            assert len(backend.containers()) == 1
+        finally:
+            await m.close()
+        assert env2 not in backend._envs
         import docker
 
         client = docker.from_env()
@@ -132,7 +135,6 @@ def test_no_container_or_process_left_after_close():
                                                               f"{backend.tag}"}) == []
         finally:
             client.close()
-        assert env2 not in m.backend._envs
 
     asyncio.run(go())
 

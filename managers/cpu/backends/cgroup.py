@@ -15,6 +15,7 @@ import os
 import shlex
 import shutil
 import uuid
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +55,8 @@ class CgroupBackend(Backend):
         self.h = fs.detect(self.tag, parent)
         self._envs: dict[str, _Env] = {}
         self._made_bases = False
+        # a manager never closed still leaves no cgroup behind when the interpreter exits
+        self._finalizer = weakref.finalize(self, _remove_bases, self.h.distinct())
 
     @classmethod
     def probe(cls) -> str | None:
@@ -220,17 +223,20 @@ class CgroupBackend(Backend):
                 _rmdir_killing(f)
 
     async def shutdown(self) -> None:
-        for env_id in list(self._envs):
-            e = self._envs.pop(env_id)
-            self._remove(e.folders)
-        if self._made_bases:
-            for base in self.h.distinct():
-                if base.is_dir():
-                    for child in base.iterdir():
-                        if child.is_dir():
-                            self._remove({"x": child})
-                    _rmdir_killing(base)
-            self._made_bases = False
+        self._envs.clear()
+        await asyncio.to_thread(self._finalizer)
+        self._made_bases = False
+
+
+def _remove_bases(bases: list[Path]) -> None:
+    """Kill what is left under Tangram's folders and remove them, deepest first."""
+    for base in bases:
+        if not base.is_dir():
+            continue
+        for env in [p for p in base.iterdir() if p.is_dir()]:
+            for f in [*[p for p in env.iterdir() if p.is_dir()], env]:
+                _rmdir_killing(f)
+        _rmdir_killing(base)
 
 
 def _joined(join: str, command: Command) -> list[str]:

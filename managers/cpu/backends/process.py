@@ -1,9 +1,11 @@
 """Run one local process for a backend: own session, output capped, process tree killed at the
 deadline and after exit (so no stray process keeps using cores that went back to the pool).
 
-A subprocess protocol rather than `asyncio.subprocess.Process`: its `process_exited` fires when
-the command exits even while a leftover child still holds the pipes, so leftovers are killed at
-once instead of keeping the exec (and its cores) alive.
+Lean by design (this is the per-exec path): `subprocess.Popen` (vfork) with the exit watched
+through a pidfd and the pipes read by the event loop, instead of asyncio's subprocess machinery,
+whose default child watcher starts a thread per process (milliseconds on a busy machine). The
+exit is noticed when the command exits even while a leftover child still holds the pipes, so
+leftovers are killed at once instead of keeping the exec (and its cores) alive.
 """
 
 from __future__ import annotations
@@ -18,34 +20,72 @@ from collections.abc import Callable, Mapping
 from managers.base import Outcome
 from managers.cpu.backends.base import not_found, outcome_of
 
+READ_CHUNK = 1 << 16
 DRAIN_GRACE_S = 0.5  # after the tree is killed, how long pipes held by escaped children may stay
 
 
-class _Capture(asyncio.SubprocessProtocol):
-    """Keeps at most `cap` bytes of stdout and of stderr; drains and drops the rest."""
+class _Capture:
+    """Reads a process's stdout and stderr on the loop, keeping at most `cap` bytes of each."""
 
-    def __init__(self, cap: int, loop: asyncio.AbstractEventLoop) -> None:
-        self.cap = cap
-        self.out, self.err = bytearray(), bytearray()
+    def __init__(self, loop: asyncio.AbstractEventLoop, fds: list[int], cap: int) -> None:
+        self.loop, self.cap = loop, cap
+        self.kept = {fd: bytearray() for fd in fds}
         self.truncated = False
-        self.exited = loop.create_future()
         self.closed = loop.create_future()
+        self._open = set(fds)
+        for fd in fds:
+            os.set_blocking(fd, False)
+            loop.add_reader(fd, self._read, fd)
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        kept = self.out if fd == 1 else self.err
+    def _read(self, fd: int) -> None:
+        try:
+            data = os.read(fd, READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(fd)
+            return
+        kept = self.kept[fd]
         room = self.cap - len(kept)
         if room > 0:
             kept += data[:room]
         if len(data) > room:
             self.truncated = True
 
-    def process_exited(self) -> None:
-        if not self.exited.done():
-            self.exited.set_result(None)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed.done():
+    def _close(self, fd: int) -> None:
+        if fd in self._open:
+            self._open.discard(fd)
+            self.loop.remove_reader(fd)
+            os.close(fd)
+        if not self._open and not self.closed.done():
             self.closed.set_result(None)
+
+    def abandon(self) -> None:
+        """Stop reading pipes still held open (by a process that escaped every kill)."""
+        if self._open:
+            self.truncated = True
+        for fd in list(self._open):
+            self._close(fd)
+
+
+async def _exited(proc: subprocess.Popen) -> None:
+    """Wait for the exit and reap: a pidfd on Linux >= 5.3, else a thread."""
+    loop = asyncio.get_running_loop()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):
+        await asyncio.to_thread(proc.wait)
+        return
+    done = loop.create_future()
+    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    proc.wait()
 
 
 def kill_group(pgid: int) -> None:
@@ -59,32 +99,37 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
                     kill_rest: Callable[[], None] | None = None) -> Outcome:
     """Run `argv` in a new session. `preexec` runs in the child before exec (affinity);
     `kill_rest` kills whatever else belongs to this exec (a cgroup's pids)."""
-    loop = asyncio.get_running_loop()
-    proto = _Capture(output_cap, loop)
     try:
-        transport, _ = await loop.subprocess_exec(
-            lambda: proto, *argv, cwd=cwd, env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=preexec)
+        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True,
+                                preexec_fn=preexec)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         if kill_rest is not None:
             kill_rest()
         return not_found(argv[0], exc)
-    pid = transport.get_pid()
+    assert proc.stdout is not None and proc.stderr is not None
+    out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
+    proc.stdout.close()
+    proc.stderr.close()
+    capture = _Capture(asyncio.get_running_loop(), [out_fd, err_fd], output_cap)
+    exited = asyncio.ensure_future(_exited(proc))
     timed_out = False
     try:
-        await asyncio.wait_for(asyncio.shield(proto.exited), timeout)
+        await asyncio.wait_for(asyncio.shield(exited), timeout)
     except TimeoutError:
         timed_out = True
     finally:
         # the group and (where known) the cgroup: children that escaped the group die too
-        kill_group(pid)
+        kill_group(proc.pid)
         if kill_rest is not None:
             kill_rest()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(asyncio.shield(proto.closed), DRAIN_GRACE_S)
-        if not proto.closed.done():  # a pipe is still held open by an escaped process
-            proto.truncated = True
-        transport.close()
-    return outcome_of(transport.get_returncode(), bytes(proto.out), bytes(proto.err),
-                      proto.truncated, timed_out, timeout, output_cap)
+        if not exited.done():
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await asyncio.shield(exited)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
+        capture.abandon()
+    return outcome_of(proc.returncode, bytes(capture.kept[out_fd]), bytes(capture.kept[err_fd]),
+                      capture.truncated, timed_out, timeout, output_cap)

@@ -1,0 +1,135 @@
+"""`tangram bench exec`: the per-exec overhead of the CPU backends, for `true`.
+
+Prints the median of N runs of: the raw command (`subprocess.run`), the same command as a
+Tangram action on the `cgroup` backend, a raw `exec_run` through the docker SDK, and the action
+on the `docker` backend; with the grant unchanged between runs and alternating between two
+grants (which forces a cpuset/quota rewrite per exec). Goals: cgroup <= raw + 2 ms; docker <=
+1.2 x raw exec_run. A backend that cannot run here is reported with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from managers.cpu.backends import create
+from managers.cpu.manager import CpuManager
+from managers.cpu.request import ExecRequest
+from tangram.actions import Action
+from tangram.allocation import Assignment
+from tangram.errors import BackendUnavailable
+from tangram.pools import Placement
+
+
+def _median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+async def _time_async(n: int, fn: Callable[[int], Awaitable[object]]) -> float:
+    samples = []
+    for i in range(n):
+        t = time.perf_counter()
+        await fn(i)
+        samples.append(time.perf_counter() - t)
+    return _median_ms(samples)
+
+
+async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
+    m = CpuManager(create(backend, **options))
+    try:
+        env_id = await m.open_env(f"bench-{uuid.uuid4().hex[:6]}", 256)
+        node = m.envs.get(env_id).node
+        cores = sorted(m.pool.cpu_node(node).domain_of)
+        grants = [(cores[0],), tuple(cores[:2])] if alternate and len(cores) > 1 else [(cores[0],)]
+        request = ExecRequest(env_id, ("true",))
+
+        async def one(i: int) -> None:
+            grant = grants[i % len(grants)]
+            placement = Placement(node, cores=grant)
+            action = Action(f"b{i}", {"cpu": len(grant)}, trajectory=m.envs.get(env_id).trajectory,
+                            payload=request)
+            m.pool.take(placement, len(grant))
+            try:
+                o = await m.run(Assignment(action, {"cpu": len(grant)}, {"cpu": placement}))
+            finally:
+                m.pool.release(placement, len(grant))
+            if o.status != "ok":
+                raise RuntimeError(f"{backend}: `true` did not succeed: {o.detail}")
+
+        await one(0)  # warm up (slot creation, connections)
+        return await _time_async(n, one)
+    finally:
+        await m.close()
+
+
+def _raw_subprocess_ms(n: int) -> float:
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        samples.append(time.perf_counter() - t)
+    return _median_ms(samples)
+
+
+def _raw_exec_run_ms(n: int, image: str | None) -> float:
+    from managers.cpu.backends.docker import DockerBackend
+
+    backend = DockerBackend(image=image)
+    c = backend.client.containers.run(backend.image, ["sleep", "1000000000"], detach=True,
+                                      network_mode="none")
+    try:
+        c.exec_run(["true"])
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            c.exec_run(["true"])
+            samples.append(time.perf_counter() - t)
+        return _median_ms(samples)
+    finally:
+        c.remove(force=True)
+        backend.client.close()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tangram bench exec", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
+    parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
+    ns = parser.parse_args(argv)
+    n = ns.runs
+
+    raw = _raw_subprocess_ms(n)
+    print(f"{'raw subprocess (true)':44s} {raw:8.2f} ms")
+    rows: list[tuple[str, str]] = []
+    try:
+        same = asyncio.run(_action_ms("cgroup", n, alternate=False))
+        alt = asyncio.run(_action_ms("cgroup", n, alternate=True))
+        print(f"{'cgroup action, same grant':44s} {same:8.2f} ms  (+{same - raw:.2f} ms)")
+        print(f"{'cgroup action, alternating grants':44s} {alt:8.2f} ms  (+{alt - raw:.2f} ms)")
+        rows.append(("cgroup <= raw + 2 ms", "met" if max(same, alt) <= raw + 2 else "MISSED"))
+    except BackendUnavailable as exc:
+        print(f"cgroup backend unavailable: {exc}")
+    try:
+        exec_run = _raw_exec_run_ms(n, ns.image)
+        print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
+        opts = {"image": ns.image}
+        same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
+        alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
+        api = asyncio.run(_action_ms("docker", max(n // 4, 10), alternate=True, direct=False,
+                                     **opts))
+        print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
+        print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
+        print(f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
+              f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)")
+        rows.append(("docker <= 1.2 x raw exec_run",
+                     "met" if max(same, alt) <= 1.2 * exec_run else "MISSED"))
+    except BackendUnavailable as exc:
+        print(f"docker backend unavailable: {exc}")
+    for goal, verdict in rows:
+        print(f"goal {goal}: {verdict}")
+    return 0
