@@ -23,7 +23,7 @@ CASES = [(f, name) for f in sorted(SCEN.glob("*.json"))
 def test_scenario(path, name):
     exp = json.loads(path.read_text())["expected"][name]
     policy = name.split("-")[0]
-    options = {"depth": exp["depth"]} if "depth" in exp else {}
+    options = {k: exp[k] for k in ("depth", "allow_wait", "lookahead") if k in exp}
     result = simulate(load_instance(path), get_allocator(policy, **options)).to_json()
     assert result["total_act"] == pytest.approx(exp["total_act"])
     for aid, want in exp["actions"].items():
