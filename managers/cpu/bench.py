@@ -24,6 +24,7 @@ from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable
 from tangram.pools import Placement
+from tangram.resources import Demand
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -43,7 +44,9 @@ async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
     m = CpuManager(create(backend, **options))
     try:
         env_id = await m.open_env(f"bench-{uuid.uuid4().hex[:6]}", 256)
-        node = m.envs.get(env_id).node
+        env = m.envs.get(env_id)
+        assert env is not None
+        node = env.node
         cores = sorted(m.pool.cpu_node(node).domain_of)
         grants = [(cores[0],), tuple(cores[:2])] if alternate and len(cores) > 1 else [(cores[0],)]
         request = ExecRequest(env_id, ("true",))
@@ -51,8 +54,8 @@ async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
         async def one(i: int) -> None:
             grant = grants[i % len(grants)]
             placement = Placement(node, cores=grant)
-            action = Action(f"b{i}", {"cpu": len(grant)}, trajectory=m.envs.get(env_id).trajectory,
-                            payload=request)
+            action = Action(f"b{i}", {"cpu": Demand.fixed(len(grant))},
+                            trajectory=env.trajectory, payload=request)
             m.pool.take(placement, len(grant))
             try:
                 o = await m.run(Assignment(action, {"cpu": len(grant)}, {"cpu": placement}))

@@ -23,6 +23,7 @@ from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import CorePool, Pool
+from tangram.resources import Demand
 from topology import CpuNode
 from topology.discovery import discover_numa
 
@@ -132,7 +133,7 @@ class CpuManager(Manager):
         env = self.envs.get(request.env_id)
         node = env.node if env is not None else None
         placement = self.pool.place(cores, node=node)
-        action = Action(f"exec-{uuid.uuid4().hex[:8]}", {self.resource: cores},
+        action = Action(f"exec-{uuid.uuid4().hex[:8]}", {self.resource: Demand.fixed(cores)},
                         trajectory=env.trajectory if env else None, kind="exec",
                         payload=request)
         try:

@@ -59,7 +59,8 @@ def argv_of(command: Command) -> list[str]:
     return ["sh", "-c", command] if isinstance(command, str) else list(command)
 
 
-_PYTEST = re.compile(r"(?P<head>(?:^|[;&|(]|\s)\s*(?:python3?\s+-m\s+pytest|py\.test|pytest))(?=\s|$)")
+_PYTEST = re.compile(
+    r"(?P<head>(?:^|[;&|(]|\s)\s*(?:python3?\s+-m\s+pytest|py\.test|pytest))(?=\s|$)")
 
 
 def with_dop(command: Command, cores: int) -> Command:

@@ -2,7 +2,7 @@
 
 Each exec takes a free slot cgroup of its environment (slots are reused, so concurrent execs of
 one trajectory are confined separately and an exec costs two small writes at most: cpuset.cpus
-and the quota, each skipped when unchanged). The child joins the slot before it execs the command (the
+and the quota, each skipped when unchanged). The command joins the slot before it starts (the
 shell that runs it writes 0 to the slot's cgroup.procs), so every descendant is confined from
 its first instruction. After the command exits, whatever is left in the slot is killed.
 """
@@ -136,7 +136,8 @@ class CgroupBackend(Backend):
             folders = {c: e.folders[c] / name for c in SLOT_CONTROLLERS}
             for f in dict.fromkeys(folders.values()):
                 f.mkdir()
-            fs.write(folders["cpuset"] / "cpuset.mems", fs.read(e.folders["cpuset"] / "cpuset.mems"))
+            mems = fs.read(e.folders["cpuset"] / "cpuset.mems")
+            fs.write(folders["cpuset"] / "cpuset.mems", mems)
             joins = [*dict.fromkeys(folders.values()), e.folders["memory"]]
         else:
             f = e.folders["cpu"] / name

@@ -52,8 +52,8 @@ class DockerBackend(Backend):
         """`direct`: when the engine is local and we are root, write the container's cgroup
         files (cpuset, quota) instead of calling `container.update` (same effect, ~1000x
         cheaper); otherwise every change goes through the API."""
-        import docker
-        from docker.errors import DockerException, ImageNotFound
+        import docker  # type: ignore[import-untyped]
+        from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
 
         self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
         where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")

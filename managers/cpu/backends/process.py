@@ -79,7 +79,12 @@ async def _exited(proc: subprocess.Popen) -> None:
         await asyncio.to_thread(proc.wait)
         return
     done = loop.create_future()
-    loop.add_reader(pidfd, lambda: done.done() or done.set_result(None))
+
+    def ready() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(pidfd, ready)
     try:
         await done
     finally:
