@@ -173,6 +173,24 @@ def test_faults_come_back_as_outcomes_and_kill_the_tree():
     asyncio.run(go())
 
 
+def test_concurrent_execs_of_one_environment_are_confined_separately():
+    async def go():
+        m = CpuManager("cgroup")
+        try:
+            env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
+            cores = sorted(m.pool.cpu_node(m.envs.get(env).node).domain_of)[:2]
+            if len(cores) < 2:
+                pytest.skip("this machine has one core")
+            a, b = await asyncio.gather(*(run_on(m, env, (c,), "cat /proc/self/status; sleep 0.3")
+                                          for c in cores))
+            assert (allowed(a.stdout), allowed(b.stdout)) == ({cores[0]}, {cores[1]})
+            assert len(m.backend._envs[env].slots) == 2
+        finally:
+            await m.close()
+
+    asyncio.run(go())
+
+
 def test_elastic_pytest_gets_its_granted_cores():
     async def go():
         m = CpuManager("cgroup")

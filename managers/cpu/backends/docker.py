@@ -152,12 +152,17 @@ class DockerBackend(Backend):
                 timed_out = True
                 self._kill_exec(holder)
                 code, out, err, truncated = await asyncio.wait_for(run, KILL_GRACE_S)
+            except asyncio.CancelledError:
+                self._kill_exec(holder)
+                raise
         except APIError as exc:
             raise await self._broken(env, c, exc) from exc
         finally:
             del c.running[token]
             if not c.running:
                 await self._call(self._kill_leftovers, c)
+        if code is None:  # the exec ended without an exit code: the container went away
+            raise await self._broken(env, c, RuntimeError("exec ended without an exit code"))
         if code == 126 and b"executable file not found" in out + err:
             return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
                                                                        "found in the container"))
