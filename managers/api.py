@@ -133,12 +133,21 @@ class ApiManager(BasicManager):
             status = "error"
             if resp.status_code not in RETRYABLE or attempt == api.retries + 1:
                 return Outcome("error", output=out, detail=last + f" after {attempt} attempt(s)")
+            await asyncio.sleep(_retry_after(resp))
         return Outcome(status, detail=f"{last} after {api.retries + 1} attempt(s)")
 
     async def close(self) -> None:
         if self._client is not None and self._own_client:
             await self._client.aclose()
             self._client = None
+
+
+def _retry_after(resp: httpx.Response, most: float = 60.0) -> float:
+    """Seconds the upstream asked us to wait (Retry-After in seconds), 0 when it did not."""
+    try:
+        return min(max(float(resp.headers.get("Retry-After", 0)), 0.0), most)
+    except ValueError:
+        return 0.0
 
 
 def _body(resp: httpx.Response) -> Any:

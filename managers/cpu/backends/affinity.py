@@ -1,7 +1,7 @@
 """The `affinity` backend: sched_setaffinity only, for machines without root.
 
-The environment is a working directory; each exec's process is pinned to the granted cores
-between fork and exec (its descendants inherit the mask). There is no CPU quota and no memory
+The environment is a working directory; each exec's process starts pinned to the granted
+cores (its descendants inherit the mask). There is no CPU quota and no memory
 limit, and a process may widen its own mask again: confinement is cooperative. The process
 group is killed at the deadline and after the command exits.
 """
@@ -10,12 +10,26 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from managers.base import Outcome
 from managers.cpu.backends.base import Backend, register
 from managers.cpu.backends.process import run_local
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
+
+
+@contextmanager
+def _pinned(mask: set[int]) -> Iterator[None]:
+    """Pin the spawning thread (only it: sched_setaffinity(0) is per thread on Linux) while it
+    spawns, so the child starts with the mask and no Python runs between fork and exec."""
+    old = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, mask)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, old)
 
 
 class AffinityBackend(Backend):
@@ -32,14 +46,9 @@ class AffinityBackend(Backend):
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int) -> Outcome:
-        mask = set(cores)
-
-        def pin() -> None:
-            os.sched_setaffinity(0, mask)
-
         return await run_local(argv_of(command), cwd=env.workdir,
                                env={**os.environ, "TANGRAM_ENV": env.id}, timeout=timeout,
-                               output_cap=output_cap, preexec=pin)
+                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)))
 
     async def close(self, env: Environment) -> None:
         shutil.rmtree(env.workdir, ignore_errors=True)

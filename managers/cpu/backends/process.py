@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 
 from managers.base import Outcome
 from managers.cpu.backends.base import not_found, outcome_of
@@ -100,15 +101,16 @@ def kill_group(pgid: int) -> None:
 
 async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] | None,
                     timeout: float, output_cap: int,
-                    preexec: Callable[[], None] | None = None,
+                    spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
                     kill_rest: Callable[[], None] | None = None) -> Outcome:
-    """Run `argv` in a new session. `preexec` runs in the child before exec (affinity);
-    `kill_rest` kills whatever else belongs to this exec (a cgroup's pids)."""
+    """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
+    the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
+    else belongs to this exec (a cgroup's pids)."""
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=preexec)
+        with spawning():
+            proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         if kill_rest is not None:
             kill_rest()
