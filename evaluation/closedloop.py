@@ -198,7 +198,7 @@ class ClosedLoopSimulator:
                 elif kind == ARRIVAL:
                     tmpl = trajs[tid].steps[step].action
                     act = dataclasses.replace(tmpl, submit_time=now)
-                    sched.queue[act.id] = act
+                    sched.enqueue(act)
                     kinds[act.id] = (tid, act.task or "", act.kind)
                     starts[act.id] = (now, None, step)  # arrival bookkeeping, replaced at start
                 else:

@@ -115,7 +115,7 @@ class Simulator:
                 else:
                     # admit every action arriving now, then schedule the next arrival
                     while nxt < len(acts) and acts[nxt].submit_time == now:
-                        sched.queue[acts[nxt].id] = acts[nxt]
+                        sched.enqueue(acts[nxt])
                         nxt += 1
                     if nxt < len(acts):
                         heapq.heappush(events, (acts[nxt].submit_time, ARRIVAL, seq, ""))

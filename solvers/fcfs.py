@@ -62,7 +62,9 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
     """Candidates at minimum demands, placed (tentatively) on `pools`, in queue order."""
     blocked: dict[str, set[str] | None] = {}
     fully = 0
-    n_res = len(view.pools)
+    # the scan can stop once every resource that some queued action needs is blocked
+    needed = view.queued_resources if view.queued_resources is not None else view.pools
+    n_res = len(needed)
     out: list[Candidate] = []
     for a in queue:
         if fully == n_res:
@@ -100,9 +102,11 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
             if blocked.get(r, 0) is ALL:
                 continue
             node = view.node_for(a, r)
-            if node is None or not view.pools[r].per_node:
+            nodes = blocked.setdefault(r, set())
+            if node is not None and view.pools[r].per_node:
+                nodes.add(node)  # type: ignore[union-attr]
+            if node is None or not view.pools[r].per_node or \
+                    len(nodes) >= len(view.pools[r].nodes()):  # type: ignore[arg-type]
                 blocked[r] = ALL
-                fully += 1
-            else:
-                blocked.setdefault(r, set()).add(node)  # type: ignore[union-attr]
+                fully += r in needed
     return out

@@ -56,6 +56,8 @@ class ClusterView:
     running: Collection[RunningAction] = ()
     bindings: Mapping[tuple[str, str], str] = field(default_factory=lambda: MappingProxyType({}))
     estimate: Callable[[Action, int | None], float] = default_estimate
+    queued_resources: Collection[str] | None = None
+    """Resources some queued action demands (None: assume all); lets scans stop early."""
     prefer: Callable[[Action, str, str, tuple[int, int]], float] | None = None
     """Placement preference among equal chunk choices: (action, resource, node, chunk) -> score
     (the GPU manager prefers chunks where the action's service is resident)."""

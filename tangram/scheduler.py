@@ -34,6 +34,7 @@ class Scheduler:
         self.running: dict[str, RunningAction] = {}
         self.bindings: dict[tuple[str, str], str] = {}
         self.decisions = 0
+        self._queued_per_resource: dict[str, int] = {}
 
     # -- admission -------------------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -49,11 +50,28 @@ class Scheduler:
         if action.id in self.queue or action.id in self.running:
             raise ValidationError("action.id", action.id, "already queued or running")
         self.validate(action)
+        self.enqueue(action)
+
+    def enqueue(self, action: Action) -> None:
+        """Queue an already validated action (the simulator validates all up front)."""
         self.queue[action.id] = action
+        counts = self._queued_per_resource
+        for r in action.mins:
+            counts[r] = counts.get(r, 0) + 1
+
+    def _dequeue(self, action_id: str) -> Action | None:
+        action = self.queue.pop(action_id, None)
+        if action is not None:
+            counts = self._queued_per_resource
+            for r in action.mins:
+                counts[r] -= 1
+                if not counts[r]:
+                    del counts[r]
+        return action
 
     def cancel(self, action_id: str) -> bool:
         """Drop a queued action; False when it is not queued (running or unknown)."""
-        return self.queue.pop(action_id, None) is not None
+        return self._dequeue(action_id) is not None
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         self.bindings[(trajectory, resource)] = node
@@ -68,7 +86,7 @@ class Scheduler:
 
     def view(self) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self.prefer)
+                           self._queued_per_resource.keys(), self.prefer)
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer."""
@@ -86,7 +104,7 @@ class Scheduler:
                     self.pools[r].take(a.placement[r], u)
                 except Exception as exc:
                     raise InvariantError(f"action {act.id}: {r}: {exc}") from exc
-            del self.queue[act.id]
+            self._dequeue(act.id)
             key = act.key
             est = self.estimate(act, a.units[key] if key else None)
             self.running[act.id] = RunningAction(a, now, now + est)

@@ -483,9 +483,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--shutdown-deadline", type=float, default=10.0, metavar="S",
                         help="on stop, running actions get this long to finish (default 10)")
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--ray", metavar="ADDRESS",
+                        help="serve over a Ray cluster: auto, ray://head:10001, or local:N[xC] "
+                             "to start N local nodes of C cores (sim backend)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    tg = Tangram.from_config(ns.config) if ns.config else Tangram.local()
+    if ns.ray:
+        if ns.config:
+            parser.error("--ray and --config are exclusive")
+        from tangram.distributed import ray_session
+
+        with ray_session(ns.ray) as (address, opts):
+            return _serve(ns, Tangram.ray(address, **opts))
+    return _serve(ns, Tangram.from_config(ns.config) if ns.config else Tangram.local())
+
+
+def _serve(ns: argparse.Namespace, tg: Tangram) -> int:
     if not _is_loopback(ns.host) and not ns.token:
         log.warning("serving on %s without a token: anyone who reaches it can run commands",
                     ns.host)
