@@ -70,18 +70,18 @@ class HeuristicAllocator:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
-        if len(idxs) == 1 and pool.per_node and (cap == pool.capacity(node)
-                                                   or not self.allow_wait):
-            # one candidate, nothing else holding units of its node: no reason to wait, no
-            # split to search
+        if len(idxs) == 1 and pool.per_node:
             c = cands[idxs[0]]
-            m, best = 0, None
-            for units, d in c.action.options:
-                if units <= cap and (best is None or d < best):
-                    m, best = units, d
-            c.units[r] = m
-            c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
-            return []
+            if (not self.allow_wait or cap == pool.capacity(node)
+                    or c.action.options[-1][0] <= cap):
+                # one candidate that cannot get more units by waiting: no split to search
+                m, best = 0, None
+                for units, d in c.action.options:
+                    if units <= cap and (best is None or d < best):
+                        m, best = units, d
+                c.units[r] = m
+                c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
+                return []
         tasks = []
         for i in idxs:
             am, du = cands[i].action.option_arrays  # type: ignore[misc]
