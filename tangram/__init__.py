@@ -7,6 +7,7 @@ from tangram.errors import (
     BackendUnavailable,
     Infeasible,
     InvariantError,
+    NotFound,
     TangramError,
     ValidationError,
 )
@@ -17,7 +18,7 @@ from tangram.results import Result
 __all__ = [
     "Action", "ActionFailed", "Allocator", "Assignment", "BackendUnavailable", "ChunkPool",
     "ClusterView", "CorePool", "Demand", "Elasticity", "FlatPool", "Infeasible",
-    "InvariantError", "Placement", "Pool", "Result", "RunningAction", "Tangram",
+    "InvariantError", "NotFound", "Placement", "Pool", "Result", "RunningAction", "Tangram",
     "TangramClient", "TangramError", "ValidationError", "check_assignments",
 ]
 

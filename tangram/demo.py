@@ -104,8 +104,8 @@ class Plan:
 def make_plans(n: int, seed: int) -> list[Plan]:
     rng = random.Random(seed)
     # generation dominates a trajectory's life, as in the paper (active ~47% of the time)
-    return [Plan(tuple(rng.uniform(2.0, 3.5) for _ in range(3)),
-                 rng.randint(100_000, 250_000), 4) for _ in range(n)]
+    return [Plan(tuple(rng.uniform(1.5, 3.0) for _ in range(3)),
+                 rng.randint(200_000, 400_000), 4) for _ in range(n)]
 
 
 def turn_commands(plan: Plan, py: str) -> list[str]:

@@ -17,6 +17,10 @@ class ValidationError(TangramError, ValueError):
         super().__init__(f"{field}: {problem} (got {value!r})")
 
 
+class NotFound(ValidationError):
+    """A request names an environment, service or API that does not exist (HTTP 404)."""
+
+
 class Infeasible(TangramError):
     """No allocation can satisfy the request."""
 

@@ -28,7 +28,7 @@ from managers.base import Manager, Outcome
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
-from tangram.errors import ActionFailed, TangramError, ValidationError
+from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
 from tangram.metrics import Metrics
 from tangram.resources import Demand
 from tangram.results import Result
@@ -153,7 +153,7 @@ class Tangram:
     async def close_env(self, env_id: str) -> None:
         env = self._envs.pop(env_id, None)
         if env is None:
-            raise ValidationError("env_id", env_id, "unknown environment")
+            raise NotFound("env_id", env_id, "unknown environment")
         for aid in list(env.running):  # queued actions of the env are cancelled
             if self.scheduler.cancel(aid):
                 self._finish_cancelled(aid, "its environment was closed")
@@ -164,7 +164,7 @@ class Tangram:
     def _env(self, env_id: str) -> _Env:
         env = self._envs.get(env_id)
         if env is None:
-            raise ValidationError("env_id", env_id, "unknown environment (open it first)")
+            raise NotFound("env_id", env_id, "unknown environment (open it first)")
         return env
 
     # -- actions -------------------------------------------------------------------------------
@@ -199,10 +199,10 @@ class Tangram:
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
         self._admitting()
         if self.gpu is None:
-            raise ValidationError("service", service, "no GPU pool is configured")
+            raise NotFound("service", service, "no GPU pool is configured")
         registry = self.gpu.residency.registry
         if not isinstance(service, str) or service not in registry:
-            raise ValidationError("service", service, f"unknown service (registered: "
+            raise NotFound("service", service, f"unknown service (registered: "
                                   f"{registry.names()})")
         svc = registry.get(service)
         if isinstance(gpus, tuple) and len(gpus) == 2:
@@ -232,7 +232,7 @@ class Tangram:
         self._admitting()
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
-            raise ValidationError("api", name, f"unknown API (configured: {sorted(self.apis)})")
+            raise NotFound("api", name, f"unknown API (configured: {sorted(self.apis)})")
         from managers.api import ApiRequest
 
         if not isinstance(payload, ApiRequest):

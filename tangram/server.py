@@ -55,7 +55,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.errors import Infeasible, NotFound, TangramError, ValidationError
 from tangram.results import Result
 from tangram.runtime import Tangram
 
@@ -180,15 +180,11 @@ def error(status: int, message: str, field: str | None = None, value: Any = None
     return JSONResponse(jsonable_encoder(body), status_code=status)
 
 
-def _unknown_name(exc: ValidationError) -> bool:
-    """An environment, service or API that is not there (unknown, or no pool of its kind is
-    configured): the runtime names these fields only for that."""
-    return exc.field in ("env_id", "service", "api")
-
-
 def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+    """`NotFound` (an environment, service or API that is not there) is 404; the rest 422."""
     assert isinstance(exc, ValidationError)
-    return error(404 if _unknown_name(exc) else 422, str(exc), exc.field, exc.value, exc.problem)
+    return error(404 if isinstance(exc, NotFound) else 422, str(exc), exc.field, exc.value,
+                 exc.problem)
 
 
 def _infeasible(request: Request, exc: Exception) -> JSONResponse:
