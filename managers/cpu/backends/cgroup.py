@@ -56,7 +56,9 @@ class CgroupBackend(Backend):
         self._envs: dict[str, _Env] = {}
         self._made_bases = False
         # a manager never closed still leaves no cgroup behind when the interpreter exits
-        self._finalizer = weakref.finalize(self, _remove_bases, self.h.distinct())
+        self._workdirs: set[str] = set()
+        self._finalizer = weakref.finalize(self, _remove_bases, self.h.distinct(),
+                                           self._workdirs)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -127,6 +129,7 @@ class CgroupBackend(Backend):
                                      f"({exc}); is the cgroup filesystem writable?") from exc
         self._envs[env.id] = _Env(folders)
         Path(env.workdir).mkdir(parents=True, exist_ok=True)
+        self._workdirs.add(env.workdir)
 
     def _slot(self, env: Environment, e: _Env) -> _Slot:
         if e.free:
@@ -214,6 +217,7 @@ class CgroupBackend(Backend):
         self._envs.pop(env.id, None)
         await asyncio.to_thread(self._remove, self._env_folders(env.id))
         shutil.rmtree(env.workdir, ignore_errors=True)
+        self._workdirs.discard(env.workdir)
 
     def _remove(self, folders: dict[str, Path]) -> None:
         for top in dict.fromkeys(folders.values()):
@@ -229,8 +233,9 @@ class CgroupBackend(Backend):
         self._made_bases = False
 
 
-def _remove_bases(bases: list[Path]) -> None:
-    """Kill what is left under Tangram's folders and remove them, deepest first."""
+def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
+    """Kill what is left under Tangram's folders and remove them, deepest first; remove the
+    environments' working directories."""
     for base in bases:
         if not base.is_dir():
             continue
@@ -238,6 +243,8 @@ def _remove_bases(bases: list[Path]) -> None:
             for f in [*[p for p in env.iterdir() if p.is_dir()], env]:
                 _rmdir_killing(f)
         _rmdir_killing(base)
+    for w in workdirs:
+        shutil.rmtree(w, ignore_errors=True)
 
 
 def _joined(join: str, command: Command) -> list[str]:
