@@ -80,7 +80,9 @@ def test_cgroup_without_root_names_the_fix():
                 msg = "started"
             except Exception as exc:
                 msg = f"{type(exc).__name__} {exc}"
-            os.write(write, msg.encode())
+            auto = CpuManager("auto")  # falls back to what an ordinary user can run
+            asyncio.run(auto.close())
+            os.write(write, f"{auto.backend.name}|{msg}".encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -88,6 +90,8 @@ def test_cgroup_without_root_names_the_fix():
         text = f.read()
     os.waitpid(pid, 0)
     assert CgroupBackend.probe() is None  # root here: available
+    auto, text = text.split("|", 1)
+    assert auto == "affinity"
     assert text.startswith("BackendUnavailable"), text
     assert "needs root" in text and "backend='affinity'" in text
 
