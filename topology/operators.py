@@ -119,27 +119,32 @@ class ChunkOperator:
     def step(
         self, prev: np.ndarray, amounts: np.ndarray, durations: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One DP layer pushed forward through the transition table, keeping the cheapest."""
+        """One DP layer pushed forward through the transition table, keeping the cheapest.
+
+        A scatter-min gives each reachable state its least cost; any (state, amount) pair that
+        achieves it is a valid choice to backtrack through.
+        """
         n = self.num_states
-        cols = np.array([self._size_col.get(int(a), -1) for a in amounts], dtype=np.int64)
-        nxt = np.where(cols[None, :] >= 0, self._next[:, np.maximum(cols, 0)], -1)
+        cols = np.fromiter((self._size_col.get(int(a), -1) for a in amounts), dtype=np.int64,
+                           count=len(amounts))
+        nxt = self._next[:, np.maximum(cols, 0)]
+        if (cols < 0).any():
+            nxt = np.where(cols[None, :] >= 0, nxt, -1)
         cost = prev[:, None] + durations[None, :]
         ok = (nxt >= 0) & np.isfinite(cost)
-        src, arm = np.nonzero(ok)
-        dst = nxt[src, arm]
-        c = cost[src, arm]
+        dst = nxt[ok]
+        c = cost[ok]
         new = np.full(n, INF)
-        choice = np.full(n, -1, dtype=np.int64)
-        pred = np.full(n, -1, dtype=np.int64)
-        if dst.size:
-            order = np.lexsort((c, dst))
-            dst_s = dst[order]
-            first = np.ones(dst_s.size, dtype=bool)
-            first[1:] = dst_s[1:] != dst_s[:-1]
-            pick = order[first]
-            new[dst[pick]] = c[pick]
-            choice[dst[pick]] = arm[pick]
-            pred[dst[pick]] = src[pick]
+        np.minimum.at(new, dst, c)
+        # one winner per state, written in one assignment so pred and choice stay paired
+        flat = np.flatnonzero(ok)
+        best = c == new[dst]
+        winner = np.full(n, -1, dtype=np.int64)
+        winner[dst[best]] = flat[best]
+        k = len(amounts)
+        reached = winner >= 0
+        pred = np.where(reached, winner // k, -1)
+        choice = np.where(reached, winner % k, -1)
         return new, choice, pred
 
     def units_used(self, state: int) -> int:
