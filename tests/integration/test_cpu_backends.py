@@ -12,7 +12,8 @@ import pytest
 
 from managers.cpu import CpuManager, EnvironmentTable, ExecRequest, with_dop
 from managers.cpu.backends.sim import SimBackend
-from tangram.errors import Infeasible, ValidationError
+from managers.cpu.backends import create
+from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import CorePool
 from topology import CpuNode
 
@@ -94,6 +95,15 @@ def test_cgroup_without_root_names_the_fix():
     assert auto == "affinity"
     assert text.startswith("BackendUnavailable"), text
     assert "needs root" in text and "backend='affinity'" in text
+
+
+def test_docker_engine_missing_says_how_to_fix():
+    from managers.cpu.backends.docker import DockerBackend
+
+    with pytest.raises(BackendUnavailable, match="start dockerd.*backend='cgroup'"):
+        DockerBackend(base_url="unix:///nonexistent/docker.sock")
+    with pytest.raises(BackendUnavailable, match="start dockerd"):  # through the registry
+        create("docker", base_url="unix:///nonexistent/docker.sock")
 
 
 def test_unknown_backend_is_a_validation_error():
