@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from managers.cpu import CpuManager, EnvironmentTable, ExecRequest, with_dop
-from managers.cpu.backends.sim import SimBackend
 from managers.cpu.backends import create
+from managers.cpu.backends.sim import SimBackend
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import CorePool
 from topology import CpuNode
