@@ -48,10 +48,10 @@ def test_two_small_gpu_actions_share_a_node_before_the_big_one(backend):
 def test_elastic_action_takes_its_fastest_amount_and_waits_for_arrival(backend):
     inst = parse_instance({"resources": FLAT4, "actions": [
         {"id": "e", "arrival": 3.0, "key": "cpu", "demand": {"cpu": [1, 2, 4]}, "t_ori": 8.0,
-         "efficiency": {"1": 1.0, "2": 1.0, "4": 0.5}}]})
+         "efficiency": {"1": 1.0, "2": 1.0, "4": 0.4}}]})
     s = solve_schedule(inst, backend, time_limit=10)
     (e,) = s.entries
-    assert e.units == {"cpu": 2} and e.start == pytest.approx(3.0)  # 8/(2*1)=4 beats 8/(4*.5)
+    assert e.units == {"cpu": 2} and e.start == pytest.approx(3.0)  # 8/(2*1)=4 beats 8/(4*.4)=5
     assert s.total_act == pytest.approx(4.0)
 
 
