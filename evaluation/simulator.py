@@ -90,8 +90,8 @@ class Simulator:
         seq = 0
         nxt = 0
         acts = self.actions
-        for a in acts:
-            sched.validate(a)
+        for act in acts:
+            sched.validate(act)
         if acts:
             heapq.heappush(events, (acts[0].submit_time, ARRIVAL, seq, ""))
             seq += 1
@@ -102,15 +102,14 @@ class Simulator:
                 _, kind, _, aid = heapq.heappop(events)
                 self.counters["events"] += 1
                 if kind == COMPLETION:
-                    ra = sched.complete(aid, now, learn=False)
-                    a = ra.assignment
-                    for r in a.units:
+                    done_asg = sched.complete(aid, now, learn=False).assignment
+                    for r in done_asg.units:
                         ex = self.executors.get(r)
                         if ex is not None:
-                            ex.end(a, now)
-                    start, restored = starts.pop(aid)
-                    records[aid] = ActionRecord(a.action.submit_time, start, now,
-                                                dict(a.units), restored)
+                            ex.end(done_asg, now)
+                    start, was_restored = starts.pop(aid)
+                    records[aid] = ActionRecord(done_asg.action.submit_time, start, now,
+                                                dict(done_asg.units), was_restored)
                     done += 1
                 else:
                     # admit every action arriving now, then schedule the next arrival
@@ -120,17 +119,17 @@ class Simulator:
                     if nxt < len(acts):
                         heapq.heappush(events, (acts[nxt].submit_time, ARRIVAL, seq, ""))
                         seq += 1
-            for a in sched.decide(now):
-                dur = modelled_duration(a.action, a.units)
-                restored = None
-                for r in a.units:
+            for asg in sched.decide(now):
+                dur = modelled_duration(asg.action, asg.units)
+                restored: bool | None = None
+                for r in asg.units:
                     ex = self.executors.get(r)
                     if ex is not None:
-                        extra, restored = ex.begin(a, now)
+                        extra, restored = ex.begin(asg, now)
                         dur += extra
                         self.counters["restores"] += bool(restored)
-                starts[a.action.id] = (now, restored)
-                heapq.heappush(events, (now + dur, COMPLETION, seq, a.action.id))
+                starts[asg.action.id] = (now, restored)
+                heapq.heappush(events, (now + dur, COMPLETION, seq, asg.action.id))
                 seq += 1
             if self.progress is not None:
                 self.progress(done)

@@ -200,10 +200,11 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
         spec = resources[r]
         pool = spec.build_pool() if spec.topology == "flat" else None
         if spec.topology == "chunks":
-            for k in d.amounts:
-                if k & (k - 1):
-                    raise ValidationError(f"{path}.demand.{r}", k, "GPU amounts must be powers "
-                                          "of two (a k-GPU action takes one aligned k-chunk)")
+            for amount in d.amounts:
+                if amount & (amount - 1):
+                    raise ValidationError(f"{path}.demand.{r}", amount, "GPU amounts must be "
+                                          "powers of two (a k-GPU action takes one aligned "
+                                          "k-chunk)")
             biggest = spec.gpus_per_node
         else:
             biggest = pool.largest_request() if pool else spec.units

@@ -168,20 +168,20 @@ class ChunkTree:
         """Aligned chunks, no overlap, free + used = all GPUs, no unmerged free buddies."""
         covered = [0] * self.num_gpus
         chunks: Iterable[Chunk] = [c for s in self.free for c in s] + list(self.used)
-        for lv, s in enumerate(self.free):
-            for c in s:
+        for lv, level_free in enumerate(self.free):
+            for c in level_free:
                 if c[1] - c[0] != 1 << lv:
                     raise InvariantViolation(f"{self.node}: free chunk {c} filed at level {lv}")
                 if lv < self.levels - 1:
                     size = 1 << lv
                     buddy = (c[0] ^ size, (c[0] ^ size) + size)
-                    if buddy in s:
+                    if buddy in level_free:
                         raise InvariantViolation(f"{self.node}: free buddies {c} {buddy} unmerged")
-        for s, e in chunks:
-            size = e - s
-            if size <= 0 or size & (size - 1) or s % size:
-                raise InvariantViolation(f"{self.node}: chunk {(s, e)} is not aligned")
-            for g in range(s, e):
+        for start, end in chunks:
+            size = end - start
+            if size <= 0 or size & (size - 1) or start % size:
+                raise InvariantViolation(f"{self.node}: chunk {(start, end)} is not aligned")
+            for g in range(start, end):
                 covered[g] += 1
         if any(c != 1 for c in covered):
             raise InvariantViolation(f"{self.node}: GPU coverage {covered} (free+used != all)")

@@ -101,7 +101,7 @@ class HeuristicAllocator:
             except Infeasible:
                 continue
             heap = list(busy)
-            heap.extend((now + cands[i].action.duration_at(u), u)
+            heap.extend((now + view.estimate(cands[i].action, u), u)
                         for i, u in zip(idxs, arr.units))
             free = capacity - sum(u for _, u in heap)
             obj = arr.total + estimate_waiting(heap, free, now, waiting_evicted[t:] + rest_tail,
@@ -109,7 +109,7 @@ class HeuristicAllocator:
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
-        if best_t is None:  # cannot happen: the minimum arrangement of all of them fits
+        if best_t is None or best_units is None:  # cannot happen: the minimums fit
             raise Infeasible(f"{r}: no arrangement for the candidates")
         for j, i in enumerate(idxs[:best_t]):
             c = cands[i]
