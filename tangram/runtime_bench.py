@@ -55,7 +55,8 @@ async def _tangram_noops(n: int, in_flight: int) -> dict[str, Any]:
             nonlocal left, ok
             while left > 0:
                 left -= 1
-                ok += (await tg.exec(env, "true")).ok
+                result = await tg.exec(env, "true")  # read ok only after the await
+                ok += result.ok
 
         await asyncio.gather(*[tg.exec(e, "true") for e in ids])  # warm-up
         t0 = time.perf_counter()
