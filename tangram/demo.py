@@ -247,7 +247,9 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
 
                     session = ray_session(ns.ray)
                     address, opts = session.__enter__()
+                    # each node's agent runs the CPU backend and a simulated GPU backend
                     tg = Tangram.ray(address, services=services, apis=apis,
+                                     gpu_backend="sim", gpus_per_node=2,
                                      **{"cpu_backend": ns.cpu_backend, **opts})
                 else:
                     session = None

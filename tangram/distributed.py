@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from managers.base import Manager, Outcome
+from managers.gpu import GpuBackend, GpuManager, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import CorePool, Pool
@@ -92,8 +93,11 @@ class RayCpuManager(Manager):
 
     def __init__(self, agents: Mapping[str, tuple[Any, NodeInfo]], *, resource: str = "cpu",
                  backend: str = "auto", backend_options: Mapping[str, Any] | None = None,
-                 poll_s: float = 1.0, owns_ray: bool = False) -> None:
+                 poll_s: float = 1.0, owns_ray: bool = False, gpu_backend: str | None = None,
+                 gpu_options: Mapping[str, Any] | None = None,
+                 gpus_per_node: int | None = None) -> None:
         self.resource = resource
+        self._gpu = (gpu_backend, dict(gpu_options or {}), gpus_per_node)
         self.backend = _Backend(f"ray:{backend}")
         self._backend_name = backend
         self._backend_options = dict(backend_options or {})
@@ -112,9 +116,13 @@ class RayCpuManager(Manager):
     @classmethod
     def connect(cls, address: str | None = None, *, backend: str = "auto",
                 backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
-                resource: str = "cpu", timeout_s: float = 60.0) -> RayCpuManager:
+                resource: str = "cpu", timeout_s: float = 60.0, gpu_backend: str | None = None,
+                gpu_options: Mapping[str, Any] | None = None,
+                gpus_per_node: int | None = None) -> RayCpuManager:
         """Join the Ray cluster at `address` (None: start a local one-node Ray; an existing
-        connection is reused), start an agent on every alive node and wait for their reports."""
+        connection is reused), start an agent on every alive node and wait for their reports.
+        With `gpu_backend`, every agent also runs that GPU backend on its machine's GPUs
+        (`gpus_per_node` of them for a `sim` backend)."""
         ray = import_ray()
         owns = False
         if not ray.is_initialized():
@@ -123,7 +131,8 @@ class RayCpuManager(Manager):
                      include_dashboard=False if address is None else None)
             owns = True
         self = cls({}, resource=resource, backend=backend, backend_options=backend_options,
-                   poll_s=poll_s, owns_ray=owns)
+                   poll_s=poll_s, owns_ray=owns, gpu_backend=gpu_backend,
+                   gpu_options=gpu_options, gpus_per_node=gpus_per_node)
         pending = {nid: self._spawn(nid, n["Resources"]) for nid, n in self._alive().items()}
         pending = {nid: a for nid, a in pending.items() if a is not None}
         infos = ray.get([a.describe.remote() for a in pending.values()], timeout=timeout_s)
@@ -153,7 +162,8 @@ class RayCpuManager(Manager):
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
             name=f"tangram-agent-{ray_node_id[:8]}-{uuid.uuid4().hex[:6]}",
         ).remote(node_name(ray_node_id), ray_node_id, self._backend_name,
-                 self._backend_options, cores, memory)
+                 self._backend_options, cores, memory, gpu_backend=self._gpu[0],
+                 gpu_options=self._gpu[1], gpus=self._gpu[2])
 
     def _join(self, agent: Any, info: NodeInfo) -> None:
         self.nodes[info.name] = _Node(info, agent)
@@ -354,24 +364,84 @@ def _is_actor_death(exc: BaseException) -> bool:
     return isinstance(exc, kinds)
 
 
+class RayGpuBackend(GpuBackend):
+    """The GPU manager's backend over Ray: each call goes to the agent of the chunk's node,
+    which restores, evicts and invokes with the GPU backend of its own machine. Chunk choice,
+    residency and LRU stay with the central `GpuManager`."""
+
+    name = "ray"
+
+    def __init__(self, agents: Mapping[str, Any]) -> None:
+        self.agents = dict(agents)
+
+    def _agent(self, node: str) -> Any:
+        agent = self.agents.get(node)
+        if agent is None:
+            raise RuntimeError(f"no GPU agent on node {node}")
+        return agent
+
+    async def deploy(self, service: Service) -> None:
+        await asyncio.gather(*(a.gpu_deploy.remote(service) for a in self.agents.values()))
+
+    async def restore(self, service: Service, node: str, chunk: tuple[int, int]) -> float:
+        return float(await self._agent(node).gpu_restore.remote(service, chunk))
+
+    async def evict(self, service: Service, node: str, chunk: tuple[int, int]) -> None:
+        await self._agent(node).gpu_evict.remote(service, chunk)
+
+    async def invoke(self, service: Service, node: str, chunk: tuple[int, int],
+                     payload: Any) -> Any:
+        return await self._agent(node).gpu_invoke.remote(service, chunk, payload)
+
+
+def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | None:
+    """A chunk pool over the agents that report GPUs (the largest power of two of each node's
+    GPUs), residency with `spec`'s memory per GPU and services, and `RayGpuBackend`. Nodes are
+    those present now; GPU nodes joining later are not added in this version."""
+    from managers.gpu import Residency
+    from tangram.config import GB, _pos_num, build_services
+    from tangram.pools import ChunkPool
+    from topology import ChunkTree
+
+    sizes = {}
+    for name, node in cpu.nodes.items():
+        if node.info.gpus > 0:
+            sizes[name] = 1 << (node.info.gpus.bit_length() - 1)
+    if not sizes:
+        return None
+    mem = int(_pos_num("gpu.memory_gb", spec.get("memory_gb", 80)) * GB)
+    registry = build_services("gpu.services", spec.get("services"))
+    pool = ChunkPool("gpu", {n: ChunkTree(g, n) for n, g in sizes.items()})
+    residency = Residency({n: [mem] * g for n, g in sizes.items()}, registry)
+    return GpuManager(pool, residency, RayGpuBackend({n: cpu.nodes[n].agent for n in sizes}))
+
+
 def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
               backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
               services: Mapping[str, Any] | None = None, apis: Mapping[str, Any] | None = None,
               gpu: Mapping[str, Any] | None = None, policy: str = "heuristic",
               policy_options: Mapping[str, Any] | None = None,
-              idle_env_s: float | None = None):
-    """`Tangram.ray(...)`: the CPU pool over the cluster's agents; the GPU pool and the APIs as
-    in `Tangram.local()` (GPU services stay central and simulated in this version)."""
+              idle_env_s: float | None = None, gpu_backend: str | None = None,
+              gpu_options: Mapping[str, Any] | None = None, gpus_per_node: int | None = None):
+    """`Tangram.ray(...)`: the CPU pool over the cluster's agents. With `gpu_backend`, the GPU
+    pool too: each agent runs that backend on its machine's GPUs (`gpus_per_node` for `sim`)
+    and the central GPU manager places chunks and keeps residency. Without it, the GPU pool is
+    central and simulated, as in `Tangram.local()`. APIs are called from the driver."""
     from tangram.config import _pos_num, build_apis, build_gpu
     from tangram.runtime import Tangram
 
     if cpu_backend == "sim" and backend_options is None:
         backend_options = {"duration": sleep_seconds, "time_scale": 1.0}
     cpu = RayCpuManager.connect(address, backend=cpu_backend, backend_options=backend_options,
-                                poll_s=poll_s)
+                                poll_s=poll_s, gpu_backend=gpu_backend,
+                                gpu_options=gpu_options, gpus_per_node=gpus_per_node)
     try:
-        return Tangram(cpu=cpu, gpu=build_gpu("gpu", {**dict(gpu or {}),
-                                                      "services": dict(services or {})}),
+        gpu_spec = {**dict(gpu or {}), "services": dict(services or {})}
+        gpu_manager = build_ray_gpu(cpu, gpu_spec) if gpu_backend else None
+        if gpu_backend and gpu_manager is None:
+            raise BackendUnavailable(f"gpu_backend={gpu_backend!r}: no Ray node reports a GPU "
+                                     "(set gpus_per_node for the sim backend)")
+        return Tangram(cpu=cpu, gpu=gpu_manager or build_gpu("gpu", gpu_spec),
                        apis=build_apis("apis", apis), policy=policy,
                        policy_options=policy_options,
                        idle_env_s=None if idle_env_s is None else _pos_num("idle_env_s",

@@ -1,4 +1,4 @@
-"""The node agent: one Ray actor per machine that owns that machine's CPU backend.
+"""The node agent: one Ray actor per machine that owns that machine's CPU and GPU backends.
 
 The central scheduler (`tangram.distributed.RayCpuManager`) decides how many cores and which
 ones; the agent only enforces that grant through an ordinary `managers.cpu.CpuManager` whose one
@@ -58,16 +58,21 @@ def _gpu_count() -> int:
 
 
 class NodeAgent:
-    """Owns one machine's CPU backend; every method is a Ray RPC from the central manager.
+    """Owns one machine's CPU backend and, when asked, its GPU backend; every method is a Ray
+    RPC from the central managers.
 
     `cores`: the simulated core count for the `sim` backend (a flat NUMA domain); None
     discovers this machine's NUMA domains and cores from /sys. `memory_mb`: None reads
-    /proc/meminfo.
+    /proc/meminfo. `gpu_backend` (`sim`, `torch`, `http`): the backend that restores, evicts and
+    invokes services on this machine's GPUs; `gpus` sets the GPU count a `sim` backend models
+    (otherwise NVML's count is reported).
     """
 
     def __init__(self, name: str, ray_node_id: str, backend: str = "auto",
                  backend_options: Mapping[str, Any] | None = None, cores: int | None = None,
-                 memory_mb: int | None = None) -> None:
+                 memory_mb: int | None = None, gpu_backend: str | None = None,
+                 gpu_options: Mapping[str, Any] | None = None,
+                 gpus: int | None = None) -> None:
         from managers.cpu import CpuManager
         from managers.cpu.backends import create, select
         from managers.cpu.manager import _local_memory_mb
@@ -79,9 +84,15 @@ class NodeAgent:
         numa = {0: tuple(range(cores))} if cores is not None else \
             {d: tuple(c) for d, c in discover_numa().items()}
         memory = memory_mb if memory_mb is not None else _local_memory_mb()
-        self.info = NodeInfo(name, ray_node_id, numa, memory, _gpu_count(), be.name)
+        self.info = NodeInfo(name, ray_node_id, numa, memory,
+                             gpus if gpus is not None else _gpu_count(), be.name)
         self.manager = CpuManager(be, nodes={name: CpuNode(name, numa)},
                                   memory_mb={name: memory})
+        self.gpu = None
+        if gpu_backend is not None:
+            from managers.gpu import create_backend
+
+            self.gpu = create_backend(gpu_backend, **dict(gpu_options or {}))
 
     def describe(self) -> NodeInfo:
         return self.info
@@ -96,5 +107,29 @@ class NodeAgent:
         """Run one action on exactly the cores the central scheduler granted on this node."""
         return await self.manager.run(assignment)
 
+    # -- GPU services (the central GpuManager decides chunks and residency) --------------------
+    def _gpu_backend(self):
+        if self.gpu is None:
+            raise RuntimeError(f"node {self.info.name} runs no GPU backend")
+        return self.gpu
+
+    async def gpu_deploy(self, service: Any) -> None:
+        await self._gpu_backend().deploy(service)
+
+    async def gpu_restore(self, service: Any, chunk: tuple[int, int]) -> float:
+        return await self._gpu_backend().restore(service, self.info.name, chunk)
+
+    async def gpu_evict(self, service: Any, chunk: tuple[int, int]) -> None:
+        await self._gpu_backend().evict(service, self.info.name, chunk)
+
+    async def gpu_invoke(self, service: Any, chunk: tuple[int, int], payload: Any) -> Any:
+        return await self._gpu_backend().invoke(service, self.info.name, chunk, payload)
+
+    def gpu_calls(self) -> list[tuple]:
+        """What the GPU backend did, where it records it (the `sim` backend does)."""
+        return list(getattr(self.gpu, "calls", []))
+
     async def close(self) -> None:
         await self.manager.close()
+        if self.gpu is not None:
+            await self.gpu.close()

@@ -147,3 +147,36 @@ def test_node_joins_then_dies_mid_run(cluster):
             assert ok.ok
 
     asyncio.run(main())
+
+
+def test_gpu_services_run_on_the_agents(cluster):
+    """With a GPU backend on the agents, the central GPU manager places chunks over the nodes
+    and each node's agent restores and invokes the service on its own (simulated) GPUs."""
+    services = {"judge": {"memory_gb": 30, "dops": [4], "infer_s": {4: 0.3}, "restore_s": 0.1}}
+    tg = Tangram.ray(cluster.address, cpu_backend="sim", poll_s=POLL_S, gpu_backend="sim",
+                     gpus_per_node=4, services=services)
+    try:
+        pool = tg.scheduler.pools["gpu"]
+        assert {n: pool.capacity(n) for n in pool.nodes()} == {n: 4 for n in cpu_nodes(tg)}
+        assert tg.status()["gpu_backend"] == "ray"
+
+        async def main():
+            async with tg:
+                results = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
+                                                 for i in range(6)))
+                calls = {n: await tg.cpu.nodes[n].agent.gpu_calls.remote()
+                         for n in cpu_nodes(tg)}  # before shutdown stops the agents
+                return results, calls
+
+        results, calls_by_node = asyncio.run(main())
+        assert all(r.ok for r in results), [r.detail for r in results]
+        used = {r.placement["gpu"]["node"] for r in results}
+        assert used == set(cpu_nodes(tg))  # both nodes served
+        assert sum(r.restore_s > 0 for r in results) == 2  # one restore per node, then resident
+        for name in used:
+            calls = calls_by_node[name]
+            kinds = [c[0] for c in calls]
+            assert kinds.count("restore") == 1 and "invoke" in kinds
+            assert all(c[2] == name for c in calls)  # the agent acted on its own node
+    finally:
+        asyncio.run(tg.shutdown())
