@@ -14,6 +14,25 @@ import numpy as np
 INF = np.inf
 
 
+_INDEX_CACHE: dict[bytes, np.ndarray] = {}
+_INDEX_CACHE_MAX = 512
+
+
+def _gather_index(amounts: np.ndarray, pad: int, states: int) -> np.ndarray:
+    """Rows t = 0..states-1 of the matrix [t + pad - amounts[j]]: the same allowed amounts recur
+    across decisions (an action stays queued), so the matrix is cached per amount set, built
+    with spare rows, and sliced (a view) to the states of this operator."""
+    key = amounts.tobytes()
+    idx = _INDEX_CACHE.get(key)
+    if idx is None or idx.shape[0] < states:
+        if len(_INDEX_CACHE) >= _INDEX_CACHE_MAX:
+            _INDEX_CACHE.clear()
+        rows = max(states, 2 * (idx.shape[0] if idx is not None else 0), 64)
+        idx = np.arange(rows)[:, None] + (pad - amounts)[None, :]
+        _INDEX_CACHE[key] = idx
+    return idx[:states]
+
+
 class FlatOperator:
     """`units` interchangeable free units (the cores of one node). State = units used so far."""
 
@@ -41,12 +60,11 @@ class FlatOperator:
         meaningless (backtracking never reaches them).
         """
         s = self.num_states
-        pad = min(int(amounts.max()), s)
+        pad = int(amounts.max())
         padded = np.empty(s + pad)
         padded[:pad] = INF
         padded[pad:] = prev
-        shifted = np.minimum(amounts, pad)  # amounts above capacity only ever read +inf
-        cand = padded[(self._arange + pad)[:, None] - shifted[None, :]]
+        cand = padded[_gather_index(amounts, pad, s)]
         cand += durations
         choice = cand.argmin(axis=1)
         new = np.take(cand.ravel(), self._arange * len(amounts) + choice)
