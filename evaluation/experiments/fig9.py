@@ -11,7 +11,8 @@ from evaluation.experiments.exactpol import SMALL, exact_policy
 from evaluation.workloads import get_workload
 
 QUICK: dict[str, Any] = {"batches": (32, 64, 128), "nodes": 1, "cores": 128, "at": 128}
-FULL: dict[str, Any] = {"batches": (256, 512, 768, 1024, 1280), "nodes": 2, "cores": 256, "at": 1280}
+FULL: dict[str, Any] = {"batches": (256, 512, 768, 1024, 1280), "nodes": 2, "cores": 256,
+                        "at": 1280}
 
 
 def plot(rows, fig) -> None:

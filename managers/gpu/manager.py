@@ -68,20 +68,20 @@ class GpuManager(Manager):
                 try:
                     await self.backend.evict(self.residency.registry.get(victim.service),
                                              victim.node, victim.chunk)
-                except Exception as exc:  # noqa: BLE001 (any backend failure is an Outcome)
+                except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
                     return Outcome("failed", detail=f"evicting {victim.service} from "
                                    f"{victim.node}{victim.chunk} failed: {exc}")
             if decision.restored:
                 try:
                     restore_s = await self.backend.restore(service, node, chunk)
-                except Exception as exc:  # noqa: BLE001 (any backend failure is an Outcome)
+                except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
                     return Outcome("failed", detail=f"restore of {service.name} on "
                                    f"{node}{chunk} failed: {exc}")
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
-            except Exception as exc:  # noqa: BLE001 (any backend failure is an Outcome)
+            except Exception as exc:
                 return Outcome("error", detail=f"{service.name} on {node}{chunk}: {exc}",
                                restore_s=restore_s)
             return Outcome("ok", output=output, restore_s=restore_s,

@@ -126,7 +126,8 @@ def concrete_placements(model: ArrangementModel, chosen: Sequence[int],
         cd = cands[c]
         if isinstance(work, CorePool):
             free = work.cpu_node(cd.node).free
-            doms = [cd.domain] if cd.domain is not None else sorted(free, key=lambda d: -len(free[d]))
+            doms = ([cd.domain] if cd.domain is not None
+                    else sorted(free, key=lambda d: -len(free[d])))
             cores = sorted(x for d in doms for x in sorted(free[d]))[: cd.amount]
             p = Placement(cd.node, cores=tuple(cores))
         else:

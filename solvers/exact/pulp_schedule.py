@@ -75,7 +75,8 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
         for j in amount:
             w = {i: prob.add_variable(f"w_{n}_{i}_{j}", 0) for i in amount if i != j}
             for i, wi in w.items():
-                prob += wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)), f"load_{n}_{i}_{j}"
+                prob += (wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)),
+                         f"load_{n}_{i}_{j}")
             prob += amount[j] + pulp.lpSum(w.values()) <= model.flat_capacity[key], f"cap_{n}_{j}"
     # GPU pools: two jobs whose chunks share a GPU run one after the other
     for n, on_gpu in enumerate(model.gpu_users.values()):

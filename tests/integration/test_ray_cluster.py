@@ -17,8 +17,8 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arl-tangram[ray]')")
 
-from tangram.distributed import RayCpuManager, local_cluster, node_name  # noqa: E402
-from tangram.runtime import Tangram  # noqa: E402
+from tangram.distributed import RayCpuManager, local_cluster, node_name
+from tangram.runtime import Tangram
 
 POLL_S = 0.2
 

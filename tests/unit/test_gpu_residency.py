@@ -31,7 +31,8 @@ def test_alternating_60gb_on_one_80gb_gpu_restores_every_time() -> None:
     r = residency(A=60, B=60)
     decisions = [run(r, act(f"x{i}", "AB"[i % 2]), "g0", (0, 1), 10.0 * i) for i in range(6)]
     assert [d.restored for d in decisions] == [True] * 6
-    assert [[e.service for e in d.evicted] for d in decisions] == [[]] + [["A"], ["B"]] * 2 + [["A"]]
+    evicted = [[e.service for e in d.evicted] for d in decisions]
+    assert evicted == [[]] + [["A"], ["B"]] * 2 + [["A"]]
     assert all(d.restore_s == 2.0 for d in decisions)
     assert r.used_bytes("g0", 0) == 60 * GB
 

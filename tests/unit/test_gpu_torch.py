@@ -91,7 +91,8 @@ def test_manager_on_torch_keeps_device_memory_to_the_residency_cache() -> None:
         outs = []
         for i, name in enumerate(["lm", "lm", "lm2", "lm"]):
             a = Action(f"x{i}", {"gpu": 1}, duration=1.0, service=name, payload=REQ)
-            outs.append(await m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))})))
+            placement = {"gpu": Placement("n", chunk=(0, 1))}
+            outs.append(await m.run(Assignment(a, {"gpu": 1}, placement)))
             assert b.device_bytes() == res.used_bytes("n", 0) <= gpu
         await m.close()
         return outs

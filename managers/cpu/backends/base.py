@@ -45,7 +45,7 @@ class Backend(ABC):
     async def close(self, env: Environment) -> None:
         """Kill everything left in the sandbox and remove it. Idempotent."""
 
-    async def shutdown(self) -> None:  # noqa: B027  (a no-op unless the backend holds more)
+    async def shutdown(self) -> None:
         """Release what the backend holds beyond environments (clients, parent cgroups)."""
 
     def describe(self) -> str:
