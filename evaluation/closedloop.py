@@ -122,10 +122,11 @@ class ClosedLoopSimulator:
         pools = workload.make_pools()
         self.executors = (policy.executors(workload) if policy.executors is not None
                           else default_executors(workload))
-        prefer = None
+        prefer = defer = None
         for ex in self.executors.values():
             prefer = getattr(ex, "prefer", prefer)
-        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer)
+            defer = getattr(ex, "defer", defer)
+        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer, defer=defer)
         self.core_pools = {r for r, p in pools.items() if isinstance(p, CorePool)}
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)

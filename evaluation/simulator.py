@@ -74,9 +74,9 @@ def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
 class Simulator:
     def __init__(self, pools: Mapping[str, Pool], actions: Sequence[Action],
                  allocator: Allocator, *, executors: Mapping[str, SimExecutor] | None = None,
-                 prefer: Callable | None = None,
+                 prefer: Callable | None = None, defer: Callable | None = None,
                  progress: Callable[[int], None] | None = None) -> None:
-        self.scheduler = Scheduler(pools, allocator, prefer=prefer)
+        self.scheduler = Scheduler(pools, allocator, prefer=prefer, defer=defer)
         self.actions = sorted(actions, key=lambda a: a.submit_time)
         self.executors = dict(executors or {})
         self.progress = progress
@@ -144,13 +144,13 @@ def simulate(instance, allocator: Allocator, progress=None) -> SimResult:
     """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared."""
     pools = instance.build_pools()
     executors: dict[str, SimExecutor] = {}
-    prefer = None
+    prefer = defer = None
     for r, spec in instance.resources.items():
         if spec.services:
             from managers.gpu.sim import SimServiceModel
 
             model = SimServiceModel(spec)
             executors[r] = model
-            prefer = model.prefer
+            prefer, defer = model.prefer, model.defer
     return Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
-                     progress=progress).run()
+                     defer=defer, progress=progress).run()

@@ -58,8 +58,12 @@ def _prefer(view: ClusterView, action: Action, resource: str):
 
 
 def scan_candidates(view: ClusterView, queue: Collection[Action],
-                    pools: Mapping[str, Pool]) -> list[Candidate]:
-    """Candidates at minimum demands, placed (tentatively) on `pools`, in queue order."""
+                    pools: Mapping[str, Pool], now: float = 0.0) -> list[Candidate]:
+    """Candidates at minimum demands, placed (tentatively) on `pools`, in queue order.
+
+    An action the view defers (`ClusterView.defer`: better to wait for a busy resident copy of
+    its service than to restore one now) is left queued without blocking anything behind it.
+    """
     blocked: dict[str, set[str] | None] = {}
     fully = 0
     # the scan can stop once every resource that some queued action needs is blocked
@@ -93,6 +97,11 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
                 except Infeasible:
                     fits = False
                     break
+        if fits and view.defer is not None and any(
+                view.defer(a, r, p, view, now) for r, p in placed.items()):
+            for r, p in placed.items():
+                pools[r].release(p, mins[r])
+            continue
         if fits:
             out.append(Candidate(a, dict(mins), placed))
             continue

@@ -61,6 +61,10 @@ class ClusterView:
     prefer: Callable[[Action, str, str, tuple[int, int]], float] | None = None
     """Placement preference among equal chunk choices: (action, resource, node, chunk) -> score
     (the GPU manager prefers chunks where the action's service is resident)."""
+    defer: Callable[[Action, str, Placement, ClusterView, float], bool] | None = None
+    """(action, resource, placement, view, now) -> True when the action should rather wait than
+    start on that placement now (the GPU manager: its service is resident on a chunk that frees
+    sooner than a restore would take). A deferred action blocks nothing behind it."""
 
     def node_for(self, action: Action, resource: str) -> str | None:
         if action.trajectory is None:

@@ -84,7 +84,8 @@ class Tangram:
                     raise ValidationError("pools", r, "two managers own the same resource")
                 pools[r] = p
         self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})),
-                                   prefer=gpu.prefer if gpu is not None else None)
+                                   prefer=gpu.prefer if gpu is not None else None,
+                                   defer=gpu.defer if gpu is not None else None)
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)

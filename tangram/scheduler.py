@@ -25,11 +25,12 @@ from tangram.profiles import DurationProfiles
 class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
-                 prefer: Callable | None = None) -> None:
+                 prefer: Callable | None = None, defer: Callable | None = None) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
         self.prefer = prefer
+        self.defer = defer
         self.queue: dict[str, Action] = {}
         self.running: dict[str, RunningAction] = {}
         self.bindings: dict[tuple[str, str], str] = {}
@@ -86,7 +87,7 @@ class Scheduler:
 
     def view(self) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self._queued_per_resource.keys(), self.prefer)
+                           self._queued_per_resource.keys(), self.prefer, self.defer)
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer."""

@@ -20,7 +20,7 @@ victims were used longest ago. Every mutation re-checks the invariants and raise
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from managers.gpu.services import RestoreModel, Service, ServiceRegistry
@@ -183,6 +183,39 @@ class Residency:
         victims = self._plan_evictions(node, chunk, need)
         newest = max((self._last_use[e][1] for e in victims), default=0)
         return -newest / (self._tick + 1)
+
+    def should_wait(self, action: Action, resource: str, node: str, chunk: Chunk,
+                    busy: Iterable[tuple[str, Chunk, float]], now: float,
+                    claimed: dict[tuple[str, Chunk], int] | None = None,
+                    infer_s: float | None = None) -> bool:
+        """True when starting `action` on `chunk` would restore its service although a copy of
+        the same variant is resident on a busy chunk that frees sooner than the restore would
+        take (`busy`: node, chunk and expected end of the running actions). Waiting for that
+        copy is then faster and evicts nothing.
+
+        `claimed` counts the actions of this decision already waiting for each copy: the j-th
+        waiter also waits for the j inferences before it (`infer_s` each; default: the
+        service's profile), so copies do not gather convoys."""
+        if resource != self.resource or action.service is None:
+            return False
+        chunk = (int(chunk[0]), int(chunk[1]))
+        if (action.service, node, chunk) in self._entries:
+            return False
+        k = chunk[1] - chunk[0]
+        service = self.registry.get(action.service)
+        restore_s = service.restore_seconds(k, self.restore)
+        if infer_s is None:
+            infer_s = service.infer_seconds(k)
+        for n, c, end in busy:
+            c = (int(c[0]), int(c[1]))
+            if c[1] - c[0] != k or (action.service, n, c) not in self._entries:
+                continue
+            ahead = claimed.get((n, c), 0) if claimed is not None else 0
+            if end - now + ahead * infer_s < restore_s:
+                if claimed is not None:
+                    claimed[(n, c)] = ahead + 1
+                return True
+        return False
 
     # -- mutations -------------------------------------------------------------------------
     def begin(self, action: Action, node: str, chunk: Chunk, now: float) -> RestoreDecision:

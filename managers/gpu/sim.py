@@ -49,9 +49,25 @@ class SimServiceModel:
             {n: resource_spec.gpus_per_node for n in resource_spec.node_names()}, memory,
             registry, resource=self.resource, restore=restore)
         self.decisions: dict[str, RestoreDecision] = {}
+        self._claims: tuple[object, dict] = (None, {})
 
     def prefer(self, action, resource: str, node: str, chunk: Chunk) -> float:
         return self.residency.prefer(action, resource, node, chunk)
+
+    def defer(self, action, resource: str, placement, view, now: float) -> bool:
+        """`ClusterView.defer`: wait for a busy resident copy rather than restore (see
+        `Residency.should_wait`)."""
+        if placement.chunk is None:
+            return False
+        busy = [(ra.assignment.placement[resource].node, ra.assignment.placement[resource].chunk,
+                 ra.expected_end) for ra in view.running
+                if resource in ra.assignment.placement
+                and ra.assignment.placement[resource].chunk is not None]
+        if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
+            self._claims = (view, {})
+        k = placement.chunk[1] - placement.chunk[0]
+        return self.residency.should_wait(action, resource, placement.node, placement.chunk,
+                                          busy, now, self._claims[1], view.estimate(action, k))
 
     def _where(self, assignment: Assignment) -> tuple[str, Chunk] | None:
         if assignment.action.service is None:

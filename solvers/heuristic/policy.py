@@ -46,7 +46,7 @@ class HeuristicAllocator:
     def allocate(self, view: ClusterView, queue: Collection[Action],
                  now: float) -> list[Assignment]:
         pools = ScratchPools(view.pools)
-        cands = scan_candidates(view, queue, pools)
+        cands = scan_candidates(view, queue, pools, now)
         if not cands:
             return []
         groups: dict[tuple[str, str | None], list[int]] = {}

@@ -131,3 +131,19 @@ def test_random_eviction_is_seeded_and_only_picks_resident_entries() -> None:
         picks.append([[e.service for e in run(r, act(f"{i}", s), "g0", (0, 1), i).evicted]
                       for i, s in enumerate("ABCDABCD")])
     assert picks[0] == picks[1]
+
+
+def test_wait_for_a_busy_resident_copy_only_while_it_beats_a_restore() -> None:
+    """A's copy on g0 (0, 1) is busy until t = 0.5; a restore of A takes 2 s. The first waiter
+    waits (0.5 s < 2 s), so does the second (0.5 + 1 inference of 1 s), the third would wait
+    2.5 s and restores instead. A resident chunk never defers; B has no copy to wait for."""
+    r = residency(gpus=2, A=30, B=30)
+    r.begin(act("x0", "A"), "g0", (0, 1), 0.0)
+    busy = [("g0", (0, 1), 0.5)]
+    claimed: dict = {}
+    waits = [r.should_wait(act(f"w{i}", "A"), "gpu", "g0", (1, 2), busy, 0.0, claimed, 1.0)
+             for i in range(3)]
+    assert waits == [True, True, False]
+    assert not r.should_wait(act("b", "B"), "gpu", "g0", (1, 2), busy, 0.0, {}, 1.0)
+    assert not r.should_wait(act("a", "A"), "gpu", "g0", (0, 1), busy, 0.0, {}, 1.0)
+    assert not r.should_wait(act("c", "A"), "gpu", "g0", (1, 2), [("g0", (0, 1), 5.0)], 0.0)
