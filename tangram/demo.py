@@ -234,7 +234,7 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
                           "restore_s": 0.4}}
     apis = {"search": {"url": url, "method": "POST", "concurrency": 8, "quota": 15,
                        "period_s": 1.0, "timeout_s": 10}}
-    console = Console()
+    console = Console(stderr=True)  # progress and warnings; stdout stays the table or JSON
     rows = []
     runs = ["tangram"] if ns.ray else ["tangram", "static"]
     try:
