@@ -136,6 +136,11 @@ class ApiManager(BasicManager):
             await asyncio.sleep(_retry_after(resp))
         return Outcome(status, detail=f"{last} after {api.retries + 1} attempt(s)")
 
+    def throttled(self, name: str) -> int:
+        """Calls to API `name` that flow control held back to keep it under its quota."""
+        gate = self.gates.get(f"api:{name}")
+        return gate.throttled if gate is not None else 0
+
     async def close(self) -> None:
         if self._client is not None and self._own_client:
             await self._client.aclose()

@@ -64,6 +64,7 @@ class Gate:
         self._ends: deque[float] = deque()  # end times of finished uses still in the window
         self.in_flight = 0
         self.uses = 0
+        self.throttled = 0  # uses that waited for the quota window (flow control at work)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -90,12 +91,14 @@ class Gate:
             yield
             return
         async with self._order:
+            waited = False
             while True:
                 now = self.clock()
                 while self._ends and self._ends[0] + self.limits.period_s <= now:
                     self._ends.popleft()
                 if self._active + len(self._ends) < q:
                     break
+                waited = True
                 self._changed.clear()
                 wait = (self._ends[0] + self.limits.period_s - now) if self._ends else None
                 try:
@@ -104,6 +107,7 @@ class Gate:
                     pass
             self._active += 1
             self.uses += 1
+            self.throttled += waited
         try:
             yield
         finally:

@@ -43,6 +43,7 @@ def test_invoke_and_call_api_over_http(upstream) -> None:
         assert upstream.answered[429] == 0 and upstream.answered[200] == upstream.limit * 3
 
         metrics = http.get("/metrics").text
+        assert http.get("/v1/status").json()["api_throttled"]["search"] > 0  # it held calls back
         assert 'tangram_actions_total{kind="api:search",status="ok"}' in metrics
         assert 'tangram_restores_total{service="judge"} 1.0' in metrics
         assert http.post("/v1/apis/nope/call", json={"payload": {}}).status_code == 404
