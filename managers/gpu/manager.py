@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 
 from managers.base import Manager, Outcome
 from managers.gpu.backend import GpuBackend
-from managers.gpu.residency import Residency
+from managers.gpu.residency import Residency, ResidentWait
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Pool
@@ -37,7 +37,7 @@ class GpuManager(Manager):
         self.backend = backend
         self.clock = clock
         self._started = False
-        self._claims: tuple[object, dict] = (None, {})
+        self.defer = ResidentWait(residency)
 
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
@@ -45,21 +45,6 @@ class GpuManager(Manager):
     def prefer(self, action, resource: str, node: str, chunk: tuple[int, int]) -> float:
         """The placement preference for `ClusterView.prefer`."""
         return self.residency.prefer(action, resource, node, chunk)
-
-    def defer(self, action, resource: str, placement, view, now: float) -> bool:
-        """`ClusterView.defer`: wait for a busy resident copy rather than restore (see
-        `Residency.should_wait`)."""
-        if placement.chunk is None:
-            return False
-        busy = [(ra.assignment.placement[resource].node, ra.assignment.placement[resource].chunk,
-                 ra.expected_end) for ra in view.running
-                if resource in ra.assignment.placement
-                and ra.assignment.placement[resource].chunk is not None]
-        if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
-            self._claims = (view, {})
-        k = placement.chunk[1] - placement.chunk[0]
-        return self.residency.should_wait(action, resource, placement.node, placement.chunk,
-                                          busy, now, self._claims[1], view.estimate(action, k))
 
     async def start(self) -> None:
         """Deploy every registered service's host copy (once)."""

@@ -344,3 +344,26 @@ class Residency:
             for g in e.gpus:
                 if e not in self._gpus[e.node][g].entries:
                     raise InvariantError(f"{self.resource}.{e.node}.gpu{g}: entry {e} missing")
+
+
+class ResidentWait:
+    """`ClusterView.defer` for a chunk pool: an action waits for a busy resident copy of its
+    service rather than restore one (`Residency.should_wait`). Within one decision (one view)
+    it counts the actions already waiting for each copy, so no copy gathers a convoy."""
+
+    def __init__(self, residency: Residency) -> None:
+        self.residency = residency
+        self._claims: tuple[object, dict[tuple[str, Chunk], int]] = (None, {})
+
+    def __call__(self, action: Action, resource: str, placement, view, now: float) -> bool:
+        if placement.chunk is None:
+            return False
+        if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
+            self._claims = (view, {})
+        busy = [(ra.assignment.placement[resource].node, ra.assignment.placement[resource].chunk,
+                 ra.expected_end) for ra in view.running
+                if resource in ra.assignment.placement
+                and ra.assignment.placement[resource].chunk is not None]
+        k = placement.chunk[1] - placement.chunk[0]
+        return self.residency.should_wait(action, resource, placement.node, placement.chunk,
+                                          busy, now, self._claims[1], view.estimate(action, k))

@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from managers.gpu.backend import Chunk, GpuBackend, register
-from managers.gpu.residency import Residency, RestoreDecision
+from managers.gpu.residency import Residency, ResidentWait, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -49,25 +49,10 @@ class SimServiceModel:
             {n: resource_spec.gpus_per_node for n in resource_spec.node_names()}, memory,
             registry, resource=self.resource, restore=restore)
         self.decisions: dict[str, RestoreDecision] = {}
-        self._claims: tuple[object, dict] = (None, {})
+        self.defer = ResidentWait(self.residency)
 
     def prefer(self, action, resource: str, node: str, chunk: Chunk) -> float:
         return self.residency.prefer(action, resource, node, chunk)
-
-    def defer(self, action, resource: str, placement, view, now: float) -> bool:
-        """`ClusterView.defer`: wait for a busy resident copy rather than restore (see
-        `Residency.should_wait`)."""
-        if placement.chunk is None:
-            return False
-        busy = [(ra.assignment.placement[resource].node, ra.assignment.placement[resource].chunk,
-                 ra.expected_end) for ra in view.running
-                if resource in ra.assignment.placement
-                and ra.assignment.placement[resource].chunk is not None]
-        if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
-            self._claims = (view, {})
-        k = placement.chunk[1] - placement.chunk[0]
-        return self.residency.should_wait(action, resource, placement.node, placement.chunk,
-                                          busy, now, self._claims[1], view.estimate(action, k))
 
     def _where(self, assignment: Assignment) -> tuple[str, Chunk] | None:
         if assignment.action.service is None:
