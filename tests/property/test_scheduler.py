@@ -101,7 +101,8 @@ def elastic_batch(draw):
                            "actions": acts})
 
 
-@settings(max_examples=80, deadline=None)
+# a quality bound, not an invariant: derandomized so CI replays the examples we measured
+@settings(max_examples=80, deadline=None, derandomize=True)
 @given(elastic_batch())
 def test_heuristic_not_much_worse_than_min_on_a_batch(instance):
     """Finding (3,000 hypothesis examples): when every action is known up front, the
