@@ -246,16 +246,13 @@ class RayCpuManager(Manager):
                 f"{self.nodes[env.node].lost}; close it and open a new one")
 
     async def run(self, assignment: Assignment) -> Outcome:
-        from managers.cpu.request import ExecRequest
+        from managers.cpu.request import exec_target
 
         self._ensure_watcher()
-        req = assignment.action.payload
-        if not isinstance(req, ExecRequest):
-            return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
-                           f"ExecRequest, got {type(req).__name__}")
-        env = self.envs.get(req.env_id)
-        if env is None:
-            return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        target = exec_target(assignment, self.envs)
+        if isinstance(target, Outcome):
+            return target
+        req, env = target
         lost = self.lost_reason(req.env_id)
         if lost:
             return Outcome("failed", detail=lost)

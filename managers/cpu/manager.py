@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from managers.base import Manager, Outcome
 from managers.cpu.backends import Backend, EnvironmentBroken, select
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, with_dop
+from managers.cpu.request import ExecRequest, exec_target, with_dop
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -106,13 +106,10 @@ class CpuManager(Manager):
             self.broken.pop(env_id, None)
 
     async def run(self, assignment: Assignment) -> Outcome:
-        req = assignment.action.payload
-        if not isinstance(req, ExecRequest):
-            return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
-                           f"ExecRequest, got {type(req).__name__}")
-        env = self.envs.get(req.env_id)
-        if env is None:
-            return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        target = exec_target(assignment, self.envs)
+        if isinstance(target, Outcome):
+            return target
+        req, env = target
         placement = assignment.placement.get(self.resource)
         if placement is None or not placement.cores or placement.node != env.node:
             return Outcome("failed", detail=f"action {assignment.action_id}: placement "

@@ -11,7 +11,9 @@ import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from managers.base import Outcome
 from tangram.errors import ValidationError
 
 Command = str | tuple[str, ...]
@@ -52,6 +54,19 @@ class ExecRequest:
         cap = self.output_cap
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
+
+
+def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Outcome:
+    """The action's `ExecRequest` and its open environment (looked up in `envs` by id), or the
+    failed `Outcome` that says which is missing. Shared by every CPU manager's `run`."""
+    req = assignment.action.payload
+    if not isinstance(req, ExecRequest):
+        return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+                       f"ExecRequest, got {type(req).__name__}")
+    env = envs.get(req.env_id)
+    if env is None:
+        return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+    return req, env
 
 
 def argv_of(command: Command) -> list[str]:

@@ -76,6 +76,13 @@ def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> Non
             "/metrics"} <= set(paths)
     exec_body = schema["components"]["schemas"]["Exec"]["properties"]
     assert set(exec_body) == {"command", "cpu", "elastic", "timeout"}
+    # the served result model mirrors tangram.results.Result field for field
+    import dataclasses
+
+    from tangram.results import Result
+
+    result_out = schema["components"]["schemas"]["ResultOut"]["properties"]
+    assert set(result_out) == {f.name for f in dataclasses.fields(Result)}
 
 
 @pytest.mark.parametrize("path", ["/v1/status", "/metrics", "/v1/envs/x/exec"])
