@@ -12,6 +12,10 @@ import json
 import resource
 import time
 
+from evaluation.closedloop import Policy, run
+from evaluation.workloads import get_workload
+from solvers import get_allocator
+
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram experiment bench", description=__doc__,
@@ -21,9 +25,6 @@ def main(argv: list[str]) -> int:
     p.add_argument("--policy", default="heuristic")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
-    from evaluation.closedloop import Policy, run
-    from evaluation.workloads import get_workload
-    from solvers import get_allocator
 
     t0 = time.perf_counter()
     w = get_workload("coding", batch=ns.batch, nodes=ns.nodes, cores_per_node=256)

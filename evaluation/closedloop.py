@@ -26,6 +26,7 @@ from typing import Protocol
 
 from evaluation.simulator import ActionRecord, SimExecutor, modelled_duration
 from evaluation.workloads.base import Trajectory, Workload
+from managers.gpu.sim import SimServiceModel
 from tangram.allocation import Allocator
 from tangram.errors import TangramError
 from tangram.pools import CorePool, Pool
@@ -243,7 +244,6 @@ def default_executors(workload: Workload) -> dict[str, SimExecutor]:
     """The GPU manager's residency model (restore on a miss, LRU) when services are declared."""
     if workload.gpu is None or not workload.gpu.services:
         return {}
-    from managers.gpu.sim import SimServiceModel
 
     return {workload.gpu.name: SimServiceModel(workload.gpu)}
 

@@ -8,6 +8,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from evaluation.simulator import simulate
 from solvers import available, get_allocator
 from tangram.instance import load_instance
 
@@ -24,7 +25,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     ns = build_parser().parse_args(argv)
-    from evaluation.simulator import simulate
 
     instance = load_instance(ns.file)
     options = {} if ns.depth is None else {"depth": ns.depth}

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Allocator, Assignment
 from tangram.errors import TangramError
@@ -147,8 +148,6 @@ def simulate(instance, allocator: Allocator, progress=None) -> SimResult:
     prefer = defer = None
     for r, spec in instance.resources.items():
         if spec.services:
-            from managers.gpu.sim import SimServiceModel
-
             model = SimServiceModel(spec)
             executors[r] = model
             prefer, defer = model.prefer, model.defer

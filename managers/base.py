@@ -6,39 +6,21 @@ by simulation and production, and an *executor backend* that does the side effec
 a cgroup, a container exec, a GPU restore, an HTTP request) or, for `sim`, only models time.
 
 The scheduler decides *how many units and where* (an `Assignment`); the manager then enforces
-exactly that grant while the action runs and returns an `Outcome`.
+exactly that grant while the action runs and returns a `tangram.results.Result` (the runtime
+adds the grant and the timings to that same record).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from tangram.allocation import Assignment
 from tangram.pools import Pool
+from tangram.results import Result
 
-STATUSES = ("ok", "error", "timeout", "failed", "cancelled")
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What running one action produced.
-
-    status: "ok" (ran, exit 0 / HTTP 2xx), "error" (ran and failed: non-zero exit, HTTP error),
-    "timeout" (killed at its deadline), "failed" (could not run: environment broken, backend
-    down), "cancelled". `detail` says what happened in words a user understands.
-    """
-
-    status: str
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    output: Any = None
-    detail: str = ""
-    restore_s: float = 0.0
-    truncated: bool = False
+# Managers return the one result record; the runtime adds the grant and the timings.
+Outcome = Result  # TODO(merge): the name every manager used before the records were unified
 
 
 class Manager(ABC):
@@ -51,9 +33,30 @@ class Manager(ABC):
         """Pool state objects; the scheduler applies assignments to these very objects."""
 
     @abstractmethod
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         """Run one placed action, enforcing exactly its granted units; never raise for the
-        action's own failure (that is an `Outcome`)."""
+        action's own failure (that is a `Result` whose status says so)."""
 
     async def close(self) -> None:
         """Release everything (processes, cgroups, containers). Idempotent."""
+
+
+class EnvironmentManager(Manager):
+    """A manager of per-trajectory environments (the CPU manager, locally or over Ray): a
+    trajectory's commands run in its environment, on the node the environment is bound to."""
+
+    resource: str = "cpu"
+
+    @abstractmethod
+    async def open_env(self, trajectory: str, memory_mb: int) -> str:
+        """Create the trajectory's environment (work dir, memory reservation) on some node and
+        bind the trajectory there; return the environment's id. At most one per trajectory."""
+
+    @abstractmethod
+    async def close_env(self, env_id: str) -> None:
+        """Kill whatever still runs in the environment and remove it; its memory returns."""
+
+    @abstractmethod
+    def binding(self, trajectory: str) -> str | None:
+        """The node the trajectory's environment is bound to (its actions run only there), or
+        None when it has none."""

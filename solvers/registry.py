@@ -1,21 +1,20 @@
-"""Allocator registry: policies register themselves where they are defined; callers resolve
-them by name. The runtime never imports a concrete solver module at its top."""
+"""Allocator registry: policies are found by name through the entry points of the group
+`tangram.policies` (pyproject.toml), so this module names no implementation, least of all one
+in a higher layer (the evaluation's baselines). `register` adds one programmatically (a user's
+own policy, a test's)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from tangram.allocation import Allocator
 from tangram.errors import ValidationError
 
-# modules that define policies; imported on the first lookup
-POLICY_MODULES = ("solvers.heuristic.policy", "solvers.minimal", "solvers.exact",
-                  "evaluation.baselines")
+GROUP = "tangram.policies"
 
 _REGISTRY: dict[str, Callable[..., Allocator]] = {}
-_loaded = False
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -27,28 +26,28 @@ def register(name: str) -> Callable[[type], type]:
     return deco
 
 
-def _load() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for mod in POLICY_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as exc:
-            if exc.name != mod:  # a missing dependency inside an existing module is a real error
-                raise
-    _loaded = True
+def _installed() -> dict[str, object]:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
 def available() -> list[str]:
-    _load()
-    return sorted(_REGISTRY)
+    return sorted({*_REGISTRY, *_installed()})
+
+
+def _lookup(name: str) -> Callable[..., Allocator] | None:
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _installed().get(name)
+    if ep is None:
+        return None
+    cls = ep.load()  # type: ignore[attr-defined]
+    _REGISTRY.setdefault(name, cls)
+    return cls
 
 
 def get_allocator(name: str, **options: object) -> Allocator:
     """Build the policy registered as `name` with its options (validated, named on error)."""
-    _load()
-    cls = _REGISTRY.get(name)
+    cls = _lookup(name) if isinstance(name, str) else None
     if cls is None:
         raise ValidationError("allocator", name, f"unknown policy (known: {available()})")
     if dataclasses.is_dataclass(cls):

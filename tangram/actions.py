@@ -17,17 +17,9 @@ import numpy as np
 
 from tangram.errors import ValidationError
 from tangram.resources import Demand
+from tangram.validation import pos_num
 
 Efficiency = Mapping[int, float] | Callable[[int], float]
-
-
-def _finite_positive(field_name: str, v: Any) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValidationError(field_name, v, "must be a number")
-    v = float(v)
-    if not math.isfinite(v) or v <= 0:
-        raise ValidationError(field_name, v, "must be a finite positive number")
-    return v
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +33,7 @@ class Elasticity:
     def __post_init__(self) -> None:
         if not isinstance(self.key, str) or not self.key:
             raise ValidationError("elasticity.key", self.key, "must be a resource name")
-        object.__setattr__(self, "t_ori", _finite_positive("elasticity.t_ori", self.t_ori))
+        object.__setattr__(self, "t_ori", pos_num("elasticity.t_ori", self.t_ori))
         if isinstance(self.efficiency, Mapping):
             table = {}
             for m, e in self.efficiency.items():
@@ -118,7 +110,7 @@ class Action:
         object.__setattr__(self, "mins", MappingProxyType({r: d.min for r, d in demands.items()}))
         if self.duration is not None:
             object.__setattr__(self, "duration",
-                               _finite_positive(f"action[{self.id}].duration", self.duration))
+                               pos_num(f"action[{self.id}].duration", self.duration))
         if not isinstance(self.submit_time, (int, float)) or not math.isfinite(self.submit_time):
             raise ValidationError(f"action[{self.id}].submit_time", self.submit_time,
                                   "must be a finite number")

@@ -15,7 +15,6 @@ Validated at load: every error names the JSON path of the bad value.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from tangram.actions import Action, Elasticity
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import ChunkPool, FlatPool, Pool
 from tangram.resources import Demand
+from tangram.validation import integer, keys, number, power_of_two
 from topology import ChunkTree
 
 
@@ -74,66 +74,37 @@ class Instance:
         return action.submit_time
 
 
-def _num(path: str, v: Any, positive: bool = False, allow_zero: bool = True) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValidationError(path, v, "must be a finite number")
-    if (positive and v <= 0) or (not allow_zero and v == 0) or v < 0:
-        raise ValidationError(path, v, "must be positive" if positive else "must be >= 0")
-    return float(v)
-
-
-def _int(path: str, v: Any, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValidationError(path, v, f"must be an integer >= {minimum}")
-    return v
-
-
-def _keys(path: str, obj: Any, required: set[str], optional: set[str]) -> dict:
-    if not isinstance(obj, dict):
-        raise ValidationError(path, obj, "must be an object")
-    missing = required - set(obj)
-    if missing:
-        raise ValidationError(f"{path}.{sorted(missing)[0]}", None, "is required")
-    unknown = set(obj) - required - optional
-    if unknown:
-        raise ValidationError(f"{path}.{sorted(unknown)[0]}", obj[sorted(unknown)[0]],
-                              f"unknown key (allowed: {sorted(required | optional)})")
-    return obj
-
-
 def parse_resource(name: str, obj: Any) -> ResourceSpec:
     path = f"resources.{name}"
     if not isinstance(obj, dict) or obj.get("topology") not in ("flat", "chunks"):
         raise ValidationError(f"{path}.topology", obj.get("topology") if isinstance(obj, dict)
                               else obj, 'must be "flat" or "chunks"')
     if obj["topology"] == "flat":
-        _keys(path, obj, {"topology", "units"}, set())
-        return ResourceSpec(name, "flat", units=_int(f"{path}.units", obj["units"]))
-    _keys(path, obj, {"topology", "nodes", "gpus_per_node"}, {"memory_gb", "services"})
-    g = _int(f"{path}.gpus_per_node", obj["gpus_per_node"])
-    if g & (g - 1):
-        raise ValidationError(f"{path}.gpus_per_node", g, "must be a power of two")
+        keys(path, obj, {"topology", "units"}, set())
+        return ResourceSpec(name, "flat", units=integer(f"{path}.units", obj["units"]))
+    keys(path, obj, {"topology", "nodes", "gpus_per_node"}, {"memory_gb", "services"})
+    g = power_of_two(f"{path}.gpus_per_node", obj["gpus_per_node"])
     mem = obj.get("memory_gb")
     services: dict[str, ServiceSpec] = {}
     for sname, s in (obj.get("services") or {}).items():
         sp = f"{path}.services.{sname}"
-        _keys(sp, s, {"memory_gb", "restore_s"}, set())
-        services[sname] = ServiceSpec(_num(f"{sp}.memory_gb", s["memory_gb"], positive=True),
-                                      _num(f"{sp}.restore_s", s["restore_s"]))
+        keys(sp, s, {"memory_gb", "restore_s"}, set())
+        services[sname] = ServiceSpec(number(f"{sp}.memory_gb", s["memory_gb"], positive=True),
+                                      number(f"{sp}.restore_s", s["restore_s"]))
         if mem is not None and services[sname].memory_gb > mem:
             raise ValidationError(f"{sp}.memory_gb", s["memory_gb"],
                                   f"exceeds the pool's memory_gb per GPU ({mem})")
     if services and mem is None:
         raise ValidationError(f"{path}.memory_gb", None, "is required when services are listed")
-    return ResourceSpec(name, "chunks", nodes=_int(f"{path}.nodes", obj["nodes"]),
+    return ResourceSpec(name, "chunks", nodes=integer(f"{path}.nodes", obj["nodes"]),
                         gpus_per_node=g,
-                        memory_gb=None if mem is None else _num(f"{path}.memory_gb", mem, True),
+                        memory_gb=None if mem is None else number(f"{path}.memory_gb", mem, True),
                         services=services)
 
 
 def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Action:
     path = f"actions[{i}]"
-    _keys(path, obj, {"id", "demand"},
+    keys(path, obj, {"id", "demand"},
           {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory", "kind"})
     aid = obj["id"]
     if not isinstance(aid, str) or not aid:
@@ -183,7 +154,7 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
         if "duration" not in obj:
             raise ValidationError(f"{path}.duration", None,
                                   "is required (or key, t_ori and efficiency for elastic)")
-        duration = _num(f"{path}.duration", obj["duration"], positive=True)
+        duration = number(f"{path}.duration", obj["duration"], positive=True)
     service = obj.get("service")
     if service is not None:
         gpu_res = [r for r in demands if resources[r].topology == "chunks"]
@@ -192,7 +163,7 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
         if service not in resources[gpu_res[0]].services:
             raise ValidationError(f"{path}.service", service, "unknown service (declared: "
                                   f"{sorted(resources[gpu_res[0]].services)})")
-    arrival = _num(f"{path}.arrival", obj.get("arrival", 0.0))
+    arrival = number(f"{path}.arrival", obj.get("arrival", 0.0))
     action = Action(aid, demands, elasticity=elasticity, duration=duration,
                     trajectory=obj.get("trajectory"), kind=obj.get("kind", "default"),
                     service=service, submit_time=arrival)
@@ -215,7 +186,7 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
 
 
 def parse_instance(doc: Any) -> Instance:
-    _keys("instance", doc, {"resources", "actions"}, {"comment", "expected"})
+    keys("instance", doc, {"resources", "actions"}, {"comment", "expected"})
     if not isinstance(doc["resources"], dict) or not doc["resources"]:
         raise ValidationError("resources", doc["resources"], "must declare at least one resource")
     resources = {n: parse_resource(n, o) for n, o in doc["resources"].items()}

@@ -1,42 +1,72 @@
-"""What every Tangram call returns: the action's outcome with its timings and its grant."""
+"""The one record every action produces, from the manager that ran it, through the facade, to
+the HTTP response: what happened (`status`, output) and, filled in by the runtime, what was
+granted (`units`, `placement`) and when (`queued_s`, `run_s`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
+
+
+class Status(StrEnum):
+    """How an action ended. The values are the JSON strings of the HTTP API."""
+
+    OK = "ok"  # ran and succeeded: exit 0, HTTP 2xx, an inference answered
+    ERROR = "error"  # ran and failed: non-zero exit, an HTTP error, an exception in the service
+    TIMEOUT = "timeout"  # ran past its deadline and was killed (its whole process tree)
+    FAILED = "failed"  # could not run: environment lost or broken, backend or node down
+    CANCELLED = "cancelled"  # never finished: its caller went away, its env closed, shutdown
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """status: "ok" | "error" (ran and failed) | "timeout" | "failed" (could not run) |
-    "cancelled". queued_s: submission to start; run_s: start to end (restore included);
-    units/placement: what the scheduler granted."""
+    """status: see `Status`; `detail` says what happened in words a user understands.
+    A manager fills the first group (what running produced); the runtime adds the action's id,
+    its grant (`units`, `placement`) and its timings: `queued_s` submission to start, `run_s`
+    start to end (a GPU service's restore included, also reported as `restore_s`)."""
 
-    action_id: str
-    status: str
+    status: Status
     exit_code: int | None = None
     stdout: str = ""
     stderr: str = ""
     output: Any = None
     detail: str = ""
+    restore_s: float = 0.0
+    truncated: bool = False
+    action_id: str = ""
     units: Mapping[str, int] = field(default_factory=dict)
     placement: Mapping[str, Any] = field(default_factory=dict)
     queued_s: float = 0.0
     run_s: float = 0.0
-    restore_s: float = 0.0
-    truncated: bool = False
+
+    def __post_init__(self) -> None:
+        # a plain string from a manager becomes the enum (and an unknown one fails here)
+        object.__setattr__(self, "status", Status(self.status))
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status is Status.OK
 
     @property
     def act_s(self) -> float:
         return self.queued_s + self.run_s
 
+    def granted(self, action_id: str, units: Mapping[str, int], placement: Mapping[str, Any],
+                queued_s: float, run_s: float) -> Result:
+        """This result with what the runtime knows: the action, its grant and its timings."""
+        output = self.output
+        if dataclasses.is_dataclass(output) and not isinstance(output, type):
+            output = asdict(output)
+        return dataclasses.replace(self, action_id=action_id, units=dict(units),
+                                   placement=placement, queued_s=queued_s, run_s=run_s,
+                                   output=output)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d["status"] = str(self.status)
         d["units"] = dict(self.units)
         d["placement"] = {r: dict(p) if isinstance(p, Mapping) else p
                           for r, p in self.placement.items()}

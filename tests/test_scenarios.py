@@ -34,7 +34,8 @@ def test_scenario(path, name):
 
 def test_replay_cli_json():
     path = SCEN / "elastic_sequential.json"
-    out = subprocess.run([sys.executable, "-m", "tangram.cli", "replay", str(path), "--json"],
+    out = subprocess.run([sys.executable, "-m", "tangram.runtime.cli", "replay", str(path),
+                          "--json"],
                          capture_output=True, text=True, check=True)
     doc = json.loads(out.stdout)
     assert doc["total_act"] == pytest.approx(6.0)
@@ -45,7 +46,7 @@ def test_replay_cli_bad_file_is_a_clear_error(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"resources": {"cpu": {"topology": "flat", "units": 2}},
                                "actions": [{"id": "x", "demand": {"gpu": [1]}, "duration": 1}]}))
-    out = subprocess.run([sys.executable, "-m", "tangram.cli", "replay", str(bad)],
+    out = subprocess.run([sys.executable, "-m", "tangram.runtime.cli", "replay", str(bad)],
                          capture_output=True, text=True)
     assert out.returncode == 2
     assert "actions[x].demand.gpu" in out.stderr and "Traceback" not in out.stderr

@@ -16,6 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from evaluation.baselines.common import NoLifecycle, at_most, fcfs_fixed
+from managers.gpu.sim import SimServiceModel
 from solvers.fcfs import ScratchPools
 from solvers.registry import register
 from tangram.actions import Action
@@ -119,7 +120,6 @@ class Serverless(NoLifecycle):
 
 def serverless_executors(load_gbps: float = 20.0):
     """The GPU service model with ServerlessLLM's checkpoint-store load time per service."""
-    from managers.gpu.sim import SimServiceModel
 
     def make(workload):
         spec = workload.gpu

@@ -12,6 +12,9 @@ import json
 import sys
 from pathlib import Path
 
+from evaluation.bench import main as bench
+from evaluation.experiments.common import print_table, timed, to_json, write
+
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "fig6": ("evaluation.experiments.fig6", "ACT per workload vs its baseline"),
     "fig7": ("evaluation.experiments.fig7", "ACT breakdown per workload"),
@@ -23,8 +26,6 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 
 
 def run_experiment(name: str, quick: bool = True, quiet: bool = True):
-    from evaluation.experiments.common import timed
-
     mod = importlib.import_module(EXPERIMENTS[name][0])
     return timed(lambda: mod.main(quick, quiet))
 
@@ -40,12 +41,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     ns, rest = p.parse_known_args(argv)
     if ns.name == "bench":
-        from evaluation.bench import main as bench
-
         return bench(rest + (["--json"] if ns.json else []))
     if rest:
         p.error(f"unrecognised arguments: {' '.join(rest)}")
-    from evaluation.experiments.common import print_table, to_json, write
 
     names = list(EXPERIMENTS) if ns.name == "all" else [ns.name]
     docs = []

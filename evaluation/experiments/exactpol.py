@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from evaluation.closedloop import Policy
+from solvers import get_allocator
 
 
 def exact_policy(time_limit: float = 0.5) -> tuple[Policy | None, str]:
     """(the `cpsat` policy, "") or (None, why it is skipped)."""
     try:
-        from solvers import get_allocator
-
         return Policy("exact", get_allocator("cpsat", time_limit=time_limit, window=6)), ""
     except Exception as exc:
         return None, f"exact policy skipped: {type(exc).__name__}: {exc}"

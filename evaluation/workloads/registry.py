@@ -1,4 +1,5 @@
-"""Workload registry: each generator registers itself by name where it is defined."""
+"""Workload registry: each generator registers itself by name where it is defined; importing
+`evaluation.workloads` imports every generator, so look-ups go through that package."""
 
 from __future__ import annotations
 
@@ -17,8 +18,6 @@ def register(name: str) -> Callable[[Callable], Callable]:
 
 
 def get_workload(name: str, **params):
-    import evaluation.workloads  # noqa: F401  (registers the generators)
-
     fn = _WORKLOADS.get(name)
     if fn is None:
         raise ValidationError("workload", name, f"unknown workload (known: {sorted(_WORKLOADS)})")
@@ -26,6 +25,4 @@ def get_workload(name: str, **params):
 
 
 def available() -> list[str]:
-    import evaluation.workloads  # noqa: F401
-
     return sorted(_WORKLOADS)

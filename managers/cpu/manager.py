@@ -15,7 +15,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping
 
-from managers.base import Manager, Outcome
+from managers.base import EnvironmentManager, Outcome
 from managers.cpu.backends import Backend, EnvironmentBroken, select
 from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest, exec_target, with_dop
@@ -30,7 +30,7 @@ from topology.discovery import discover_numa
 LOCAL = "local"
 
 
-def _local_memory_mb() -> int:
+def local_memory_mb() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemTotal:"):
@@ -38,7 +38,7 @@ def _local_memory_mb() -> int:
     return 4096
 
 
-class CpuManager(Manager):
+class CpuManager(EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
     `backend`: a name ("cgroup", "docker", "affinity", "sim"; "auto" picks the best available
@@ -59,7 +59,7 @@ class CpuManager(Manager):
             raise ValidationError("cpu.nodes", sorted(nodes), f"the {self.backend.name} backend "
                                   "runs on this machine only: give one node")
         if memory_mb is None:
-            memory_mb = {n: _local_memory_mb() for n in nodes}
+            memory_mb = {n: local_memory_mb() for n in nodes}
         self.resource = resource
         self.pool = CorePool(resource, nodes)
         self.envs = EnvironmentTable(memory_mb)

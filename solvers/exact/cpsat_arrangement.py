@@ -6,7 +6,7 @@ import time
 
 from ortools.sat.python import cp_model
 
-from solvers.exact.arrangement import ArrangementModel
+from solvers.exact.arrangement_model import ArrangementModel
 from solvers.exact.backend import FEASIBLE, OPTIMAL, default_workers
 from tangram.errors import Infeasible, TangramError
 

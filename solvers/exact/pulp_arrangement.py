@@ -6,7 +6,7 @@ import time
 
 import pulp
 
-from solvers.exact.arrangement import ArrangementModel
+from solvers.exact.arrangement_model import ArrangementModel
 from solvers.exact.backend import INFEASIBLE, chosen, solve_pulp_problem
 from tangram.errors import Infeasible
 

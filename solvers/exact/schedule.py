@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from solvers.exact.backend import RawSolution, check_backend
+from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import DEFAULT_RESOLUTION, ScheduleModel, instance_model
+from solvers.exact.pulp_schedule import solve_pulp
 from solvers.exact.timeline import ScheduledAction, extract, left_shift, verify
 from tangram.instance import Instance
 
@@ -58,14 +60,10 @@ def _placement_json(e: ScheduledAction) -> dict[str, dict[str, Any]]:
 
 def solve_model(model: ScheduleModel, backend: str, time_limit: float,
                 workers: int | None = None) -> RawSolution:
-    """Dispatch to the backend by name (imported lazily: PuLP is not loaded for CP-SAT)."""
+    """Dispatch to the backend by name."""
     check_backend(backend)
     if backend == "cpsat":
-        from solvers.exact.cpsat_schedule import solve_cpsat
-
         return solve_cpsat(model, time_limit, workers)
-    from solvers.exact.pulp_schedule import solve_pulp
-
     return solve_pulp(model, backend, time_limit)
 
 

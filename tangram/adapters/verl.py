@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tangram.errors import ValidationError
+from tangram.runtime.facade import Tangram
 
 T = TypeVar("T")
 
@@ -138,8 +139,6 @@ _RUNNERS_LOCK = threading.Lock()
 def shared_runner(spec: Mapping[str, Any] | None = None) -> TangramRunner:
     """The process's Tangram for `spec` (`address`: a Ray address or `local:N`; absent: this
     machine; other keys are options of `Tangram.local` / `Tangram.ray`), built once."""
-    from tangram.runtime import Tangram
-
     spec = dict(spec or {})
     key = repr(sorted(spec.items()))
     with _RUNNERS_LOCK:

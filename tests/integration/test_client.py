@@ -10,11 +10,11 @@ import pytest
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from tangram.client import TangramClient
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.results import Result
-from tangram.runtime import Tangram
-from tangram.server import create_app, serve_in_thread
+from tangram.runtime.client import TangramClient
+from tangram.runtime.facade import Tangram
+from tangram.runtime.server import create_app, serve_in_thread
 
 TOKEN = "client-token"
 

@@ -4,6 +4,7 @@ machine's own cores, nothing runs; `sleep N` takes N s) so these tests are quick
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 
@@ -12,8 +13,9 @@ import pytest
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from tangram.runtime import Tangram
-from tangram.server import MAX_BODY, create_app, serve_in_thread
+from tangram.results import Result
+from tangram.runtime.facade import Tangram
+from tangram.runtime.server import MAX_BODY, create_app, serve_in_thread
 
 TOKEN = "s3cret"
 
@@ -76,12 +78,8 @@ def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> Non
             "/metrics"} <= set(paths)
     exec_body = schema["components"]["schemas"]["Exec"]["properties"]
     assert set(exec_body) == {"command", "cpu", "elastic", "timeout"}
-    # the served result model mirrors tangram.results.Result field for field
-    import dataclasses
-
-    from tangram.results import Result
-
-    result_out = schema["components"]["schemas"]["ResultOut"]["properties"]
+    # the served result model is tangram.results.Result itself, field for field
+    result_out = schema["components"]["schemas"]["Result"]["properties"]
     assert set(result_out) == {f.name for f in dataclasses.fields(Result)}
 
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from tangram.runtime import Tangram
-from tangram.server import create_app, serve_in_thread
+from tangram.runtime.facade import Tangram
+from tangram.runtime.server import create_app, serve_in_thread
 
 TOKEN = "fuzz-token"
 

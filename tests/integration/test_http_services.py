@@ -7,12 +7,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tangram.config import build
-from tangram.server import create_app, serve_in_thread
+from tangram import Tangram
+from tangram.runtime.server import create_app, serve_in_thread
 
 
 def test_invoke_and_call_api_over_http(upstream) -> None:
-    tg = build({
+    tg = Tangram.from_dict({
         "cpu": {"backend": "sim"},
         "gpu": {"backend": "sim", "nodes": 1, "gpus_per_node": 4, "memory_gb": 80,
                 "services": {"judge": {"memory_gb": 30, "dops": [1, 2],

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tangram.errors import TangramError
-from tangram.runtime import Tangram
+from tangram.runtime.facade import Tangram
 
 
 def marker() -> str:
@@ -143,7 +143,7 @@ def test_serve_stops_gracefully_on_sigterm() -> None:
     mark = marker()
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tangram.cli", "serve", "--port", str(port),
+        [sys.executable, "-m", "tangram.runtime.cli", "serve", "--port", str(port),
          "--shutdown-deadline", "1", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "TANGRAM_TOKEN": "t0k"})

@@ -115,24 +115,22 @@ def test_shutdown_cancels_queued_and_closes_envs():
 
 
 def test_yaml_config_errors_name_the_key(tmp_path):
-    from tangram.config import load_config
-
     bad = tmp_path / "c.yaml"
     bad.write_text("gpu:\n  gpus_per_node: 6\n")
     with pytest.raises(ValidationError, match=r"gpu\.gpus_per_node"):
-        load_config(bad)
+        Tangram.from_config(bad)
     bad.write_text("policy: {name: heuristic, deep: 3}\n")
     with pytest.raises(ValidationError, match=r"policy\.deep"):
-        load_config(bad)
+        Tangram.from_config(bad)
     bad.write_text("gpu:\n  services:\n    judge: {memory_gb: 16, dops: [3]}\n")
     with pytest.raises(ValidationError, match=r"gpu\.services\.judge"):
-        load_config(bad)
+        Tangram.from_config(bad)
     bad.write_text("cpus: {}\n")
     with pytest.raises(ValidationError, match="cpus"):
-        load_config(bad)
+        Tangram.from_config(bad)
     good = tmp_path / "ok.yaml"
     good.write_text("policy: {name: heuristic, depth: 3}\ncpu: {backend: auto}\n"
                     "gpu: {nodes: 2, gpus_per_node: 4, services: {rm: {memory_gb: 8}}}\n")
-    tg = load_config(good)
+    tg = Tangram.from_config(good)
     assert tg.scheduler.pools["gpu"].capacity() == 8
     asyncio.run(tg.shutdown())

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from solvers.exact.cli import main as solve_main
+from evaluation.solve import main as solve_main
 from solvers.exact.model import instance_model, to_ticks
 from solvers.exact.schedule import solve_schedule
 from solvers.exact.timeline import ScheduledAction, verify

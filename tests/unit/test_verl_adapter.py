@@ -13,7 +13,7 @@ import pytest
 from managers.cpu.backends.affinity import AffinityBackend
 from tangram.adapters import verl as adapter
 from tangram.errors import ValidationError
-from tangram.runtime import Tangram
+from tangram.runtime.facade import Tangram
 
 SCHEMA = {"type": "function", "function": {
     "name": "bash", "description": "Run a shell command.",

@@ -32,6 +32,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from managers.cpu.request import ExecRequest
+from tangram import Action, Assignment, Placement, Tangram
+from tangram.runtime.distributed import ray_session
+
 SOLUTION = '''
 def work(n):
     total = 0
@@ -168,8 +172,6 @@ async def run_static(tg, plans: list[Plan], py: str, progress, task,
                      pod_cores: int = 1) -> Stats:
     """A pod per trajectory: `pod_cores` fixed cores held from the trajectory's start to its
     end; a trajectory starts when a pod's cores are free (FIFO)."""
-    from managers.cpu.request import ExecRequest
-    from tangram import Action, Assignment, Placement
 
     stats = Stats()
     cpu = tg.cpu
@@ -193,11 +195,8 @@ async def run_static(tg, plans: list[Plan], py: str, progress, task,
                 t = time.monotonic()
                 out = await cpu.run(Assignment(act, {cpu.resource: len(pod)},
                                                {cpu.resource: Placement(node, cores=pod)}))
-                from tangram.results import Result
-
-                r = Result(act.id, out.status, out.exit_code, out.stdout, out.stderr,
-                           detail=out.detail, units={cpu.resource: len(pod)},
-                           run_s=time.monotonic() - t)
+                r = out.granted(act.id, {cpu.resource: len(pod)}, {}, 0.0,
+                                time.monotonic() - t)
                 _record(stats, r, wait if first[0] else 0.0)  # the pod wait delays turn 1
                 first[0] = False
                 return r
@@ -223,8 +222,6 @@ def summarise(name: str, s: Stats, cores: int) -> dict:
 
 
 async def _main(ns: argparse.Namespace) -> list[dict]:
-    from tangram import Tangram
-
     server, url = start_search_api()
     py = shlex.quote(str(Path(sys.executable).parent / "python3"))
     if not Path(sys.executable).with_name("python3").exists():
@@ -243,8 +240,6 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
                 if ns.only and name != ns.only:
                     continue
                 if ns.ray:
-                    from tangram.distributed import ray_session
-
                     session = ray_session(ns.ray)
                     address, opts = session.__enter__()
                     # each node's agent runs the CPU backend and a simulated GPU backend

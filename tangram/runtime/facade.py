@@ -16,7 +16,6 @@ completion; the manager of the action's pool runs it with exactly the granted un
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -24,15 +23,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from managers.base import Manager, Outcome
+from managers.api import ApiManager, ApiRequest
+from managers.base import EnvironmentManager, Manager
+from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
-from tangram.metrics import Metrics
 from tangram.resources import Demand
-from tangram.results import Result
+from tangram.results import Result, Status
+from tangram.runtime.config import build, build_local, load_config
+from tangram.runtime.distributed import build_ray
+from tangram.runtime.metrics import Metrics
 from tangram.scheduler import Scheduler
+from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
 
@@ -68,7 +73,7 @@ class _Env:
 class Tangram:
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
-    def __init__(self, *, cpu: Any = None, gpu: Any = None,
+    def __init__(self, *, cpu: EnvironmentManager | None = None, gpu: GpuManager | None = None,
                  apis: Mapping[str, Manager] | None = None, policy: str = "heuristic",
                  policy_options: Mapping[str, Any] | None = None,
                  idle_env_s: float | None = None) -> None:
@@ -101,25 +106,24 @@ class Tangram:
     @classmethod
     def local(cls, **options: Any) -> Tangram:
         """This machine: its cores with the best CPU backend, a simulated GPU pool when there
-        is no GPU (saying so), no APIs unless given. See `tangram.config.build_local`."""
-        from tangram.config import build_local
-
-        return build_local(**options)
+        is no GPU (saying so), no APIs unless given. See `tangram.runtime.config.build_local`."""
+        return cls(**build_local(**options).kwargs())
 
     @classmethod
     def ray(cls, address: str | None = None, **options: Any) -> Tangram:
         """The same API over a Ray cluster: a node agent per machine enforces its cores, the
-        scheduler here keeps the global state. See `tangram.distributed.build_ray`."""
-        from tangram.distributed import build_ray
-
-        return build_ray(address, **options)
+        scheduler here keeps the global state. See `tangram.runtime.distributed.build_ray`."""
+        return cls(**build_ray(address, **options).kwargs())
 
     @classmethod
     def from_config(cls, path: str) -> Tangram:
         """Build from a YAML file; a bad key fails here with its path."""
-        from tangram.config import load_config
+        return cls(**load_config(path).kwargs())
 
-        return load_config(path)
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Tangram:
+        """Build from a config document already loaded (the YAML file's content)."""
+        return cls(**build(doc).kwargs())
 
     async def start(self) -> Tangram:
         if self.gpu is not None:
@@ -141,8 +145,7 @@ class Tangram:
         self._admitting()
         if self.cpu is None:
             raise ValidationError("env", trajectory, "no CPU pool is configured")
-        if (isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0):
-            raise ValidationError("memory_mb", memory_mb, "must be a positive integer (MiB)")
+        pos_int("memory_mb", memory_mb, " (MiB)")
         env_id = await self.cpu.open_env(trajectory, memory_mb)
         node = self.cpu.binding(trajectory)
         self.scheduler.bind(trajectory, self.cpu.resource, node)
@@ -171,12 +174,9 @@ class Tangram:
     # -- actions -------------------------------------------------------------------------------
     async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
                    timeout: float = 60.0, output_cap: int | None = None) -> Result:
-        from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
-
         self._admitting()
         e = self._env(env)
-        if not isinstance(elastic, bool):
-            raise ValidationError("elastic", elastic, "must be true or false")
+        boolean("elastic", elastic)
         demand = Demand.parse(cpu, "cpu")
         req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
                           timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
@@ -234,8 +234,6 @@ class Tangram:
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
             raise NotFound("api", name, f"unknown API (configured: {sorted(self.apis)})")
-        from managers.api import ApiRequest
-
         if not isinstance(payload, ApiRequest):
             payload = ApiRequest(json=payload)
         action = Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1}, kind=f"api:{name}",
@@ -282,24 +280,20 @@ class Tangram:
         try:
             outcome = await p.manager.run(a)
         except asyncio.CancelledError:
-            outcome = Outcome("cancelled", detail="cancelled at shutdown while running")
+            outcome = Result(Status.CANCELLED, detail="cancelled at shutdown while running")
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
-            outcome = Outcome("failed", detail=f"{type(exc).__name__}: {exc}")
+            outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
         end = time.monotonic()
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
-                                learn=outcome.status == "ok")
+                                learn=outcome.ok)
         self._pending.pop(a.action.id, None)
-        output = outcome.output
-        if dataclasses.is_dataclass(output) and not isinstance(output, type):
-            output = dataclasses.asdict(output)
-        result = Result(
-            a.action.id, outcome.status, outcome.exit_code, outcome.stdout, outcome.stderr,
-            output, outcome.detail, dict(a.units),
+        result = outcome.granted(
+            a.action.id, a.units,
             {r: {"node": pl.node, "cores": list(pl.cores),
                  "chunk": list(pl.chunk) if pl.chunk else None}
              for r, pl in a.placement.items()},
-            p.started - p.submitted, end - p.started, outcome.restore_s, outcome.truncated)
+            p.started - p.submitted, end - p.started)
         self.metrics.observe(p.metric_kind, outcome.status, result.queued_s, result.act_s)
         if outcome.restore_s > 0 and a.action.service:
             self.metrics.restores.labels(a.action.service).inc()
@@ -311,7 +305,7 @@ class Tangram:
     def _finish_cancelled(self, action_id: str, why: str) -> None:
         p = self._pending.pop(action_id, None)
         if p is not None and not p.future.done():
-            p.future.set_result(Result(action_id, "cancelled", detail=why,
+            p.future.set_result(Result(Status.CANCELLED, detail=why, action_id=action_id,
                                        queued_s=time.monotonic() - p.submitted))
 
     # -- observability -------------------------------------------------------------------------
@@ -323,7 +317,7 @@ class Tangram:
                         "utilisation": 0.0 if cap == 0 else (cap - free) / cap,
                         "nodes": {n: {"capacity": p.capacity(n), "free": p.free(n)}
                                   for n in p.nodes()}}
-        throttled = {name: m.throttled(name) if hasattr(m, "throttled") else 0
+        throttled = {name: m.throttled(name) if isinstance(m, ApiManager) else 0
                      for name, m in self.apis.items()}
         return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
                 "running": len(self.scheduler.running), "envs": len(self._envs),

@@ -11,8 +11,13 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from evaluation.simulator import simulate
+from solvers import get_allocator
 from solvers.heuristic.dparrange import dp_arrange
-from topology import ChunkOperator, FlatOperator
+from tangram import Action, ClusterView, Elasticity
+from tangram.instance import parse_instance
+from tangram.pools import FlatPool
+from topology import ChunkOperator, FlatOperator, operators
 
 
 def _timeit(fn, reps: int) -> list[float]:
@@ -48,7 +53,6 @@ def dparrange(argv: list[str]) -> int:
     for _ in range(64):
         t_ori = rng.uniform(1, 100)
         chunk_tasks.append({m: t_ori / (m ** 0.8) for m in (1, 2, 4, 8)})
-    from topology import operators
 
     flat = _timeit(lambda: dp_arrange(flat_tasks, FlatOperator(256)), ns.reps)
 
@@ -69,9 +73,6 @@ def dparrange(argv: list[str]) -> int:
 
 
 def _scheduler_view(rng: random.Random):
-    from tangram import Action, ClusterView, Elasticity
-    from tangram.pools import FlatPool
-
     pool = FlatPool("cpu", {"node0": 256})
     queue = []
     for i in range(1000):
@@ -87,8 +88,6 @@ def _scheduler_view(rng: random.Random):
 
 
 def _sim_instance(n: int, rng: random.Random):
-    from tangram.instance import parse_instance
-
     acts, t = [], 0.0
     for i in range(n):
         t += rng.expovariate(1 / 0.02)
@@ -109,8 +108,6 @@ def scheduler(argv: list[str]) -> int:
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--actions", type=int, default=100_000, help="simulated actions")
     ns = p.parse_args(argv)
-    from evaluation.simulator import simulate
-    from solvers import get_allocator
 
     rng = random.Random(0)
     view, queue = _scheduler_view(rng)

@@ -26,7 +26,11 @@ import sys
 import time
 from typing import Any
 
+from managers.cpu import CpuManager
+from managers.cpu.backends.sim import SimBackend
 from tangram.errors import TangramError
+from tangram.runtime.client import TangramClient
+from tangram.runtime.facade import Tangram
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -42,9 +46,6 @@ def _pct(values: list[float], q: float) -> float:
 async def _tangram_noops(n: int, in_flight: int) -> dict[str, Any]:
     """`in_flight` agents (one environment each) each submit their next no-op as soon as the
     last one returns, until n have run."""
-    from managers.cpu import CpuManager
-    from managers.cpu.backends.sim import SimBackend
-    from tangram.runtime import Tangram
 
     async with Tangram(cpu=CpuManager(SimBackend())) as tg:
         ids = [await tg.open_env(f"bench-{i}", memory_mb=1) for i in range(in_flight)]
@@ -120,7 +121,6 @@ def _rss_kb(pid: int) -> dict[str, int]:
 async def _http_load(url: str, token: str, total: int, clients: int) -> dict[str, Any]:
     import httpx
 
-    from tangram.client import TangramClient
 
     per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
     act: list[float] = []
@@ -159,7 +159,7 @@ def _http_bench(total: int, clients: int, config: str | None) -> dict[str, Any]:
     import httpx
 
     port, token = _free_port(), "bench"
-    cmd = [sys.executable, "-m", "tangram.cli", "serve", "--port", str(port),
+    cmd = [sys.executable, "-m", "tangram.runtime.cli", "serve", "--port", str(port),
            "--log-level", "warning", "--shutdown-deadline", "5"]
     if config:
         cmd += ["--config", config]

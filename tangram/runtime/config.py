@@ -1,4 +1,5 @@
-"""Building a `Tangram`: the embedded default (`build_local`) and YAML configs (`load_config`).
+"""What a `Tangram` is built from: the embedded default (`build_local`) and YAML configs
+(`load_config`), as `Components` (managers, policy) that the facade assembles.
 
 ```yaml
 policy: {name: heuristic, depth: 2}     # or just: heuristic
@@ -22,63 +23,45 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from managers.api import ApiConfig, ApiManager
+from managers.base import EnvironmentManager, Manager
+from managers.basic import Limits
+from managers.cpu import CpuManager
+from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
+from solvers import get_allocator
 from tangram.errors import TangramError, ValidationError
+from tangram.pools import ChunkPool
+from tangram.validation import mapping, pos_int, pos_num, power_of_two
+from topology import ChunkTree, discover_gpus
 
 log = logging.getLogger("tangram")
-GB = 10**9  # as managers.gpu.GB
 
 
-def _mapping(path: str, v: Any, allowed: set[str]) -> dict:
-    if v is None:
-        return {}
-    if not isinstance(v, dict):
-        raise ValidationError(path, v, "must be a mapping")
-    unknown = sorted(set(v) - allowed)
-    if unknown:
-        raise ValidationError(f"{path}.{unknown[0]}", v[unknown[0]],
-                              f"unknown key (allowed: {sorted(allowed)})")
-    return v
-
-
-def _pos_int(path: str, v: Any) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise ValidationError(path, v, "must be a positive integer")
-    return v
-
-
-def _pos_num(path: str, v: Any, allow_zero: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v < 0 or \
-            (v == 0 and not allow_zero) or v == float("inf"):
-        raise ValidationError(path, v, "must be a positive finite number")
-    return float(v)
-
-
-def build_services(path: str, spec: Any):
-    from managers.gpu import Service, ServiceRegistry
-
+def build_services(path: str, spec: Any) -> ServiceRegistry:
     registry = ServiceRegistry()
-    for name, s in _mapping(path, spec, set(spec or {})).items():
+    for name, s in mapping(path, spec, set(spec or {})).items():
         sp = f"{path}.{name}"
-        s = _mapping(sp, s, {"memory_gb", "dops", "infer_s", "restore_s"})
+        s = mapping(sp, s, {"memory_gb", "dops", "infer_s", "restore_s"})
         if "memory_gb" not in s:
             raise ValidationError(f"{sp}.memory_gb", None, "is required")
-        mem = int(_pos_num(f"{sp}.memory_gb", s["memory_gb"]) * GB)
+        mem = int(pos_num(f"{sp}.memory_gb", s["memory_gb"]) * GB)
         dops = s.get("dops", [1])
         if not isinstance(dops, list) or not dops:
             raise ValidationError(f"{sp}.dops", dops, "must be a list of GPU counts")
-        dops = tuple(_pos_int(f"{sp}.dops", d) for d in dops)
-        infer = {int(k): _pos_num(f"{sp}.infer_s.{k}", v)
-                 for k, v in _mapping(f"{sp}.infer_s", s.get("infer_s"),
+        dops = tuple(pos_int(f"{sp}.dops", d) for d in dops)
+        infer = {int(k): pos_num(f"{sp}.infer_s.{k}", v)
+                 for k, v in mapping(f"{sp}.infer_s", s.get("infer_s"),
                                       {*dops, *map(str, dops)}).items()}
         restore = s.get("restore_s")
         try:
             registry.register(Service(name, {k: mem for k in dops},
-                                      {k: _pos_num(f"{sp}.restore_s", restore, True)
+                                      {k: pos_num(f"{sp}.restore_s", restore, True)
                                        for k in dops} if restore is not None else {},
                                       infer))
         except ValidationError as exc:
@@ -87,12 +70,8 @@ def build_services(path: str, spec: Any):
     return registry
 
 
-def build_gpu(path: str, spec: Mapping[str, Any] | None):
-    from managers.gpu import GpuManager, Residency, create_backend
-    from tangram.pools import ChunkPool
-    from topology import ChunkTree, discover_gpus
-
-    spec = _mapping(path, spec, {"backend", "nodes", "gpus_per_node", "memory_gb", "services",
+def build_gpu(path: str, spec: Mapping[str, Any] | None) -> GpuManager:
+    spec = mapping(path, spec, {"backend", "nodes", "gpus_per_node", "memory_gb", "services",
                                  "options"})
     backend = spec.get("backend")
     found = discover_gpus()
@@ -103,11 +82,9 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None):
                      "is set (torch or http)", len(found.gpus))
         else:
             log.info("gpu: no GPU (%s): using a simulated GPU pool", found.reason)
-    nodes = _pos_int(f"{path}.nodes", spec.get("nodes", 1))
-    per_node = _pos_int(f"{path}.gpus_per_node", spec.get("gpus_per_node", 8))
-    if per_node & (per_node - 1):
-        raise ValidationError(f"{path}.gpus_per_node", per_node, "must be a power of two")
-    mem = int(_pos_num(f"{path}.memory_gb", spec.get("memory_gb", 80)) * GB)
+    nodes = pos_int(f"{path}.nodes", spec.get("nodes", 1))
+    per_node = power_of_two(f"{path}.gpus_per_node", spec.get("gpus_per_node", 8))
+    mem = int(pos_num(f"{path}.memory_gb", spec.get("memory_gb", 80)) * GB)
     registry = build_services(f"{path}.services", spec.get("services"))
     names = [f"gpu{i}" for i in range(nodes)]
     pool = ChunkPool("gpu", {n: ChunkTree(per_node, n) for n in names})
@@ -115,7 +92,7 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None):
         residency = Residency({n: [mem] * per_node for n in names}, registry)
     except ValidationError as exc:
         raise ValidationError(f"{path}.services", exc.value, exc.problem) from None
-    options = _mapping(f"{path}.options", spec.get("options"), set(spec.get("options") or {}))
+    options = mapping(f"{path}.options", spec.get("options"), set(spec.get("options") or {}))
     return GpuManager(pool, residency, create_backend(backend, **options))
 
 
@@ -123,17 +100,14 @@ API_KEYS = {"url", "method", "headers", "concurrency", "quota", "period_s", "tim
             "retries", "backoff_s"}
 
 
-def build_apis(path: str, spec: Any) -> dict:
+def build_apis(path: str, spec: Any) -> dict[str, Manager]:
     """One `ApiManager` serving every configured API; returns {name: manager}."""
     if not spec:
         return {}
-    from managers.api import ApiConfig, ApiManager
-    from managers.basic import Limits
-
     configs = []
-    for name, s in _mapping(path, spec, set(spec)).items():
+    for name, s in mapping(path, spec, set(spec)).items():
         sp = f"{path}.{name}"
-        s = _mapping(sp, s, API_KEYS)
+        s = mapping(sp, s, API_KEYS)
         if "url" not in s:
             raise ValidationError(f"{sp}.url", None, "is required")
         try:
@@ -148,17 +122,37 @@ def build_apis(path: str, spec: Any) -> dict:
     return {c.name: manager for c in configs}
 
 
-def build_cpu(path: str, spec: Mapping[str, Any] | None):
-    from managers.cpu import CpuManager
-
-    spec = _mapping(path, spec, {"backend"})
+def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
+    spec = mapping(path, spec, {"backend"})
     return CpuManager(spec.get("backend", "auto"))
 
 
-def build(doc: Mapping[str, Any]):
-    from tangram.runtime import Tangram
+@dataclass(frozen=True)
+class Components:
+    """What a `Tangram` is made of; `Tangram(**components.kwargs())` assembles it."""
 
-    doc = _mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s"})
+    cpu: EnvironmentManager | None = None
+    gpu: GpuManager | None = None
+    apis: Mapping[str, Manager] = field(default_factory=dict)
+    policy: str = "heuristic"
+    policy_options: Mapping[str, Any] = field(default_factory=dict)
+    idle_env_s: float | None = None
+
+    def kwargs(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def check_policy(policy: str, options: Mapping[str, Any]) -> None:
+    """Fail at load, naming `policy.<option>`, for an unknown policy or option."""
+    try:
+        get_allocator(policy, **options)
+    except ValidationError as exc:
+        raise ValidationError("policy" + exc.field.removeprefix("allocator"), exc.value,
+                              exc.problem) from None
+
+
+def build(doc: Mapping[str, Any]) -> Components:
+    doc = mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s"})
     policy = doc.get("policy", "heuristic")
     options: dict[str, Any] = {}
     if isinstance(policy, dict):
@@ -166,21 +160,16 @@ def build(doc: Mapping[str, Any]):
         policy = options.pop("name", "heuristic")
     if not isinstance(policy, str):
         raise ValidationError("policy", policy, "must be a policy name or {name: ..., options}")
+    check_policy(policy, options)
     idle = doc.get("idle_env_s")
     cpu = build_cpu("cpu", doc.get("cpu")) if doc.get("cpu", {}) is not False else None
     gpu = build_gpu("gpu", doc["gpu"]) if doc.get("gpu") else None
     apis = build_apis("apis", doc.get("apis"))
-    try:
-        return Tangram(cpu=cpu, gpu=gpu, apis=apis, policy=policy, policy_options=options,
-                       idle_env_s=None if idle is None else _pos_num("idle_env_s", idle))
-    except ValidationError as exc:
-        if exc.field.startswith("allocator"):
-            raise ValidationError("policy" + exc.field.removeprefix("allocator"), exc.value,
-                                  exc.problem) from None
-        raise
+    return Components(cpu=cpu, gpu=gpu, apis=apis, policy=policy, policy_options=options,
+                      idle_env_s=None if idle is None else pos_num("idle_env_s", idle))
 
 
-def load_config(path: str | Path):
+def load_config(path: str | Path) -> Components:
     try:
         doc = yaml.safe_load(Path(path).read_text())
     except FileNotFoundError:
@@ -193,7 +182,8 @@ def load_config(path: str | Path):
 def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = None,
                 apis: Mapping[str, Any] | None = None, policy: str = "heuristic",
                 policy_options: Mapping[str, Any] | None = None,
-                idle_env_s: float | None = None, gpu: Mapping[str, Any] | None = None):
+                idle_env_s: float | None = None,
+                gpu: Mapping[str, Any] | None = None) -> Components:
     """The embedded default: this machine's cores, a GPU pool (simulated when no GPU), the
     given services and APIs. Nothing to start."""
     doc: dict[str, Any] = {"policy": {"name": policy, **dict(policy_options or {})},

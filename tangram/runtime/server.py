@@ -57,9 +57,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tangram.errors import Infeasible, NotFound, TangramError, ValidationError
 from tangram.results import Result
-from tangram.runtime import Tangram
+from tangram.runtime.distributed import ray_session
+from tangram.runtime.facade import Tangram
 
-log = logging.getLogger("tangram.server")
+log = logging.getLogger("tangram.runtime.server")
 
 MAX_BODY = 1 << 20  # bytes of one request body
 MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
@@ -129,24 +130,6 @@ _FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.mod
 
 class EnvOut(BaseModel):
     env_id: str
-
-
-class ResultOut(BaseModel):
-    """`tangram.results.Result` as JSON."""
-
-    action_id: str
-    status: str
-    exit_code: int | None = None
-    stdout: str = ""
-    stderr: str = ""
-    output: Any = None
-    detail: str = ""
-    units: dict[str, int] = {}
-    placement: dict[str, Any] = {}
-    queued_s: float = 0.0
-    run_s: float = 0.0
-    restore_s: float = 0.0
-    truncated: bool = False
 
 
 class ErrorOut(BaseModel):
@@ -381,7 +364,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
         return EnvOut(env_id=env_id)
 
     @app.post("/v1/envs/{env_id}/exec", dependencies=guarded, response_model=None,
-              responses={200: {"model": ResultOut}, **ERRORS})
+              responses={200: {"model": Result}, **ERRORS})
     async def exec_(env_id: str, body: Exec, request: Request) -> Response:
         command = body.command if isinstance(body.command, str) else list(body.command)
         return await _unless_disconnected(request, tg.exec(
@@ -389,13 +372,13 @@ def create_app(tg: Tangram, token: str | None = None, *,
             timeout=body.timeout))
 
     @app.post("/v1/services/{name}/invoke", dependencies=guarded, response_model=None,
-              responses={200: {"model": ResultOut}, **ERRORS})
+              responses={200: {"model": Result}, **ERRORS})
     async def invoke(name: str, body: Invoke, request: Request) -> Response:
         return await _unless_disconnected(request, tg.invoke(name, body.payload,
                                                              gpus=demand_arg(body.gpus)))
 
     @app.post("/v1/apis/{name}/call", dependencies=guarded, response_model=None,
-              responses={200: {"model": ResultOut}, **ERRORS})
+              responses={200: {"model": Result}, **ERRORS})
     async def call_api(name: str, body: CallApi, request: Request) -> Response:
         return await _unless_disconnected(request, tg.call_api(name, body.payload))
 
@@ -487,8 +470,6 @@ def main(argv: list[str]) -> int:
     if ns.ray:
         if ns.config:
             parser.error("--ray and --config are exclusive")
-        from tangram.distributed import ray_session
-
         with ray_session(ns.ray) as (address, opts):
             return _serve(ns, Tangram.ray(address, **opts))
     return _serve(ns, Tangram.from_config(ns.config) if ns.config else Tangram.local())

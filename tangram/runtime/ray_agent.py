@@ -1,6 +1,6 @@
 """The node agent: one Ray actor per machine that owns that machine's CPU and GPU backends.
 
-The central scheduler (`tangram.distributed.RayCpuManager`) decides how many cores and which
+The central scheduler (`tangram.runtime.distributed.RayCpuManager`) decides how many cores and which
 ones; the agent only enforces that grant through an ordinary `managers.cpu.CpuManager` whose one
 node is this machine. Ray carries the RPC and pins the agent to its node
 (`NodeAffinitySchedulingStrategy(node_id, soft=False)`, `num_cpus=0`); Ray's own CPU resources are
@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from managers.base import Outcome
+from managers.cpu import CpuManager
+from managers.cpu.backends import create, select
+from managers.cpu.manager import local_memory_mb
+from managers.gpu import GpuBackend, create_backend
 from tangram.allocation import Assignment
+from topology import CpuNode, discover_gpus
+from topology.discovery import discover_numa
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +55,6 @@ def sleep_seconds(command: str | Sequence[str], cores: int) -> float:
 
 
 def _gpu_count() -> int:
-    from topology import discover_gpus
-
     try:
         return len(discover_gpus().gpus)
     except Exception:  # no NVML: no GPU to report
@@ -73,25 +77,17 @@ class NodeAgent:
                  memory_mb: int | None = None, gpu_backend: str | None = None,
                  gpu_options: Mapping[str, Any] | None = None,
                  gpus: int | None = None) -> None:
-        from managers.cpu import CpuManager
-        from managers.cpu.backends import create, select
-        from managers.cpu.manager import _local_memory_mb
-        from topology import CpuNode
-        from topology.discovery import discover_numa
-
         options = dict(backend_options or {})
         be = select(None, **options) if backend == "auto" else create(backend, **options)
         numa = {0: tuple(range(cores))} if cores is not None else \
             {d: tuple(c) for d, c in discover_numa().items()}
-        memory = memory_mb if memory_mb is not None else _local_memory_mb()
+        memory = memory_mb if memory_mb is not None else local_memory_mb()
         self.info = NodeInfo(name, ray_node_id, numa, memory,
                              gpus if gpus is not None else _gpu_count(), be.name)
         self.manager = CpuManager(be, nodes={name: CpuNode(name, numa)},
                                   memory_mb={name: memory})
-        self.gpu = None
+        self.gpu: GpuBackend | None = None
         if gpu_backend is not None:
-            from managers.gpu import create_backend
-
             self.gpu = create_backend(gpu_backend, **dict(gpu_options or {}))
 
     def describe(self) -> NodeInfo:
@@ -108,7 +104,7 @@ class NodeAgent:
         return await self.manager.run(assignment)
 
     # -- GPU services (the central GpuManager decides chunks and residency) --------------------
-    def _gpu_backend(self):
+    def _gpu_backend(self) -> GpuBackend:
         if self.gpu is None:
             raise RuntimeError(f"node {self.info.name} runs no GPU backend")
         return self.gpu

@@ -35,13 +35,16 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from managers.base import Manager, Outcome
-from managers.gpu import GpuBackend, GpuManager, Service
+from managers.base import EnvironmentManager, Outcome
+from managers.cpu.request import exec_target
+from managers.gpu import GB, GpuBackend, GpuManager, Residency, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
-from tangram.pools import CorePool, Pool
-from tangram.ray_agent import NodeAgent, NodeInfo, sleep_seconds
-from topology import CpuNode
+from tangram.pools import ChunkPool, CorePool, Pool
+from tangram.runtime.config import Components, build_apis, build_gpu, build_services, check_policy
+from tangram.runtime.ray_agent import NodeAgent, NodeInfo, sleep_seconds
+from tangram.validation import pos_num
+from topology import ChunkTree, CpuNode
 
 log = logging.getLogger("tangram.ray")
 MiB = 1 << 20
@@ -82,7 +85,7 @@ class _Backend:
     name: str
 
 
-class RayCpuManager(Manager):
+class RayCpuManager(EnvironmentManager):
     """The `cpu` pool over every Ray node, each node's cores enforced by its agent.
 
     Build it with `connect` (it starts the agents and reads their topology); the constructor
@@ -246,8 +249,6 @@ class RayCpuManager(Manager):
                 f"{self.nodes[env.node].lost}; close it and open a new one")
 
     async def run(self, assignment: Assignment) -> Outcome:
-        from managers.cpu.request import exec_target
-
         self._ensure_watcher()
         target = exec_target(assignment, self.envs)
         if isinstance(target, Outcome):
@@ -395,18 +396,13 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | N
     """A chunk pool over the agents that report GPUs (the largest power of two of each node's
     GPUs), residency with `spec`'s memory per GPU and services, and `RayGpuBackend`. Nodes are
     those present now; GPU nodes joining later are not added in this version."""
-    from managers.gpu import Residency
-    from tangram.config import GB, _pos_num, build_services
-    from tangram.pools import ChunkPool
-    from topology import ChunkTree
-
     sizes = {}
     for name, node in cpu.nodes.items():
         if node.info.gpus > 0:
             sizes[name] = 1 << (node.info.gpus.bit_length() - 1)
     if not sizes:
         return None
-    mem = int(_pos_num("gpu.memory_gb", spec.get("memory_gb", 80)) * GB)
+    mem = int(pos_num("gpu.memory_gb", spec.get("memory_gb", 80)) * GB)
     registry = build_services("gpu.services", spec.get("services"))
     pool = ChunkPool("gpu", {n: ChunkTree(g, n) for n, g in sizes.items()})
     residency = Residency({n: [mem] * g for n, g in sizes.items()}, registry)
@@ -419,14 +415,14 @@ def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
               gpu: Mapping[str, Any] | None = None, policy: str = "heuristic",
               policy_options: Mapping[str, Any] | None = None,
               idle_env_s: float | None = None, gpu_backend: str | None = None,
-              gpu_options: Mapping[str, Any] | None = None, gpus_per_node: int | None = None):
+              gpu_options: Mapping[str, Any] | None = None,
+              gpus_per_node: int | None = None) -> Components:
     """`Tangram.ray(...)`: the CPU pool over the cluster's agents. With `gpu_backend`, the GPU
     pool too: each agent runs that backend on its machine's GPUs (`gpus_per_node` for `sim`)
     and the central GPU manager places chunks and keeps residency. Without it, the GPU pool is
     central and simulated, as in `Tangram.local()`. APIs are called from the driver."""
-    from tangram.config import _pos_num, build_apis, build_gpu
-    from tangram.runtime import Tangram
-
+    check_policy(policy, dict(policy_options or {}))
+    idle = None if idle_env_s is None else pos_num("idle_env_s", idle_env_s)
     if cpu_backend == "sim" and backend_options is None:
         backend_options = {"duration": sleep_seconds, "time_scale": 1.0}
     cpu = RayCpuManager.connect(address, backend=cpu_backend, backend_options=backend_options,
@@ -438,11 +434,9 @@ def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
         if gpu_backend and gpu_manager is None:
             raise BackendUnavailable(f"gpu_backend={gpu_backend!r}: no Ray node reports a GPU "
                                      "(set gpus_per_node for the sim backend)")
-        return Tangram(cpu=cpu, gpu=gpu_manager or build_gpu("gpu", gpu_spec),
-                       apis=build_apis("apis", apis), policy=policy,
-                       policy_options=policy_options,
-                       idle_env_s=None if idle_env_s is None else _pos_num("idle_env_s",
-                                                                           idle_env_s))
+        return Components(cpu=cpu, gpu=gpu_manager or build_gpu("gpu", gpu_spec),
+                          apis=build_apis("apis", apis), policy=policy,
+                          policy_options=dict(policy_options or {}), idle_env_s=idle)
     except BaseException:
         asyncio.run(cpu.close()) if not _loop_running() else None
         raise

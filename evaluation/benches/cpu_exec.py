@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 from managers.cpu.backends import create
+from managers.cpu.backends.docker import DockerBackend
 from managers.cpu.manager import CpuManager
 from managers.cpu.request import ExecRequest
 from tangram.actions import Action
@@ -80,8 +81,6 @@ def _raw_subprocess_ms(n: int) -> float:
 
 
 def _raw_exec_run_ms(n: int, image: str | None) -> float:
-    from managers.cpu.backends.docker import DockerBackend
-
     backend = DockerBackend(image=image)
     c = backend.client.containers.run(backend.image, ["sleep", "1000000000"], detach=True,
                                       network_mode="none")

@@ -31,7 +31,7 @@ NODES, GPUS, GPU_MEM = 5, 8, 80 * GB
 
 
 def bench_torch(size_mb: int, repeats: int) -> dict:
-    try:
+    try:  # torch is optional (the gpu extra); these two modules import it at their top
         from managers.gpu.tinylm import TinyLMConfig
         from managers.gpu.torch_backend import TorchBackend, torch_service
     except ImportError as exc:

@@ -13,7 +13,9 @@ import sys
 
 from solvers.exact.backend import BACKENDS, INFEASIBLE
 from solvers.exact.model import DEFAULT_RESOLUTION
+from solvers.exact.schedule import solve_schedule
 from tangram.errors import Infeasible
+from tangram.instance import load_instance
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,8 +45,6 @@ def _table(doc: dict) -> str:
 
 def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
-    from solvers.exact.schedule import solve_schedule
-    from tangram.instance import load_instance
 
     instance = load_instance(ns.file)
     try:

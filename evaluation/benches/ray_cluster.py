@@ -16,6 +16,9 @@ import statistics
 import time
 from typing import Any
 
+from tangram.runtime.distributed import local_cluster
+from tangram.runtime.facade import Tangram
+
 
 async def _workload(tg: Any, actions: int, trajectories: int) -> dict[str, Any]:
     async with tg:
@@ -53,8 +56,6 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true")
     ns = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from tangram.distributed import local_cluster
-    from tangram.runtime import Tangram
 
     rows = {"local": asyncio.run(_workload(Tangram.local(cpu_backend="sim"), ns.actions,
                                            ns.trajectories))}

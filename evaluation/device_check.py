@@ -1,6 +1,6 @@
 """On a CUDA machine: the torch backend's restore bandwidth against the raw host-to-GPU copy.
 
-Run with `python -m managers.gpu.device_check [--size-mb 2048] [--repeats 5] [--json]`.
+Run with `python -m evaluation.device_check [--size-mb 2048] [--repeats 5] [--json]`.
 Measures (1) a raw copy of one pinned host buffer of the same size to GPU 0 (the reference
 limit of this link), (2) the torch backend's restore of a TinyLM service of that size (many
 tensors, pinned, non-blocking, one synchronise), and its evict, checking that
@@ -39,6 +39,7 @@ def raw_copy_gbps(nbytes: int, repeats: int) -> float:
 
 
 def backend_check(size_mb: int, repeats: int) -> dict:
+    # torch is optional (the gpu extra): torch and the two modules that import it load here
     import torch
 
     from managers.gpu.tinylm import TinyLMConfig
@@ -79,7 +80,7 @@ def backend_check(size_mb: int, repeats: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m managers.gpu.device_check", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m evaluation.device_check", description=__doc__)
     p.add_argument("--size-mb", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")

@@ -1,0 +1,29 @@
+"""`tangram bench NAME`: benchmarks that print figures (never timed assertions in tests).
+Each bench module of this package is imported only when its bench is asked for."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "dparrange": ("evaluation.benches.heuristic:dparrange",
+                  "dp_arrange median time, flat and chunk"),
+    "scheduler": ("evaluation.benches.heuristic:scheduler",
+                  "decision time and simulator throughput"),
+    "exact": ("evaluation.benches.exact:main", "CP-SAT / PuLP solve times by size"),
+    "exec": ("evaluation.benches.cpu_exec:main", "exec overhead of the cgroup and docker backends"),
+    "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),
+    "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
+    "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
+}
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="tangram bench", description=__doc__)
+    parser.add_argument("name", choices=sorted(BENCHES),
+                        help="; ".join(f"{k}: {v[1]}" for k, v in BENCHES.items()))
+    parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    ns = parser.parse_args(argv)
+    module, func = BENCHES[ns.name][0].split(":")
+    return int(getattr(importlib.import_module(module), func)(ns.args) or 0)
