@@ -137,7 +137,7 @@ class Simulator:
         self.counters["decisions"] = sched.decisions
         if sched.queue:
             raise TangramError(f"{len(sched.queue)} actions never started (first: "
-                               f"{next(iter(sched.queue))})")
+                               f"{next(iter(sched.queue.keys()))})")
         return SimResult(records, self.counters)
 
 

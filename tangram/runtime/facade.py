@@ -158,9 +158,13 @@ class Tangram:
         env = self._envs.pop(env_id, None)
         if env is None:
             raise NotFound("env_id", env_id, "unknown environment")
+        cancelled = False
         for aid in list(env.running):  # queued actions of the env are cancelled
             if self.scheduler.cancel(aid):
+                cancelled = True
                 self._finish_cancelled(aid, "its environment was closed")
+        if cancelled and not self._closed:
+            self._kick()  # what waited behind them may start now
         await self.cpu.close_env(env_id)
         self.scheduler.unbind(env.trajectory)
         log.info("env %s closed", env_id)
@@ -260,6 +264,8 @@ class Tangram:
             if self.scheduler.cancel(action.id):  # still queued: drop it, nothing ran
                 self._pending.pop(action.id, None)
                 log.info("action %s cancelled by its caller while queued", action.id)
+                if not self._closed:
+                    self._kick()  # it may have been the head others waited behind
             raise
 
     def _kick(self) -> None:
@@ -349,7 +355,7 @@ class Tangram:
         self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
-        for aid in list(self.scheduler.queue):
+        for aid in list(self.scheduler.queue.keys()):
             self.scheduler.cancel(aid)
             self._finish_cancelled(aid, "Tangram shut down before it started")
         if self._tasks:

@@ -19,9 +19,11 @@ its `status` says what happened. Errors answer a JSON body
 
     401  missing or wrong bearer token (when the server has one; /metrics needs it too)
     404  unknown environment, service or API
-    409  a demand no pool can ever meet (`Infeasible`)
+    409  a demand no pool can ever meet (`Infeasible`), or one over the capacity of the node
+         the environment is bound to (the message names the node and its size)
     413  a body over MAX_BODY bytes
     422  a malformed body or a value the runtime rejects (`ValidationError`)
+    429  the scheduler's queue is full (`QueueFull`, Retry-After: 1)
     503  the runtime is shutting down
     499  (never seen by the client) it disconnected: its queued action was cancelled
 
@@ -55,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tangram.errors import Infeasible, NotFound, TangramError, ValidationError
+from tangram.errors import Infeasible, NotFound, QueueFull, TangramError, ValidationError
 from tangram.results import Result
 from tangram.runtime.distributed import ray_session
 from tangram.runtime.facade import Tangram
@@ -140,7 +142,7 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)}
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 429, 503)}
 
 # -- errors ------------------------------------------------------------------------------------
 
@@ -173,6 +175,12 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 def _infeasible(request: Request, exc: Exception) -> JSONResponse:
     field = {"exec": "cpu", "invoke": "gpus"}.get(request.url.path.rsplit("/", 1)[-1])
     return error(409, str(exc), field, problem="no pool can ever meet this demand")
+
+
+def _queue_full(_: Request, exc: Exception) -> JSONResponse:
+    response = error(429, str(exc), "queue", problem="the scheduler's queue is full")
+    response.headers["Retry-After"] = "1"
+    return response
 
 
 def _tangram_error(_: Request, exc: Exception) -> JSONResponse:
@@ -344,6 +352,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
     app.add_exception_handler(_Unauthorized, lambda r, e: _unauthorized())
     app.add_exception_handler(ValidationError, _validation_error)
     app.add_exception_handler(Infeasible, _infeasible)
+    app.add_exception_handler(QueueFull, _queue_full)
     app.add_exception_handler(TangramError, _tangram_error)
     app.add_exception_handler(RequestValidationError, _request_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
