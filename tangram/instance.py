@@ -1,4 +1,4 @@
-"""The instance file (DESIGN.md section 8): the common currency of replay, solve, gap and tests.
+"""The instance file (docs/architecture.md §5): the common currency of replay, solve, gap and tests.
 
 ```json
 {"resources": {"cpu": {"topology": "flat", "units": 8},

@@ -67,7 +67,7 @@ def at_most(action: Action, r: str, dop: int) -> int:
 @dataclass
 class NoLifecycle:
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
-    container start as Tangram's, CALIBRATION §2), nothing to release, no timers."""
+    container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 
     env_start_s: float = 0.5
 

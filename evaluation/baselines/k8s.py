@@ -3,8 +3,8 @@ life (paper §7 baseline for AI coding).
 
 A trajectory's pod is created when it begins: the Kubernetes scheduler binds it to the node
 with the most unreserved cores (LeastAllocated), at most `pods_per_s` pods a second
-(CALIBRATION §1: about 100 pods/s), and it starts after a lognormal delay (median 1.5 s, p99
-5 s, CALIBRATION §1 defaults). A pod that fits nowhere stays pending until a pod is deleted.
+(docs/calibration.md §1: about 100 pods/s), and it starts after a lognormal delay (median 1.5 s, p99
+5 s, docs/calibration.md §1 defaults). A pod that fits nowhere stays pending until a pod is deleted.
 Every action of the trajectory then runs on its pod's cores only, with as many of them as its
 demand allows (`pytest -n <pod cores>`), and never on another pod's idle cores.
 """

@@ -55,6 +55,6 @@ def main(quick: bool, quiet: bool) -> Outcome:
                                     float(base.rejections()), None, unit="",
                                     note="paper: no API errors or retries with Tangram"))
     note = ("Kubernetes' environment part includes pods pending for cores; rewards gain little "
-            "from elastic DoP under Amdahl serial fraction 0.25 (CALIBRATION §4) against 4-core "
+            "from elastic DoP under Amdahl serial fraction 0.25 (calibration §4) against 4-core "
             "pods.")
     return Outcome("fig7", rows, compares, plot, notes=[note])

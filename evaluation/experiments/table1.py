@@ -1,6 +1,7 @@
 """Table 1: ACT split into queueing, system overhead and execution, per workload and
 concurrency. AI coding's overhead is the scheduler's measured decision time per action plus a
-`docker update` of 10 ms (CALIBRATION §2, through the API); MOPD's is the service restores."""
+`docker update` of 10 ms (docs/calibration.md §2, through the API); MOPD's is the service
+restores."""
 
 from __future__ import annotations
 

@@ -31,31 +31,31 @@ class CodingParams:
     nodes: int = field(default=2, metadata=src("assumption: paper 15 nodes, scaled down"))
     cores_per_node: int = field(default=256, metadata=src("paper §7: 256 cores per CPU node"))
     turns_mean: float = field(default=30.0, metadata=src(
-        "CALIBRATION §4 defaults: turns lognormal, mean 30"))
+        "docs/calibration.md §4 defaults: turns lognormal, mean 30"))
     turns_sigma: float = field(default=0.5, metadata=src("assumption: spread of turns"))
-    turns_cap: int = field(default=100, metadata=src("CALIBRATION §4 defaults: cap 100"))
+    turns_cap: int = field(default=100, metadata=src("docs/calibration.md §4 defaults: cap 100"))
     tool_median_s: float = field(default=0.5, metadata=src(
-        "CALIBRATION §4 defaults: tool execution lognormal, median 0.5 s"))
-    tool_sigma: float = field(default=1.0, metadata=src("CALIBRATION §4 defaults: sigma about 1"))
+        "docs/calibration.md §4 defaults: tool execution lognormal, median 0.5 s"))
+    tool_sigma: float = field(default=1.0, metadata=src("docs/calibration.md §4: sigma about 1"))
     tool_cap_s: float = field(default=60.0, metadata=src("assumption: tool-call timeout"))
     exec_overhead_s: float = field(default=0.07, metadata=src(
-        "CALIBRATION §2: docker exec round trip about 70 ms (in every system)"))
+        "docs/calibration.md §2: docker exec round trip about 70 ms (in every system)"))
     reward_median_s: float = field(default=60.0, metadata=src(
-        "CALIBRATION §4 defaults: reward test run median 60 s (single worker)"))
+        "docs/calibration.md §4 defaults: reward test run median 60 s (single worker)"))
     reward_sigma: float = field(default=0.8, metadata=src("assumption: spread of test runs"))
     reward_cap_s: float = field(default=1800.0, metadata=src(
-        "CALIBRATION §4: swebench evaluation timeout 1800 s"))
+        "docs/calibration.md §4: swebench evaluation timeout 1800 s"))
     serial_fraction: float = field(default=0.25, metadata=src(
-        "CALIBRATION §4 defaults: pytest-xdist Amdahl serial fraction 0.25"))
+        "docs/calibration.md §4 defaults: pytest-xdist Amdahl serial fraction 0.25"))
     spawn_s: float = field(default=0.05, metadata=src(
-        "CALIBRATION §4: xdist workers spawn sequentially, 0.05 s each"))
+        "docs/calibration.md §4: xdist workers spawn sequentially, 0.05 s each"))
     reward_dops: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata=src(
         "assumption: pytest -n over powers of two up to 32"))
     output_tokens_mean: float = field(default=230.0, metadata=src(
-        "CALIBRATION §6: SWE agent output tokens per call, mean about 230"))
+        "docs/calibration.md §6: SWE agent output tokens per call, mean about 230"))
     output_tokens_sigma: float = field(default=0.5, metadata=src("assumption"))
     decode_tok_s: float = field(default=56.0, metadata=src(
-        "CALIBRATION §6 band 50-80 tok/s; 56 gives the paper's 47% active share (Fig. 3c)"))
+        "docs/calibration.md §6 band 50-80 tok/s; 56 gives the paper's 47% active share (Fig. 3c)"))
     start_spread_s: float = field(default=0.0, metadata=src(
         "assumption: the batch's trajectories start together (one rollout step)"))
     seed: int = field(default=0, metadata=src("experiment setting"))

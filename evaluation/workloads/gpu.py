@@ -25,7 +25,7 @@ GPU_DOPS = (1, 2, 4, 8)
 
 
 def restore_s(memory_gb: float, bandwidth_gbps: float = 50.0, wake_s: float = 0.3) -> float:
-    """CALIBRATION §3 default: wake = bytes / 50 GB/s + 0.3 s."""
+    """docs/calibration.md §3 default: wake = bytes / 50 GB/s + 0.3 s."""
     return memory_gb / bandwidth_gbps + wake_s
 
 
@@ -37,21 +37,21 @@ def tp_elasticity(t_ori: float, eff: dict[int, float]) -> Elasticity:
 class SearchParams:
     batch: int = field(default=128, metadata=src("experiment setting"))
     calls_mean: float = field(default=15.0, metadata=src(
-        "CALIBRATION §5 defaults: 10-20 search calls per trajectory"))
+        "docs/calibration.md §5 defaults: 10-20 search calls per trajectory"))
     calls_sigma: float = field(default=0.5, metadata=src("assumption"))
-    calls_cap: int = field(default=64, metadata=src("CALIBRATION §5 defaults: cap 64-128"))
+    calls_cap: int = field(default=64, metadata=src("docs/calibration.md §5 defaults: cap 64-128"))
     browse_share: float = field(default=0.4, metadata=src("assumption: share of browse calls"))
     search_median_s: float = field(default=0.7, metadata=src(
-        "CALIBRATION §5 defaults: API latency median 0.7 s"))
-    search_p95_s: float = field(default=1.4, metadata=src("CALIBRATION §5 defaults: p95 1.4 s"))
+        "docs/calibration.md §5 defaults: API latency median 0.7 s"))
+    search_p95_s: float = field(default=1.4, metadata=src("docs/calibration.md §5: p95 1.4 s"))
     browse_median_s: float = field(default=1.5, metadata=src(
         "assumption: browse/PDF parsing twice a search"))
     search_qps: float = field(default=5.0, metadata=src(
-        "CALIBRATION §5: rate limit 5-50 QPS per key (Serper free tier 5)"))
-    browse_qps: float = field(default=2.0, metadata=src("CALIBRATION §5: free tiers 1-5 req/s"))
+        "docs/calibration.md §5: rate limit 5-50 QPS per key (Serper free tier 5)"))
+    browse_qps: float = field(default=2.0, metadata=src("docs/calibration.md §5: free tiers 1-5/s"))
     output_tokens_mean: float = field(default=1500.0, metadata=src(
-        "assumption between CALIBRATION §6's 250 (no thinking) and 3k (thinking)"))
-    decode_tok_s: float = field(default=65.0, metadata=src("CALIBRATION §6: 50-80 tok/s"))
+        "assumption between docs/calibration.md §6's 250 (no thinking) and 3k (thinking)"))
+    decode_tok_s: float = field(default=65.0, metadata=src("docs/calibration.md §6: 50-80 tok/s"))
     judge_s: float = field(default=2.0, metadata=src(
         "assumption: one judge call (prefill about 2k tokens + short answer) on 1 GPU"))
     judge_memory_gb: float = field(default=60.0, metadata=src(
@@ -135,12 +135,12 @@ class MopdParams:
     teacher_memory_gb: float = field(default=30.0, metadata=src(
         "assumption: 8B-32B teachers plus KV cache, per GPU"))
     seq_tokens_mean: float = field(default=16000.0, metadata=src(
-        "CALIBRATION §7: 32B teacher, 16k tokens about 2-3 s on 1 GPU"))
+        "docs/calibration.md §7: 32B teacher, 16k tokens about 2-3 s on 1 GPU"))
     prefill_tok_s: float = field(default=7000.0, metadata=src(
-        "CALIBRATION §7 defaults: prefill 7k tok/s per GPU (32B)"))
+        "docs/calibration.md §7 defaults: prefill 7k tok/s per GPU (32B)"))
     gen_tokens_mean: float = field(default=3000.0, metadata=src(
-        "CALIBRATION §6: reasoning about 3k output tokens per turn"))
-    decode_tok_s: float = field(default=65.0, metadata=src("CALIBRATION §6: 50-80 tok/s"))
+        "docs/calibration.md §6: reasoning about 3k output tokens per turn"))
+    decode_tok_s: float = field(default=65.0, metadata=src("docs/calibration.md §6: 50-80 tok/s"))
     turns: int = field(default=2, metadata=src("assumption: turns per MOPD trajectory, each "
                                                "ending in a log-prob call"))
     start_spread_s: float = field(default=60.0, metadata=src(

@@ -43,7 +43,7 @@ log = logging.getLogger("tangram")
 
 DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
 SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
-# at n=8 (CALIBRATION.md section 4 reports 1.6-3.3x on 4-14 workers)
+# at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
 
 
 def amdahl(serial: float):
