@@ -45,10 +45,19 @@ class HeuristicAllocator:
 
     def allocate(self, view: ClusterView, queue: Collection[Action],
                  now: float) -> list[Assignment]:
+        cands, evicted, _ = self.arrange(view, queue, now)
+        return [Assignment(c.action, c.units, c.placement)
+                for i, c in enumerate(cands) if i not in evicted]
+
+    def arrange(self, view: ClusterView, queue: Collection[Action],
+                now: float) -> tuple[list[Candidate], set[int], ScratchPools]:
+        """The decision in full: the FCFS candidates (with their final units and placements),
+        the indices of those greedy eviction sent back to wait, and the scratch pools holding
+        exactly the kept candidates (what `backfill` builds on)."""
         pools = ScratchPools(view.pools)
         cands = scan_candidates(view, queue, pools, now)
         if not cands:
-            return []
+            return cands, set(), pools
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, c in enumerate(cands):
             a = c.action
@@ -60,8 +69,7 @@ class HeuristicAllocator:
         evicted: set[int] = set()
         for (r, node), idxs in groups.items():
             evicted.update(self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now))
-        return [Assignment(c.action, c.units, c.placement)
-                for i, c in enumerate(cands) if i not in evicted]
+        return cands, evicted, pools
 
     # -- one group -----------------------------------------------------------------------------
     def _arrange(self, view: ClusterView, pool: Pool, pools, cands: list[Candidate],
