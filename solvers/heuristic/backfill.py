@@ -52,6 +52,9 @@ from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement, Pool
 
 ORDERS = ("fcfs", "srpt")
+RESERVE_OPTIONS = 3
+"""Amounts a waiting elastic action's reservation tries (evenly spread, minimum and maximum
+included): it reserves the one that finishes soonest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +112,14 @@ def _held_now(view: ClusterView, started: list[Assignment], now: float):
     return held
 
 
-def _choices(view: ClusterView, a: Action, fastest_first: bool, depth: int):
+def _choices(view: ClusterView, a: Action, fastest_first: bool):
     """(units per resource, estimated duration) the action may run with."""
     if a.is_elastic:
         key = a.key
         assert key is not None
         opts = [(m, view.estimate(a, m)) for m, _ in a.options]
         if not fastest_first:
-            opts = list(spread(tuple(opts), depth))
+            opts = list(spread(tuple(opts), RESERVE_OPTIONS))
         else:
             opts.sort(key=lambda o: (o[1], o[0]))
         return [({**a.mins, key: m}, d) for m, d in opts]
@@ -143,11 +146,10 @@ def _earliest(tls: _Timelines, view: ClusterView, a: Action, units: Mapping[str,
         t = latest
 
 
-def _reserve(tls: _Timelines, view: ClusterView, a: Action, now: float,
-             depth: int) -> Reservation | None:
+def _reserve(tls: _Timelines, view: ClusterView, a: Action, now: float) -> Reservation | None:
     """Reserve the amount that finishes soonest (by the estimate) and take it in the timelines."""
     best = None
-    for units, d in _choices(view, a, False, depth):
+    for units, d in _choices(view, a, False):
         got = _earliest(tls, view, a, units, d, now)
         if got is not None and (best is None or got[0] + d < best[0] + best[1] - 1e-12):
             best = (got[0], d, units, got[1])
@@ -179,7 +181,7 @@ def _now_ok(pool: Pool, k: int) -> Callable[[Slot], bool]:
 def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Action,
                now: float) -> Assignment | None:
     """Start `a` now with its fastest amount that fits now and beside every reservation."""
-    for units, d in _choices(view, a, True, 0):
+    for units, d in _choices(view, a, True):
         if any(pools[r].free() < k for r, k in units.items()):
             continue
         slots: dict[str, Slot] = {}
@@ -215,7 +217,7 @@ def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Actio
 
 
 def _walk(view: ClusterView, queue: Collection[Action], now: float, pools: ScratchPools,
-          started: list[Assignment], wait: set[str], window: int, depth: int,
+          started: list[Assignment], wait: set[str], window: int,
           backfill: bool) -> tuple[list[Assignment], dict[str, Reservation]]:
     """Phase 2 over the actions not in `started`: start (if `backfill`) or reserve each."""
     tls = _Timelines(view, _held_now(view, started, now), now)
@@ -235,22 +237,21 @@ def _walk(view: ClusterView, queue: Collection[Action], now: float, pools: Scrat
             if asg is not None:
                 out.append(asg)
                 continue
-        res = _reserve(tls, view, a, now, depth)
+        res = _reserve(tls, view, a, now)
         if res is not None:
             reservations[a.id] = res
     return out, reservations
 
 
 def estimated_starts(view: ClusterView, queue: Collection[Action], now: float,
-                     started: list[Assignment], window: int = 64,
-                     depth: int = 3) -> dict[str, Reservation]:
+                     started: list[Assignment], window: int = 64) -> dict[str, Reservation]:
     """The reservation of every waiting action when exactly `started` start now: the estimate
     backfilling promises never to make later for an action ahead of a backfiller."""
     pools = ScratchPools(view.pools)
     for a in started:
         for r, u in a.units.items():
             pools[r].take(a.placement[r], u)
-    return _walk(view, queue, now, pools, started, set(), window, depth, False)[1]
+    return _walk(view, queue, now, pools, started, set(), window, False)[1]
 
 
 # -- ordering ----------------------------------------------------------------------------------
@@ -315,8 +316,7 @@ class BackfillAllocator(HeuristicAllocator):
         wait = {cands[i].action.id for i in evicted}
         if self.window == 0:
             return BackfillDecision(started, frozenset(), {})
-        more, reservations = _walk(view, queue, now, pools, started, wait, self.window,
-                                   self.depth, True)
+        more, reservations = _walk(view, queue, now, pools, started, wait, self.window, True)
         return BackfillDecision(started + more, frozenset(a.action.id for a in more),
                                 reservations)
 

@@ -73,6 +73,7 @@ def test_exact_is_never_above_any_policy_and_verifies(inst):
     assert exact.status == "optimal"
     verify(inst.build_pools(), exact.entries, {a.id: a.submit_time for a in inst.actions})
     for name, options in [("heuristic", {}), ("heuristic", {"depth": 1}), ("min", {}),
+                          ("backfill", {}), ("backfill-srpt", {}),
                           ("cpsat", {"resolution": RES, "workers": 1})]:
         policy = simulate(inst, get_allocator(name, **options)).total_act
         assert exact.total_act <= policy + 1e-6, (name, options)
