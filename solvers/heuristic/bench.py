@@ -119,6 +119,12 @@ def scheduler(argv: list[str]) -> int:
     times = sorted(_timeit(lambda: alloc.allocate(view, queue, 0.0), ns.reps))
     med, p99 = statistics.median(times), times[int(0.99 * (len(times) - 1))]
 
+    # -- issue 16: backfill beside heuristic, same view, same run --------------------------
+    bf = get_allocator("backfill", depth=2)
+    bf_times = sorted(_timeit(lambda: bf.allocate(view, queue, 0.0), ns.reps))
+    bf_med = statistics.median(bf_times)
+    # -- end issue 16 ------------------------------------------------------------------------
+
     inst = _sim_instance(ns.actions, rng)
     t0 = time.perf_counter()
     res = simulate(inst, get_allocator("heuristic"))
@@ -129,6 +135,8 @@ def scheduler(argv: list[str]) -> int:
         ("  started by the decision", str(len(got)), ""),
         ("  median decision", f"{med * 1e3:.3f} ms", "<= 1 ms"),
         ("  p99 decision", f"{p99 * 1e3:.3f} ms", "<= 5 ms"),
+        ("  backfill: median decision", f"{bf_med * 1e3:.3f} ms ({bf_med / med:.2f}x)",
+         "<= 1.5x heuristic"),  # issue 16
         (f"simulator, {ns.actions:,} actions on 256 units", "", ""),
         ("  throughput", f"{ns.actions / wall:,.0f} actions/s", ">= 50,000 actions/s"),
         ("  wall time / decisions", f"{wall:.1f} s / {res.counters['decisions']:,.0f}", ""),
