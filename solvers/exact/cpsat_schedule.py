@@ -1,7 +1,7 @@
 """The exact schedule in OR-Tools CP-SAT: optional intervals per (job, mode), cumulative per
 flat node, no-overlap per GPU. Reads only the shared `ScheduleModel`.
 
-What makes it prove bigger instances (measured in `evaluation.gap`'s sweep):
+What makes it prove bigger instances (measured with `tangram bench exact --sweep`):
 
 - **Semi-active dominance**: every queued job starts at its release or at the end of another
   job (or, under `fcfs`, at the start of the job before it). Exact: in a schedule where a job
