@@ -50,10 +50,19 @@ class HeuristicAllocator:
 
     def allocate(self, view: ClusterView, queue: Collection[Action],
                  now: float) -> list[Assignment]:
+        cands, evicted, _ = self.arrange(view, queue, now)
+        return [Assignment(c.action, c.units, c.placement)
+                for i, c in enumerate(cands) if i not in evicted]
+
+    def arrange(self, view: ClusterView, queue: Collection[Action],
+                now: float) -> tuple[list[Candidate], set[int], ScratchPools]:
+        """The decision in full: the FCFS candidates (with their final units and placements),
+        the indices of those greedy eviction sent back to wait, and the scratch pools holding
+        exactly the kept candidates (what `backfill` builds on)."""
         pools = ScratchPools(view.pools)
         cands = scan_candidates(view, queue, pools, now)
         if not cands:
-            return []
+            return cands, set(), pools
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, c in enumerate(cands):
             a = c.action
@@ -67,17 +76,22 @@ class HeuristicAllocator:
             gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
             if gone:
                 evicted.update(gone)
-                evicted.update(self._keep_place(view, cands, evicted, gone[0], r, node, now))
-        return [Assignment(c.action, c.units, c.placement)
-                for i, c in enumerate(cands) if i not in evicted]
+                held = self._keep_place(view, cands, evicted, gone[0], r, node, now)
+                for i in held:  # they wait: their units go back to the scratch pools
+                    c = cands[i]
+                    for r2, p in c.placement.items():
+                        pools[r2].release(p, c.units[r2])
+                evicted.update(held)
+        return cands, evicted, pools
 
     def _keep_place(self, view: ClusterView, cands: list[Candidate], evicted: set[int],
                     first: int, r: str, node: str | None, now: float) -> list[int]:
-        """An elastic candidate put off to wait for more units keeps its place: a later
-        candidate that takes units of the same pool (and node) starts now only if its estimated
-        end is no later than the put-off action's reservation, the estimated time at which the
-        units it waits for are free (conservative backfilling). Returns the ones that must
-        wait too."""
+        """An elastic candidate put off to wait for more units keeps its place. Its reservation
+        is the estimated time at which the units it waits for (its largest useful amount) are
+        free, counting only what runs now and the candidates ahead of it. A later candidate
+        that takes units of the same pool (and node) starts now only if it ends by the
+        reservation or fits in the units left over at the reservation (conservative
+        backfilling). Returns the ones that must wait too."""
         pool = view.pools[r]
         capacity = pool.capacity(node)
         releases: list[tuple[float, int]] = []
@@ -108,11 +122,19 @@ class HeuristicAllocator:
                 break
             free += u
             reservation = end
+        # at the reservation `free` units are back; the put-off action needs `target` of them,
+        # the rest may go to later candidates now, as may any that end before the reservation
+        extra = free - target
         out = []
         for i in later:
-            a = cands[i].action
-            if now + view.estimate(a, cands[i].units[a.key] if a.key else None) > reservation:
-                out.append(i)
+            c = cands[i]
+            a = c.action
+            if now + view.estimate(a, c.units[a.key] if a.key else None) <= reservation:
+                continue
+            if c.units[r] <= extra:
+                extra -= c.units[r]
+                continue
+            out.append(i)
         return out
 
     # -- one group -----------------------------------------------------------------------------

@@ -104,3 +104,22 @@ def test_multi_node_scan_skips_a_blocked_node_quickly(policy):
     before = s.queue.visited
     assert started(s, 0.0) == []
     assert s.queue.visited - before <= 5, s.queue.visited - before
+
+
+def test_multi_node_instance_binds_actions_and_the_exact_solver_agrees():
+    from pathlib import Path
+
+    from solvers.exact import solve_schedule
+    from tangram.instance import load_instance, parse_instance
+
+    inst = load_instance(Path(__file__).parents[1] / "scenarios" / "multi_node_bound.json")
+    assert inst.bindings == {("s1", "cpu"): "small", ("s2", "cpu"): "small",
+                             ("b1", "cpu"): "big"}
+    sched = solve_schedule(inst, time_limit=10)
+    assert sched.total_act == pytest.approx(9.5)  # s2 (1 s) before s1 on the small node
+    where = {e.action.id: e.placement["cpu"].node for e in sched.entries}
+    assert where["s1"] == where["s2"] == "small" and where["b1"] == "big"
+    doc = {"resources": {"cpu": {"topology": "flat", "nodes": {"big": 4, "small": 2}}},
+           "actions": [{"id": "x", "node": "small", "demand": {"cpu": [3]}, "duration": 1}]}
+    with pytest.raises(Infeasible, match="small"):
+        parse_instance(doc)
