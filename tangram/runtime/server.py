@@ -178,7 +178,8 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _infeasible(request: Request, exc: Exception) -> JSONResponse:
-    field = {"exec": "cpu", "invoke": "gpus"}.get(request.url.path.rsplit("/", 1)[-1])
+    field = {"exec": "cpu", "run_code": "cpu", "invoke": "gpus"}.get(
+        request.url.path.rsplit("/", 1)[-1])
     return error(409, str(exc), field, problem="no pool can ever meet this demand")
 
 
