@@ -16,6 +16,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),
     "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
+    "sandboxfusion": ("evaluation.benches.sandboxfusion:main",
+                      "a /run_code burst: elastic and fixed grants vs a one-core pool"),
 }
 
 
