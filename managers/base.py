@@ -37,6 +37,10 @@ class Manager(ABC):
         """Run one placed action, enforcing exactly its granted units; never raise for the
         action's own failure (that is a `Result` whose status says so)."""
 
+    async def start(self) -> None:
+        """Begin serving (deploy services, watch membership); the runtime awaits it once
+        before the first action. Idempotent; nothing to do by default."""
+
     async def close(self) -> None:
         """Release everything (processes, cgroups, containers). Idempotent."""
 

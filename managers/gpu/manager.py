@@ -10,15 +10,18 @@ is kept for the life of the manager.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 
 from managers.base import Manager, Outcome
-from managers.gpu.backend import GpuBackend
+from managers.gpu.backend import GpuBackend, NodeLost
 from managers.gpu.residency import Residency, ResidentWait
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Pool
+
+log = logging.getLogger("tangram.gpu")
 
 
 class GpuManager(Manager):
@@ -41,6 +44,15 @@ class GpuManager(Manager):
 
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
+
+    def lose_node(self, node: str, why: str) -> None:
+        """A node died: its chunks leave the pool (once their running actions end) and its
+        resident copies are forgotten, so nothing is placed or preferred there again."""
+        if node in self.pool.nodes():
+            self.pool.retire(node)
+            dropped = self.residency.forget_node(node)
+            log.warning("gpu: node %s %s: its chunks leave the pool, %d resident copies "
+                        "forgotten", node, why, dropped)
 
     def prefer(self, action, resource: str, node: str, chunk: tuple[int, int]) -> float:
         """The placement preference for `ClusterView.prefer`."""
@@ -76,12 +88,20 @@ class GpuManager(Manager):
             if decision.restored:
                 try:
                     restore_s = await self.backend.restore(service, node, chunk)
+                except NodeLost as exc:
+                    self.lose_node(node, str(exc))
+                    return Outcome("failed", detail=f"restore of {service.name} on "
+                                   f"{node}{chunk} could not run: {exc}")
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
                     return Outcome("failed", detail=f"restore of {service.name} on "
                                    f"{node}{chunk} failed: {exc}")
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
+            except NodeLost as exc:
+                self.lose_node(node, str(exc))
+                return Outcome("failed", detail=f"{service.name} on {node}{chunk} could not "
+                               f"run: {exc}", restore_s=restore_s)
             except Exception as exc:
                 return Outcome("error", detail=f"{service.name} on {node}{chunk}: {exc}",
                                restore_s=restore_s)

@@ -31,13 +31,13 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from managers.base import EnvironmentManager, Outcome
 from managers.cpu.request import exec_target
-from managers.gpu import GB, GpuBackend, GpuManager, Residency, Service
+from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import ChunkPool, CorePool, Pool
@@ -112,6 +112,8 @@ class RayCpuManager(EnvironmentManager):
         self.envs: dict[str, RemoteEnv] = {}
         self._by_trajectory: dict[str, str] = {}
         self._joining: set[str] = set()
+        self._opening: set[str] = set()  # trajectories whose open_env is in flight
+        self.on_lost: list[Callable[[str, str], None]] = []  # (node, why) when a node dies
         self._watcher: asyncio.Task | None = None
         self._closed = False
 
@@ -154,12 +156,14 @@ class RayCpuManager(EnvironmentManager):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cores = memory = None
+        # the node's capacity is the CPU resource Ray offers there (`ray start --num-cpus 8`
+        # on a 64-core machine: 8 cores), not the machine's physical core count
+        cores = int(resources.get("CPU", 0))
+        if cores == 0:
+            return None
+        memory = None
         if self._backend_name == "sim":  # model the node Ray describes
-            cores = int(resources.get("CPU", 0))
             memory = int(resources.get("memory", 0) // MiB) or 4096
-            if cores == 0:
-                return None
         actor = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
         return actor.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
@@ -175,6 +179,9 @@ class RayCpuManager(EnvironmentManager):
                  info.cores, info.memory_mb, info.gpus, info.backend)
 
     # -- the Manager interface -----------------------------------------------------------------
+    async def start(self) -> None:
+        self._ensure_watcher()  # membership is watched from the start, not the first action
+
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
 
@@ -201,12 +208,17 @@ class RayCpuManager(EnvironmentManager):
         self._ensure_watcher()
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
-        if trajectory in self._by_trajectory:
+        if trajectory in self._by_trajectory or trajectory in self._opening:
             raise ValidationError("env.trajectory", trajectory,
-                                  f"already has environment {self._by_trajectory[trajectory]}")
+                                  "already has an environment" + (
+                                      f" ({self._by_trajectory[trajectory]})"
+                                      if trajectory in self._by_trajectory else
+                                      " (being opened)"))
         name = self._choose_node(memory_mb, min_cores)
         node = self.nodes[name]
-        node.reserved_mb += memory_mb  # before the await: concurrent opens see it
+        # both before the await, so a concurrent open sees them: the memory and the trajectory
+        node.reserved_mb += memory_mb
+        self._opening.add(trajectory)
         try:
             env_id = await node.agent.open_env.remote(trajectory, memory_mb)
         except BaseException as exc:
@@ -216,6 +228,8 @@ class RayCpuManager(EnvironmentManager):
                 raise BackendUnavailable(f"env for {trajectory}: node {name} was lost while "
                                          "opening it; open it again") from None
             raise
+        finally:
+            self._opening.discard(trajectory)
         self.envs[env_id] = RemoteEnv(env_id, trajectory, name, memory_mb)
         self._by_trajectory[trajectory] = env_id
         node.envs.add(env_id)
@@ -225,7 +239,7 @@ class RayCpuManager(EnvironmentManager):
         env = self.envs.pop(env_id, None)
         if env is None:
             return
-        del self._by_trajectory[env.trajectory]
+        self._by_trajectory.pop(env.trajectory, None)
         node = self.nodes.get(env.node)
         if node is None:
             return
@@ -301,6 +315,8 @@ class RayCpuManager(EnvironmentManager):
         node.lost = why
         log.warning("ray: node %s (Ray node %s) %s: %d environments lost", name,
                     node.info.ray_node_id[:12], why, len(node.envs))
+        for hook in self.on_lost:
+            hook(name, why)
         self._retire_drained()
 
     def _retire_drained(self) -> None:
@@ -369,27 +385,40 @@ class RayGpuBackend(GpuBackend):
 
     name = "ray"
 
-    def __init__(self, agents: Mapping[str, Any]) -> None:
+    def __init__(self, agents: Mapping[str, Any],
+                 lost: Callable[[str], str | None] = lambda node: None) -> None:
         self.agents = dict(agents)
+        self.lost = lost  # why a node is lost (the CPU manager's membership), None if alive
 
     def _agent(self, node: str) -> Any:
+        why = self.lost(node)
+        if why:
+            raise NodeLost(f"node {node} {why}")
         agent = self.agents.get(node)
         if agent is None:
-            raise RuntimeError(f"no GPU agent on node {node}")
+            raise NodeLost(f"no GPU agent on node {node}")
         return agent
+
+    async def _call(self, node: str, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._agent(node), method).remote(*args)
+        except Exception as exc:
+            if _is_actor_death(exc):
+                raise NodeLost(f"node {node}: its agent died ({type(exc).__name__})") from None
+            raise
 
     async def deploy(self, service: Service) -> None:
         await asyncio.gather(*(a.gpu_deploy.remote(service) for a in self.agents.values()))
 
     async def restore(self, service: Service, node: str, chunk: tuple[int, int]) -> float:
-        return float(await self._agent(node).gpu_restore.remote(service, chunk))
+        return float(await self._call(node, "gpu_restore", service, chunk))
 
     async def evict(self, service: Service, node: str, chunk: tuple[int, int]) -> None:
-        await self._agent(node).gpu_evict.remote(service, chunk)
+        await self._call(node, "gpu_evict", service, chunk)
 
     async def invoke(self, service: Service, node: str, chunk: tuple[int, int],
                      payload: Any) -> Any:
-        return await self._agent(node).gpu_invoke.remote(service, chunk, payload)
+        return await self._call(node, "gpu_invoke", service, chunk, payload)
 
 
 def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | None:
@@ -406,7 +435,14 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | N
     registry = build_services("gpu.services", spec.get("services"))
     pool = ChunkPool("gpu", {n: ChunkTree(g, n) for n, g in sizes.items()})
     residency = Residency({n: [mem] * g for n, g in sizes.items()}, registry)
-    return GpuManager(pool, residency, RayGpuBackend({n: cpu.nodes[n].agent for n in sizes}))
+    def lost(node: str) -> str | None:
+        state = cpu.nodes.get(node)
+        return "left the cluster" if state is None else (state.lost or None)
+
+    manager = GpuManager(pool, residency,
+                         RayGpuBackend({n: cpu.nodes[n].agent for n in sizes}, lost))
+    cpu.on_lost.append(manager.lose_node)  # a dead node's chunks and residency go at once
+    return manager
 
 
 def build_ray(address: str | None = None, *, cpu_backend: str = "auto",

@@ -126,8 +126,8 @@ class Tangram:
         return cls(**build(doc).kwargs())
 
     async def start(self) -> Tangram:
-        if self.gpu is not None:
-            await self.gpu.start()
+        for m in self._managers:
+            await m.start()
         if self.idle_env_s and self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_idle())
         log.info("tangram: policy %s; pools %s", self.policy,

@@ -123,3 +123,13 @@ def test_multi_node_instance_binds_actions_and_the_exact_solver_agrees():
            "actions": [{"id": "x", "node": "small", "demand": {"cpu": [3]}, "duration": 1}]}
     with pytest.raises(Infeasible, match="small"):
         parse_instance(doc)
+
+
+def test_choose_cores_takes_the_ray_cpu_resource_domain_by_domain():
+    from tangram.runtime.ray_agent import choose_cores
+
+    numa = {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
+    assert choose_cores(numa, None) == numa
+    assert choose_cores(numa, 2) == {0: (0, 1)}
+    assert choose_cores(numa, 6) == {0: (0, 1, 2, 3), 1: (4, 5)}
+    assert choose_cores(numa, 64) == numa
