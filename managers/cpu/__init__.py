@@ -5,7 +5,7 @@ backends."""
 from managers.cpu.backends import Backend, EnvironmentBroken, select
 from managers.cpu.manager import LOCAL, CpuManager
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, with_dop
+from managers.cpu.request import ExecRequest
 
 __all__ = ["LOCAL", "Backend", "CpuManager", "Environment", "EnvironmentBroken",
-           "EnvironmentTable", "ExecRequest", "select", "with_dop"]
+           "EnvironmentTable", "ExecRequest", "select"]
