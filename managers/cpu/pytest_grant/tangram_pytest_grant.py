@@ -29,9 +29,15 @@ def workers_to_add(args: list[str], cpus: str | None, xdist: bool, in_worker: bo
     return int(cpus)
 
 
+def xdist_importable() -> bool:
+    try:
+        return importlib.util.find_spec("xdist") is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as none
+        return False
+
+
 def pytest_load_initial_conftests(args: list[str]) -> None:
-    n = workers_to_add(list(args), os.environ.get("TANGRAM_CPUS"),
-                       importlib.util.find_spec("xdist") is not None,
+    n = workers_to_add(list(args), os.environ.get("TANGRAM_CPUS"), xdist_importable(),
                        "PYTEST_XDIST_WORKER" in os.environ)
     if n:
         args[:] = ["-n", str(n), *args]
