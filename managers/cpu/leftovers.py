@@ -29,15 +29,20 @@ def dead_owner(name: str) -> int | None:
     if m is None:
         return None
     pid = int(m.group(1))
+    return pid if gone(pid) else None
+
+
+def gone(pid: int) -> bool:
+    """Whether no process has this PID (in this PID namespace)."""
     if pid <= 0:
-        return None
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return pid
+        return True
     except PermissionError:  # alive, someone else's
-        return None
-    return None
+        return False
+    return False
 
 
 def sweep_workdirs(root: str | Path) -> list[str]:
