@@ -1,6 +1,6 @@
 """The CPU manager, allocate-on-execution (paper 5.2): environments per trajectory, cores
-granted right before each exec and taken back when it exits; cgroup, docker, affinity and sim
-backends."""
+granted right before each exec and taken back when it exits; bwrap (sandboxed), cgroup, docker,
+affinity and sim backends."""
 
 from managers.cpu.backends import Backend, EnvironmentBroken, select
 from managers.cpu.manager import LOCAL, CpuManager

@@ -108,14 +108,17 @@ class CpuManager(Manager):
         return env_id
 
     async def close_env(self, env_id: str) -> None:
-        """Kill everything left in the environment and remove it. Unknown ids are ignored."""
+        """Kill everything left in the environment and remove it. Unknown ids are ignored, and
+        so is a second close while the first is still at work (the idle reaper and shutdown
+        may both close one environment)."""
         env = self.envs.get(env_id)
         if env is None:
             return
         try:
             await self.backend.close(env)
         finally:
-            self.envs.remove(env_id)
+            if self.envs.get(env_id) is env:
+                self.envs.remove(env_id)
             self.broken.pop(env_id, None)
 
     async def run(self, assignment: Assignment) -> Outcome:

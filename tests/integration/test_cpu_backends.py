@@ -168,3 +168,20 @@ def test_unknown_environment_and_wrong_payload_fail_clearly():
         await m.close()
 
     asyncio.run(go())
+
+
+class SlowCloseSim(SimBackend):
+    async def close(self, env):
+        await asyncio.sleep(0.02)  # a real backend awaits its teardown (cgroups, containers)
+        await super().close(env)
+
+
+def test_two_closes_of_one_environment_at_once_both_succeed():
+    async def go():
+        m = CpuManager(SlowCloseSim(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
+        env = await m.open_env("t", 50)
+        await asyncio.gather(m.close_env(env), m.close_env(env), m.close())
+        return m
+
+    m = asyncio.run(go())
+    assert m.envs.all() == [] and m.envs.memory_free("n") == 100
