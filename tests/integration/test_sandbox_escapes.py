@@ -93,7 +93,7 @@ def test_cannot_see_or_touch_another_environments_files():
             wrote = await m.execute(ExecRequest(a, "echo secret-a > mine && cat mine"))
             a_dir = m.envs.get(a).workdir
             tries = await m.execute(ExecRequest(
-                b, f"cat {a_dir}/mine; ls {a_dir}; ls /tmp; ls /work; echo x > {evil[0]}; "
+                b, f"cat {a_dir}/mine; ls {a_dir}; ls /tmp; ls $HOME; echo x > {evil[0]}; "
                    f"echo x > {evil[1]}"))
             return wrote, tries, a_dir
         finally:
@@ -105,6 +105,7 @@ def test_cannot_see_or_touch_another_environments_files():
         assert "secret-a" not in tries.stdout and "mine" not in tries.stdout
         assert tries.stderr.count("Read-only file system") == 2
         assert tries.stderr.count("No such file") == 2  # A's folder is not there at all
+        assert "Permission denied" not in tries.stderr
         assert not any(os.path.exists(p) for p in evil)
     finally:
         for p in evil:
@@ -148,16 +149,21 @@ def test_cannot_leave_its_cgroup_or_gain_privileges():
             env = await m.open_env("t", 128)
             return await m.execute(ExecRequest(env, (
                 "echo $$ > /sys/fs/cgroup/cpu/cgroup.procs; echo $$ > /sys/fs/cgroup/cgroup.procs;"
-                " mount -t tmpfs x /work 2>&1; unshare -Ur true 2>&1; "
-                "grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; id -u")))
+                " mount -t tmpfs x $HOME 2>&1; unshare -Urm sh -c 'cat /etc/shadow; "
+                "mount -t cgroup -o cpu x /tmp; mount -t cgroup2 x /tmp' 2>&1; "
+                "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; id -u")))
         finally:
             await m.close()
 
     o = run(go())
     assert "CapEff:\t0000000000000000" in o.stdout and "NoNewPrivs:\t1" in o.stdout
+    assert "CapBnd:\t0000000000000000" in o.stdout
     assert o.stdout.splitlines()[-1] != "0"  # not root inside
     assert o.stderr.count("cannot create") == 2  # no cgroup files at all
-    assert "mount" in o.stdout and "unshare" in o.stdout  # both refused, with their messages
+    assert "must be superuser" in o.stdout  # no mounts
+    # a user namespace of its own makes it "root" there, and still gets it nothing
+    assert "shadow: Permission denied" in o.stdout and "root:" not in o.stdout
+    assert o.stdout.count("mount:") >= 3  # neither cgroup filesystem mounts
 
 
 def test_setsid_does_not_outlive_its_exec():
@@ -255,7 +261,7 @@ def test_normal_commands_still_work():
             await m.close()
 
     one, write, read, n = run(go())
-    assert one.stdout == "1\n" and write.stdout == "/work\n"
+    assert one.stdout == "1\n" and write.stdout == "/sandbox\n"
     assert read.stdout.split() == ["kept", "d", "f", str(n), str(n)]
 
 
