@@ -1,7 +1,7 @@
 """CPU executor backends, resolved by name; `select` picks the best one available and logs why.
 
 Preference (isolation first, then the most faithful enforcement): bwrap (a bubblewrap sandbox
-per exec over the cgroup grant; root, bubblewrap and user namespaces), cgroup (cpuset + quota +
+per exec over the cgroup grant; root and bubblewrap), cgroup (cpuset + quota +
 memory and pids limits, root, no isolation), docker (container per environment; chosen
 automatically only when its image is present), affinity (cpuset only, no root, no isolation),
 sim (nothing runs). Each backend skipped is logged with the reason and its fix.
