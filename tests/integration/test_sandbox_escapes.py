@@ -253,7 +253,8 @@ def test_normal_commands_still_work():
         try:
             env = await m.open_env("t", 256)
             one = await m.execute(ExecRequest(env, ("python3", "-c", "print(1)")))
-            write = await m.execute(ExecRequest(env, "echo kept > f; mkdir -p d; echo $HOME"))
+            write = await m.execute(ExecRequest(env, "echo kept > f; mkdir -p d; echo t > /tmp/t;"
+                                                     " cat /tmp/t; echo $HOME"))
             read = await m.execute(ExecRequest(env, "cat f; ls; nproc; echo $TANGRAM_CPUS"),
                                    cores=2 if m.pool.capacity() >= 2 else 1)
             return one, write, read, min(m.pool.capacity(), 2)
@@ -261,7 +262,7 @@ def test_normal_commands_still_work():
             await m.close()
 
     one, write, read, n = run(go())
-    assert one.stdout == "1\n" and write.stdout == "/sandbox\n"
+    assert one.stdout == "1\n" and write.stdout == "t\n/sandbox\n", write
     assert read.stdout.split() == ["kept", "d", "f", str(n), str(n)]
 
 
@@ -339,6 +340,26 @@ def test_sandbox_leaves_nothing_behind():
     folders, workdir, support = run(go())
     assert not any(f.exists() for f in folders)
     assert not os.path.exists(workdir) and not support.exists()
+
+
+def test_a_dead_sandbox_comes_back_and_concurrent_execs_share_it():
+    async def go():
+        m = await sandbox()
+        try:
+            env = await m.open_env("t", 128)
+            holder = m.backend._holders[env]
+            holder.proc.kill()  # as if it died
+            holder.proc.wait()
+            after = await m.execute(ExecRequest(env, "echo back"))
+            both = await asyncio.gather(*(m.execute(ExecRequest(env, f"sleep 0.3; echo {i}"))
+                                          for i in range(2)))
+            return after, both, m.backend._holders[env] is not holder
+        finally:
+            await m.close()
+
+    after, both, restarted = run(go())
+    assert after.stdout == "back\n" and restarted
+    assert [o.stdout for o in both] == ["0\n", "1\n"]
 
 
 def test_bad_options_name_their_field():

@@ -47,7 +47,7 @@ SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a sh
 
 
 @dataclass(slots=True)
-class _Slot:
+class Slot:
     folders: dict[str, Path]  # controller -> the slot folder
     join: str  # shell line moving the shell into the slot (and the env's memory cgroup, v1)
     cpus: str = ""
@@ -57,8 +57,8 @@ class _Slot:
 @dataclass(slots=True)
 class _Env:
     folders: dict[str, Path]
-    free: list[_Slot] = field(default_factory=list)
-    slots: list[_Slot] = field(default_factory=list)
+    free: list[Slot] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
 
 
 class CgroupBackend(Backend):
@@ -161,7 +161,7 @@ class CgroupBackend(Backend):
         Path(env.workdir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self._workdirs.add(env.workdir)
 
-    def _slot(self, env: Environment, e: _Env) -> _Slot:
+    def _slot(self, env: Environment, e: _Env) -> Slot:
         if e.free:
             return e.free.pop()
         name = f"x{len(e.slots)}"
@@ -179,12 +179,12 @@ class CgroupBackend(Backend):
             folders = {c: f for c in SLOT_CONTROLLERS}
             joins = [f]
         writes = " && ".join(f"echo 0 >{shlex.quote(str(j / 'cgroup.procs'))}" for j in joins)
-        slot = _Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
+        slot = Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
                               f"exit 125; }}")
         e.slots.append(slot)
         return slot
 
-    def _confine(self, slot: _Slot, cores: tuple[int, ...]) -> None:
+    def _confine(self, slot: Slot, cores: tuple[int, ...]) -> None:
         cpus = fs.cpulist(cores)
         if self.h.version == 1:
             quota = str(len(cores) * fs.PERIOD_US)
@@ -211,6 +211,10 @@ class CgroupBackend(Backend):
         return command_env(env.id, len(cores), env.workdir, elastic=elastic,
                            plugin_dir=str(self.support))
 
+    def _fds(self, env: Environment) -> tuple[int, ...]:
+        """File descriptors the exec's launcher needs open (none here)."""
+        return ()
+
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
         e = self._envs.get(env.id)
@@ -230,7 +234,8 @@ class CgroupBackend(Backend):
             outcome = await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
                                       env=self._environ(env, cores, elastic),
                                       timeout=timeout, output_cap=output_cap,
-                                      kill_rest=lambda: fs.kill_all(leaf))
+                                      kill_rest=lambda: fs.kill_all(leaf),
+                                      pass_fds=self._fds(env))
         finally:
             e.free.append(slot)
         if self._envs.get(env.id) is not e:
