@@ -191,14 +191,20 @@ class BwrapBackend(CgroupBackend):
         try:
             slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
             self._confine(slot, cores)
-            await asyncio.to_thread(self._start_holder, env, slot)
+            await self._start_holder(env, slot)
         except BaseException:
             await self.close(env)
             raise
 
-    def _start_holder(self, env: Environment, slot: Slot) -> None:
+    async def _start_holder(self, env: Environment, slot: Slot) -> None:
         """Start the environment's sandbox in its cgroup slot and hold its namespaces open;
-        raises `BackendUnavailable` saying why when it does not come up."""
+        raises `BackendUnavailable` saying why when it does not come up. Spawned from the
+        loop's thread: `--die-with-parent` follows the spawning thread, which lives as long as
+        the server."""
+        proc, info_r = self._spawn_holder(env, slot)
+        self._holders[env.id] = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
+
+    def _spawn_holder(self, env: Environment, slot: Slot) -> tuple[subprocess.Popen, int]:
         info_r, info_w = os.pipe()
         sandbox = (self._bwrap, *ISOLATE, *([] if env.network else ["--unshare-net"]),
                    "--hostname", "tangram", "--die-with-parent", "--cap-drop", "ALL",
@@ -213,8 +219,16 @@ class BwrapBackend(CgroupBackend):
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, pass_fds=(info_w,),
                                     start_new_session=True)
+        except OSError:
+            os.close(info_r)
+            raise
         finally:
             os.close(info_w)
+        return proc, info_r
+
+    def _hold(self, env: Environment, slot: Slot, proc: subprocess.Popen,
+              info_r: int) -> _Holder:
+        """Wait until the sandbox is set up, then open its namespaces."""
         try:
             with os.fdopen(info_r, "rb") as info:
                 raw = info.read()  # bwrap closes it once its init runs
@@ -224,15 +238,20 @@ class BwrapBackend(CgroupBackend):
             ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
             if not ready or proc.stdout.readline() != b"ready\n":
                 raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
-            proc.stdout.close()
             fds = {ns: os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY) for ns in NAMESPACES}
         except (ValueError, KeyError, OSError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            err = proc.communicate(timeout=HOLDER_START_S)[1].decode(errors="replace").strip()
+            proc.wait(HOLDER_START_S)
+            assert proc.stderr is not None
+            err = proc.stderr.read().decode(errors="replace").strip()
             raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
                                      f"({err or exc})") from exc
-        self._holders[env.id] = _Holder(proc, fds, slot)
+        finally:
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        return _Holder(proc, fds, slot)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
@@ -241,7 +260,7 @@ class BwrapBackend(CgroupBackend):
             holder.release()
             del self._holders[env.id]
             try:
-                await asyncio.to_thread(self._start_holder, env, holder.slot)
+                await self._start_holder(env, holder.slot)
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
