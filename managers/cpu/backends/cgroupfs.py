@@ -191,7 +191,7 @@ def read(path: Path) -> str:
 def pids(folder: Path) -> list[int]:
     try:
         return [int(p) for p in read(folder / "cgroup.procs").split()]
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:  # gone, or being removed (ENODEV) while we read it
         return []
 
 
