@@ -10,6 +10,7 @@ trajectory's actions must stay on.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -17,8 +18,9 @@ from collections.abc import Mapping
 
 from managers.base import EnvironmentManager, Outcome
 from managers.cpu.backends import Backend, EnvironmentBroken, select
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, exec_target, with_dop
+from managers.cpu.request import ExecRequest, exec_target
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -28,6 +30,7 @@ from topology import CpuNode
 from topology.discovery import discover_numa
 
 LOCAL = "local"
+log = logging.getLogger(__name__)
 
 
 def local_memory_mb() -> int:
@@ -41,9 +44,12 @@ def local_memory_mb() -> int:
 class CpuManager(EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
-    `backend`: a name ("cgroup", "docker", "affinity", "sim"; "auto" picks the best available
-    and logs it) or a `Backend`. Local backends run on this machine: one node, `LOCAL`, with its
-    discovered NUMA cores and memory. `nodes`/`memory_mb` describe other clusters (sim).
+    `backend`: a name ("bwrap", "cgroup", "docker", "affinity", "sim"; "auto" picks the best
+    available and logs it) or a `Backend`. Local backends run on this machine: one node, `LOCAL`,
+    with its discovered NUMA cores and memory. `nodes`/`memory_mb` describe other clusters (sim).
+
+    Before it serves, a manager sweeps what dead servers left (their cgroups, work folders,
+    containers; see `leftovers`) and logs it: environments do not survive a restart.
     """
 
     name = "cpu"
@@ -66,6 +72,9 @@ class CpuManager(EnvironmentManager):
         self.broken: dict[str, str] = {}  # env id -> why
         self.workdir_root = workdir_root or tempfile.gettempdir()
         self._closed = False
+        self.swept = self.backend.sweep() + sweep_workdirs(self.workdir_root)
+        for line in self.swept:
+            log.warning("swept what a dead server left: %s", line)
 
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
@@ -77,15 +86,19 @@ class CpuManager(EnvironmentManager):
     def bindings(self) -> dict[tuple[str, str], str]:
         return {(e.trajectory, self.resource): e.node for e in self.envs.all()}
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
+                       network: bool = False) -> str:
         """Open the trajectory's environment on a node with `memory_mb` free for its whole
-        life and, preferably, `min_cores` free now (memory load balanced); returns its id."""
+        life and, preferably, `min_cores` free now (memory load balanced); returns its id.
+        `network`: whether its commands may reach the network (off by default)."""
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
+        if not isinstance(network, bool):
+            raise ValidationError("env.network", network, "must be true or false")
         node = self.envs.choose_node(self.pool, memory_mb, min_cores)
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         env = Environment(env_id, trajectory, node, memory_mb,
-                          os.path.join(self.workdir_root, f"tangram-{env_id}"))
+                          os.path.join(self.workdir_root, owned_name(env_id)), network)
         self.envs.add(env)  # validates: one environment per trajectory
         try:
             await self.backend.open(env, tuple(sorted(self.pool.cpu_node(node).domain_of)))
@@ -95,14 +108,17 @@ class CpuManager(EnvironmentManager):
         return env_id
 
     async def close_env(self, env_id: str) -> None:
-        """Kill everything left in the environment and remove it. Unknown ids are ignored."""
+        """Kill everything left in the environment and remove it. Unknown ids are ignored, and
+        so is a second close while the first is still at work (the idle reaper and shutdown
+        may both close one environment)."""
         env = self.envs.get(env_id)
         if env is None:
             return
         try:
             await self.backend.close(env)
         finally:
-            self.envs.remove(env_id)
+            if self.envs.get(env_id) is env:
+                self.envs.remove(env_id)
             self.broken.pop(env_id, None)
 
     async def run(self, assignment: Assignment) -> Outcome:
@@ -116,10 +132,9 @@ class CpuManager(EnvironmentManager):
                            f"{placement} is not cores on the environment's node {env.node}")
         if req.env_id in self.broken:
             return Outcome("failed", detail=self.broken[req.env_id])
-        command = with_dop(req.command, len(placement.cores)) if req.elastic else req.command
         try:
-            return await self.backend.exec(env, placement.cores, command, req.timeout,
-                                           req.output_cap)
+            return await self.backend.exec(env, placement.cores, req.command, req.timeout,
+                                           req.output_cap, elastic=req.elastic)
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)
             return Outcome("failed", detail=str(exc))

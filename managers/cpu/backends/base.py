@@ -38,8 +38,10 @@ class Backend(ABC):
 
     @abstractmethod
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
-        """Run one command confined to `cores`; see the module docstring."""
+                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
+        """Run one command confined to `cores`, with the environment of `grant.command_env`
+        (never the server's own); `elastic`: let pytest use the cores (see `grant`). See the
+        module docstring."""
 
     @abstractmethod
     async def close(self, env: Environment) -> None:
@@ -47,6 +49,11 @@ class Backend(ABC):
 
     async def shutdown(self) -> None:
         """Release what the backend holds beyond environments (clients, parent cgroups)."""
+
+    def sweep(self) -> list[str]:
+        """Kill and remove what servers that died left behind (their PIDs are gone): called
+        once before serving; returns a line per thing swept, for the log."""
+        return []
 
     def describe(self) -> str:
         return self.name

@@ -37,7 +37,7 @@ class SimBackend(Backend):
         self.envs[env.id] = cores
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
         if env.id not in self.envs:
             raise EnvironmentBroken(f"environment {env.id} is broken: not open in the simulator")
         self.execs.append((env.id, cores, describe(command)))
