@@ -19,14 +19,17 @@ from tangram.allocation import Assignment
 from tangram.pools import Pool
 from tangram.results import Result
 
-# Managers return the one result record; the runtime adds the grant and the timings.
-Outcome = Result  # TODO(merge): the name every manager used before the records were unified
-
 
 class Manager(ABC):
     """Owns the pools of its resource types; runs actions placed on them."""
 
     name: str = "manager"
+
+    @property
+    def backend_name(self) -> str | None:
+        """The executor backend's name (`bwrap`, `cgroup`, `ray:sim`, `torch`, ...); None for
+        a manager without one."""
+        return None
 
     @abstractmethod
     def pools(self) -> Mapping[str, Pool]:
@@ -52,9 +55,10 @@ class EnvironmentManager(Manager):
     resource: str = "cpu"
 
     @abstractmethod
-    async def open_env(self, trajectory: str, memory_mb: int) -> str:
-        """Create the trajectory's environment (work dir, memory reservation) on some node and
-        bind the trajectory there; return the environment's id. At most one per trajectory."""
+    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:
+        """Create the trajectory's environment (work dir, memory reservation, no network unless
+        `network` where the backend isolates) on some node and bind the trajectory there;
+        return the environment's id. At most one per trajectory."""
 
     @abstractmethod
     async def close_env(self, env_id: str) -> None:

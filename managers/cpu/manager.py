@@ -16,7 +16,7 @@ import tempfile
 import uuid
 from collections.abc import Mapping
 
-from managers.base import EnvironmentManager, Outcome
+from managers.base import EnvironmentManager
 from managers.cpu.backends import Backend, EnvironmentBroken, select
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment, EnvironmentTable
@@ -26,6 +26,7 @@ from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import CorePool, Pool
 from tangram.resources import Demand
+from tangram.results import Result
 from topology import CpuNode
 from topology.discovery import discover_numa
 
@@ -76,6 +77,10 @@ class CpuManager(EnvironmentManager):
         for line in self.swept:
             log.warning("swept what a dead server left: %s", line)
 
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name
+
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
 
@@ -121,25 +126,25 @@ class CpuManager(EnvironmentManager):
                 self.envs.remove(env_id)
             self.broken.pop(env_id, None)
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         target = exec_target(assignment, self.envs)
-        if isinstance(target, Outcome):
+        if isinstance(target, Result):
             return target
         req, env = target
         placement = assignment.placement.get(self.resource)
         if placement is None or not placement.cores or placement.node != env.node:
-            return Outcome("failed", detail=f"action {assignment.action_id}: placement "
+            return Result("failed", detail=f"action {assignment.action_id}: placement "
                            f"{placement} is not cores on the environment's node {env.node}")
         if req.env_id in self.broken:
-            return Outcome("failed", detail=self.broken[req.env_id])
+            return Result("failed", detail=self.broken[req.env_id])
         try:
             return await self.backend.exec(env, placement.cores, req.command, req.timeout,
                                            req.output_cap, elastic=req.elastic)
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)
-            return Outcome("failed", detail=str(exc))
+            return Result("failed", detail=str(exc))
 
-    async def execute(self, request: ExecRequest, cores: int = 1) -> Outcome:
+    async def execute(self, request: ExecRequest, cores: int = 1) -> Result:
         """Run one request outside a scheduler: take `cores` on the environment's node now,
         run, give them back. Raises `Infeasible` when they are not free."""
         env = self.envs.get(request.env_id)

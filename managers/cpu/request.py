@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from managers.base import Outcome
 from tangram.errors import ValidationError
+from tangram.results import Result
 
 Command = str | tuple[str, ...]
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream
@@ -56,16 +56,16 @@ class ExecRequest:
             raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
 
 
-def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Outcome:
+def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Result:
     """The action's `ExecRequest` and its open environment (looked up in `envs` by id), or the
-    failed `Outcome` that says which is missing. Shared by every CPU manager's `run`."""
+    failed `Result` that says which is missing. Shared by every CPU manager's `run`."""
     req = assignment.action.payload
     if not isinstance(req, ExecRequest):
-        return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+        return Result("failed", detail=f"action {assignment.action_id}: payload must be an "
                        f"ExecRequest, got {type(req).__name__}")
     env = envs.get(req.env_id)
     if env is None:
-        return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        return Result("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
     return req, env
 
 

@@ -4,7 +4,8 @@
 ```yaml
 policy: {name: heuristic, depth: 2}     # or just: heuristic
 idle_env_s: 600                          # reclaim environments idle this long (optional)
-cpu: {backend: auto}                     # auto | cgroup | docker | affinity | sim
+cpu: {backend: auto}                     # auto | bwrap | cgroup | docker | affinity | sim
+                                         # (bwrap/docker options under options:)
 gpu:
   backend: sim                           # sim | torch | http (backend options under options:)
   nodes: 1
@@ -33,6 +34,7 @@ from managers.api import ApiConfig, ApiManager
 from managers.base import EnvironmentManager, Manager
 from managers.basic import Limits
 from managers.cpu import CpuManager
+from managers.cpu.backends import select
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
 from solvers import get_allocator
 from tangram.errors import TangramError, ValidationError
@@ -123,8 +125,15 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
 
 
 def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
-    spec = mapping(path, spec, {"backend"})
-    return CpuManager(spec.get("backend", "auto"))
+    """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
+    `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker)."""
+    spec = mapping(path, spec, {"backend", "options"})
+    options = mapping(f"{path}.options", spec.get("options"))
+    try:
+        return CpuManager(select(spec.get("backend", "auto"), **options))
+    except TypeError as exc:  # an option the backend does not take
+        raise ValidationError(f"{path}.options", options, f"not options of the backend ({exc})"
+                              ) from None
 
 
 @dataclass(frozen=True)

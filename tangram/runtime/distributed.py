@@ -15,7 +15,7 @@ owns the placement's node. Ray does placement and RPC only.
 
 Membership and faults. A watcher polls `ray.nodes()` every `poll_s`: a node joining gets an
 agent and its cores join the pool; a node (or its agent) dying fails the actions running there
-(`Outcome("failed")`, naming the node), marks its environments lost (every later exec in them
+(`Result("failed")`, naming the node), marks its environments lost (every later exec in them
 fails at once with the reason), and keeps every other queued action. A lost node stays in the
 pool, taking no new environments, until its environments are closed and its cores come back;
 then it leaves.
@@ -35,12 +35,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from managers.base import EnvironmentManager, Outcome
+from managers.base import EnvironmentManager
 from managers.cpu.request import exec_target
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import ChunkPool, CorePool, Pool
+from tangram.results import Result
 from tangram.runtime.config import Components, build_apis, build_gpu, build_services, check_policy
 from tangram.runtime.ray_agent import NodeAgent, NodeInfo, sleep_seconds
 from tangram.validation import pos_num
@@ -182,6 +183,10 @@ class RayCpuManager(EnvironmentManager):
     async def start(self) -> None:
         self._ensure_watcher()  # membership is watched from the start, not the first action
 
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name
+
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
 
@@ -204,7 +209,8 @@ class RayCpuManager(EnvironmentManager):
         return min(ready, key=lambda n: (self.nodes[n].reserved_mb / self.nodes[n].info.memory_mb,
                                          -self.pool.free(n), n))
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
+                       network: bool = False) -> str:
         self._ensure_watcher()
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
@@ -220,7 +226,7 @@ class RayCpuManager(EnvironmentManager):
         node.reserved_mb += memory_mb
         self._opening.add(trajectory)
         try:
-            env_id = await node.agent.open_env.remote(trajectory, memory_mb)
+            env_id = await node.agent.open_env.remote(trajectory, memory_mb, network)
         except BaseException as exc:
             node.reserved_mb -= memory_mb
             if _is_actor_death(exc):
@@ -262,23 +268,23 @@ class RayCpuManager(EnvironmentManager):
                 f"(Ray node {self.nodes[env.node].info.ray_node_id[:12]}) "
                 f"{self.nodes[env.node].lost}; close it and open a new one")
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         self._ensure_watcher()
         target = exec_target(assignment, self.envs)
-        if isinstance(target, Outcome):
+        if isinstance(target, Result):
             return target
         req, env = target
         lost = self.lost_reason(req.env_id)
         if lost:
-            return Outcome("failed", detail=lost)
+            return Result("failed", detail=lost)
         node = self.nodes[env.node]
         try:
             return await node.agent.run.remote(assignment)
         except Exception as exc:
             if not _is_actor_death(exc):
-                return Outcome("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
+                return Result("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
             self._lose(env.node, f"died ({type(exc).__name__})")
-            return Outcome("failed", detail=f"action {assignment.action_id} failed: node "
+            return Result("failed", detail=f"action {assignment.action_id} failed: node "
                            f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
                            f"it ran; its environment {env.id} is lost")
 

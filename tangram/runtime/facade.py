@@ -41,6 +41,8 @@ from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
 
+UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
+               "the server or the scheduler)")
 DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
 SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
 # at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
@@ -141,12 +143,16 @@ class Tangram:
         await self.shutdown()
 
     # -- environments --------------------------------------------------------------------------
-    async def open_env(self, trajectory: str, memory_mb: int = 1024) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024,
+                       network: bool = False) -> str:
+        """The trajectory's sandbox: `memory_mb` reserved for its life, no network unless
+        `network` (backends that isolate: bwrap, docker)."""
         self._admitting()
         if self.cpu is None:
             raise ValidationError("env", trajectory, "no CPU pool is configured")
         pos_int("memory_mb", memory_mb, " (MiB)")
-        env_id = await self.cpu.open_env(trajectory, memory_mb)
+        boolean("network", network)
+        env_id = await self.cpu.open_env(trajectory, memory_mb, network=network)
         node = self.cpu.binding(trajectory)
         self.scheduler.bind(trajectory, self.cpu.resource, node)
         self._envs[env_id] = _Env(env_id, trajectory, time.monotonic())
@@ -157,7 +163,7 @@ class Tangram:
     async def close_env(self, env_id: str) -> None:
         env = self._envs.pop(env_id, None)
         if env is None:
-            raise NotFound("env_id", env_id, "unknown environment")
+            raise NotFound("env_id", env_id, UNKNOWN_ENV)
         cancelled = False
         for aid in list(env.running):  # queued actions of the env are cancelled
             if self.scheduler.cancel(aid):
@@ -172,7 +178,7 @@ class Tangram:
     def _env(self, env_id: str) -> _Env:
         env = self._envs.get(env_id)
         if env is None:
-            raise NotFound("env_id", env_id, "unknown environment (open it first)")
+            raise NotFound("env_id", env_id, UNKNOWN_ENV)
         return env
 
     # -- actions -------------------------------------------------------------------------------
@@ -327,8 +333,8 @@ class Tangram:
                      for name, m in self.apis.items()}
         return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
                 "running": len(self.scheduler.running), "envs": len(self._envs),
-                "cpu_backend": getattr(getattr(self.cpu, "backend", None), "name", None),
-                "gpu_backend": getattr(getattr(self.gpu, "backend", None), "name", None),
+                "cpu_backend": None if self.cpu is None else self.cpu.backend_name,
+                "gpu_backend": None if self.gpu is None else self.gpu.backend_name,
                 "api_throttled": throttled, "closing": self._closing}
 
     # -- lifecycle -------------------------------------------------------------------------------

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from managers.base import Outcome
 from managers.cpu import CpuManager
 from managers.cpu.backends import create, select
 from managers.cpu.manager import local_memory_mb
 from managers.gpu import GpuBackend, create_backend
 from tangram.allocation import Assignment
+from tangram.results import Result
 from topology import CpuNode, discover_gpus
 from topology.discovery import discover_numa
 
@@ -114,13 +114,13 @@ class NodeAgent:
     def describe(self) -> NodeInfo:
         return self.info
 
-    async def open_env(self, trajectory: str, memory_mb: int) -> str:
-        return await self.manager.open_env(trajectory, memory_mb)
+    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:
+        return await self.manager.open_env(trajectory, memory_mb, network=network)
 
     async def close_env(self, env_id: str) -> None:
         await self.manager.close_env(env_id)
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         """Run one action on exactly the cores the central scheduler granted on this node."""
         return await self.manager.run(assignment)
 

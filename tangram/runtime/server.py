@@ -2,7 +2,7 @@
 
 Endpoints (field names are the Python API's):
 
-    POST   /v1/envs                    {"trajectory", "memory_mb"}               -> {"env_id"}
+    POST   /v1/envs                    {"trajectory", "memory_mb", "network"}    -> {"env_id"}
     POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
     DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
     POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
@@ -106,6 +106,7 @@ def demand_arg(d: Demand) -> Any:
 class OpenEnv(_Body):
     trajectory: Name
     memory_mb: Annotated[int, Field(ge=1, le=1 << 24)] = 1024
+    network: bool = False
 
 
 class Exec(_Body):
@@ -377,7 +378,8 @@ def create_app(tg: Tangram, token: str | None = None, *,
 
     @app.post("/v1/envs", dependencies=guarded, responses=ERRORS)
     async def open_env(body: OpenEnv) -> EnvOut:
-        return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb))
+        return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb,
+                                               network=body.network))
 
     @app.delete("/v1/envs/{env_id}", dependencies=guarded, responses=ERRORS)
     async def close_env(env_id: str) -> EnvOut:

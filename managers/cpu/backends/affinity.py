@@ -14,12 +14,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.base import Outcome
 from managers.cpu.backends.base import Backend, register
 from managers.cpu.backends.process import run_local
 from managers.cpu.grant import PLUGIN_SOURCE, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
+from tangram.results import Result
 
 
 @contextmanager
@@ -47,7 +47,7 @@ class AffinityBackend(Backend):
         os.makedirs(env.workdir, exist_ok=True)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         variables = command_env(env.id, len(cores), env.workdir, elastic=elastic,
                                 plugin_dir=str(PLUGIN_SOURCE.parent))
         return await run_local(argv_of(command), cwd=env.workdir, env=variables, timeout=timeout,

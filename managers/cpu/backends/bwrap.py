@@ -42,13 +42,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from managers.base import Outcome
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.grant import SAFE_PATH, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.results import Result
 
 DEFAULT_UID_BASE = 2_000_000  # far above the host's users and the usual subuid ranges
 INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
@@ -254,7 +254,7 @@ class BwrapBackend(CgroupBackend):
         return _Holder(proc, fds, slot)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         holder = self._holders.get(env.id)
         if holder is not None and not holder.alive() and env.id in self._envs:
             holder.release()

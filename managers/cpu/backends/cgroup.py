@@ -29,7 +29,6 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from managers.base import Outcome
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, register
 from managers.cpu.backends.process import run_local
@@ -38,6 +37,7 @@ from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.results import Result
 
 log = logging.getLogger(__name__)
 SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
@@ -216,7 +216,7 @@ class CgroupBackend(Backend):
         return ()
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         e = self._envs.get(env.id)
         if e is None or not e.folders["cpu"].is_dir():
             raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup "
@@ -259,8 +259,8 @@ class CgroupBackend(Backend):
             pass
         return 0
 
-    def _named_limits(self, env: Environment, e: _Env, outcome: Outcome, ooms: int,
-                      forks: int) -> Outcome:
+    def _named_limits(self, env: Environment, e: _Env, outcome: Result, ooms: int,
+                      forks: int) -> Result:
         """Say which limit a failed command hit: memory (an OOM kill) or processes."""
         if outcome.status not in ("error", "timeout"):
             return outcome

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from managers.base import Outcome
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
@@ -41,6 +40,7 @@ from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.results import Result
 
 DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
 DEFAULT_USER = 65534  # nobody
@@ -189,7 +189,7 @@ class DockerBackend(Backend):
                                  f"close it and open a new one ({exc})")
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         from docker.errors import APIError
 
         c = self._envs.get(env.id)
@@ -222,7 +222,7 @@ class DockerBackend(Backend):
             if not c.running:
                 await self._call(self._kill_leftovers, c)
         if self._envs.get(env.id) is not c:
-            return Outcome("cancelled", code, out.decode(errors="replace"),
+            return Result("cancelled", code, out.decode(errors="replace"),
                            err.decode(errors="replace"), truncated=truncated,
                            detail=f"killed: environment {env.id} was closed while the command "
                                   f"ran")
