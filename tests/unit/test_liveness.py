@@ -133,3 +133,43 @@ def test_choose_cores_takes_the_ray_cpu_resource_domain_by_domain():
     assert choose_cores(numa, 2) == {0: (0, 1)}
     assert choose_cores(numa, 6) == {0: (0, 1, 2, 3), 1: (4, 5)}
     assert choose_cores(numa, 64) == numa
+
+
+@pytest.mark.parametrize("how", ["cancel", "close"])
+def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
+    """Pattern 4: with 1 of 2 cores free, a 1-core action behind a queued 2-core head starts as
+    soon as the head is cancelled (or its environment closed), not when the long action ends."""
+    import asyncio
+
+    from managers.cpu import CpuManager
+    from managers.cpu.backends.sim import SimBackend
+    from tangram.runtime.facade import Tangram
+
+    def seconds(command, cores):
+        words = command.split()
+        return float(words[1]) if words[0] == "sleep" else 0.0
+
+    async def main():
+        cpu = CpuManager(SimBackend(seconds, time_scale=1.0),
+                         nodes={"n0": CpuNode("n0", {0: (0, 1)})}, memory_mb={"n0": 4096})
+        async with Tangram(cpu=cpu) as tg:
+            a, b, c = [await tg.open_env(f"t{i}", 64) for i in range(3)]
+            long = asyncio.create_task(tg.exec(a, "sleep 3", cpu=1))
+            await asyncio.sleep(0.05)
+            head = asyncio.create_task(tg.exec(b, "sleep 0.1", cpu=2))
+            await asyncio.sleep(0.05)
+            small = asyncio.create_task(tg.exec(c, "sleep 0.1", cpu=1))
+            await asyncio.sleep(0.05)
+            assert len(tg.scheduler.queue) == 2  # the head waits, the small one behind it
+            if how == "cancel":
+                head.cancel()
+            else:
+                await tg.close_env(b)
+            done, _ = await asyncio.wait({small, long}, return_when=asyncio.FIRST_COMPLETED)
+            assert done == {small}, "the small action waited for the long one to end"
+            assert (await small).ok
+            await long
+            if how == "close":
+                assert (await head).status == "cancelled"
+
+    asyncio.run(main())
