@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 from tangram.allocation import Assignment
-from tangram.pools import Pool
+from tangram.pools import CorePool, Pool
 from tangram.results import Result
 
 
@@ -50,9 +51,19 @@ class Manager(ABC):
 
 class EnvironmentManager(Manager):
     """A manager of per-trajectory environments (the CPU manager, locally or over Ray): a
-    trajectory's commands run in its environment, on the node the environment is bound to."""
+    trajectory's commands run in its environment, on the node the environment is bound to.
+    It owns one core pool (`pool`, of resource `resource`) and one executor `backend`."""
 
     resource: str = "cpu"
+    pool: CorePool
+    backend: Any  # has a `name`: a `managers.cpu.backends.Backend`, or Ray's stand-in
+
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name
+
+    def pools(self) -> Mapping[str, Pool]:
+        return {self.resource: self.pool}
 
     @abstractmethod
     async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from tangram.actions import Action, Elasticity
-from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.errors import Infeasible, ValidationError
 from tangram.pools import ChunkPool, FlatPool, Pool
 from tangram.resources import Demand
-from tangram.validation import integer, keys, number, power_of_two
+from tangram.validation import integer, keys, number, power_of_two, read_document
 from topology import ChunkTree
 
 
@@ -244,10 +244,5 @@ def parse_instance(doc: Any) -> Instance:
 
 
 def load_instance(path: str | Path) -> Instance:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise TangramError(f"instance file {path}: not found") from None
-    except json.JSONDecodeError as exc:
-        raise TangramError(f"instance file {path}: not valid JSON ({exc})") from None
-    return parse_instance(doc)
+    return parse_instance(read_document(path, "instance file", json.loads,
+                                        json.JSONDecodeError, "JSON"))

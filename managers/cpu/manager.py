@@ -24,7 +24,7 @@ from managers.cpu.request import ExecRequest, exec_target
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
-from tangram.pools import CorePool, Pool
+from tangram.pools import CorePool
 from tangram.resources import Demand
 from tangram.results import Result
 from topology import CpuNode
@@ -76,13 +76,6 @@ class CpuManager(EnvironmentManager):
         self.swept = self.backend.sweep() + sweep_workdirs(self.workdir_root)
         for line in self.swept:
             log.warning("swept what a dead server left: %s", line)
-
-    @property
-    def backend_name(self) -> str | None:
-        return self.backend.name
-
-    def pools(self) -> Mapping[str, Pool]:
-        return {self.resource: self.pool}
 
     def binding(self, trajectory: str) -> str | None:
         """The node a trajectory's environment lives on (None before `open_env`)."""

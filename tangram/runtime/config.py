@@ -37,9 +37,9 @@ from managers.cpu import CpuManager
 from managers.cpu.backends import select
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
 from solvers import get_allocator
-from tangram.errors import TangramError, ValidationError
+from tangram.errors import ValidationError
 from tangram.pools import ChunkPool
-from tangram.validation import mapping, pos_int, pos_num, power_of_two
+from tangram.validation import mapping, pos_int, pos_num, power_of_two, read_document
 from topology import ChunkTree, discover_gpus
 
 log = logging.getLogger("tangram")
@@ -179,12 +179,7 @@ def build(doc: Mapping[str, Any]) -> Components:
 
 
 def load_config(path: str | Path) -> Components:
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise TangramError(f"config {path}: not found") from None
-    except yaml.YAMLError as exc:
-        raise TangramError(f"config {path}: not valid YAML ({exc})") from None
+    doc = read_document(path, "config", yaml.safe_load, yaml.YAMLError, "YAML")
     return build(doc or {})
 
 

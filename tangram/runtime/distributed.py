@@ -40,7 +40,7 @@ from managers.cpu.request import exec_target
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
-from tangram.pools import ChunkPool, CorePool, Pool
+from tangram.pools import ChunkPool, CorePool
 from tangram.results import Result
 from tangram.runtime.config import Components, build_apis, build_gpu, build_services, check_policy
 from tangram.runtime.ray_agent import NodeAgent, NodeInfo, sleep_seconds
@@ -182,13 +182,6 @@ class RayCpuManager(EnvironmentManager):
     # -- the Manager interface -----------------------------------------------------------------
     async def start(self) -> None:
         self._ensure_watcher()  # membership is watched from the start, not the first action
-
-    @property
-    def backend_name(self) -> str | None:
-        return self.backend.name
-
-    def pools(self) -> Mapping[str, Pool]:
-        return {self.resource: self.pool}
 
     def binding(self, trajectory: str) -> str | None:
         env_id = self._by_trajectory.get(trajectory)

@@ -48,17 +48,6 @@ def dead_pid() -> int:
     return p.pid
 
 
-def procs_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def owned_by(pid: int, workdir_root: Path) -> list[Path]:
@@ -80,7 +69,7 @@ def wait_ready(proc: subprocess.Popen, timeout: float) -> None:
 
 @pytest.mark.cgroup
 @pytest.mark.parametrize("backend", ["bwrap", "cgroup"])
-def test_restart_after_sigkill_leaves_nothing(backend, tmp_path):
+def test_restart_after_sigkill_leaves_nothing(backend, tmp_path, procs_with):
     why = (BwrapBackend if backend == "bwrap" else CgroupBackend).probe()
     if why is not None:
         pytest.skip(f"{backend} backend unavailable: {why}")

@@ -42,17 +42,6 @@ async def sandbox(**options) -> CpuManager:
     return CpuManager(BwrapBackend(**options))
 
 
-def host_procs_with(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 
@@ -166,7 +155,7 @@ def test_cannot_leave_its_cgroup_or_gain_privileges():
     assert o.stdout.count("mount:") >= 3  # neither cgroup filesystem mounts
 
 
-def test_setsid_does_not_outlive_its_exec():
+def test_setsid_does_not_outlive_its_exec(procs_with):
     marker = f"{int(time.time()) % 1000 + 100}.{uuid.uuid4().int % 10**6}"
 
     async def go():
@@ -175,7 +164,7 @@ def test_setsid_does_not_outlive_its_exec():
             env = await m.open_env("t", 128)
             o = await m.execute(ExecRequest(env, f"setsid sleep {marker} & nohup sleep "
                                                  f"{marker} >/dev/null 2>&1 & echo started"))
-            return o, host_procs_with(f"sleep\0{marker}")
+            return o, procs_with(f"sleep\0{marker}")
         finally:
             await m.close()
 
