@@ -70,17 +70,30 @@ class CountTimeline:
 
     def earliest(self, k: int, d: float, t0: float,
                  node: str | None = None) -> tuple[float, Slot] | None:
-        """First (time >= t0, node) with k units free for d seconds; None if never."""
+        """First (time >= t0, node) with k units free for d seconds; None if never.
+
+        One pass per node: a window that meets a step with fewer than k free units fails for
+        every start up to that step's end, so the next candidate is the step after it."""
         best: tuple[float, Slot] | None = None
         for n in ([node] if node is not None else self._times):
-            times = self._times[n]
+            times, free = self._times[n], self._free[n]
+            last = len(times) - 1
             i = max(0, bisect.bisect_right(times, t0 + EPS) - 1)
-            for t in [t0, *times[i + 1:]]:
-                if best is not None and t >= best[0] - EPS:
-                    break
-                if self._min_free(n, t, t + d) >= k:
-                    best = (t, (n, None))
-                    break
+            t = t0
+            while best is None or t < best[0] - EPS:
+                j = i
+                while free[j] >= k:
+                    if j == last or times[j + 1] >= t + d - EPS:
+                        best = (t, (n, None))
+                        break
+                    j += 1
+                else:
+                    if j == last:
+                        break  # short of k units for good on this node
+                    i = j + 1
+                    t = times[i]
+                    continue
+                break
         return best
 
     def fits_now(self, k: int, d: float, node: str,
