@@ -126,7 +126,8 @@ def serverless_executors(load_gbps: float = 20.0):
         if spec is None:
             return {}
         slow = ResourceSpec(spec.name, spec.topology, spec.units, spec.nodes, spec.gpus_per_node,
-                            spec.memory_gb, {s: ServiceSpec(v.memory_gb, v.memory_gb / load_gbps)
+                            spec.memory_gb, {s: ServiceSpec(v.memory_gb, v.per_gpu_gb(1) / load_gbps,
+                                                            v.weights_gb)
                                              for s, v in spec.services.items()})
         return {spec.name: SimServiceModel(slow)}
     return make

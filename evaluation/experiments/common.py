@@ -7,7 +7,9 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from evaluation.baselines import (
 )
 from evaluation.baselines.api import ApiRetry
 from evaluation.closedloop import LoopResult, Policy, run
-from evaluation.workloads import Workload
+from evaluation.workloads import Workload, get_workload
 from solvers import get_allocator
 
 
@@ -34,6 +36,7 @@ class Compare:
     paper: float | None
     unit: str = "x"
     note: str = ""
+    range: tuple[float, float] | None = None  # ours over the sensitivity sweep (lo <= ours <= hi)
 
 
 @dataclass
@@ -44,6 +47,7 @@ class Outcome:
     plot: Callable[[list[dict[str, Any]], Any], None]
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    sensitivity: list[dict[str, Any]] = field(default_factory=list)
 
 
 # -- systems ---------------------------------------------------------------------------------
@@ -53,8 +57,8 @@ def tangram() -> Policy:
     return Policy("tangram", get_allocator("heuristic", depth=2))
 
 
-def kubernetes(pod_cores: int = 4, seed: int = 0) -> Policy:
-    k = Kubernetes(pod_cores=pod_cores, seed=seed)
+def kubernetes(seed: int = 0) -> Policy:
+    k = Kubernetes(**{"seed": seed, **overrides("k8s")})
     return Policy("k8s", k, k)
 
 
@@ -78,7 +82,7 @@ def static_policy(name: str, static: StaticServices) -> Policy:
 
 def search_baseline(workload: Workload, judge: StaticServices) -> Policy:
     """DeepSearch's baseline: per-trajectory API calls with retries, static judge replicas."""
-    api = ApiRetry()
+    api = ApiRetry(**overrides("api-retry"))
     return Policy("api-retry+static", ByResource((("api:", api), ("gpu", judge))),
                   Lifecycles((api, judge)))
 
@@ -117,10 +121,81 @@ class Runner:
     def run(self, label: str, workload: Workload, policy: Policy) -> LoopResult:
         if self._progress is not None:
             self._progress.update(self._task, description=f"{label}: {policy.name}")
-        res = run(workload, policy)
+        res = cached_run(workload, policy)
         if self._progress is not None:
             self._progress.advance(self._task)
         return res
+
+
+_CACHE: dict[tuple, LoopResult] = {}
+
+
+def cached_run(workload: Workload, policy: Policy) -> LoopResult:
+    """Simulations are deterministic: one run per (workload, policy, overrides, oracle) in a
+    process, so the sweep's default point and an experiment's own runs are the same runs."""
+    key = (workload.name, repr(workload.params), len(workload.trajectories), policy.name,
+           repr(overrides("k8s")), repr(overrides("api-retry")), ORACLE.get())
+    if key not in _CACHE:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        _CACHE[key] = run(workload, policy, oracle=ORACLE.get())
+    return _CACHE[key]
+
+
+# -- parameter overrides (the sensitivity sweep) ---------------------------------------------
+
+# target -> {field: value}: workload params ("coding", "search", "mopd"), baselines ("k8s",
+# "api-retry") and sizes ("size": {"batch": f, "capacity": f, "gpu_capacity": f})
+_OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default={})
+ORACLE: ContextVar[bool] = ContextVar("oracle", default=False)
+PARAMS_TARGET = {"coding": "coding", "deepsearch": "search", "mopd": "mopd"}
+
+
+def overrides(target: str) -> dict[str, Any]:
+    return dict(_OVERRIDES.get().get(target, {}))
+
+
+@contextmanager
+def overriding(ov: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
+    """Set parameters for the runs inside; nested overrides merge (size factors multiply)."""
+    merged = {t: dict(v) for t, v in _OVERRIDES.get().items()}
+    for t, v in ov.items():
+        for k, x in v.items():
+            cur = merged.setdefault(t, {})
+            cur[k] = cur[k] * x if t == "size" and k in cur else x
+    token = _OVERRIDES.set(merged)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+@contextmanager
+def oracle_estimates(on: bool) -> Iterator[None]:
+    token = ORACLE.set(on)
+    try:
+        yield
+    finally:
+        ORACLE.reset(token)
+
+
+def workload(name: str, **sizes: Any) -> Workload:
+    """`get_workload` with the current overrides: the workload's own parameters, then the size
+    factors (batch; capacity as CPU nodes from 4 up, else cores per node; GPU nodes)."""
+    kw = {**sizes, **overrides(PARAMS_TARGET.get(name, name))}
+    scale = overrides("size")
+    if "batch" in scale:
+        kw["batch"] = max(1, round(kw.get("batch", 1) * scale["batch"]))
+    f = scale.get("capacity")
+    if f is not None and name == "coding":
+        if kw.get("nodes", 1) >= 4:
+            kw["nodes"] = max(1, round(kw["nodes"] * f))
+        else:
+            kw["cores_per_node"] = max(8, round(kw.get("cores_per_node", 256) * f))
+    g = scale.get("gpu_capacity")
+    if g is not None and name in ("mopd", "mopd+search"):
+        kw["gpu_nodes"] = max(1, round(kw.get("gpu_nodes", 5) * g))
+    return get_workload(name, **kw)
 
 
 def ratio(baseline: float, ours: float) -> float | None:
@@ -158,7 +233,7 @@ def write(outcome: Outcome, out: Path) -> list[Path]:
 def to_json(outcome: Outcome) -> dict[str, Any]:
     return {"experiment": outcome.name, "wall_s": round(outcome.wall_s, 2),
             "rows": outcome.rows, "compare": [asdict(c) for c in outcome.compares],
-            "notes": outcome.notes}
+            "notes": outcome.notes, "sensitivity": outcome.sensitivity}
 
 
 def print_table(outcome: Outcome) -> None:
@@ -166,11 +241,12 @@ def print_table(outcome: Outcome) -> None:
     from rich.table import Table
 
     t = Table(title=f"{outcome.name}: ours vs the paper ({outcome.wall_s:.1f} s)")
-    for c in ("figure", "ours", "paper", "note"):
+    for c in ("figure", "ours", "range (sweep)", "paper", "note"):
         t.add_column(c)
     fmt = lambda v, u: "-" if v is None else f"{v:.2f}{u}"
     for c in outcome.compares:
-        t.add_row(c.metric, fmt(c.ours, c.unit), fmt(c.paper, c.unit), c.note)
+        rng = "-" if c.range is None else f"{c.range[0]:.2f}-{c.range[1]:.2f}{c.unit}"
+        t.add_row(c.metric, fmt(c.ours, c.unit), rng, fmt(c.paper, c.unit), c.note)
     con = Console()
     con.print(t)
     for n in outcome.notes:

@@ -7,6 +7,7 @@ from typing import Any
 
 from evaluation.experiments.common import Compare, Outcome, Runner, ratio
 from evaluation.experiments.suite import run_suite, suite_runs
+from evaluation.experiments.sweep import headline
 
 PAPER_STEP = {"coding": 1.4, "deepsearch": 1.5}
 PAPER_ACT = {"coding": 4.3}
@@ -28,9 +29,7 @@ def plot(rows, fig) -> None:
     ax.legend()
 
 
-def main(quick: bool, quiet: bool) -> Outcome:
-    with Runner(suite_runs(), quiet) as runner:
-        suite = run_suite(quick, runner)
+def _rows_and_compares(suite) -> tuple[list[dict[str, Any]], list[Compare]]:
     rows: list[dict[str, Any]] = []
     compares: list[Compare] = []
     for name, runs in suite.items():
@@ -52,6 +51,23 @@ def main(quick: bool, quiet: bool) -> Outcome:
                                 ratio(base["makespan_s"], ours["makespan_s"]),
                                 PAPER_STEP.get(name),
                                 note="paper: whole RL step incl. generation and training"))
+    return rows, compares
+
+
+TARGETS = ("coding", "k8s", "search", "api-retry")
+
+
+def measure(quick: bool) -> dict[str, float | None]:
+    """Only the figures with a paper value (AI coding, DeepSearch)."""
+    with Runner(4, quiet=True) as runner:
+        return headline(_rows_and_compares(run_suite(quick, runner,
+                                                     ("coding", "deepsearch")))[1])
+
+
+def main(quick: bool, quiet: bool) -> Outcome:
+    with Runner(suite_runs(), quiet) as runner:
+        suite = run_suite(quick, runner)
+    rows, compares = _rows_and_compares(suite)
     note = ("ACT per trajectory = summed ACT of its actions (AI coding: plus its environment "
             "setup, i.e. pod pending + start for Kubernetes, container start for Tangram).")
     return Outcome("fig6", rows, compares, plot, notes=[note])

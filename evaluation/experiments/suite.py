@@ -16,8 +16,9 @@ from evaluation.experiments.common import (
     static_gpu,
     static_policy,
     tangram,
+    workload,
 )
-from evaluation.workloads import Workload, get_workload
+from evaluation.workloads import Workload
 
 # per workload: (quick size, full size)
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -69,12 +70,14 @@ def systems(name: str, w: Workload) -> list[Policy]:
     return [tangram(), search_baseline(w, judge)]
 
 
-def run_suite(quick: bool, runner: Runner) -> dict[str, list[SuiteRun]]:
-    out: dict[str, list[SuiteRun]] = {}
-    for name, sizes in SIZES.items():
-        w = get_workload(name, **sizes[0 if quick else 1])
-        out[name] = [SuiteRun(w, p, runner.run(name, w, p)) for p in systems(name, w)]
-    return out
+def run_one(name: str, quick: bool, runner: Runner) -> list[SuiteRun]:
+    w = workload(name, **SIZES[name][0 if quick else 1])
+    return [SuiteRun(w, p, runner.run(name, w, p)) for p in systems(name, w)]
+
+
+def run_suite(quick: bool, runner: Runner,
+              names: tuple[str, ...] = tuple(SIZES)) -> dict[str, list[SuiteRun]]:
+    return {name: run_one(name, quick, runner) for name in names}
 
 
 def suite_runs() -> int:
