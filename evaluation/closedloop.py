@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from evaluation.simulator import ActionRecord, SimExecutor, modelled_duration
+from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
@@ -141,8 +142,8 @@ class ClosedLoopSimulator:
         self.policy = policy
         self.oracle = oracle
         pools = workload.make_pools()
-        self.executors = (policy.executors(workload) if policy.executors is not None
-                          else default_executors(workload))
+        self.executors = {**(policy.executors(workload) if policy.executors is not None
+                             else default_executors(workload)), **api_executors(workload)}
         prefer = defer = None
         for ex in self.executors.values():
             prefer = getattr(ex, "prefer", prefer)
@@ -260,6 +261,8 @@ class ClosedLoopSimulator:
             raise TangramError(f"{len(sched.queue)} actions never started, {len(pending)} "
                                f"trajectories never began")
         counters["decisions"] = sched.decisions
+        ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
+        counters["api_429"] = float(sum(u.total for u in ups.values()))
         counters["actions"] = done
         return LoopResult(records, kinds, setups, spans, counters)
 
@@ -270,6 +273,15 @@ def default_executors(workload: Workload) -> dict[str, SimExecutor]:
         return {}
 
     return {workload.gpu.name: SimServiceModel(workload.gpu)}
+
+
+def api_executors(workload: Workload) -> dict[str, SimExecutor]:
+    """The API servers (`evaluation.upstream`), one shared model for every `api:*` limit."""
+    limits = workload.extra.get("api_limits") or {}
+    if not limits:
+        return {}
+    up = ApiUpstream(dict(limits))
+    return {r: up for r in limits}
 
 
 def run(workload: Workload, policy: Policy, progress=None, oracle: bool = False) -> LoopResult:

@@ -48,6 +48,7 @@ class Outcome:
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     sensitivity: list[dict[str, Any]] = field(default_factory=list)
+    title: str = ""
 
 
 # -- systems ---------------------------------------------------------------------------------
@@ -71,6 +72,9 @@ def static_gpu(services: Sequence[str], workload: Workload, gpus_each: int,
                replicas: int = 1) -> StaticServices:
     spec = workload.gpu
     assert spec is not None
+    total = spec.nodes * spec.gpus_per_node
+    while gpus_each > 1 and len(services) * replicas * gpus_each > total:
+        gpus_each //= 2  # fewer GPUs than the deployment asks: each service gets fewer
     return StaticServices(pins=pin_services(services, spec.node_names(), spec.gpus_per_node,
                                             gpus_each, replicas))
 
@@ -221,13 +225,51 @@ def write(outcome: Outcome, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(10, 4.2))
-    outcome.plot(outcome.rows, fig)
-    fig.suptitle(outcome.name)
-    fig.tight_layout()
+    fig = plt.figure(figsize=(13, 4.6), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=[2.1, 1])
+    outcome.plot(outcome.rows, left)
+    plot_vs_paper(outcome.compares, right)
+    fig.suptitle(f"{outcome.name}: {outcome.title}" if outcome.title else outcome.name)
     fig.savefig(paths[2], dpi=110)
     plt.close(fig)
     return paths
+
+
+def plot_vs_paper(compares: Sequence[Compare], fig: Any) -> None:
+    """Each figure with a paper value as ours / paper (1 = the paper's value, linear axis),
+    with its range over the sensitivity sweep as a whisker."""
+    ax = fig.add_subplot(1, 1, 1)
+    rows = [c for c in compares if c.paper and c.ours is not None]
+    if not rows:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no figure with a paper value", ha="center", transform=ax.transAxes)
+        return
+    for i, c in enumerate(rows):
+        v = c.ours / c.paper
+        ax.plot([v], [i], "o", color="tab:blue", label="ours" if i == 0 else None)
+        if c.range is not None:
+            lo, hi = c.range[0] / c.paper, c.range[1] / c.paper
+            ax.plot([lo, hi], [i, i], "-", color="tab:blue", alpha=0.5, lw=3,
+                    label="range over the sweep" if i == 0 else None)
+        ax.annotate(f"{c.ours:.2f}{c.unit} vs {c.paper:g}{c.unit}", (v, i),
+                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+    ax.axvline(1.0, color="tab:red", ls="--", label="paper")
+    ax.set_yticks(range(len(rows)), [_wrap(c.metric) for c in rows], fontsize=7)
+    ax.set_xlabel("ours / paper (1 = the paper's value)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _wrap(text: str, width: int = 28) -> str:
+    words, lines, cur = text.split(), [], ""
+    for w in words:
+        if cur and len(cur) + len(w) + 1 > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}".strip()
+    return "\n".join(lines + [cur])
 
 
 def to_json(outcome: Outcome) -> dict[str, Any]:

@@ -74,4 +74,5 @@ def main(quick: bool, quiet: bool) -> Outcome:
     note = ("Kubernetes' environment part includes pods pending for cores; rewards gain little "
             "from elastic DoP under Amdahl serial fraction 0.25 (CALIBRATION §4) against 4-core "
             "pods.")
-    return Outcome("fig7", rows, compares, plot, notes=[note])
+    return Outcome("fig7", rows, compares, plot, notes=[note],
+                   title="ACT per trajectory by part (s), Tangram vs each baseline")

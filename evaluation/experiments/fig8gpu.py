@@ -32,23 +32,33 @@ def _systems(w):
 
 
 def plot(rows, fig) -> None:
+    """Left: each baseline's mean ACT over Tangram's as the batch grows (linear; the paper's
+    18.1x at 2048 marked). Right: Tangram's mean ACT with fewer GPUs, the static baseline's
+    on all of them as a line."""
     ax = fig.add_subplot(1, 2, 1)
-    for system in sorted({r["system"] for r in rows if r["sweep"] == "batch"}):
-        pts = [(r["x"], r["mean_act_s"]) for r in rows
-               if r["sweep"] == "batch" and r["system"] == system]
-        ax.plot(*zip(*pts), marker="o", label=system)
-    ax.set_xlabel("RL batch size")
-    ax.set_ylabel("mean ACT (s)")
-    ax.set_yscale("log")
+    batch = [r for r in rows if r["sweep"] == "batch"]
+    xs = sorted({r["x"] for r in batch})
+    at = lambda x, s: next(r["mean_act_s"] for r in batch if r["x"] == x and r["system"] == s)
+    for system in ("sglang-static", "serverless"):
+        ax.plot(xs, [at(x, system) / at(x, "tangram") for x in xs], marker="o",
+                label=f"{system} / Tangram")
+    ax.plot([2048], [18.1], "x", color="tab:red", ms=9, label="paper, batch 2048")
+    ax.axhline(1.0, color="gray", ls="--", lw=1)
+    ax.set_xlabel("RL batch size (trajectories)")
+    ax.set_ylabel("mean ACT, ratio to Tangram (x)")
+    ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     ax2 = fig.add_subplot(1, 2, 2)
     pts = [(r["x"], r["mean_act_s"]) for r in rows if r["sweep"] == "gpus"]
-    ax2.plot(*zip(*pts), marker="o", label="tangram")
-    base = [r["mean_act_s"] for r in rows if r["sweep"] == "gpus-baseline"]
+    ax2.plot(*zip(*pts), marker="o", label="Tangram")
+    base = [r for r in rows if r["sweep"] == "gpus-baseline"]
     if base:
-        ax2.axhline(base[0], color="gray", linestyle="--", label="static, 40 GPUs")
+        ax2.axhline(base[0]["mean_act_s"], color="gray", linestyle="--",
+                    label=f"static, {base[0]['x']} GPUs")
+        ax2.axvline(0.29 * base[0]["x"], color="tab:red", ls=":", label="paper: 29% of the GPUs")
     ax2.set_xlabel("GPUs")
     ax2.set_ylabel("mean ACT (s)")
+    ax2.set_ylim(bottom=0)
     ax2.legend(fontsize=7)
 
 
@@ -110,13 +120,13 @@ def main(quick: bool, quiet: bool) -> Outcome:
         rows.extend(more)
     at = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch"
           and r["x"] == cfg["at"]}
-    return Outcome("fig8-gpu", rows, [
+    return Outcome("fig8-gpu", title="GPU scalability (MOPD teachers)", rows=rows, compares=[
         Compare(STATIC.format(cfg["at"]),
                 at["sglang-static"] / at["tangram"], 18.1 if cfg["at"] == 2048 else None),
         Compare(f"serverless / Tangram mean ACT, batch {cfg['at']}",
                 at["serverless"] / at["tangram"], None,
                 note="paper: ServerlessLLM could not serve at batch 2048"),
         Compare(NEED, share, 29.0, unit="%",
-                note="granularity: whole 8-GPU nodes (12.5% steps of 40 GPUs)")], plot,
+                note="granularity: whole 8-GPU nodes (20% steps of 40 GPUs)")], plot=plot,
         notes=[f"quick mode compares at batch {cfg['at']}; the paper's point is 2048"]
         if quick else [])

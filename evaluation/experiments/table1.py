@@ -96,4 +96,4 @@ def main(quick: bool, quiet: bool) -> Outcome:
                 note="paper: about 25%"),
         Compare("MOPD: overhead at the largest / smallest batch", growth[-1] / growth[0]
                 if growth[0] else None, None, note="paper: does not grow with concurrency")],
-        plot)
+        plot, title="mean ACT per action: queueing, system overhead, execution")

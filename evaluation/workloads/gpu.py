@@ -61,7 +61,7 @@ class SearchParams:
     judge_weights_gb: float = field(default=61.0, metadata=src(
         "paper: fine-tuned GPT-OSS-120B judge; HF openai/gpt-oss-120b: about 61 GB MXFP4"))
     kv_gb: float = field(default=8.0, metadata=assumed(
-        "KV cache reserved per GPU per resident service", 4.0, 16.0))
+        "KV cache reserved per GPU per resident service", 4.0, 12.0))
     gpu_nodes: int = field(default=1, metadata=assumed("one 8-GPU node for the judge", 1, 2))
     gpu_memory_gb: float = field(default=80.0, metadata=src("NVIDIA H100 SXM: 80 GB"))
     start_spread_s: float = field(default=10.0, metadata=assumed(
@@ -105,6 +105,12 @@ def _search_trajs(p: SearchParams, rng: random.Random, prefix: str = "ds",
     return out
 
 
+def api_limits(p: SearchParams) -> dict[str, int]:
+    """What the API servers allow in flight (the limit Tangram's API pools are given too)."""
+    return {"api:search": p.slots(p.search_qps, p.search_median_s),
+            "api:browse": p.slots(p.browse_qps, p.browse_median_s)}
+
+
 def _pools(p_api: SearchParams | None, gpu: ResourceSpec):
     def make():
         pools = {"gpu": gpu.build_pool()}
@@ -132,6 +138,7 @@ def deepsearch(params: SearchParams | None = None, **overrides) -> Workload:
     rng = random.Random(p.seed)
     gpu = _gpu_spec(p.gpu_nodes, p.gpu_memory_gb, {"judge": (p.judge_weights_gb, p.kv_gb)})
     return Workload("deepsearch", tuple(_search_trajs(p, rng)), _pools(p, gpu), p, gpu,
+                    extra={"api_limits": api_limits(p)},
                     tasks=("search",))
 
 
@@ -149,7 +156,7 @@ class MopdParams:
         "Qwen3-32B (32.8B parameters) in BF16, the 32B teacher CALIBRATION §7 calibrates "
         "prefill for", 16.0, 65.5))
     kv_gb: float = field(default=8.0, metadata=assumed(
-        "KV cache per GPU: a 16k-token sequence of a 32B GQA model is about 4 GB", 4.0, 16.0))
+        "KV cache per GPU: a 16k-token sequence of a 32B GQA model is about 4 GB", 4.0, 12.0))
     seq_tokens_mean: float = field(default=16000.0, metadata=src(
         "CALIBRATION §7: 32B teacher, 16k tokens about 2-3 s on 1 GPU", 8000.0, 32000.0))
     prefill_tok_s: float = field(default=7000.0, metadata=src(
@@ -228,4 +235,5 @@ def mopd_search(mopd_params: MopdParams | None = None,
     trajs = _mopd_trajs(mp, rng) + _search_trajs(sp, rng)
     gpu = _gpu_spec(nodes, mp.gpu_memory_gb, {**_teachers(mp), "judge": (sp.judge_weights_gb, sp.kv_gb)})
     return Workload("mopd+search", tuple(trajs), _pools(sp, gpu), (mp, sp), gpu,
+                    extra={"api_limits": api_limits(sp)},
                     tasks=("mopd", "search"))
