@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tangram.actions import Action
+
 MAX_SERIAL = 4.0  # a serial fraction above 1 means more units make the run slower
 
 
@@ -75,7 +77,6 @@ class AmdahlFit:
 def _efficiency(serial: float, m: int) -> float:
     return min(1.0, 1.0 / (m * serial + 1.0 - serial))  # min: rounding at m = 1
 
-from tangram.actions import Action
 
 
 @dataclass(slots=True)

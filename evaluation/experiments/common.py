@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from evaluation.baselines import (
@@ -150,7 +151,8 @@ def cached_run(workload: Workload, policy: Policy) -> LoopResult:
 
 # target -> {field: value}: workload params ("coding", "search", "mopd"), baselines ("k8s",
 # "api-retry") and sizes ("size": {"batch": f, "capacity": f, "gpu_capacity": f})
-_OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default={})
+_NONE: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+_OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default=_NONE)
 ORACLE: ContextVar[bool] = ContextVar("oracle", default=False)
 PARAMS_TARGET = {"coding": "coding", "deepsearch": "search", "mopd": "mopd"}
 

@@ -13,10 +13,10 @@ from evaluation.experiments.common import (
     Compare,
     Outcome,
     Runner,
-    static_gpu,
-    static_policy,
     overrides,
     overriding,
+    static_gpu,
+    static_policy,
     tangram,
     workload,
 )

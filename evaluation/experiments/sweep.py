@@ -23,7 +23,7 @@ from evaluation.workloads.gpu import MopdParams, SearchParams
 TARGETS: dict[str, type] = {"coding": CodingParams, "search": SearchParams, "mopd": MopdParams,
                             "k8s": Kubernetes, "api-retry": ApiRetry}
 SIZE_FACTORS = (0.75, 1.25)
-SIZES = ("batch", "nodes", "gpu_nodes", "seed")  # swept as sizes, or not at all
+SIZES = ("batch", "nodes", "seed")  # swept as sizes (size.batch, size.capacity), or not at all
 
 
 @dataclass(frozen=True)

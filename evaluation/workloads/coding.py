@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from evaluation.params import assumed, setting, src
 from evaluation.workloads.base import (
     Step,
     Trajectory,
@@ -18,7 +19,6 @@ from evaluation.workloads.base import (
     lognormal,
     lognormal_mean,
 )
-from evaluation.params import assumed, setting, src
 from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool

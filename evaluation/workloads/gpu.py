@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from evaluation.params import assumed, setting, src
 from evaluation.workloads.base import (
     Step,
     Trajectory,
@@ -15,7 +16,6 @@ from evaluation.workloads.base import (
     lognormal_mean,
     sigma_from_p95,
 )
-from evaluation.params import assumed, setting, src
 from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.instance import ResourceSpec, ServiceSpec
@@ -233,7 +233,8 @@ def mopd_search(mopd_params: MopdParams | None = None,
     nodes = gpu_nodes or mp.gpu_nodes
     rng = random.Random(seed)
     trajs = _mopd_trajs(mp, rng) + _search_trajs(sp, rng)
-    gpu = _gpu_spec(nodes, mp.gpu_memory_gb, {**_teachers(mp), "judge": (sp.judge_weights_gb, sp.kv_gb)})
+    gpu = _gpu_spec(nodes, mp.gpu_memory_gb,
+                    {**_teachers(mp), "judge": (sp.judge_weights_gb, sp.kv_gb)})
     return Workload("mopd+search", tuple(trajs), _pools(sp, gpu), (mp, sp), gpu,
                     extra={"api_limits": api_limits(sp)},
                     tasks=("mopd", "search"))

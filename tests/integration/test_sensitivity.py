@@ -20,7 +20,7 @@ def test_sensitivity_quick_sweeps_every_assumed_parameter(tmp_path, capsys):
     listed = {p["parameter"]: p for p in doc["parameters"]}
     for target, cls in TARGETS.items():
         for p in sources(cls()):
-            if p.kind == ASSUMED and p.name not in ("batch", "nodes", "gpu_nodes"):
+            if p.kind == ASSUMED and p.name not in ("batch", "nodes"):  # sizes: size.*
                 label = f"{target}.{p.name}"
                 assert label in listed and listed[label]["range"] is not None, label
                 assert label in swept, f"{label} is assumed but never swept"
