@@ -258,7 +258,9 @@ def plot_vs_paper(compares: Sequence[Compare], fig: Any) -> None:
     ax.axvline(1.0, color="tab:red", ls="--", label="paper")
     ax.set_yticks(range(len(rows)), [_wrap(c.metric) for c in rows], fontsize=7)
     ax.set_xlabel("ours / paper (1 = the paper's value)")
-    ax.set_xlim(left=0)
+    top = max([c.ours / c.paper for c in rows]
+              + [c.range[1] / c.paper for c in rows if c.range is not None] + [1.0])
+    ax.set_xlim(0, top * 1.3)
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.legend(fontsize=7, loc="lower right")
 

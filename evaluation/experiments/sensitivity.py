@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from evaluation.experiments.common import Outcome, oracle_estimates, overriding
-from evaluation.experiments.sweep import knobs, sweep
+from evaluation.experiments.sweep import TARGETS, knobs, sweep
+from evaluation.params import sources
 
 MODULES = {"fig6": "evaluation.experiments.fig6", "fig7": "evaluation.experiments.fig7",
            "fig8-cpu": "evaluation.experiments.fig8cpu",
@@ -75,6 +76,23 @@ def _js(v):
     return list(v) if isinstance(v, tuple) else v
 
 
+def parameters_markdown() -> str:
+    """Every parameter of the workloads and baselines: value, kind, range, source."""
+    lines = ["| parameter | default | kind | range swept | source |", "|---|---|---|---|---|"]
+    for target, cls in TARGETS.items():
+        for p in sources(cls()):
+            rng = "-" if p.range is None else f"{_fmt(p.range[0])} - {_fmt(p.range[1])}"
+            src = p.source.replace("|", "/")
+            lines.append(f"| `{target}.{p.name}` | {_fmt(p.value)} | {p.kind} | {rng} | {src} |")
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, tuple):
+        return "{" + ",".join(map(str, v)) + "}"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
 def decisive(exps) -> list[dict[str, Any]]:
     """Per knob, its largest effect on any headline: max |log(value / default value)|."""
     worst: dict[str, tuple[float, str, Any, float, float]] = {}
@@ -125,7 +143,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--oracle", action="store_true")
     p.add_argument("--out", default="results")
     p.add_argument("--only", nargs="*", choices=list(MODULES), help="these experiments only")
+    p.add_argument("--params-md", action="store_true",
+                   help="print the parameter table (markdown) and exit")
     ns = p.parse_args(argv)
+    if ns.params_md:
+        print(parameters_markdown())
+        return 0
     with oracle_estimates(ns.oracle):
         doc = run(ns.quick, ns.only)
     out = Path(ns.out)

@@ -4,6 +4,7 @@ MOPD (teachers computing log-probs, bursty across teachers) and MOPD + Search on
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 
@@ -29,8 +30,10 @@ def restore_s(memory_gb: float, bandwidth_gbps: float = 50.0, wake_s: float = 0.
     return memory_gb / bandwidth_gbps + wake_s
 
 
-def tp_elasticity(t_ori: float, eff: dict[int, float]) -> Elasticity:
-    return Elasticity("gpu", t_ori, {m: eff[m] for m in GPU_DOPS})
+def tp_elasticity(t_ori: float, eff: dict[int, float], at_8: float | None = None) -> Elasticity:
+    """E(k) from the shape `eff`, bent so that E(8) = `at_8` (E(k) ** (ln at_8 / ln eff[8]))."""
+    g = 1.0 if at_8 is None else math.log(at_8) / math.log(eff[8])
+    return Elasticity("gpu", t_ori, {m: eff[m] ** g for m in GPU_DOPS})
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,8 @@ class SearchParams:
                                                            50.0, 80.0))
     judge_s: float = field(default=2.0, metadata=assumed(
         "one judge call (prefill about 2k tokens + short answer) on 1 GPU", 1.0, 4.0))
+    judge_eff_8: float = field(default=0.4, metadata=assumed(
+        "tensor-parallel efficiency of the judge on 8 GPUs (decode-heavy)", 0.25, 0.7))
     judge_weights_gb: float = field(default=61.0, metadata=src(
         "paper: fine-tuned GPT-OSS-120B judge; HF openai/gpt-oss-120b: about 61 GB MXFP4"))
     kv_gb: float = field(default=8.0, metadata=assumed(
@@ -73,8 +78,9 @@ class SearchParams:
         return max(1, round(qps * median_s))
 
 
-JUDGE_EFF = {1: 1.0, 2: 0.8, 4: 0.6, 8: 0.4}  # assumption: tensor-parallel decode efficiency
-TEACHER_EFF = {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.65}  # assumption: tensor-parallel prefill
+# shapes of tensor-parallel efficiency (assumed; E(8) is swept: judge_eff_8, teacher_eff_8)
+JUDGE_EFF = {1: 1.0, 2: 0.8, 4: 0.6, 8: 0.4}  # decode-heavy
+TEACHER_EFF = {1: 1.0, 2: 0.9, 4: 0.8, 8: 0.65}  # prefill
 
 
 def _search_trajs(p: SearchParams, rng: random.Random, prefix: str = "ds",
@@ -99,8 +105,8 @@ def _search_trajs(p: SearchParams, rng: random.Random, prefix: str = "ds",
         t_ori = lognormal(rng, p.judge_s, 0.3, None, 0.2)
         steps.append(Step(lognormal_mean(rng, p.output_tokens_mean, 0.5) / p.decode_tok_s,
                           Action(f"{tid}.judge", {"gpu": list(GPU_DOPS)},
-                                 elasticity=tp_elasticity(t_ori, JUDGE_EFF), trajectory=tid,
-                                 task=task, kind="judge", service="judge")))
+                                 elasticity=tp_elasticity(t_ori, JUDGE_EFF, p.judge_eff_8),
+                                 trajectory=tid, task=task, kind="judge", service="judge")))
         out.append(Trajectory(tid, task, rng.uniform(0, p.start_spread_s), tuple(steps)))
     return out
 
@@ -155,6 +161,8 @@ class MopdParams:
     teacher_weights_gb: float = field(default=65.5, metadata=src(
         "Qwen3-32B (32.8B parameters) in BF16, the 32B teacher CALIBRATION §7 calibrates "
         "prefill for", 16.0, 65.5))
+    teacher_eff_8: float = field(default=0.65, metadata=assumed(
+        "tensor-parallel prefill efficiency of a teacher on 8 GPUs", 0.45, 0.85))
     kv_gb: float = field(default=8.0, metadata=assumed(
         "KV cache per GPU: a 16k-token sequence of a 32B GQA model is about 4 GB", 4.0, 12.0))
     seq_tokens_mean: float = field(default=16000.0, metadata=src(
@@ -200,8 +208,8 @@ def _mopd_trajs(p: MopdParams, rng: random.Random, prefix: str = "mopd") -> list
             t_ori = lognormal_mean(rng, p.seq_tokens_mean, 0.5) / p.prefill_tok_s
             steps.append(Step(think, Action(
                 f"{tid}.lp{j}", {"gpu": list(GPU_DOPS)}, elasticity=tp_elasticity(
-                    t_ori, TEACHER_EFF), trajectory=tid, task="mopd", kind="logprob",
-                service=f"teacher{teacher}")))
+                    t_ori, TEACHER_EFF, p.teacher_eff_8), trajectory=tid, task="mopd",
+                kind="logprob", service=f"teacher{teacher}")))
             t += t_ori
         out.append(Trajectory(tid, "mopd", start, tuple(steps)))
     return out
