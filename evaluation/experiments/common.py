@@ -143,8 +143,16 @@ def cached_run(workload: Workload, policy: Policy) -> LoopResult:
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
-        _CACHE[key] = run(workload, policy, oracle=ORACLE.get())
+        res = run(workload, policy, oracle=ORACLE.get())
+        res.counters["client_429"] = float(client_rejections(policy))  # kept with the result
+        _CACHE[key] = res
     return _CACHE[key]
+
+
+def client_rejections(policy: Policy) -> int:
+    """429 answers the baseline's retrying clients got (their API calls found the limit)."""
+    routes = policy.allocator.routes if isinstance(policy.allocator, ByResource) else ()
+    return sum(a.rejections for _, a in routes if isinstance(a, ApiRetry))
 
 
 # -- parameter overrides (the sensitivity sweep) ---------------------------------------------
