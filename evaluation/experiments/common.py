@@ -262,7 +262,7 @@ def plot_vs_paper(compares: Sequence[Compare], fig: Any) -> None:
             ax.plot([lo, hi], [i, i], "-", color="tab:blue", alpha=0.5, lw=3,
                     label="range over the sweep" if i == 0 else None)
         ax.annotate(f"{c.ours:.2f}{c.unit} vs {c.paper:g}{c.unit}", (v, i),
-                    textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
+                    textcoords="offset points", xytext=(4, 6), ha="left", fontsize=7)
     ax.axvline(1.0, color="tab:red", ls="--", label="paper")
     ax.set_yticks(range(len(rows)), [_wrap(c.metric) for c in rows], fontsize=7)
     ax.set_xlabel("ours / paper (1 = the paper's value)")

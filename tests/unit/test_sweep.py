@@ -1,6 +1,8 @@
 """The sweep machinery: knobs from the parameters' metadata, overrides that reach the workload
 and the baselines, ranges that hold ours."""
 
+from pathlib import Path
+
 from evaluation.experiments.common import (
     Compare,
     Outcome,
@@ -9,6 +11,7 @@ from evaluation.experiments.common import (
     overriding,
     workload,
 )
+from evaluation.experiments.sensitivity import parameters_markdown
 from evaluation.experiments.sweep import attach_ranges, knobs
 from evaluation.params import ASSUMED, sources
 from evaluation.workloads.coding import CodingParams
@@ -49,3 +52,9 @@ def test_ranges_hold_ours_and_only_rows_with_a_paper_value_get_one():
     assert a.range == (1.5, 3.0) and a.range[0] <= a.ours <= a.range[1]
     assert b.range is None
     assert {e["knob"] for e in o.sensitivity} >= {"k8s.pod_cores", "size.batch"}
+
+
+def test_docs_list_every_parameter():
+    text = (Path(__file__).parents[2] / "docs" / "sensitivity.md").read_text()
+    for line in parameters_markdown().splitlines():
+        assert line in text, f"docs/sensitivity.md is stale: {line}"
