@@ -3,7 +3,8 @@ ratio with a paper value carries a range holding ours."""
 
 import json
 
-from evaluation.experiments import main
+from evaluation.experiments import main, run_experiment
+from evaluation.experiments.sensitivity import _paper
 from evaluation.experiments.sweep import TARGETS, assumed_knobs
 from evaluation.params import ASSUMED, sources
 
@@ -27,3 +28,10 @@ def test_sensitivity_quick_sweeps_every_assumed_parameter(tmp_path, capsys):
     assert {k.label for k in assumed_knobs(tuple(TARGETS))} <= swept
     assert {"size.batch", "size.capacity", "k8s.pod_cores"} <= swept
     assert doc["decisive"][0]["effect"] >= doc["decisive"][-1]["effect"]
+
+
+def test_sensitivity_paper_values_match_the_experiments():
+    """The sweep's paper values are the experiments' own (fig6/fig7 quick, without the sweep)."""
+    for name in ("fig6", "fig7"):
+        for c in run_experiment(name, quick=True).compares:
+            assert _paper(c.metric) == c.paper, c.metric
