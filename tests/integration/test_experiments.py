@@ -38,6 +38,8 @@ def test_quick_mode_writes_files(name, tmp_path):
 
 
 def test_cli_json(tmp_path, capsys):
-    assert main(["table1", "--quick", "--out", str(tmp_path), "--json"]) == 0
+    # the sweep behind each row's range is tested in test_sensitivity.py; here without it
+    assert main(["table1", "--quick", "--out", str(tmp_path), "--json", "--no-range"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["experiment"] == "table1" and len(doc["files"]) == 3
+    assert all(c["range"] is None for c in doc["compare"]) and doc["sensitivity"] == []
