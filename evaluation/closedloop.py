@@ -48,7 +48,7 @@ class Lifecycle(Protocol):
 @dataclass
 class EnvironmentStart:
     """Tangram's lifecycle: one container per trajectory holding no cores (memory only, which
-    is assumed never to bind), started in `start_s` (CALIBRATION §2: 0.5 s)."""
+    is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s)."""
 
     start_s: float = 0.5
 

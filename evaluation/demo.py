@@ -54,7 +54,7 @@ def test_{i}():
 
 # -- a rate-limited search API on loopback ----------------------------------------------------
 class _SearchHandler(BaseHTTPRequestHandler):
-    limit = 20.0  # requests per second, like a paid search API tier (CALIBRATION.md 5)
+    limit = 20.0  # requests per second, like a paid search API tier (docs/calibration.md §5)
     lock = threading.Lock()
     window: list[float] = []
 

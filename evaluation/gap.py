@@ -1,13 +1,22 @@
-"""`tangram gap`: how far the heuristic (and `min`) are from the exact optimum.
+"""`tangram gap`: how far each policy is from the exact optimum, split into its causes.
 
 Generates `--instances` random small instances per class from `--seed` (flat units or one 8-GPU
-node; spread or bursty arrivals; about half the actions elastic), simulates each policy on them,
-solves the whole-instance schedule exactly (CP-SAT), and prints per instance and per class the
-total ACT of each policy and its gap to the optimum, `100 * (policy - exact) / exact`.
+node; `spread`, `bursty` or `batch` arrivals; about half the actions elastic), simulates each
+policy on them and solves the whole-instance schedule exactly (CP-SAT). A gap is
+`100 * (policy - reference) / reference` on total ACT. Per class, the table splits it:
 
-The exact schedule knows every arrival in advance; the policies do not. So the gap mixes two
-things: the heuristic's approximation and the value of clairvoyance. A gap is against a proven
-optimum when the status says `optimal`, else against the best schedule found in the time limit.
+- **approximation**: on `batch` classes every action is known at time 0, so a policy's gap to
+  the exact optimum is its approximation alone (nothing to forecast);
+- **order**: the exact optimum with starts constrained to arrival order (the FCFS-constrained
+  model) against the unconstrained one: what any strictly FCFS policy gives up, however well it
+  splits units;
+- **information**: on online classes (`spread`, `bursty`) the exact optimum is clairvoyant.
+  With `--with-cpsat-policy` the receding-horizon exact policy (`cpsat`: optimal at every
+  decision over what the policy knows then, nothing of the future) runs too: its gap is the
+  price of not knowing arrivals, and each policy's gap to it is what is left to win online.
+
+A gap is against a proven optimum when every instance of the class says `optimal`, else
+against the best schedule found in the time limit (the status column counts the proofs).
 """
 
 from __future__ import annotations
@@ -24,62 +33,104 @@ from rich.table import Table
 
 from evaluation.simulator import simulate
 from solvers import get_allocator
+from solvers.exact.cpsat_schedule import solve_cpsat
+from solvers.exact.model import DEFAULT_RESOLUTION, instance_model
 from solvers.exact.random_instances import ARRIVALS, POOLS, InstanceClass, random_instance_doc
-from solvers.exact.schedule import solve_schedule
-from tangram.instance import parse_instance
+from solvers.exact.schedule import realise, solve_schedule, total_act
+from tangram.instance import Instance, parse_instance
 
 POLICIES: dict[str, tuple[str, dict]] = {
-    "heuristic-d1": ("heuristic", {"depth": 1}),
-    "heuristic-d2": ("heuristic", {"depth": 2}),
-    "heuristic-d3": ("heuristic", {"depth": 3}),
+    "heuristic": ("heuristic", {}),
+    "backfill": ("backfill", {}),
+    "backfill-srpt": ("backfill-srpt", {}),
     "min": ("min", {}),
 }
+RH = "cpsat"  # the receding-horizon exact policy's label
 
 
 @dataclass(frozen=True, slots=True)
 class GapRow:
     cls: str
+    arrivals: str
     size: int
     seed: int
     exact: float
     status: str
     exact_s: float
+    exact_fcfs: float
     policies: dict[str, float]
     policy_s: dict[str, float]
 
-    def gap(self, name: str) -> float:
-        return 100.0 * (self.policies[name] - self.exact) / self.exact
+    def gap(self, name: str, ref: str | None = None) -> float:
+        base = self.exact if ref is None else self.policies[ref]
+        return 100.0 * (self.policies[name] - base) / base
+
+    @property
+    def order_gap(self) -> float:
+        return 100.0 * (self.exact_fcfs - self.exact) / self.exact
+
+
+def fcfs_optimum(inst: Instance, time_limit: float, workers: int | None = None) -> float:
+    """The exact optimum with queued actions starting in arrival order (ties: file order)."""
+    model = instance_model(inst.build_pools(), inst.actions, DEFAULT_RESOLUTION)
+    raw = solve_cpsat(model, time_limit, workers, fcfs=True)
+    return total_act(realise(model, raw, compact=False))  # a left shift would break the order
 
 
 def run_one(cls: InstanceClass, seed: int, policies: dict[str, tuple[str, dict]],
             time_limit: float) -> GapRow:
     inst = parse_instance(random_instance_doc(cls, seed))
     exact = solve_schedule(inst, "cpsat", time_limit)
+    fcfs = fcfs_optimum(inst, time_limit)
     acts, secs = {}, {}
     for label, (name, options) in policies.items():
         t0 = time.perf_counter()
         acts[label] = simulate(inst, get_allocator(name, **options)).total_act
         secs[label] = time.perf_counter() - t0
-    return GapRow(cls.name, cls.size, seed, exact.total_act, exact.status, exact.solve_s,
-                  acts, secs)
+    return GapRow(cls.name, cls.arrivals, cls.size, seed, exact.total_act, exact.status,
+                  exact.solve_s, max(fcfs, exact.total_act), acts, secs)
 
 
-def _table(rows: list[GapRow], labels: list[str]) -> Table:
-    t = Table(title="total ACT (s) and gap to the exact optimum")
-    for col in ["class", "size", "seed", "exact", "status", "solve s"]:
-        t.add_column(col, justify="right" if col not in ("class", "status") else "left")
+def summary(rows: list[GapRow], labels: list[str]) -> list[dict]:
+    """Per class: proofs, the order gap, and per policy the mean and worst gap to the exact
+    optimum (and to the receding-horizon policy when it ran), with the worst instance."""
+    out = []
+    for cls in sorted({r.cls for r in rows}, key=lambda c: (c.split("/")[0],
+                                                             ARRIVALS.index(c.split("/")[1]))):
+        group = [r for r in rows if r.cls == cls]
+        entry: dict = {"class": cls, "instances": len(group),
+                       "proved": sum(r.status == "optimal" for r in group),
+                       "order_mean": statistics.mean(r.order_gap for r in group),
+                       "order_worst": max(r.order_gap for r in group), "policies": {}}
+        for lb in labels:
+            gaps = [r.gap(lb) for r in group]
+            worst = max(group, key=lambda r: r.gap(lb))
+            p = {"mean": statistics.mean(gaps), "worst": max(gaps), "worst_seed": worst.seed}
+            if RH in labels and lb != RH:
+                p["vs_rh_mean"] = statistics.mean(r.gap(lb, RH) for r in group)
+            entry["policies"][lb] = p
+        out.append(entry)
+    return out
+
+
+def _table(summ: list[dict], labels: list[str]) -> Table:
+    t = Table(title="gap to the exact optimum, % of total ACT: mean / worst (seed)"
+              + ("; [vs cpsat policy]" if RH in labels else ""))
+    for col in ["class", "cause", "proved", "order (fcfs opt)"]:
+        t.add_column(col, justify="left" if col in ("class", "cause") else "right")
     for lb in labels:
         t.add_column(lb, justify="right")
-    for r in rows:
-        t.add_row(r.cls, str(r.size), str(r.seed), f"{r.exact:.2f}", r.status,
-                  f"{r.exact_s:.2f}",
-                  *[f"{r.policies[lb]:.2f} ({r.gap(lb):+.1f}%)" for lb in labels])
-    t.add_section()
-    for cls in sorted({r.cls for r in rows}):
-        group = [r for r in rows if r.cls == cls]
-        t.add_row(f"[b]{cls} mean[/b]", "", "", "", "", "",
-                  *[f"[b]{statistics.mean(r.gap(lb) for r in group):+.1f}%[/b]"
-                    for lb in labels])
+    for e in summ:
+        cause = "approximation" if e["class"].endswith("/batch") else "information"
+        cells = []
+        for lb in labels:
+            p = e["policies"][lb]
+            cell = f"{p['mean']:+.1f} / {p['worst']:+.1f} ({p['worst_seed']})"
+            if "vs_rh_mean" in p:
+                cell += f" [{p['vs_rh_mean']:+.1f}]"
+            cells.append(cell)
+        t.add_row(e["class"], cause, f"{e['proved']}/{e['instances']}",
+                  f"{e['order_mean']:+.1f} / {e['order_worst']:+.1f}", *cells)
     return t
 
 
@@ -92,12 +143,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--time-limit", type=float, default=30.0,
                    help="CP-SAT time limit per instance (default 30 s)")
     p.add_argument("--with-cpsat-policy", action="store_true",
-                   help="also simulate the receding-horizon exact policy `cpsat`")
+                   help="also simulate the receding-horizon exact policy `cpsat` (the "
+                        "information split)")
+    p.add_argument("--rows", action="store_true", help="print every instance too (--json)")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     policies = dict(POLICIES)
     if ns.with_cpsat_policy:
-        policies["cpsat"] = ("cpsat", {})
+        policies[RH] = ("cpsat", {})
     jobs = [(InstanceClass(pool, arr, ns.size), ns.seed + i)
             for pool in POOLS for arr in ARRIVALS for i in range(ns.instances)]
     rows = []
@@ -107,11 +160,17 @@ def main(argv: list[str]) -> int:
         for cls, seed in jobs:
             rows.append(run_one(cls, seed, policies, ns.time_limit))
             bar.advance(task)
+    labels = list(policies)
+    summ = summary(rows, labels)
     if ns.json:
-        print(json.dumps([{"class": r.cls, "size": r.size, "seed": r.seed, "exact": r.exact,
-                           "status": r.status, "exact_s": r.exact_s, "total_act": r.policies,
-                           "gap_pct": {lb: r.gap(lb) for lb in r.policies},
-                           "policy_s": r.policy_s} for r in rows]))
+        doc: dict = {"classes": summ}
+        if ns.rows:
+            doc["rows"] = [{"class": r.cls, "size": r.size, "seed": r.seed, "exact": r.exact,
+                            "status": r.status, "exact_s": r.exact_s,
+                            "exact_fcfs": r.exact_fcfs, "total_act": r.policies,
+                            "gap_pct": {lb: r.gap(lb) for lb in r.policies},
+                            "policy_s": r.policy_s} for r in rows]
+        print(json.dumps(doc))
     else:
-        console.print(_table(rows, list(policies)))
+        console.print(_table(summ, labels))
     return 0

@@ -15,7 +15,7 @@ from tangram.instance import load_instance
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tangram replay", description=__doc__)
-    p.add_argument("file", help="instance JSON (DESIGN.md section 8)")
+    p.add_argument("file", help="instance JSON (docs/architecture.md §5)")
     p.add_argument("--allocator", default="heuristic",
                    help="policy name (heuristic, min, cpsat, pulp, ...)")
     p.add_argument("--depth", type=int, default=None, help="heuristic depth (default 2)")

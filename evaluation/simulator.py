@@ -76,8 +76,11 @@ class Simulator:
     def __init__(self, pools: Mapping[str, Pool], actions: Sequence[Action],
                  allocator: Allocator, *, executors: Mapping[str, SimExecutor] | None = None,
                  prefer: Callable | None = None, defer: Callable | None = None,
-                 progress: Callable[[int], None] | None = None) -> None:
+                 progress: Callable[[int], None] | None = None,
+                 bindings: Mapping[tuple[str, str], str] | None = None) -> None:
         self.scheduler = Scheduler(pools, allocator, prefer=prefer, defer=defer)
+        for (trajectory, resource), node in (bindings or {}).items():
+            self.scheduler.bind(trajectory, resource, node)
         self.actions = sorted(actions, key=lambda a: a.submit_time)
         self.executors = dict(executors or {})
         self.progress = progress
@@ -137,7 +140,7 @@ class Simulator:
         self.counters["decisions"] = sched.decisions
         if sched.queue:
             raise TangramError(f"{len(sched.queue)} actions never started (first: "
-                               f"{next(iter(sched.queue))})")
+                               f"{next(iter(sched.queue.keys()))})")
         return SimResult(records, self.counters)
 
 
@@ -152,4 +155,4 @@ def simulate(instance, allocator: Allocator, progress=None) -> SimResult:
             executors[r] = model
             prefer, defer = model.prefer, model.defer
     return Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
-                     defer=defer, progress=progress).run()
+                     defer=defer, progress=progress, bindings=instance.bindings).run()

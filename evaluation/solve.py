@@ -21,7 +21,7 @@ from tangram.instance import load_instance
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tangram solve", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", help="instance JSON file (DESIGN.md section 8)")
+    p.add_argument("file", help="instance JSON file (docs/architecture.md §5)")
     p.add_argument("--backend", choices=BACKENDS, default="cpsat")
     p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
                    help="solver time limit in seconds (default 60)")

@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from managers.base import Outcome
 from managers.basic import BasicManager, Gate, Limits
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
+from tangram.results import Result
 
 RETRYABLE = frozenset({429, 502, 503, 504})
 
@@ -97,12 +97,12 @@ class ApiManager(BasicManager):
                                                                  max_keepalive_connections=64))
         return self._client
 
-    async def perform(self, assignment: Assignment, gates: list[Gate]) -> Outcome:
+    async def perform(self, assignment: Assignment, gates: list[Gate]) -> Result:
         req = assignment.action.payload
         if req is None:
             req = ApiRequest()
         if not isinstance(req, ApiRequest):
-            return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+            return Result("failed", detail=f"action {assignment.action_id}: payload must be an "
                            f"ApiRequest, got {type(req).__name__}")
         api = self.apis[next(r for r in assignment.action.demands if r in self.apis)]
         gate = self.gates[api.resource]
@@ -128,13 +128,13 @@ class ApiManager(BasicManager):
             body = _body(resp)
             out = ApiResponse(resp.status_code, body, attempt)
             if resp.is_success:
-                return Outcome("ok", output=out, detail=f"HTTP {resp.status_code}")
+                return Result("ok", output=out, detail=f"HTTP {resp.status_code}")
             last = f"{method} {url}: HTTP {resp.status_code}"
             status = "error"
             if resp.status_code not in RETRYABLE or attempt == api.retries + 1:
-                return Outcome("error", output=out, detail=last + f" after {attempt} attempt(s)")
+                return Result("error", output=out, detail=last + f" after {attempt} attempt(s)")
             await asyncio.sleep(_retry_after(resp))
-        return Outcome(status, detail=f"{last} after {api.retries + 1} attempt(s)")
+        return Result(status, detail=f"{last} after {api.retries + 1} attempt(s)")
 
     def throttled(self, name: str) -> int:
         """Calls to API `name` that flow control held back to keep it under its quota."""

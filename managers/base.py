@@ -14,19 +14,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from typing import Any
 
 from tangram.allocation import Assignment
-from tangram.pools import Pool
+from tangram.pools import CorePool, Pool
 from tangram.results import Result
-
-# Managers return the one result record; the runtime adds the grant and the timings.
-Outcome = Result  # TODO(merge): the name every manager used before the records were unified
 
 
 class Manager(ABC):
     """Owns the pools of its resource types; runs actions placed on them."""
 
     name: str = "manager"
+
+    @property
+    def backend_name(self) -> str | None:
+        """The executor backend's name (`bwrap`, `cgroup`, `ray:sim`, `torch`, ...); None for
+        a manager without one."""
+        return None
 
     @abstractmethod
     def pools(self) -> Mapping[str, Pool]:
@@ -37,20 +41,35 @@ class Manager(ABC):
         """Run one placed action, enforcing exactly its granted units; never raise for the
         action's own failure (that is a `Result` whose status says so)."""
 
+    async def start(self) -> None:
+        """Begin serving (deploy services, watch membership); the runtime awaits it once
+        before the first action. Idempotent; nothing to do by default."""
+
     async def close(self) -> None:
         """Release everything (processes, cgroups, containers). Idempotent."""
 
 
 class EnvironmentManager(Manager):
     """A manager of per-trajectory environments (the CPU manager, locally or over Ray): a
-    trajectory's commands run in its environment, on the node the environment is bound to."""
+    trajectory's commands run in its environment, on the node the environment is bound to.
+    It owns one core pool (`pool`, of resource `resource`) and one executor `backend`."""
 
     resource: str = "cpu"
+    pool: CorePool
+    backend: Any  # has a `name`: a `managers.cpu.backends.Backend`, or Ray's stand-in
+
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name
+
+    def pools(self) -> Mapping[str, Pool]:
+        return {self.resource: self.pool}
 
     @abstractmethod
-    async def open_env(self, trajectory: str, memory_mb: int) -> str:
-        """Create the trajectory's environment (work dir, memory reservation) on some node and
-        bind the trajectory there; return the environment's id. At most one per trajectory."""
+    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:
+        """Create the trajectory's environment (work dir, memory reservation, no network unless
+        `network` where the backend isolates) on some node and bind the trajectory there;
+        return the environment's id. At most one per trajectory."""
 
     @abstractmethod
     async def close_env(self, env_id: str) -> None:

@@ -18,10 +18,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from managers.base import Manager, Outcome
+from managers.base import Manager
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import FlatPool, Pool
+from tangram.results import Result
 
 NODE = "basic"
 
@@ -145,20 +146,20 @@ class BasicManager(Manager):
     def _mine(self, assignment: Assignment) -> list[str]:
         return [r for r in assignment.action.demands if r in self.gates]
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         mine = self._mine(assignment)
         if not mine:
-            return Outcome("failed", detail=f"action {assignment.action_id} demands none of "
+            return Result("failed", detail=f"action {assignment.action_id} demands none of "
                            f"{sorted(self.gates)}")
         return await self._in_slots(mine, assignment)
 
-    async def _in_slots(self, resources: list[str], assignment: Assignment) -> Outcome:
+    async def _in_slots(self, resources: list[str], assignment: Assignment) -> Result:
         if not resources:
             return await self.perform(assignment, [self.gates[r] for r in self._mine(assignment)])
         async with self.gates[resources[0]].slot():
             return await self._in_slots(resources[1:], assignment)
 
-    async def perform(self, assignment: Assignment, gates: list[Gate]) -> Outcome:
+    async def perform(self, assignment: Assignment, gates: list[Gate]) -> Result:
         """Do the action inside its concurrency slots; each use goes through `gates`' quotas."""
         try:
             async with _uses(gates):
@@ -167,12 +168,12 @@ class BasicManager(Manager):
                 else:
                     payload = assignment.action.payload
                     if not callable(payload):
-                        return Outcome("failed", detail=f"action {assignment.action_id}: payload "
+                        return Result("failed", detail=f"action {assignment.action_id}: payload "
                                        "must be an async callable for a basic resource")
                     output = await payload()
         except Exception as exc:
-            return Outcome("error", detail=f"{type(exc).__name__}: {exc}")
-        return Outcome("ok", output=output, detail="done")
+            return Result("error", detail=f"{type(exc).__name__}: {exc}")
+        return Result("ok", output=output, detail="done")
 
 
 @asynccontextmanager

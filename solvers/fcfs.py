@@ -17,6 +17,7 @@ from tangram.actions import Action
 from tangram.allocation import ClusterView
 from tangram.errors import Infeasible
 from tangram.pools import Placement, Pool
+from tangram.queue import ActionQueue
 
 ALL = None  # blocked value meaning: every node of the resource
 
@@ -70,7 +71,17 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
     needed = view.queued_resources if view.queued_resources is not None else view.pools
     n_res = len(needed)
     out: list[Candidate] = []
-    for a in queue:
+
+    def is_blocked(c: tuple[str, str | None]) -> bool:
+        r, node = c
+        if r not in blocked:
+            return False
+        b = blocked[r]
+        return b is ALL or (node is not None and node in b)  # type: ignore[operator]
+
+    # an indexed queue skips whole blocked (resource, node) classes; a plain one is walked
+    walk = queue.scan(is_blocked) if isinstance(queue, ActionQueue) else queue
+    for a in walk:
         if fully == n_res:
             break
         mins = a.mins

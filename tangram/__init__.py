@@ -15,6 +15,7 @@ from tangram.errors import (
     Infeasible,
     InvariantError,
     NotFound,
+    QueueFull,
     TangramError,
     ValidationError,
 )
@@ -25,7 +26,8 @@ from tangram.results import Result, Status
 __all__ = [
     "Action", "ActionFailed", "Allocator", "Assignment", "BackendUnavailable", "ChunkPool",
     "ClusterView", "CorePool", "Demand", "Elasticity", "FlatPool", "Infeasible",
-    "InvariantError", "NotFound", "Placement", "Pool", "Result", "RunningAction", "Status",
+    "InvariantError", "NotFound", "Placement", "Pool", "QueueFull", "Result", "RunningAction",
+    "Status",
     "Tangram", "TangramClient", "TangramError", "ValidationError", "check_assignments",
 ]
 

@@ -35,3 +35,8 @@ class BackendUnavailable(TangramError):
 
 class ActionFailed(TangramError):
     """An action could not run (its environment is lost or broken, its node died, ...)."""
+
+
+class QueueFull(TangramError):
+    """The scheduler's queue holds its documented maximum: the caller should retry later
+    (HTTP 429)."""

@@ -1,4 +1,4 @@
-"""The instance file (DESIGN.md section 8): the common currency of replay, solve, gap and tests.
+"""The instance file (docs/architecture.md §5): the common currency of replay, solve, gap and tests.
 
 ```json
 {"resources": {"cpu": {"topology": "flat", "units": 8},
@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from tangram.actions import Action, Elasticity
-from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.errors import Infeasible, ValidationError
 from tangram.pools import ChunkPool, FlatPool, Pool
 from tangram.resources import Demand
-from tangram.validation import integer, keys, number, power_of_two
+from tangram.validation import integer, keys, number, power_of_two, read_document
 from topology import ChunkTree
 
 
@@ -47,7 +47,8 @@ class ServiceSpec:
 
 @dataclass(frozen=True, slots=True)
 class ResourceSpec:
-    """One resource type of the instance: flat units on one node, or GPU chunk nodes."""
+    """One resource type of the instance: flat units on one or more named nodes, or GPU chunk
+    nodes."""
 
     name: str
     topology: str  # "flat" | "chunks"
@@ -56,27 +57,32 @@ class ResourceSpec:
     gpus_per_node: int = 0
     memory_gb: float | None = None
     services: Mapping[str, ServiceSpec] = field(default_factory=dict)
+    node_units: Mapping[str, int] = field(default_factory=dict)  # flat, several nodes
 
     def node_names(self) -> list[str]:
         if self.topology == "flat":
-            return ["node0"]
+            return list(self.node_units) or ["node0"]
         return [f"{self.name}{i}" for i in range(self.nodes)]
 
     def build_pool(self) -> Pool:
         if self.topology == "flat":
-            return FlatPool(self.name, {"node0": self.units})
+            return FlatPool(self.name, dict(self.node_units) or {"node0": self.units})
         return ChunkPool(self.name, {n: ChunkTree(self.gpus_per_node, n)
                                      for n in self.node_names()})
 
     @property
     def capacity(self) -> int:
-        return self.units if self.topology == "flat" else self.nodes * self.gpus_per_node
+        if self.topology == "flat":
+            return sum(self.node_units.values()) or self.units
+        return self.nodes * self.gpus_per_node
 
 
 @dataclass(frozen=True, slots=True)
 class Instance:
     resources: Mapping[str, ResourceSpec]
     actions: tuple[Action, ...]
+    bindings: Mapping[tuple[str, str], str] = field(default_factory=dict)
+    """(trajectory, resource) -> node, from the actions' `node` fields."""
 
     def build_pools(self) -> dict[str, Pool]:
         return {r: spec.build_pool() for r, spec in self.resources.items()}
@@ -91,8 +97,17 @@ def parse_resource(name: str, obj: Any) -> ResourceSpec:
         raise ValidationError(f"{path}.topology", obj.get("topology") if isinstance(obj, dict)
                               else obj, 'must be "flat" or "chunks"')
     if obj["topology"] == "flat":
-        keys(path, obj, {"topology", "units"}, set())
-        return ResourceSpec(name, "flat", units=integer(f"{path}.units", obj["units"]))
+        keys(path, obj, {"topology"}, {"units", "nodes"})
+        if ("units" in obj) == ("nodes" in obj):
+            raise ValidationError(f"{path}.units", obj.get("units"),
+                                  'give either "units" (one node) or "nodes" {name: units}')
+        if "units" in obj:
+            return ResourceSpec(name, "flat", units=integer(f"{path}.units", obj["units"]))
+        nodes = obj["nodes"]
+        if not isinstance(nodes, dict) or not nodes:
+            raise ValidationError(f"{path}.nodes", nodes, "must map node names to units")
+        sizes = {str(n): integer(f"{path}.nodes.{n}", u) for n, u in nodes.items()}
+        return ResourceSpec(name, "flat", units=sum(sizes.values()), node_units=sizes)
     keys(path, obj, {"topology", "nodes", "gpus_per_node"}, {"memory_gb", "services"})
     g = power_of_two(f"{path}.gpus_per_node", obj["gpus_per_node"])
     mem = obj.get("memory_gb")
@@ -117,7 +132,8 @@ def parse_resource(name: str, obj: Any) -> ResourceSpec:
 def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Action:
     path = f"actions[{i}]"
     keys(path, obj, {"id", "demand"},
-          {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory", "kind"})
+          {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory", "kind",
+           "node"})
     aid = obj["id"]
     if not isinstance(aid, str) or not aid:
         raise ValidationError(f"{path}.id", aid, "must be a non-empty string")
@@ -176,8 +192,21 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
             raise ValidationError(f"{path}.service", service, "unknown service (declared: "
                                   f"{sorted(resources[gpu_res[0]].services)})")
     arrival = number(f"{path}.arrival", obj.get("arrival", 0.0))
+    trajectory = obj.get("trajectory")
+    node = obj.get("node")
+    if node is not None:
+        flat = [r for r in demands if resources[r].topology == "flat"]
+        if not flat or any(node not in resources[r].node_names() for r in flat):
+            names = {r: resources[r].node_names() for r in flat}
+            raise ValidationError(f"{path}.node", node,
+                                  f"must name a node of every flat resource it demands ({names})")
+        for r in flat:
+            if demands[r].min > resources[r].node_units.get(node, resources[r].units):
+                raise Infeasible(f"{path}.demand.{r}: needs at least {demands[r].min}, node "
+                                 f"{node} has {resources[r].node_units.get(node)}")
+        trajectory = trajectory or aid  # an action bound alone is its own trajectory
     action = Action(aid, demands, elasticity=elasticity, duration=duration,
-                    trajectory=obj.get("trajectory"), kind=obj.get("kind", "default"),
+                    trajectory=trajectory, kind=obj.get("kind", "default"),
                     service=service, submit_time=arrival)
     for r, d in demands.items():
         spec = resources[r]
@@ -210,15 +239,22 @@ def parse_instance(doc: Any) -> Instance:
         if a.id in ids:
             raise ValidationError(f"actions[{a.id}].id", a.id, "duplicate action id")
         ids.add(a.id)
+    bindings: dict[tuple[str, str], str] = {}
+    for a, obj in zip(actions, doc["actions"]):
+        node = obj.get("node")
+        if node is None:
+            continue
+        for r in a.demands:
+            if resources[r].topology != "flat":
+                continue
+            assert a.trajectory is not None
+            if bindings.setdefault((a.trajectory, r), node) != node:
+                raise ValidationError(f"actions[{a.id}].node", node, f"trajectory {a.trajectory} "
+                                      f"is bound to node {bindings[(a.trajectory, r)]} already")
     actions.sort(key=lambda a: a.submit_time)  # stable: file order breaks ties
-    return Instance(resources, tuple(actions))
+    return Instance(resources, tuple(actions), bindings)
 
 
 def load_instance(path: str | Path) -> Instance:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise TangramError(f"instance file {path}: not found") from None
-    except json.JSONDecodeError as exc:
-        raise TangramError(f"instance file {path}: not valid JSON ({exc})") from None
-    return parse_instance(doc)
+    return parse_instance(read_document(path, "instance file", json.loads,
+                                        json.JSONDecodeError, "JSON"))

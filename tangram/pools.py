@@ -213,6 +213,21 @@ class ChunkPool(Pool):
     def __init__(self, resource: str, nodes: Mapping[str, ChunkTree]) -> None:
         self.resource = resource
         self._trees = dict(nodes)
+        self._retiring: set[str] = set()
+
+    def retire(self, node: str) -> None:
+        """Membership: a machine died. Its chunks take no new placement at once; the node
+        leaves the pool when its last granted chunk is released (now, if none is)."""
+        if node not in self._trees:
+            raise ValidationError(f"{self.resource}.nodes", node, "not in the pool")
+        self._retiring.add(node)
+        self._drop_if_idle(node)
+
+    def _drop_if_idle(self, node: str) -> None:
+        t = self._trees[node]
+        if node in self._retiring and t.free_gpus() == t.num_gpus:
+            del self._trees[node]
+            self._retiring.discard(node)
 
     def tree(self, node: str) -> ChunkTree:
         return self._trees[node]
@@ -227,8 +242,8 @@ class ChunkPool(Pool):
 
     def free(self, node=None):
         if node is not None:
-            return self._trees[node].free_gpus()
-        return sum(t.free_gpus() for t in self._trees.values())
+            return 0 if node in self._retiring else self._trees[node].free_gpus()
+        return sum(t.free_gpus() for n, t in self._trees.items() if n not in self._retiring)
 
     def largest_request(self):
         return max((t.num_gpus for t in self._trees.values()), default=0)
@@ -245,7 +260,8 @@ class ChunkPool(Pool):
         a = (k - 1).bit_length()
         best, at = None, []
         for n, t in self._trees.items():
-            if (node is not None and n != node) or n in exclude or a >= t.levels:
+            if (node is not None and n != node) or n in exclude or a >= t.levels \
+                    or n in self._retiring:
                 continue
             lv = next((b for b in range(a, t.levels) if t.free[b]), None)
             if lv is None:
@@ -299,11 +315,13 @@ class ChunkPool(Pool):
     def release(self, placement, k):
         assert placement.chunk is not None
         self._trees[placement.node].release(placement.chunk)
+        if self._retiring:
+            self._drop_if_idle(placement.node)
 
     def free_chunks(self, node: str | None = None) -> dict[int, int]:
         total: dict[int, int] = {}
         for n, t in self._trees.items():
-            if node is None or n == node:
+            if (node is None or n == node) and n not in self._retiring:
                 for size, c in t.free_counts().items():
                     total[size] = total.get(size, 0) + c
         return total
@@ -315,4 +333,5 @@ class ChunkPool(Pool):
         p = ChunkPool.__new__(ChunkPool)
         p.resource = self.resource
         p._trees = {n: t.copy() for n, t in self._trees.items()}
+        p._retiring = set(self._retiring)
         return p

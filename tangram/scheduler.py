@@ -3,6 +3,14 @@ decision applied through the pool state and checked against the invariants.
 
 The same loop serves the simulator (virtual clock) and the runtime (wall clock): it never knows
 which one drives it.
+
+Liveness (docs/architecture.md, "Liveness"). Whatever the policy answers, a decision never
+leaves the queue stranded: if, after applying the policy's assignments, nothing is running and
+some queued action fits at its minimum now, the scheduler starts the first such action (in
+queue order) at its best amount that fits. Any running action's completion calls `decide`
+again, so an action the policy puts off always has a completion coming that re-runs the
+decision. Admission refuses what can never run: a demand over every pool's capacity, over the
+capacity of the node its trajectory is bound to, or past `max_queue`.
 """
 
 from __future__ import annotations
@@ -17,51 +25,78 @@ from tangram.allocation import (
     RunningAction,
     check_assignment_shape,
 )
-from tangram.errors import InvariantError, ValidationError
-from tangram.pools import Pool
+from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
+from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
+from tangram.queue import ActionQueue
+
+DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
 
 
 class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
-                 prefer: Callable | None = None, defer: Callable | None = None) -> None:
+                 prefer: Callable | None = None, defer: Callable | None = None,
+                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
         self.prefer = prefer
         self.defer = defer
-        self.queue: dict[str, Action] = {}
+        self.max_queue = max_queue
+        self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
         self.bindings: dict[tuple[str, str], str] = {}
         self.decisions = 0
+        self.rescued = 0  # actions started by the liveness rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
 
     # -- admission -------------------------------------------------------------------------------
     def validate(self, action: Action) -> None:
-        """Reject an action no pool can ever serve (unknown resource, demand too large)."""
+        """Reject an action no pool can ever serve: unknown resource, a demand over the pool's
+        capacity, or over the capacity of the node the action's trajectory is bound to."""
         for r, d in action.demands.items():
             pool = self.pools.get(r)
             if pool is None:
                 raise ValidationError(f"action[{action.id}].demands.{r}", d.amounts,
                                       f"unknown resource (pools: {sorted(self.pools)})")
             pool.validate_amounts(f"action[{action.id}].demands.{r}", d.amounts)
+            node = self.node_of(action, r)
+            if node is not None:
+                cap = pool.capacity(node)
+                if d.min > cap:
+                    raise Infeasible(
+                        f"action {action.id}: {r} demand {d.min} can never run on node {node}, "
+                        f"which has {cap} {r} units (trajectory {action.trajectory} is bound "
+                        "there)")
+
+    def node_of(self, action: Action, resource: str) -> str | None:
+        if action.trajectory is None:
+            return None
+        return self.bindings.get((action.trajectory, resource))
 
     def submit(self, action: Action) -> None:
         if action.id in self.queue or action.id in self.running:
             raise ValidationError("action.id", action.id, "already queued or running")
+        if len(self.queue) >= self.max_queue:
+            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; "
+                            "retry later")
         self.validate(action)
         self.enqueue(action)
 
     def enqueue(self, action: Action) -> None:
         """Queue an already validated action (the simulator validates all up front)."""
-        self.queue[action.id] = action
+        classes = []
+        for r in action.mins:
+            pool = self.pools[r]
+            classes.append((r, self.node_of(action, r) if pool.per_node else None))
+        self.queue.add(action, classes)
         counts = self._queued_per_resource
         for r in action.mins:
             counts[r] = counts.get(r, 0) + 1
 
     def _dequeue(self, action_id: str) -> Action | None:
-        action = self.queue.pop(action_id, None)
+        action = self.queue.remove(action_id)
         if action is not None:
             counts = self._queued_per_resource
             for r in action.mins:
@@ -71,7 +106,8 @@ class Scheduler:
         return action
 
     def cancel(self, action_id: str) -> bool:
-        """Drop a queued action; False when it is not queued (running or unknown)."""
+        """Drop a queued action; False when it is not queued (running or unknown). The caller
+        runs `decide` next: the cancelled action may have been blocking others."""
         return self._dequeue(action_id) is not None
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
@@ -90,26 +126,65 @@ class Scheduler:
                            self._queued_per_resource.keys(), self.prefer, self.defer)
 
     def decide(self, now: float) -> list[Assignment]:
-        """Ask the policy which queued actions start now; apply and check its answer."""
+        """Ask the policy which queued actions start now; apply and check its answer; then
+        apply the liveness rule (module docstring)."""
         if not self.queue:
             return []
         self.decisions += 1
-        assignments = self.allocator.allocate(self.view(), self.queue.values(), now)
+        assignments = list(self.allocator.allocate(self.view(), self.queue, now))
         for a in assignments:
-            act = a.action
-            if self.queue.get(act.id) is not act:
-                raise InvariantError(f"policy started {act.id!r}, which is not queued")
-            check_assignment_shape(a, self.pools, self.bindings)
-            for r, u in a.units.items():
-                try:
-                    self.pools[r].take(a.placement[r], u)
-                except Exception as exc:
-                    raise InvariantError(f"action {act.id}: {r}: {exc}") from exc
-            self._dequeue(act.id)
-            key = act.key
-            est = self.estimate(act, a.units[key] if key else None)
-            self.running[act.id] = RunningAction(a, now, now + est)
+            self._start(a, now)
+        if not self.running and self.queue:
+            rescue = self._rescue()
+            if rescue is not None:
+                self.rescued += 1
+                self._start(rescue, now)
+                assignments.append(rescue)
         return assignments
+
+    def _start(self, a: Assignment, now: float) -> None:
+        act = a.action
+        if self.queue.get(act.id) is not act:
+            raise InvariantError(f"policy started {act.id!r}, which is not queued")
+        check_assignment_shape(a, self.pools, self.bindings)
+        for r, u in a.units.items():
+            try:
+                self.pools[r].take(a.placement[r], u)
+            except Exception as exc:
+                raise InvariantError(f"action {act.id}: {r}: {exc}") from exc
+        self._dequeue(act.id)
+        key = act.key
+        est = self.estimate(act, a.units[key] if key else None)
+        self.running[act.id] = RunningAction(a, now, now + est)
+
+    def _rescue(self) -> Assignment | None:  # rare: only when nothing at all is running
+        """The first queued action that fits at its minimum on the idle pools, at the amount of
+        its key resource with the shortest estimated duration that fits (its minimum when not
+        elastic); None when nothing fits (then nothing can ever start: admission prevents it)."""
+        for act in self.queue:
+            placement: dict[str, Placement] = {}
+            units: dict[str, int] = {}
+            for r, k in act.mins.items():
+                pool = self.pools[r].copy()  # `place` takes the units: choose on a copy
+                node = self.node_of(act, r)
+                amounts = [k]
+                if r == act.key:  # the fastest amount that the free units hold, else the minimum
+                    free = pool.free(node)
+                    fast = min(((d, m) for m, d in act.options if m <= free), default=None)
+                    if fast is not None and fast[1] != k:
+                        amounts.insert(0, fast[1])
+                for amount in amounts:
+                    try:
+                        placement[r] = pool.place(amount, node)
+                    except Infeasible:
+                        continue
+                    units[r] = amount
+                    break
+                else:
+                    break
+            if len(units) == len(act.mins):
+                return Assignment(act, units, placement)
+        return None
 
     def complete(self, action_id: str, now: float, run_s: float | None = None,
                  learn: bool = True) -> RunningAction:

@@ -5,10 +5,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Callable, Collection
+from pathlib import Path
 from typing import Any
 
-from tangram.errors import ValidationError
+from tangram.errors import TangramError, ValidationError
 
 
 def is_number(v: Any) -> bool:
@@ -95,3 +96,16 @@ def keys(path: str, obj: Any, required: Collection[str], optional: Collection[st
     if missing:
         raise ValidationError(f"{path}.{missing[0]}", None, "is required")
     return mapping(path, obj, {*required, *optional})
+
+
+def read_document(path: str | Path, what: str, parse: Callable[[str], Any],
+                  syntax_error: type[Exception] | tuple[type[Exception], ...],
+                  syntax: str) -> Any:
+    """The parsed content of a file a user named (`what` says which kind, for the message):
+    a missing file or a syntax error is a `TangramError` naming the file, not a traceback."""
+    try:
+        return parse(Path(path).read_text())
+    except FileNotFoundError:
+        raise TangramError(f"{what} {path}: not found") from None
+    except syntax_error as exc:
+        raise TangramError(f"{what} {path}: not valid {syntax} ({exc})") from None

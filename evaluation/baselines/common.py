@@ -68,10 +68,10 @@ def at_most(action: Action, r: str, dop: int) -> int:
 @dataclass
 class NoLifecycle:
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
-    container start as Tangram's, CALIBRATION §2), nothing to release, no timers."""
+    container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 
     env_start_s: float = field(default=0.5, metadata=src(
-        "CALIBRATION §2: container start 0.25-0.57 s", 0.25, 0.57))
+        "docs/calibration.md §2: container start 0.25-0.57 s", 0.25, 0.57))
 
     def attach(self, pools, executors) -> None:
         pass

@@ -7,7 +7,7 @@ a time; no sharing between services, no elastic DoP.
 `serverless` (ServerlessLLM-like): a service is loaded on demand at a fixed DoP onto any free
 chunk of its task's GPUs (no sharing across tasks), from the sllm-store checkpoint store, and
 kept loaded (LRU) until evicted. `serverless_executors` gives its load time: bytes over
-`load_gbps` (CALIBRATION §3: sllm-store loads a 32B model, about 64 GB, in 3.2 s: ~20 GB/s).
+`load_gbps` (docs/calibration.md §3: sllm-store loads a 32B model, about 64 GB, in 3.2 s: ~20 GB/s).
 """
 
 from __future__ import annotations

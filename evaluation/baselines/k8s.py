@@ -3,8 +3,8 @@ life (paper §7 baseline for AI coding).
 
 A trajectory's pod is created when it begins: the Kubernetes scheduler binds it to the node
 with the most unreserved cores (LeastAllocated), at most `pods_per_s` pods a second
-(CALIBRATION §1: about 100 pods/s), and it starts after a lognormal delay (median 1.5 s, p99
-5 s, CALIBRATION §1 defaults). A pod that fits nowhere stays pending until a pod is deleted.
+(docs/calibration.md §1: about 100 pods/s), and it starts after a lognormal delay (median 1.5 s, p99
+5 s, docs/calibration.md §1 defaults). A pod that fits nowhere stays pending until a pod is deleted.
 Every action of the trajectory then runs on its pod's cores only, with as many of them as its
 demand allows (`pytest -n <pod cores>`), and never on another pod's idle cores.
 """
@@ -31,11 +31,11 @@ class Kubernetes(NoLifecycle):
     pod_cores: int = field(default=4, metadata=assumed(
         "cores per trajectory pod; the paper does not give its pod size", 2, 8))
     start_median_s: float = field(default=1.5, metadata=src(
-        "CALIBRATION §1: pod start ~2 s on an idle cluster; SLO p99 5 s", 1.0, 2.0))
+        "docs/calibration.md §1: pod start ~2 s on an idle cluster; SLO p99 5 s", 1.0, 2.0))
     start_p99_s: float = field(default=5.0, metadata=src(
-        "CALIBRATION §1: pod startup SLO p99 <= 5 s"))
+        "docs/calibration.md §1: pod startup SLO p99 <= 5 s"))
     pods_per_s: float = field(default=100.0, metadata=src(
-        "CALIBRATION §1: ~100 pods/s (API QPS limit); legacy default 50", 50.0, 100.0))
+        "docs/calibration.md §1: ~100 pods/s (API QPS limit); legacy default 50", 50.0, 100.0))
     resource: str = field(default="cpu", metadata=setting("the pool the pods take cores of"))
     seed: int = field(default=0, metadata=setting("random seed"))
     pods: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict, init=False)

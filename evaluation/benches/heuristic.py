@@ -8,6 +8,7 @@ import resource
 import statistics
 import time
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -30,6 +31,31 @@ def _timeit(fn, reps: int) -> list[float]:
     return out
 
 
+def plain_numpy_dp(tasks: list[dict[int, float]], capacity: int) -> float:
+    """The same-run reference: a textbook multiple-choice knapsack DP in plain numpy (min total
+    duration, every task one amount, total <= capacity), no caching, no operators. A machine
+    2x slower makes this 2x slower too, so ratios to it compare across machines."""
+    inf = np.inf
+    best = np.full(capacity + 1, inf)
+    best[0] = 0.0
+    for task in tasks:
+        nxt = np.full(capacity + 1, inf)
+        for m, d in task.items():
+            np.minimum(nxt[m:], best[:capacity + 1 - m] + d, out=nxt[m:])
+        best = nxt
+    return float(best.min())
+
+
+def reference_tasks(rng: random.Random) -> list[dict[int, float]]:
+    """64 tasks x 16 amounts over 256 units: the reference DP's input."""
+    out = []
+    for _ in range(64):
+        amounts = sorted(rng.sample(range(1, 65), 16))
+        t_ori = rng.uniform(1, 100)
+        out.append({m: t_ori / (m ** 0.8) for m in amounts})
+    return out
+
+
 def _report(title: str, rows: list[tuple[str, str, str]]) -> None:
     t = Table(title=title)
     for c in ("measure", "value", "goal"):
@@ -44,11 +70,7 @@ def dparrange(argv: list[str]) -> int:
     p.add_argument("--reps", type=int, default=200)
     ns = p.parse_args(argv)
     rng = random.Random(0)
-    flat_tasks = []
-    for _ in range(64):
-        amounts = sorted(rng.sample(range(1, 65), 16))
-        t_ori = rng.uniform(1, 100)
-        flat_tasks.append({m: t_ori / (m ** 0.8) for m in amounts})
+    flat_tasks = reference_tasks(rng)
     chunk_tasks = []
     for _ in range(64):
         t_ori = rng.uniform(1, 100)
@@ -62,9 +84,13 @@ def dparrange(argv: list[str]) -> int:
 
     flat_cold = _timeit(cold, ns.reps)
     chunk = _timeit(lambda: dp_arrange(chunk_tasks, ChunkOperator({8: 16})), ns.reps)
+    ref = _timeit(lambda: plain_numpy_dp(flat_tasks, 256), ns.reps)
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f} ms"
+    ratio = statistics.median(flat) / statistics.median(ref)
     _report(f"dp_arrange (median over {ns.reps} runs)", [
-        ("64 tasks x 16 amounts, FlatOperator(256)", ms(flat), "<= 2 ms"),
+        ("reference: plain numpy DP, same 64 x 16 tasks, 256 units", ms(ref), "same run"),
+        ("64 tasks x 16 amounts, FlatOperator(256)", f"{ms(flat)} ({ratio:.2f}x reference)",
+         "<= 2 ms"),
         ("  same, gather indices not cached (new amount sets)", ms(flat_cold), ""),
         ("64 tasks x {1,2,4,8}, ChunkOperator({8: 16})", ms(chunk), "report"),
         ("  chunk operator states", str(ChunkOperator({8: 16}).num_states), ""),
@@ -107,6 +133,7 @@ def scheduler(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram bench scheduler")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--actions", type=int, default=100_000, help="simulated actions")
+    p.add_argument("--queue", type=int, default=10_000, help="queued actions, multi-node case")
     ns = p.parse_args(argv)
 
     rng = random.Random(0)
@@ -116,19 +143,49 @@ def scheduler(argv: list[str]) -> int:
     times = sorted(_timeit(lambda: alloc.allocate(view, queue, 0.0), ns.reps))
     med, p99 = statistics.median(times), times[int(0.99 * (len(times) - 1))]
 
+    # -- issue 16: backfill beside heuristic, same view, same run --------------------------
+    bf = get_allocator("backfill", depth=2)
+    bf_times = sorted(_timeit(lambda: bf.allocate(view, queue, 0.0), ns.reps))
+    bf_med = statistics.median(bf_times)
+    # -- end issue 16 ------------------------------------------------------------------------
+
+    ref = statistics.median(_timeit(lambda: plain_numpy_dp(reference_tasks(random.Random(1)),
+                                                            256), 50))
     inst = _sim_instance(ns.actions, rng)
     t0 = time.perf_counter()
     res = simulate(inst, get_allocator("heuristic"))
     wall = time.perf_counter() - t0
+    one, two = (_queue_rate(ns.queue, nodes) for nodes in (1, 2))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _report("heuristic scheduler", [
+        ("reference: plain numpy DP, 64 x 16 x 256", f"{ref * 1e3:.3f} ms", "same run"),
         ("decision: queue 1,000, 64 fit, 256 units, half elastic x16", "", ""),
         ("  started by the decision", str(len(got)), ""),
         ("  median decision", f"{med * 1e3:.3f} ms", "<= 1 ms"),
         ("  p99 decision", f"{p99 * 1e3:.3f} ms", "<= 5 ms"),
+        ("  backfill: median decision", f"{bf_med * 1e3:.3f} ms ({bf_med / med:.2f}x)",
+         "<= 1.5x heuristic"),  # issue 16
         (f"simulator, {ns.actions:,} actions on 256 units", "", ""),
         ("  throughput", f"{ns.actions / wall:,.0f} actions/s", ">= 50,000 actions/s"),
         ("  wall time / decisions", f"{wall:.1f} s / {res.counters['decisions']:,.0f}", ""),
         ("  peak RSS of this process", f"{rss:,.0f} MB", "< 1 GB"),
+        (f"queue of {ns.queue:,} bound to one busy node, 4 units", "", ""),
+        ("  one node", f"{one:,.0f} actions/s", ""),
+        ("  two nodes, the other idle", f"{two:,.0f} actions/s ({one / two:.2f}x slower)",
+         "within 2x of one node"),
     ])
     return 0
+
+
+def _queue_rate(n: int, nodes: int) -> float:
+    """Actions per second through the simulator when `n` actions arrive at once, all bound to
+    node `busy`; with `nodes` = 2 an idle node sits beside it (the case a plain FCFS scan walks
+    the whole queue for, on every decision)."""
+    sizes = {"busy": 4, "idle": 4} if nodes == 2 else {"busy": 4}
+    acts = [{"id": f"q{i}", "arrival": 0.0, "node": "busy", "demand": {"cpu": [1]},
+             "duration": 0.01} for i in range(n)]
+    inst = parse_instance({"resources": {"cpu": {"topology": "flat", "nodes": sizes}},
+                           "actions": acts})
+    t0 = time.perf_counter()
+    simulate(inst, get_allocator("heuristic"))
+    return n / (time.perf_counter() - t0)

@@ -81,7 +81,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
     rows = breakdown_rows(suite)
     compares = _compares(suite, rows)
     note = ("Kubernetes' environment part includes pods pending for cores; rewards gain little "
-            "from elastic DoP under Amdahl serial fraction 0.25 (CALIBRATION §4) against 4-core "
+            "from elastic DoP under Amdahl serial fraction 0.25 (calibration §4) against 4-core "
             "pods.")
     return Outcome("fig7", rows, compares, plot, notes=[note],
                    title="ACT per trajectory by part, normalised to each baseline")

@@ -3,9 +3,9 @@ concurrency.
 
 AI coding's overhead = the scheduler's decision time, measured (wall clock of every decision
 of the run, per action) + the enforcement of each grant: `docker update` of the container's
-cpuset and quota, 8.9 ms from dockerd receiving the request to the cgroup write (CALIBRATION §2,
+cpuset and quota, 8.9 ms from dockerd receiving the request to the cgroup write (docs/calibration.md §2,
 a sourced figure; `tangram bench exec` measures +1.1-1.7 ms for a direct cgroup write here).
-The `docker exec` round trip of each command (about 70 ms, CALIBRATION §2) is counted as
+The `docker exec` round trip of each command (about 70 ms, docs/calibration.md §2) is counted as
 execution, as the paper's split counts the command's run in the sandbox; a second row counts it
 as overhead. MOPD's overhead is the service restores."""
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from evaluation.experiments.common import Compare, Outcome, Runner, tangram, workload
 
-DOCKER_UPDATE_S = 0.0089  # CALIBRATION §2: dockerd request to cgroup write
+DOCKER_UPDATE_S = 0.0089  # docs/calibration.md §2: dockerd request to cgroup write
 QUICK: dict[str, Any] = {"coding": (32, 128), "mopd": (128, 512)}
 FULL: dict[str, Any] = {"coding": (256, 1024, 2048), "mopd": (512, 1024, 2048)}
 

@@ -33,35 +33,35 @@ class CodingParams:
         "paper §7 had 15 CPU nodes; scaled down with the batch; swept as a size", 1, 15))
     cores_per_node: int = field(default=256, metadata=src("paper §7: 256 cores per CPU node"))
     turns_mean: float = field(default=30.0, metadata=src(
-        "CALIBRATION §4: turns lognormal, mean 30 (datasets' means 16.1-64.3)", 16.1, 64.3))
+        "docs/calibration.md §4: turns lognormal, mean 30 (datasets' means 16.1-64.3)", 16.1, 64.3))
     turns_sigma: float = field(default=0.5, metadata=assumed("spread of turns", 0.3, 0.8))
-    turns_cap: int = field(default=100, metadata=src("CALIBRATION §4 defaults: cap 100"))
+    turns_cap: int = field(default=100, metadata=src("docs/calibration.md §4 defaults: cap 100"))
     tool_median_s: float = field(default=0.5, metadata=src(
-        "CALIBRATION §4: tool execution median 0.5 s (0.25-0.8 s per call)", 0.25, 0.8))
-    tool_sigma: float = field(default=1.0, metadata=src("CALIBRATION §4 defaults: sigma about 1"))
+        "docs/calibration.md §4: tool execution median 0.5 s (0.25-0.8 s per call)", 0.25, 0.8))
+    tool_sigma: float = field(default=1.0, metadata=src("docs/calibration.md §4 defaults: sigma about 1"))
     tool_cap_s: float = field(default=60.0, metadata=assumed("tool-call timeout", 30.0, 300.0))
     exec_overhead_s: float = field(default=0.07, metadata=src(
-        "CALIBRATION §2: docker exec round trip p50 67 ms (64-73 ms), in every system",
+        "docs/calibration.md §2: docker exec round trip p50 67 ms (64-73 ms), in every system",
         0.064, 0.073))
     reward_median_s: float = field(default=60.0, metadata=src(
-        "CALIBRATION §4: reward test run median 60 s; sympy gold patch 77 s", 45.0, 77.0))
+        "docs/calibration.md §4: reward test run median 60 s; sympy gold patch 77 s", 45.0, 77.0))
     reward_sigma: float = field(default=0.8, metadata=assumed("spread of test runs", 0.5, 1.2))
     reward_cap_s: float = field(default=1800.0, metadata=src(
-        "CALIBRATION §4: swebench evaluation timeout 1800 s"))
+        "docs/calibration.md §4: swebench evaluation timeout 1800 s"))
     serial_fraction: float = field(default=0.25, metadata=src(
-        "CALIBRATION §4: pytest-xdist Amdahl serial fraction 0.25 (fitted 0.15-0.3)", 0.15, 0.3))
+        "docs/calibration.md §4: pytest-xdist Amdahl serial fraction 0.25 (fitted 0.15-0.3)", 0.15, 0.3))
     spawn_s: float = field(default=0.05, metadata=src(
-        "CALIBRATION §4: xdist workers spawn sequentially, 0.04-0.05 s each", 0.04, 0.05))
+        "docs/calibration.md §4: xdist workers spawn sequentially, 0.04-0.05 s each", 0.04, 0.05))
     reward_dops: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata=assumed(
         "pytest -n over powers of two, up to 16-64 workers", (1, 2, 4, 8, 16),  # type: ignore
         (1, 2, 4, 8, 16, 32, 64)))  # type: ignore[arg-type]
     output_tokens_mean: float = field(default=230.0, metadata=src(
-        "CALIBRATION §6: SWE agent output tokens per call, mean about 230 (130-430)", 130.0,
+        "docs/calibration.md §6: SWE agent output tokens per call, mean about 230 (130-430)", 130.0,
         430.0))
     output_tokens_sigma: float = field(default=0.5, metadata=assumed(
         "spread of output tokens per call", 0.3, 0.8))
     decode_tok_s: float = field(default=56.0, metadata=src(
-        "CALIBRATION §6 band 50-80 tok/s; 56 gives the paper's 47% active share (Fig. 3c)",
+        "docs/calibration.md §6 band 50-80 tok/s; 56 gives the paper's 47% active share (Fig. 3c)",
         50.0, 80.0))
     start_spread_s: float = field(default=0.0, metadata=assumed(
         "the batch's trajectories start together (one rollout step), or within 30 s", 0.0, 30.0))

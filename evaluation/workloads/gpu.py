@@ -26,7 +26,7 @@ GPU_DOPS = (1, 2, 4, 8)
 
 
 def restore_s(memory_gb: float, bandwidth_gbps: float = 50.0, wake_s: float = 0.3) -> float:
-    """CALIBRATION §3 default: wake = bytes / 50 GB/s + 0.3 s."""
+    """docs/calibration.md §3 default: wake = bytes / 50 GB/s + 0.3 s."""
     return memory_gb / bandwidth_gbps + wake_s
 
 
@@ -41,23 +41,23 @@ class SearchParams:
     batch: int = field(default=128, metadata=src(
         "paper §7: RL batch sizes; swept as a size", 32, 2048))
     calls_mean: float = field(default=15.0, metadata=src(
-        "CALIBRATION §5 defaults: 10-20 search calls per trajectory", 10.0, 20.0))
+        "docs/calibration.md §5 defaults: 10-20 search calls per trajectory", 10.0, 20.0))
     calls_sigma: float = field(default=0.5, metadata=assumed("spread of calls", 0.3, 0.8))
-    calls_cap: int = field(default=64, metadata=src("CALIBRATION §5 defaults: cap 64-128"))
+    calls_cap: int = field(default=64, metadata=src("docs/calibration.md §5 defaults: cap 64-128"))
     browse_share: float = field(default=0.4, metadata=assumed("share of browse calls", 0.2,
                                                               0.6))
     search_median_s: float = field(default=0.7, metadata=src(
-        "CALIBRATION §5 defaults: API latency median 0.7 s (Serper p50 637 ms)"))
-    search_p95_s: float = field(default=1.4, metadata=src("CALIBRATION §5 defaults: p95 1.4 s"))
+        "docs/calibration.md §5 defaults: API latency median 0.7 s (Serper p50 637 ms)"))
+    search_p95_s: float = field(default=1.4, metadata=src("docs/calibration.md §5 defaults: p95 1.4 s"))
     browse_median_s: float = field(default=1.5, metadata=assumed(
         "browse/PDF parsing about twice a search", 1.0, 3.0))
     search_qps: float = field(default=5.0, metadata=src(
-        "CALIBRATION §5: rate limit 5-50 QPS per key (Serper free tier 5)", 5.0, 50.0))
+        "docs/calibration.md §5: rate limit 5-50 QPS per key (Serper free tier 5)", 5.0, 50.0))
     browse_qps: float = field(default=2.0, metadata=src(
-        "CALIBRATION §5: free tiers 1-5 req/s", 1.0, 5.0))
+        "docs/calibration.md §5: free tiers 1-5 req/s", 1.0, 5.0))
     output_tokens_mean: float = field(default=1500.0, metadata=assumed(
-        "between CALIBRATION §6's 250 (no thinking) and 3k (thinking)", 250.0, 3000.0))
-    decode_tok_s: float = field(default=65.0, metadata=src("CALIBRATION §6: 50-80 tok/s",
+        "between docs/calibration.md §6's 250 (no thinking) and 3k (thinking)", 250.0, 3000.0))
+    decode_tok_s: float = field(default=65.0, metadata=src("docs/calibration.md §6: 50-80 tok/s",
                                                            50.0, 80.0))
     judge_s: float = field(default=2.0, metadata=assumed(
         "one judge call (prefill about 2k tokens + short answer) on 1 GPU", 1.0, 4.0))
@@ -159,19 +159,19 @@ class MopdParams:
     phase_s: float = field(default=30.0, metadata=assumed(
         "how often the popular teachers change (the tasks' rollouts drift)", 10.0, 120.0))
     teacher_weights_gb: float = field(default=65.5, metadata=src(
-        "Qwen3-32B (32.8B parameters) in BF16, the 32B teacher CALIBRATION §7 calibrates "
+        "Qwen3-32B (32.8B parameters) in BF16, the 32B teacher docs/calibration.md §7 calibrates "
         "prefill for", 16.0, 65.5))
     teacher_eff_8: float = field(default=0.65, metadata=assumed(
         "tensor-parallel prefill efficiency of a teacher on 8 GPUs", 0.45, 0.85))
     kv_gb: float = field(default=8.0, metadata=assumed(
         "KV cache per GPU: a 16k-token sequence of a 32B GQA model is about 4 GB", 4.0, 12.0))
     seq_tokens_mean: float = field(default=16000.0, metadata=src(
-        "CALIBRATION §7: 32B teacher, 16k tokens about 2-3 s on 1 GPU", 8000.0, 32000.0))
+        "docs/calibration.md §7: 32B teacher, 16k tokens about 2-3 s on 1 GPU", 8000.0, 32000.0))
     prefill_tok_s: float = field(default=7000.0, metadata=src(
-        "CALIBRATION §7 defaults: prefill 6-8k tok/s per GPU (32B)", 6000.0, 8000.0))
+        "docs/calibration.md §7 defaults: prefill 6-8k tok/s per GPU (32B)", 6000.0, 8000.0))
     gen_tokens_mean: float = field(default=3000.0, metadata=src(
-        "CALIBRATION §6: reasoning about 3k output tokens per turn"))
-    decode_tok_s: float = field(default=65.0, metadata=src("CALIBRATION §6: 50-80 tok/s",
+        "docs/calibration.md §6: reasoning about 3k output tokens per turn"))
+    decode_tok_s: float = field(default=65.0, metadata=src("docs/calibration.md §6: 50-80 tok/s",
                                                            50.0, 80.0))
     turns: int = field(default=2, metadata=assumed(
         "turns per MOPD trajectory, each ending in a log-prob call", 1, 4))

@@ -10,24 +10,28 @@ trajectory's actions must stay on.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
 from collections.abc import Mapping
 
-from managers.base import EnvironmentManager, Outcome
+from managers.base import EnvironmentManager
 from managers.cpu.backends import Backend, EnvironmentBroken, select
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, exec_target, with_dop
+from managers.cpu.request import ExecRequest, exec_target
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
-from tangram.pools import CorePool, Pool
+from tangram.pools import CorePool
 from tangram.resources import Demand
+from tangram.results import Result
 from topology import CpuNode
 from topology.discovery import discover_numa
 
 LOCAL = "local"
+log = logging.getLogger(__name__)
 
 
 def local_memory_mb() -> int:
@@ -41,9 +45,12 @@ def local_memory_mb() -> int:
 class CpuManager(EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
-    `backend`: a name ("cgroup", "docker", "affinity", "sim"; "auto" picks the best available
-    and logs it) or a `Backend`. Local backends run on this machine: one node, `LOCAL`, with its
-    discovered NUMA cores and memory. `nodes`/`memory_mb` describe other clusters (sim).
+    `backend`: a name ("bwrap", "cgroup", "docker", "affinity", "sim"; "auto" picks the best
+    available and logs it) or a `Backend`. Local backends run on this machine: one node, `LOCAL`,
+    with its discovered NUMA cores and memory. `nodes`/`memory_mb` describe other clusters (sim).
+
+    Before it serves, a manager sweeps what dead servers left (their cgroups, work folders,
+    containers; see `leftovers`) and logs it: environments do not survive a restart.
     """
 
     name = "cpu"
@@ -66,9 +73,9 @@ class CpuManager(EnvironmentManager):
         self.broken: dict[str, str] = {}  # env id -> why
         self.workdir_root = workdir_root or tempfile.gettempdir()
         self._closed = False
-
-    def pools(self) -> Mapping[str, Pool]:
-        return {self.resource: self.pool}
+        self.swept = self.backend.sweep() + sweep_workdirs(self.workdir_root)
+        for line in self.swept:
+            log.warning("swept what a dead server left: %s", line)
 
     def binding(self, trajectory: str) -> str | None:
         """The node a trajectory's environment lives on (None before `open_env`)."""
@@ -77,15 +84,19 @@ class CpuManager(EnvironmentManager):
     def bindings(self) -> dict[tuple[str, str], str]:
         return {(e.trajectory, self.resource): e.node for e in self.envs.all()}
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
+                       network: bool = False) -> str:
         """Open the trajectory's environment on a node with `memory_mb` free for its whole
-        life and, preferably, `min_cores` free now (memory load balanced); returns its id."""
+        life and, preferably, `min_cores` free now (memory load balanced); returns its id.
+        `network`: whether its commands may reach the network (off by default)."""
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
+        if not isinstance(network, bool):
+            raise ValidationError("env.network", network, "must be true or false")
         node = self.envs.choose_node(self.pool, memory_mb, min_cores)
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         env = Environment(env_id, trajectory, node, memory_mb,
-                          os.path.join(self.workdir_root, f"tangram-{env_id}"))
+                          os.path.join(self.workdir_root, owned_name(env_id)), network)
         self.envs.add(env)  # validates: one environment per trajectory
         try:
             await self.backend.open(env, tuple(sorted(self.pool.cpu_node(node).domain_of)))
@@ -95,36 +106,38 @@ class CpuManager(EnvironmentManager):
         return env_id
 
     async def close_env(self, env_id: str) -> None:
-        """Kill everything left in the environment and remove it. Unknown ids are ignored."""
+        """Kill everything left in the environment and remove it. Unknown ids are ignored, and
+        so is a second close while the first is still at work (the idle reaper and shutdown
+        may both close one environment)."""
         env = self.envs.get(env_id)
         if env is None:
             return
         try:
             await self.backend.close(env)
         finally:
-            self.envs.remove(env_id)
+            if self.envs.get(env_id) is env:
+                self.envs.remove(env_id)
             self.broken.pop(env_id, None)
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         target = exec_target(assignment, self.envs)
-        if isinstance(target, Outcome):
+        if isinstance(target, Result):
             return target
         req, env = target
         placement = assignment.placement.get(self.resource)
         if placement is None or not placement.cores or placement.node != env.node:
-            return Outcome("failed", detail=f"action {assignment.action_id}: placement "
+            return Result("failed", detail=f"action {assignment.action_id}: placement "
                            f"{placement} is not cores on the environment's node {env.node}")
         if req.env_id in self.broken:
-            return Outcome("failed", detail=self.broken[req.env_id])
-        command = with_dop(req.command, len(placement.cores)) if req.elastic else req.command
+            return Result("failed", detail=self.broken[req.env_id])
         try:
-            return await self.backend.exec(env, placement.cores, command, req.timeout,
-                                           req.output_cap)
+            return await self.backend.exec(env, placement.cores, req.command, req.timeout,
+                                           req.output_cap, elastic=req.elastic)
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)
-            return Outcome("failed", detail=str(exc))
+            return Result("failed", detail=str(exc))
 
-    async def execute(self, request: ExecRequest, cores: int = 1) -> Outcome:
+    async def execute(self, request: ExecRequest, cores: int = 1) -> Result:
         """Run one request outside a scheduler: take `cores` on the environment's node now,
         run, give them back. Raises `Infeasible` when they are not free."""
         env = self.envs.get(request.env_id)

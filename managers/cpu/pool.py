@@ -17,13 +17,15 @@ from tangram.pools import Pool
 
 @dataclass(frozen=True, slots=True)
 class Environment:
-    """A trajectory's sandbox: its node, memory reservation and working directory."""
+    """A trajectory's sandbox: its node, memory reservation and working directory; `network`:
+    whether its commands may reach the network (isolating backends cut it off otherwise)."""
 
     id: str
     trajectory: str
     node: str
     memory_mb: int
     workdir: str
+    network: bool = False
 
 
 class EnvironmentTable:

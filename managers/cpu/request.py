@@ -1,20 +1,19 @@
 """What a CPU action runs: `ExecRequest`, the payload of an action on the `cpu` pool.
 
-Pure helpers live here too: turning a command into an argv, and giving elastic pytest runs their
-degree of parallelism (`pytest -n <granted cores>`, paper 5.2).
+Pure helpers live here too: turning a command into an argv. The command text is never rewritten:
+an elastic run learns its degree of parallelism from its environment (`grant`, paper 5.2).
 """
 
 from __future__ import annotations
 
 import math
-import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from managers.base import Outcome
 from tangram.errors import ValidationError
+from tangram.results import Result
 
 Command = str | tuple[str, ...]
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream
@@ -25,8 +24,9 @@ class ExecRequest:
     """Run `command` in environment `env_id`.
 
     `command`: a shell string (run with `sh -c`) or an argv tuple (run directly). `timeout` (s):
-    the whole process tree is killed at the deadline. `elastic`: a pytest invocation gets
-    `-n <granted cores>`. `output_cap`: bytes kept of stdout and of stderr each; the rest is
+    the whole process tree is killed at the deadline. `elastic`: pytest gets `-n <granted
+    cores>` where pytest-xdist is importable (through a plugin, see `grant`; never by rewriting
+    the command). `output_cap`: bytes kept of stdout and of stderr each; the rest is
     drained and dropped, and the outcome says it was truncated.
     """
 
@@ -56,49 +56,22 @@ class ExecRequest:
             raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
 
 
-def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Outcome:
+def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Result:
     """The action's `ExecRequest` and its open environment (looked up in `envs` by id), or the
-    failed `Outcome` that says which is missing. Shared by every CPU manager's `run`."""
+    failed `Result` that says which is missing. Shared by every CPU manager's `run`."""
     req = assignment.action.payload
     if not isinstance(req, ExecRequest):
-        return Outcome("failed", detail=f"action {assignment.action_id}: payload must be an "
+        return Result("failed", detail=f"action {assignment.action_id}: payload must be an "
                        f"ExecRequest, got {type(req).__name__}")
     env = envs.get(req.env_id)
     if env is None:
-        return Outcome("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        return Result("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
     return req, env
 
 
 def argv_of(command: Command) -> list[str]:
     """A shell string runs under `sh -c`; an argv runs as it is."""
     return ["sh", "-c", command] if isinstance(command, str) else list(command)
-
-
-_PYTEST = re.compile(
-    r"(?P<head>(?:^|[;&|(]|\s)\s*(?:python3?\s+-m\s+pytest|py\.test|pytest))(?=\s|$)")
-
-
-def with_dop(command: Command, cores: int) -> Command:
-    """Give every pytest invocation in `command` `-n <cores>` (unless it already has `-n`).
-
-    Argv commands are rewritten when they start with `pytest` or `python -m pytest`; shell
-    strings at every pytest invocation (after `;`, `&&`, `|`, or at the start).
-    """
-    if cores < 1:
-        raise ValidationError("exec.cores", cores, "must be at least 1")
-    if isinstance(command, str):
-        if re.search(r"(^|\s)(-n|--numprocesses)(\s|=)", command):
-            return command
-        return _PYTEST.sub(lambda m: f"{m.group('head')} -n {cores}", command)
-    argv = list(command)
-    if "-n" in argv or any(a.startswith("--numprocesses") for a in argv):
-        return command
-    name = argv[0].rsplit("/", 1)[-1]
-    if name in ("pytest", "py.test"):
-        return tuple([argv[0], "-n", str(cores), *argv[1:]])
-    if re.fullmatch(r"python[0-9.]*", name) and argv[1:3] == ["-m", "pytest"]:
-        return tuple([*argv[:3], "-n", str(cores), *argv[3:]])
-    return command
 
 
 def describe(command: Command) -> str:

@@ -9,7 +9,7 @@
 - `discovery`: NVML GPUs as chunk trees.
 """
 
-from managers.gpu.backend import BACKENDS, GpuBackend, create_backend, register
+from managers.gpu.backend import BACKENDS, GpuBackend, NodeLost, create_backend, register
 from managers.gpu.manager import GpuManager
 from managers.gpu.residency import (
     Entry,
@@ -21,7 +21,8 @@ from managers.gpu.residency import (
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 
 __all__ = [
-    "BACKENDS", "GB", "Entry", "EvictionOrder", "GpuBackend", "GpuManager", "RandomEviction",
+    "BACKENDS", "GB", "Entry", "EvictionOrder", "GpuBackend", "GpuManager", "NodeLost",
+    "RandomEviction",
     "Residency", "RestoreDecision", "RestoreModel", "Service", "ServiceRegistry",
     "create_backend", "register",
 ]

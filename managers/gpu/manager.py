@@ -3,22 +3,26 @@
 The scheduler grants an action one aligned chunk (placed with `residency.prefer`, so chunks
 where the service is resident win). `run` then asks the pure `Residency` what to do, has the
 backend evict the victims and restore the service if it was not resident, invokes the service
-with the action's payload (a JSON request) and returns the response as the `Outcome`, with the
+with the action's payload (a JSON request) and returns the response as the `Result`, with the
 restore time it took. Start-up (`start`) deploys every registered service once: its host copy
 is kept for the life of the manager.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 
-from managers.base import Manager, Outcome
-from managers.gpu.backend import GpuBackend
+from managers.base import Manager
+from managers.gpu.backend import GpuBackend, NodeLost
 from managers.gpu.residency import Residency, ResidentWait
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Pool
+from tangram.results import Result
+
+log = logging.getLogger("tangram.gpu")
 
 
 class GpuManager(Manager):
@@ -39,8 +43,21 @@ class GpuManager(Manager):
         self._started = False
         self.defer = ResidentWait(residency)
 
+    @property
+    def backend_name(self) -> str | None:
+        return self.backend.name
+
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
+
+    def lose_node(self, node: str, why: str) -> None:
+        """A node died: its chunks leave the pool (once their running actions end) and its
+        resident copies are forgotten, so nothing is placed or preferred there again."""
+        if node in self.pool.nodes():
+            self.pool.retire(node)
+            dropped = self.residency.forget_node(node)
+            log.warning("gpu: node %s %s: its chunks leave the pool, %d resident copies "
+                        "forgotten", node, why, dropped)
 
     def prefer(self, action, resource: str, node: str, chunk: tuple[int, int]) -> float:
         """The placement preference for `ClusterView.prefer`."""
@@ -53,11 +70,11 @@ class GpuManager(Manager):
                 await self.backend.deploy(service)
             self._started = True
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         action = assignment.action
         placement = assignment.placement.get(self.resource)
         if action.service is None or placement is None or placement.chunk is None:
-            return Outcome("failed", detail=f"action {action.id}: a GPU action needs a service "
+            return Result("failed", detail=f"action {action.id}: a GPU action needs a service "
                            f"and a chunk of {self.resource!r}")
         await self.start()
         node, chunk = placement.node, placement.chunk
@@ -71,21 +88,29 @@ class GpuManager(Manager):
                                              victim.node, victim.chunk)
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Outcome("failed", detail=f"evicting {victim.service} from "
+                    return Result("failed", detail=f"evicting {victim.service} from "
                                    f"{victim.node}{victim.chunk} failed: {exc}")
             if decision.restored:
                 try:
                     restore_s = await self.backend.restore(service, node, chunk)
+                except NodeLost as exc:
+                    self.lose_node(node, str(exc))
+                    return Result("failed", detail=f"restore of {service.name} on "
+                                   f"{node}{chunk} could not run: {exc}")
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Outcome("failed", detail=f"restore of {service.name} on "
+                    return Result("failed", detail=f"restore of {service.name} on "
                                    f"{node}{chunk} failed: {exc}")
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
+            except NodeLost as exc:
+                self.lose_node(node, str(exc))
+                return Result("failed", detail=f"{service.name} on {node}{chunk} could not "
+                               f"run: {exc}", restore_s=restore_s)
             except Exception as exc:
-                return Outcome("error", detail=f"{service.name} on {node}{chunk}: {exc}",
+                return Result("error", detail=f"{service.name} on {node}{chunk}: {exc}",
                                restore_s=restore_s)
-            return Outcome("ok", output=output, restore_s=restore_s,
+            return Result("ok", output=output, restore_s=restore_s,
                            detail="restored" if decision.restored else "resident")
         finally:
             self.residency.end(action, node, chunk, self.clock())

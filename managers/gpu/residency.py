@@ -285,6 +285,15 @@ class Residency:
             self._drop(entry)
             self._verify()
 
+    def forget_node(self, node: str) -> int:
+        """Drop every resident entry of a node that died (its GPUs' memory went with it), so
+        no placement prefers it; returns how many were dropped."""
+        gone = [e for e in self._entries.values() if e.node == node]
+        for entry in gone:
+            self._drop(entry)
+        self._verify()
+        return len(gone)
+
     # -- internals -------------------------------------------------------------------------
     def _checked_chunk(self, node: str, chunk: Chunk) -> Chunk:
         if node not in self._gpus:

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from tangram.errors import ValidationError
 
 GB = 10**9
-"""Bytes per GB: instance files and the CALIBRATION figures are in decimal GB."""
+"""Bytes per GB: instance files and docs/calibration.md are in decimal GB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class RestoreModel:
     """Restore time from bytes: `latency_s + bytes / (bandwidth_gbps * GB)`.
 
     The default is the practical pinned host-to-device rate of an H100/H200 (about 50 GB/s,
-    CALIBRATION section 3) plus the fixed cost of waking a server (0.1 to 0.5 s there).
+    docs/calibration.md §3) plus the fixed cost of waking a server (0.1 to 0.5 s there).
     Copies to the GPUs of a chunk run in parallel (one link each), so bytes are per GPU.
     """
 

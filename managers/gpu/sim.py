@@ -1,7 +1,7 @@
 """Simulated GPU services: the `sim` backend and the simulator's service model.
 
 `SimServiceModel` is what the discrete-event simulator calls around each GPU action of an
-instance file (DESIGN.md section 8): `begin` returns the restore time to add and whether a
+instance file (docs/architecture.md §5): `begin` returns the restore time to add and whether a
 restore happened, from the same pure `Residency` the real manager uses. `SimBackend` is the
 manager's `sim` executor: restores take bytes over bandwidth, invokes take the profiled
 inference time, both as (scaled) `asyncio.sleep`.

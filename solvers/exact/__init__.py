@@ -1,4 +1,4 @@
-"""Exact solvers (DESIGN.md section 5): the arrangement and the whole-instance schedule in
+"""Exact solvers (docs/architecture.md §4): the arrangement and the whole-instance schedule in
 OR-Tools CP-SAT and PuLP (CBC, HiGHS), and the receding-horizon policies `cpsat` and `pulp`.
 
 Importing this package registers the policies; OR-Tools and PuLP load only when a model is

@@ -1,4 +1,4 @@
-"""The model of exact DPArrange on a real topology (paper Appendix B, DESIGN.md section 5).
+"""The model of exact DPArrange on a real topology (paper Appendix B, docs/architecture.md §4).
 
 Pick one allowed amount per task and a concrete place for it in the pool's current state, all
 running at once, minimising the sum of durations:

@@ -200,16 +200,23 @@ def template_pools(pools: Mapping[str, Pool], flat_capacity: Mapping[tuple[str, 
     return out
 
 
+def _bound(action: Action, bindings: Mapping[tuple[str, str], str]) -> dict[str, str]:
+    return {r: n for (t, r), n in bindings.items() if t == action.trajectory}
+
+
 def instance_model(resources_pools: Mapping[str, Pool], actions: Sequence[Action],
                    resolution: float = DEFAULT_RESOLUTION,
-                   duration: Duration = action_duration) -> ScheduleModel:
-    """The whole-instance schedule: every action released at its arrival, empty pools."""
+                   duration: Duration = action_duration,
+                   bindings: Mapping[tuple[str, str], str] | None = None) -> ScheduleModel:
+    """The whole-instance schedule: every action released at its arrival, empty pools; an
+    action whose trajectory is bound (`bindings`: (trajectory, resource) -> node) runs there."""
     if not resolution > 0:
         raise TangramError(f"resolution must be positive, got {resolution!r}")
     origin = 0.0
     cap = flat_capacities(resources_pools)
     jobs = tuple(Job(a, a.submit_time, to_ticks(a.submit_time - origin, resolution),
-                     build_modes(a, resources_pools, duration, resolution, {}, {}, cap))
+                     build_modes(a, resources_pools, duration, resolution, {},
+                                 _bound(a, bindings or {}), cap))
                  for a in actions)
     flat, gpu = index_sets(jobs)
     return ScheduleModel(jobs, resolution, origin, cap, flat, gpu,

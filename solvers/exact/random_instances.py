@@ -1,7 +1,8 @@
 """Seeded random small instances (instance-file documents) for the bench and the gap study.
 
 Classes: pool `flat` (8 interchangeable units) or `chunks` (GPU nodes of 8); arrivals `spread`
-(uniform over a window) or `bursty` (a few bursts of simultaneous arrivals). About half the
+(uniform over a window), `bursty` (a few bursts of simultaneous arrivals) or `batch` (all at
+time 0: nothing to forecast, so a policy's gap is its approximation alone). About half the
 actions are elastic, with Amdahl-like efficiency `E(m) = 1 / (1 + s (m - 1))`; the rest have a
 fixed duration and a fixed small demand.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 POOLS = ("flat", "chunks")
-ARRIVALS = ("spread", "bursty")
+ARRIVALS = ("spread", "bursty", "batch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,8 @@ class InstanceClass:
 
 
 def _arrivals(rng: random.Random, n: int, kind: str) -> list[float]:
+    if kind == "batch":
+        return [0.0] * n
     if kind == "spread":
         return sorted(round(rng.uniform(0, 2.0 * n), 1) for _ in range(n))
     bursts = [round(rng.uniform(0, 2.0 * n), 1) for _ in range(max(1, n // 4))]

@@ -89,7 +89,8 @@ def solve_schedule(instance: Instance, backend: str = "cpsat", time_limit: float
     Raises `tangram.Infeasible` when no schedule exists and `TangramError` when the backend
     finds none in time. The result has passed `timeline.verify`.
     """
-    model = instance_model(instance.build_pools(), instance.actions, resolution)
+    model = instance_model(instance.build_pools(), instance.actions, resolution,
+                           bindings=instance.bindings)
     raw = solve_model(model, backend, time_limit, workers)
     entries = tuple(realise(model, raw, compact))
     arrivals = sum(j.arrival for j in model.jobs)

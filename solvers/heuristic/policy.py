@@ -20,6 +20,11 @@ from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.errors import Infeasible, ValidationError
 from tangram.pools import Pool
+from tangram.queue import ActionQueue
+
+
+def _never(_: object) -> bool:
+    return False
 
 
 @register("heuristic")
@@ -45,10 +50,19 @@ class HeuristicAllocator:
 
     def allocate(self, view: ClusterView, queue: Collection[Action],
                  now: float) -> list[Assignment]:
+        cands, evicted, _ = self.arrange(view, queue, now)
+        return [Assignment(c.action, c.units, c.placement)
+                for i, c in enumerate(cands) if i not in evicted]
+
+    def arrange(self, view: ClusterView, queue: Collection[Action],
+                now: float) -> tuple[list[Candidate], set[int], ScratchPools]:
+        """The decision in full: the FCFS candidates (with their final units and placements),
+        the indices of those greedy eviction sent back to wait, and the scratch pools holding
+        exactly the kept candidates (what `backfill` builds on)."""
         pools = ScratchPools(view.pools)
         cands = scan_candidates(view, queue, pools, now)
         if not cands:
-            return []
+            return cands, set(), pools
         groups: dict[tuple[str, str | None], list[int]] = {}
         for i, c in enumerate(cands):
             a = c.action
@@ -59,9 +73,69 @@ class HeuristicAllocator:
                 groups.setdefault((r, node), []).append(i)
         evicted: set[int] = set()
         for (r, node), idxs in groups.items():
-            evicted.update(self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now))
-        return [Assignment(c.action, c.units, c.placement)
-                for i, c in enumerate(cands) if i not in evicted]
+            gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
+            if gone:
+                evicted.update(gone)
+                held = self._keep_place(view, cands, evicted, gone[0], r, node, now)
+                for i in held:  # they wait: their units go back to the scratch pools
+                    c = cands[i]
+                    for r2, p in c.placement.items():
+                        pools[r2].release(p, c.units[r2])
+                evicted.update(held)
+        return cands, evicted, pools
+
+    def _keep_place(self, view: ClusterView, cands: list[Candidate], evicted: set[int],
+                    first: int, r: str, node: str | None, now: float) -> list[int]:
+        """An elastic candidate put off to wait for more units keeps its place. Its reservation
+        is the estimated time at which the units it waits for (its largest useful amount) are
+        free, counting only what runs now and the candidates ahead of it. A later candidate
+        that takes units of the same pool (and node) starts now only if it ends by the
+        reservation or fits in the units left over at the reservation (conservative
+        backfilling). Returns the ones that must wait too."""
+        pool = view.pools[r]
+        capacity = pool.capacity(node)
+        releases: list[tuple[float, int]] = []
+        for ra in view.running:
+            u = ra.assignment.units.get(r)
+            if u and (node is None or ra.assignment.placement[r].node == node):
+                releases.append((max(ra.expected_end, now), u))
+        later: list[int] = []
+        for i, c in enumerate(cands):
+            if i in evicted or r not in c.units:
+                continue
+            if node is not None and c.placement[r].node != node:
+                continue
+            a = c.action
+            end = now + view.estimate(a, c.units[a.key] if a.key else None)
+            if i < first:
+                releases.append((end, c.units[r]))
+            else:
+                later.append(i)
+        if not later:
+            return []
+        waiting = cands[first].action
+        target = min(waiting.options[-1][0] if waiting.options else waiting.mins[r], capacity)
+        free = capacity - sum(u for _, u in releases)
+        reservation = now
+        for end, u in sorted(releases):
+            if free >= target:
+                break
+            free += u
+            reservation = end
+        # at the reservation `free` units are back; the put-off action needs `target` of them,
+        # the rest may go to later candidates now, as may any that end before the reservation
+        extra = free - target
+        out = []
+        for i in later:
+            c = cands[i]
+            a = c.action
+            if now + view.estimate(a, c.units[a.key] if a.key else None) <= reservation:
+                continue
+            if c.units[r] <= extra:
+                extra -= c.units[r]
+                continue
+            out.append(i)
+        return out
 
     # -- one group -----------------------------------------------------------------------------
     def _arrange(self, view: ClusterView, pool: Pool, pools, cands: list[Candidate],
@@ -94,7 +168,10 @@ class HeuristicAllocator:
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
         best_t, best_obj, best_units = None, None, None
-        last = 0 if self.allow_wait else 1
+        # waiting for more units is allowed only against units some running (or starting)
+        # action in this group will give back: its completion re-runs the decision. With
+        # nothing busy in the group, at least one candidate starts (no idle strand).
+        last = 0 if self.allow_wait and busy else 1
         for t in range(len(idxs), last - 1, -1):
             try:
                 arr = table.best(t)
@@ -151,7 +228,11 @@ class HeuristicAllocator:
         capacity = view.pools[r].capacity(node)
         tail: list[Waiting] = []
         if self.lookahead:
-            for a in queue:
+            # only the queue's classes that wait on this pool (and node): an indexed queue
+            # walks just those, a plain one is filtered
+            walk = (queue.scan(_never, only=((r, node), (r, None)))
+                    if isinstance(queue, ActionQueue) else queue)
+            for a in walk:
                 if a.id in cand_ids or r not in a.mins:
                     continue
                 bound = view.node_for(a, r)

@@ -13,7 +13,7 @@ tools:
   - class_name: tangram.adapters.verl.TangramTool
     config:
       type: native
-      tangram: {address: auto, cpu_backend: cgroup}   # Ray cluster; omit address: this machine
+      tangram: {url: "http://head:8470", token: "..."}  # the cluster's one `tangram serve`
       command_param: command      # the tool argument that holds the shell command
       cpu: 1                      # demand per call: 1, [1, 4] (range) or {choices: [1, 2, 4]}
       timeout: 60
@@ -32,8 +32,15 @@ tools:
           required: [command]
 ```
 
-One Tangram serves every tool instance of a process: it lives on its own event-loop thread
-(`TangramRunner`), so verl's loops, threads and the synchronous reward path all reach it.
+`tangram:` names the scheduler. `{url, token}` (the production setup): every worker process of
+every node reaches the cluster's one `tangram serve` through `TangramClient`, so one scheduler
+grants every core. `{address: auto, ...}` (a Ray address) or no `url`/`address` (this machine)
+builds a Tangram *inside the process*: right for one process, but several worker processes
+would then be several schedulers granting the same cores.
+
+Within a process one Tangram (or client) serves every tool instance: it lives on its own
+event-loop thread (`TangramRunner`), so verl's loops, threads and the synchronous reward path
+all reach it.
 verl is optional: without it `TangramTool` keeps the same interface on a plain base class.
 """
 
@@ -49,6 +56,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tangram.errors import ValidationError
+from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
 
 T = TypeVar("T")
@@ -100,8 +108,8 @@ def _respond(text: str) -> Any:
 
 
 class TangramRunner:
-    """One Tangram on a private event-loop thread; `call` from any loop, `call_sync` from
-    plain threads (verl's reward functions)."""
+    """One Tangram (or `TangramClient` of a shared server) on a private event-loop thread;
+    `call` from any loop, `call_sync` from plain threads (verl's reward functions)."""
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self._loop = asyncio.new_event_loop()
@@ -110,7 +118,8 @@ class TangramRunner:
         self._thread.start()
 
         async def build() -> Any:
-            return await factory().start()
+            tg = factory()  # built on this loop: a client's connections belong to it
+            return await tg.start() if isinstance(tg, Tangram) else tg
 
         self.tangram = self._submit(build()).result()
 
@@ -126,7 +135,8 @@ class TangramRunner:
     def close(self) -> None:
         if self._loop.is_closed():
             return
-        self._submit(self.tangram.shutdown()).result()
+        tg = self.tangram
+        self._submit(tg.aclose() if isinstance(tg, TangramClient) else tg.shutdown()).result()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
@@ -137,14 +147,22 @@ _RUNNERS_LOCK = threading.Lock()
 
 
 def shared_runner(spec: Mapping[str, Any] | None = None) -> TangramRunner:
-    """The process's Tangram for `spec` (`address`: a Ray address or `local:N`; absent: this
-    machine; other keys are options of `Tangram.local` / `Tangram.ray`), built once."""
+    """The process's Tangram for `spec`, built once: `url` (and `token`, `timeout`): a
+    `TangramClient` of that server, the scheduler every process shares; `address` (a Ray
+    address or `local:N`) or neither: a Tangram in this process, the other keys being options
+    of `Tangram.ray` / `Tangram.local`."""
     spec = dict(spec or {})
     key = repr(sorted(spec.items()))
     with _RUNNERS_LOCK:
         if key not in _RUNNERS:
             address = spec.pop("address", None)
-            if address is None:
+            url = spec.pop("url", None)
+            if url is not None:
+                if address is not None:
+                    raise ValidationError("tool.config.tangram", sorted(spec),
+                                          "give `url` (a shared server) or `address`, not both")
+                _RUNNERS[key] = TangramRunner(lambda: TangramClient(str(url), **spec))
+            elif address is None:
                 _RUNNERS[key] = TangramRunner(lambda: Tangram.local(**spec))
             else:
                 _RUNNERS[key] = TangramRunner(lambda: Tangram.ray(address, **spec))
@@ -245,7 +263,8 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
 def _metrics(r: Any) -> dict[str, Any]:
     pl = r.placement.get("cpu", {})
     return {"status": r.status, "queued_s": r.queued_s, "run_s": r.run_s,
-            "cores": r.units.get("cpu", 0), "node": pl.get("node")}
+            "cores": r.units.get("cpu", 0), "node": pl.get("node"),
+            "core_ids": list(pl.get("cores") or [])}
 
 
 async def run_tests_reward(tg: Any, command: str, *, env: str | None = None, cpu: Any = (1, 8),

@@ -57,9 +57,11 @@ class TangramClient:
         await self._http.aclose()
 
     # -- the operations --------------------------------------------------------------------------
-    async def open_env(self, trajectory: str, memory_mb: int = 1024) -> str:
-        doc = await self._request("POST", "/v1/envs",
-                                  {"trajectory": trajectory, "memory_mb": memory_mb})
+    async def open_env(self, trajectory: str, memory_mb: int = 1024,
+                       network: bool = False) -> str:
+        doc = await self._request("POST", "/v1/envs", {"trajectory": trajectory,
+                                                       "memory_mb": memory_mb,
+                                                       "network": network})
         return str(doc["env_id"])
 
     async def close_env(self, env_id: str) -> None:

@@ -4,7 +4,8 @@
 ```yaml
 policy: {name: heuristic, depth: 2}     # or just: heuristic
 idle_env_s: 600                          # reclaim environments idle this long (optional)
-cpu: {backend: auto}                     # auto | cgroup | docker | affinity | sim
+cpu: {backend: auto}                     # auto | bwrap | cgroup | docker | affinity | sim
+                                         # (bwrap/docker options under options:)
 gpu:
   backend: sim                           # sim | torch | http (backend options under options:)
   nodes: 1
@@ -33,11 +34,12 @@ from managers.api import ApiConfig, ApiManager
 from managers.base import EnvironmentManager, Manager
 from managers.basic import Limits
 from managers.cpu import CpuManager
+from managers.cpu.backends import select
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
 from solvers import get_allocator
-from tangram.errors import TangramError, ValidationError
+from tangram.errors import ValidationError
 from tangram.pools import ChunkPool
-from tangram.validation import mapping, pos_int, pos_num, power_of_two
+from tangram.validation import mapping, pos_int, pos_num, power_of_two, read_document
 from topology import ChunkTree, discover_gpus
 
 log = logging.getLogger("tangram")
@@ -123,8 +125,15 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
 
 
 def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
-    spec = mapping(path, spec, {"backend"})
-    return CpuManager(spec.get("backend", "auto"))
+    """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
+    `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker)."""
+    spec = mapping(path, spec, {"backend", "options"})
+    options = mapping(f"{path}.options", spec.get("options"))
+    try:
+        return CpuManager(select(spec.get("backend", "auto"), **options))
+    except TypeError as exc:  # an option the backend does not take
+        raise ValidationError(f"{path}.options", options, f"not options of the backend ({exc})"
+                              ) from None
 
 
 @dataclass(frozen=True)
@@ -170,12 +179,7 @@ def build(doc: Mapping[str, Any]) -> Components:
 
 
 def load_config(path: str | Path) -> Components:
-    try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise TangramError(f"config {path}: not found") from None
-    except yaml.YAMLError as exc:
-        raise TangramError(f"config {path}: not valid YAML ({exc})") from None
+    doc = read_document(path, "config", yaml.safe_load, yaml.YAMLError, "YAML")
     return build(doc or {})
 
 

@@ -15,7 +15,7 @@ owns the placement's node. Ray does placement and RPC only.
 
 Membership and faults. A watcher polls `ray.nodes()` every `poll_s`: a node joining gets an
 agent and its cores join the pool; a node (or its agent) dying fails the actions running there
-(`Outcome("failed")`, naming the node), marks its environments lost (every later exec in them
+(`Result("failed")`, naming the node), marks its environments lost (every later exec in them
 fails at once with the reason), and keeps every other queued action. A lost node stays in the
 pool, taking no new environments, until its environments are closed and its cores come back;
 then it leaves.
@@ -31,16 +31,17 @@ import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from managers.base import EnvironmentManager, Outcome
+from managers.base import EnvironmentManager
 from managers.cpu.request import exec_target
-from managers.gpu import GB, GpuBackend, GpuManager, Residency, Service
+from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
-from tangram.pools import ChunkPool, CorePool, Pool
+from tangram.pools import ChunkPool, CorePool
+from tangram.results import Result
 from tangram.runtime.config import Components, build_apis, build_gpu, build_services, check_policy
 from tangram.runtime.ray_agent import NodeAgent, NodeInfo, sleep_seconds
 from tangram.validation import pos_num
@@ -112,6 +113,8 @@ class RayCpuManager(EnvironmentManager):
         self.envs: dict[str, RemoteEnv] = {}
         self._by_trajectory: dict[str, str] = {}
         self._joining: set[str] = set()
+        self._opening: set[str] = set()  # trajectories whose open_env is in flight
+        self.on_lost: list[Callable[[str, str], None]] = []  # (node, why) when a node dies
         self._watcher: asyncio.Task | None = None
         self._closed = False
 
@@ -154,12 +157,14 @@ class RayCpuManager(EnvironmentManager):
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        cores = memory = None
+        # the node's capacity is the CPU resource Ray offers there (`ray start --num-cpus 8`
+        # on a 64-core machine: 8 cores), not the machine's physical core count
+        cores = int(resources.get("CPU", 0))
+        if cores == 0:
+            return None
+        memory = None
         if self._backend_name == "sim":  # model the node Ray describes
-            cores = int(resources.get("CPU", 0))
             memory = int(resources.get("memory", 0) // MiB) or 4096
-            if cores == 0:
-                return None
         actor = ray.remote(num_cpus=0, max_restarts=0)(NodeAgent)
         return actor.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
@@ -175,8 +180,8 @@ class RayCpuManager(EnvironmentManager):
                  info.cores, info.memory_mb, info.gpus, info.backend)
 
     # -- the Manager interface -----------------------------------------------------------------
-    def pools(self) -> Mapping[str, Pool]:
-        return {self.resource: self.pool}
+    async def start(self) -> None:
+        self._ensure_watcher()  # membership is watched from the start, not the first action
 
     def binding(self, trajectory: str) -> str | None:
         env_id = self._by_trajectory.get(trajectory)
@@ -197,18 +202,24 @@ class RayCpuManager(EnvironmentManager):
         return min(ready, key=lambda n: (self.nodes[n].reserved_mb / self.nodes[n].info.memory_mb,
                                          -self.pool.free(n), n))
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
+                       network: bool = False) -> str:
         self._ensure_watcher()
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
-        if trajectory in self._by_trajectory:
+        if trajectory in self._by_trajectory or trajectory in self._opening:
             raise ValidationError("env.trajectory", trajectory,
-                                  f"already has environment {self._by_trajectory[trajectory]}")
+                                  "already has an environment" + (
+                                      f" ({self._by_trajectory[trajectory]})"
+                                      if trajectory in self._by_trajectory else
+                                      " (being opened)"))
         name = self._choose_node(memory_mb, min_cores)
         node = self.nodes[name]
-        node.reserved_mb += memory_mb  # before the await: concurrent opens see it
+        # both before the await, so a concurrent open sees them: the memory and the trajectory
+        node.reserved_mb += memory_mb
+        self._opening.add(trajectory)
         try:
-            env_id = await node.agent.open_env.remote(trajectory, memory_mb)
+            env_id = await node.agent.open_env.remote(trajectory, memory_mb, network)
         except BaseException as exc:
             node.reserved_mb -= memory_mb
             if _is_actor_death(exc):
@@ -216,6 +227,8 @@ class RayCpuManager(EnvironmentManager):
                 raise BackendUnavailable(f"env for {trajectory}: node {name} was lost while "
                                          "opening it; open it again") from None
             raise
+        finally:
+            self._opening.discard(trajectory)
         self.envs[env_id] = RemoteEnv(env_id, trajectory, name, memory_mb)
         self._by_trajectory[trajectory] = env_id
         node.envs.add(env_id)
@@ -225,7 +238,7 @@ class RayCpuManager(EnvironmentManager):
         env = self.envs.pop(env_id, None)
         if env is None:
             return
-        del self._by_trajectory[env.trajectory]
+        self._by_trajectory.pop(env.trajectory, None)
         node = self.nodes.get(env.node)
         if node is None:
             return
@@ -248,23 +261,23 @@ class RayCpuManager(EnvironmentManager):
                 f"(Ray node {self.nodes[env.node].info.ray_node_id[:12]}) "
                 f"{self.nodes[env.node].lost}; close it and open a new one")
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         self._ensure_watcher()
         target = exec_target(assignment, self.envs)
-        if isinstance(target, Outcome):
+        if isinstance(target, Result):
             return target
         req, env = target
         lost = self.lost_reason(req.env_id)
         if lost:
-            return Outcome("failed", detail=lost)
+            return Result("failed", detail=lost)
         node = self.nodes[env.node]
         try:
             return await node.agent.run.remote(assignment)
         except Exception as exc:
             if not _is_actor_death(exc):
-                return Outcome("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
+                return Result("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
             self._lose(env.node, f"died ({type(exc).__name__})")
-            return Outcome("failed", detail=f"action {assignment.action_id} failed: node "
+            return Result("failed", detail=f"action {assignment.action_id} failed: node "
                            f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
                            f"it ran; its environment {env.id} is lost")
 
@@ -301,6 +314,8 @@ class RayCpuManager(EnvironmentManager):
         node.lost = why
         log.warning("ray: node %s (Ray node %s) %s: %d environments lost", name,
                     node.info.ray_node_id[:12], why, len(node.envs))
+        for hook in self.on_lost:
+            hook(name, why)
         self._retire_drained()
 
     def _retire_drained(self) -> None:
@@ -369,27 +384,40 @@ class RayGpuBackend(GpuBackend):
 
     name = "ray"
 
-    def __init__(self, agents: Mapping[str, Any]) -> None:
+    def __init__(self, agents: Mapping[str, Any],
+                 lost: Callable[[str], str | None] = lambda node: None) -> None:
         self.agents = dict(agents)
+        self.lost = lost  # why a node is lost (the CPU manager's membership), None if alive
 
     def _agent(self, node: str) -> Any:
+        why = self.lost(node)
+        if why:
+            raise NodeLost(f"node {node} {why}")
         agent = self.agents.get(node)
         if agent is None:
-            raise RuntimeError(f"no GPU agent on node {node}")
+            raise NodeLost(f"no GPU agent on node {node}")
         return agent
+
+    async def _call(self, node: str, method: str, *args: Any) -> Any:
+        try:
+            return await getattr(self._agent(node), method).remote(*args)
+        except Exception as exc:
+            if _is_actor_death(exc):
+                raise NodeLost(f"node {node}: its agent died ({type(exc).__name__})") from None
+            raise
 
     async def deploy(self, service: Service) -> None:
         await asyncio.gather(*(a.gpu_deploy.remote(service) for a in self.agents.values()))
 
     async def restore(self, service: Service, node: str, chunk: tuple[int, int]) -> float:
-        return float(await self._agent(node).gpu_restore.remote(service, chunk))
+        return float(await self._call(node, "gpu_restore", service, chunk))
 
     async def evict(self, service: Service, node: str, chunk: tuple[int, int]) -> None:
-        await self._agent(node).gpu_evict.remote(service, chunk)
+        await self._call(node, "gpu_evict", service, chunk)
 
     async def invoke(self, service: Service, node: str, chunk: tuple[int, int],
                      payload: Any) -> Any:
-        return await self._agent(node).gpu_invoke.remote(service, chunk, payload)
+        return await self._call(node, "gpu_invoke", service, chunk, payload)
 
 
 def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | None:
@@ -406,7 +434,14 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | N
     registry = build_services("gpu.services", spec.get("services"))
     pool = ChunkPool("gpu", {n: ChunkTree(g, n) for n, g in sizes.items()})
     residency = Residency({n: [mem] * g for n, g in sizes.items()}, registry)
-    return GpuManager(pool, residency, RayGpuBackend({n: cpu.nodes[n].agent for n in sizes}))
+    def lost(node: str) -> str | None:
+        state = cpu.nodes.get(node)
+        return "left the cluster" if state is None else (state.lost or None)
+
+    manager = GpuManager(pool, residency,
+                         RayGpuBackend({n: cpu.nodes[n].agent for n in sizes}, lost))
+    cpu.on_lost.append(manager.lose_node)  # a dead node's chunks and residency go at once
+    return manager
 
 
 def build_ray(address: str | None = None, *, cpu_backend: str = "auto",

@@ -41,9 +41,11 @@ from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
 
+UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
+               "the server or the scheduler)")
 DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
 SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
-# at n=8 (CALIBRATION.md section 4 reports 1.6-3.3x on 4-14 workers)
+# at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
 
 
 def amdahl(serial: float):
@@ -126,8 +128,8 @@ class Tangram:
         return cls(**build(doc).kwargs())
 
     async def start(self) -> Tangram:
-        if self.gpu is not None:
-            await self.gpu.start()
+        for m in self._managers:
+            await m.start()
         if self.idle_env_s and self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_idle())
         log.info("tangram: policy %s; pools %s", self.policy,
@@ -141,12 +143,16 @@ class Tangram:
         await self.shutdown()
 
     # -- environments --------------------------------------------------------------------------
-    async def open_env(self, trajectory: str, memory_mb: int = 1024) -> str:
+    async def open_env(self, trajectory: str, memory_mb: int = 1024,
+                       network: bool = False) -> str:
+        """The trajectory's sandbox: `memory_mb` reserved for its life, no network unless
+        `network` (backends that isolate: bwrap, docker)."""
         self._admitting()
         if self.cpu is None:
             raise ValidationError("env", trajectory, "no CPU pool is configured")
         pos_int("memory_mb", memory_mb, " (MiB)")
-        env_id = await self.cpu.open_env(trajectory, memory_mb)
+        boolean("network", network)
+        env_id = await self.cpu.open_env(trajectory, memory_mb, network=network)
         node = self.cpu.binding(trajectory)
         self.scheduler.bind(trajectory, self.cpu.resource, node)
         self._envs[env_id] = _Env(env_id, trajectory, time.monotonic())
@@ -157,10 +163,14 @@ class Tangram:
     async def close_env(self, env_id: str) -> None:
         env = self._envs.pop(env_id, None)
         if env is None:
-            raise NotFound("env_id", env_id, "unknown environment")
+            raise NotFound("env_id", env_id, UNKNOWN_ENV)
+        cancelled = False
         for aid in list(env.running):  # queued actions of the env are cancelled
             if self.scheduler.cancel(aid):
+                cancelled = True
                 self._finish_cancelled(aid, "its environment was closed")
+        if cancelled and not self._closed:
+            self._kick()  # what waited behind them may start now
         await self.cpu.close_env(env_id)
         self.scheduler.unbind(env.trajectory)
         log.info("env %s closed", env_id)
@@ -168,7 +178,7 @@ class Tangram:
     def _env(self, env_id: str) -> _Env:
         env = self._envs.get(env_id)
         if env is None:
-            raise NotFound("env_id", env_id, "unknown environment (open it first)")
+            raise NotFound("env_id", env_id, UNKNOWN_ENV)
         return env
 
     # -- actions -------------------------------------------------------------------------------
@@ -261,6 +271,8 @@ class Tangram:
             if self.scheduler.cancel(action.id):  # still queued: drop it, nothing ran
                 self._pending.pop(action.id, None)
                 log.info("action %s cancelled by its caller while queued", action.id)
+                if not self._closed:
+                    self._kick()  # it may have been the head others waited behind
             raise
 
     def _kick(self) -> None:
@@ -322,8 +334,8 @@ class Tangram:
                      for name, m in self.apis.items()}
         return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
                 "running": len(self.scheduler.running), "envs": len(self._envs),
-                "cpu_backend": getattr(getattr(self.cpu, "backend", None), "name", None),
-                "gpu_backend": getattr(getattr(self.gpu, "backend", None), "name", None),
+                "cpu_backend": None if self.cpu is None else self.cpu.backend_name,
+                "gpu_backend": None if self.gpu is None else self.gpu.backend_name,
                 "api_throttled": throttled, "closing": self._closing}
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -350,7 +362,7 @@ class Tangram:
         self._closing = True
         if self._reaper is not None:
             self._reaper.cancel()
-        for aid in list(self.scheduler.queue):
+        for aid in list(self.scheduler.queue.keys()):
             self.scheduler.cancel(aid)
             self._finish_cancelled(aid, "Tangram shut down before it started")
         if self._tasks:

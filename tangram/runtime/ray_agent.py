@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from managers.base import Outcome
 from managers.cpu import CpuManager
 from managers.cpu.backends import create, select
 from managers.cpu.manager import local_memory_mb
 from managers.gpu import GpuBackend, create_backend
 from tangram.allocation import Assignment
+from tangram.results import Result
 from topology import CpuNode, discover_gpus
 from topology.discovery import discover_numa
 
@@ -61,12 +61,30 @@ def _gpu_count() -> int:
         return 0
 
 
+def choose_cores(numa: Mapping[int, tuple[int, ...]], limit: int | None
+                 ) -> dict[int, tuple[int, ...]]:
+    """`limit` of this machine's cores (all of them when None or more than it has), filling
+    NUMA domains in order so a grant stays within as few domains as possible."""
+    if limit is None:
+        return dict(numa)
+    out: dict[int, tuple[int, ...]] = {}
+    left = limit
+    for d in sorted(numa):
+        if left <= 0:
+            break
+        take = numa[d][:left]
+        out[d] = take
+        left -= len(take)
+    return out
+
+
 class NodeAgent:
     """Owns one machine's CPU backend and, when asked, its GPU backend; every method is a Ray
     RPC from the central managers.
 
-    `cores`: the simulated core count for the `sim` backend (a flat NUMA domain); None
-    discovers this machine's NUMA domains and cores from /sys. `memory_mb`: None reads
+    `cores`: the core count: for the `sim` backend the modelled cores (a flat NUMA domain);
+    for a real backend how many of this machine's cores (discovered from /sys) the agent
+    grants, the CPU resource Ray offers on the node. None: all of them. `memory_mb`: None reads
     /proc/meminfo. `gpu_backend` (`sim`, `torch`, `http`): the backend that restores, evicts and
     invokes services on this machine's GPUs; `gpus` sets the GPU count a `sim` backend models
     (otherwise NVML's count is reported).
@@ -79,8 +97,11 @@ class NodeAgent:
                  gpus: int | None = None) -> None:
         options = dict(backend_options or {})
         be = select(None, **options) if backend == "auto" else create(backend, **options)
-        numa = {0: tuple(range(cores))} if cores is not None else \
-            {d: tuple(c) for d, c in discover_numa().items()}
+        if be.name == "sim":
+            numa = {0: tuple(range(cores))} if cores is not None else \
+                {d: tuple(c) for d, c in discover_numa().items()}
+        else:
+            numa = choose_cores({d: tuple(c) for d, c in discover_numa().items()}, cores)
         memory = memory_mb if memory_mb is not None else local_memory_mb()
         self.info = NodeInfo(name, ray_node_id, numa, memory,
                              gpus if gpus is not None else _gpu_count(), be.name)
@@ -93,13 +114,13 @@ class NodeAgent:
     def describe(self) -> NodeInfo:
         return self.info
 
-    async def open_env(self, trajectory: str, memory_mb: int) -> str:
-        return await self.manager.open_env(trajectory, memory_mb)
+    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:
+        return await self.manager.open_env(trajectory, memory_mb, network=network)
 
     async def close_env(self, env_id: str) -> None:
         await self.manager.close_env(env_id)
 
-    async def run(self, assignment: Assignment) -> Outcome:
+    async def run(self, assignment: Assignment) -> Result:
         """Run one action on exactly the cores the central scheduler granted on this node."""
         return await self.manager.run(assignment)
 

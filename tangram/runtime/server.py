@@ -2,12 +2,14 @@
 
 Endpoints (field names are the Python API's):
 
-    POST   /v1/envs                    {"trajectory", "memory_mb"}               -> {"env_id"}
+    POST   /v1/envs                    {"trajectory", "memory_mb", "network"}    -> {"env_id"}
     POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
     DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
     POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
     POST   /v1/apis/{name}/call        {"payload"}                               -> Result
     GET    /v1/status                  Tangram.status()
+    POST   /run_code                   SandboxFusion's request and response (see
+                                       tangram.runtime.sandboxfusion and docs/sandboxfusion.md)
     GET    /metrics                    Prometheus text
     GET    /healthz                    {"ok": true} (liveness, no token needed)
     GET    /openapi.json, /docs        the schema (no token needed: it holds no data)
@@ -17,11 +19,15 @@ amounts. An action that ran and failed (non-zero exit, timeout) answers 200 with
 its `status` says what happened. Errors answer a JSON body
 `{"error": <message>, "field": <name>, "value": <what was given>, "problem": <why>}`:
 
-    401  missing or wrong bearer token (when the server has one; /metrics needs it too)
+    401  missing or wrong bearer token (when the server has one; /metrics needs it too). The
+         token is also accepted as `?token=...` (SandboxFusion clients send no header); the
+         access log shows it as `token=***`.
     404  unknown environment, service or API
-    409  a demand no pool can ever meet (`Infeasible`)
+    409  a demand no pool can ever meet (`Infeasible`), or one over the capacity of the node
+         the environment is bound to (the message names the node and its size)
     413  a body over MAX_BODY bytes
     422  a malformed body or a value the runtime rejects (`ValidationError`)
+    429  the scheduler's queue is full (`QueueFull`, Retry-After: 1)
     503  the runtime is shutting down
     499  (never seen by the client) it disconnected: its queued action was cancelled
 
@@ -39,6 +45,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import threading
@@ -55,8 +62,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tangram.errors import Infeasible, NotFound, TangramError, ValidationError
+from tangram.errors import Infeasible, NotFound, QueueFull, TangramError, ValidationError
 from tangram.results import Result
+from tangram.runtime import sandboxfusion
 from tangram.runtime.distributed import ray_session
 from tangram.runtime.facade import Tangram
 
@@ -98,6 +106,7 @@ def demand_arg(d: Demand) -> Any:
 class OpenEnv(_Body):
     trajectory: Name
     memory_mb: Annotated[int, Field(ge=1, le=1 << 24)] = 1024
+    network: bool = False
 
 
 class Exec(_Body):
@@ -125,7 +134,8 @@ class CallApi(_Body):
     payload: Any = None
 
 
-_FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields}
+_FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields} \
+    | sandboxfusion.FIELDS
 
 
 class EnvOut(BaseModel):
@@ -140,7 +150,7 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 503)}
+    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 429, 503)}
 
 # -- errors ------------------------------------------------------------------------------------
 
@@ -171,8 +181,15 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _infeasible(request: Request, exc: Exception) -> JSONResponse:
-    field = {"exec": "cpu", "invoke": "gpus"}.get(request.url.path.rsplit("/", 1)[-1])
+    field = {"exec": "cpu", "run_code": "cpu", "invoke": "gpus"}.get(
+        request.url.path.rsplit("/", 1)[-1])
     return error(409, str(exc), field, problem="no pool can ever meet this demand")
+
+
+def _queue_full(_: Request, exc: Exception) -> JSONResponse:
+    response = error(429, str(exc), "queue", problem="the scheduler's queue is full")
+    response.headers["Retry-After"] = "1"
+    return response
 
 
 def _tangram_error(_: Request, exc: Exception) -> JSONResponse:
@@ -333,7 +350,9 @@ def create_app(tg: Tangram, token: str | None = None, *,
             return
         given = request.headers.get("authorization", "")
         scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(value.encode(), token.encode()):
+        if scheme.lower() != "bearer":  # SandboxFusion clients take a URL: ?token=...
+            value = request.query_params.get("token", "")
+        if not hmac.compare_digest(value.encode(), token.encode()):
             raise _Unauthorized()
 
     app = FastAPI(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
@@ -344,11 +363,14 @@ def create_app(tg: Tangram, token: str | None = None, *,
     app.add_exception_handler(_Unauthorized, lambda r, e: _unauthorized())
     app.add_exception_handler(ValidationError, _validation_error)
     app.add_exception_handler(Infeasible, _infeasible)
+    app.add_exception_handler(QueueFull, _queue_full)
     app.add_exception_handler(TangramError, _tangram_error)
     app.add_exception_handler(RequestValidationError, _request_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
     guarded = [Depends(authorized)]
+    app.include_router(sandboxfusion.router, dependencies=guarded, responses=ERRORS)
+    redact_tokens(logging.getLogger("uvicorn.access"))
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -356,7 +378,8 @@ def create_app(tg: Tangram, token: str | None = None, *,
 
     @app.post("/v1/envs", dependencies=guarded, responses=ERRORS)
     async def open_env(body: OpenEnv) -> EnvOut:
-        return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb))
+        return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb,
+                                               network=body.network))
 
     @app.delete("/v1/envs/{env_id}", dependencies=guarded, responses=ERRORS)
     async def close_env(env_id: str) -> EnvOut:
@@ -398,9 +421,31 @@ class _Unauthorized(Exception):
     pass
 
 
+_TOKEN = re.compile(r"([?&]token=)[^&\s]*")
+
+
+class RedactTokens(logging.Filter):
+    """Shows a `token=` query parameter as `token=***` in every argument of a log record
+    (uvicorn's access log puts the request's path and query in one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_TOKEN.sub(r"\1***", a) if isinstance(a, str) else a
+                                for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = _TOKEN.sub(r"\1***", record.msg)
+        return True
+
+
+def redact_tokens(logger: logging.Logger) -> None:
+    """Install `RedactTokens` on `logger` (once)."""
+    if not any(isinstance(f, RedactTokens) for f in logger.filters):
+        logger.addFilter(RedactTokens())
+
+
 def _unauthorized() -> JSONResponse:
     response = error(401, "missing or wrong bearer token", "authorization",
-                     problem='send "Authorization: Bearer <token>"')
+                     problem='send "Authorization: Bearer <token>" or ?token=<token>')
     response.headers["www-authenticate"] = "Bearer"
     return response
 
@@ -458,7 +503,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8470)
     parser.add_argument("--token", default=os.environ.get("TANGRAM_TOKEN"),
-                        help="require 'Authorization: Bearer TOKEN' (default: $TANGRAM_TOKEN)")
+                        help="require 'Authorization: Bearer TOKEN' or ?token=TOKEN "
+                             "(default: $TANGRAM_TOKEN)")
     parser.add_argument("--shutdown-deadline", type=float, default=10.0, metavar="S",
                         help="on stop, running actions get this long to finish (default 10)")
     parser.add_argument("--log-level", default="info")

@@ -17,6 +17,26 @@ import pytest
 from managers.cpu.backends.cgroup import CgroupBackend
 
 
+def host_procs_with(marker: str) -> list[int]:
+    """PIDs of this machine's processes whose command line contains `marker`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.fixture
+def procs_with():
+    """`host_procs_with` for a test: the processes still alive with a marker."""
+    return host_procs_with
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "docker: needs a running Docker engine and its test image")
     config.addinivalue_line("markers", "cgroup: needs root and a writable cgroup filesystem")

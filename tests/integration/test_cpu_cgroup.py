@@ -191,16 +191,19 @@ def test_concurrent_execs_of_one_environment_are_confined_separately():
     asyncio.run(go())
 
 
-def test_elastic_pytest_gets_its_granted_cores():
+def test_elastic_pytest_gets_its_granted_cores_without_a_rewrite():
     async def go():
         m = CpuManager("cgroup")
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
-            fake = 'pytest() { echo "pytest $*"; }; pytest -q tests'
-            o = await m.execute(ExecRequest(env, fake, elastic=True), cores=m.pool.free())
-            assert o.stdout.strip() == f"pytest -n {m.pool.capacity()} -q tests"
+            fake = ('pytest() { echo "pytest $* $TANGRAM_CPUS $PYTEST_XDIST_AUTO_NUM_WORKERS '
+                    '${PYTEST_PLUGINS:-none}"; }; pytest -q tests; echo "run pytest now"')
+            n = m.pool.capacity()
+            o = await m.execute(ExecRequest(env, fake, elastic=True), cores=n)
+            assert o.stdout.splitlines() == [f"pytest -q tests {n} {n} tangram_pytest_grant",
+                                             "run pytest now"]
             o = await m.execute(ExecRequest(env, fake), cores=1)
-            assert o.stdout.strip() == "pytest -q tests"
+            assert o.stdout.splitlines() == ["pytest -q tests 1 1 none", "run pytest now"]
         finally:
             await m.close()
 

@@ -4,6 +4,8 @@ crashed container, and nothing left behind. Skipped, with the reason, where no e
 from __future__ import annotations
 
 import asyncio
+import socket
+import subprocess
 import time
 import uuid
 
@@ -142,3 +144,54 @@ def test_no_container_or_process_left_after_close():
 def test_missing_image_says_how_to_fix():
     with pytest.raises(BackendUnavailable, match="docker-test-missing.*dockerd.sh"):
         DockerBackend(image=f"docker-test-missing-{uuid.uuid4().hex[:6]}:latest")
+
+
+def test_container_is_hardened(monkeypatch):
+    monkeypatch.setenv("TANGRAM_TOKEN", "server-secret")
+
+    async def go():
+        backend = DockerBackend(pids_max=30)
+        m = CpuManager(backend)
+        try:
+            env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
+            status = await m.execute(ExecRequest(env, "cat /proc/self/status /proc/net/dev"))
+            writes = await m.execute(ExecRequest(
+                env, "echo x > /work/f && cat /work/f && echo y > /tmp/g && cat /tmp/g; "
+                     "echo z > /etc/evil; echo z > /evil"))
+            seen = await m.execute(ExecRequest(env, "cat /proc/self/environ"))
+            bomb = await m.execute(ExecRequest(
+                env, "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done; wait",
+                timeout=20))
+            name = backend._envs[env].name
+            attrs = backend.client.containers.get(name).attrs["HostConfig"]
+            return status, writes, seen, bomb, attrs
+        finally:
+            await m.close()
+
+    status, writes, seen, bomb, host = asyncio.run(go())
+    lines = dict(ln.split(":", 1) for ln in status.stdout.splitlines() if ":" in ln)
+    assert lines["Uid"].split()[0] != "0" and lines["CapEff"].strip() == "0000000000000000"
+    assert lines["NoNewPrivs"].strip() == "1"
+    assert "eth0" not in status.stdout  # network none: loopback only
+    assert writes.stdout.split() == ["x", "y"] and writes.stderr.count("Read-only") == 2
+    assert "server-secret" not in seen.stdout and "TANGRAM_ENV_ID=" in seen.stdout
+    assert bomb.status == "error"
+    assert host["CapDrop"] == ["ALL"] and host["ReadonlyRootfs"] is True
+    assert host["PidsLimit"] == 30 and "no-new-privileges" in host["SecurityOpt"]
+    assert host["NetworkMode"] == "none"
+
+
+def test_dead_servers_containers_are_swept():
+    async def go():
+        backend = DockerBackend()
+        dead = subprocess.Popen(["true"])
+        dead.wait()
+        c = backend.client.containers.run(
+            backend.image, ["sleep", "1000"], detach=True, network_mode="none",
+            labels={"tangram.server": f"{socket.gethostname()}/{dead.pid}"})
+        swept = backend.sweep()
+        await backend.shutdown()
+        return c.name, swept
+
+    name, swept = asyncio.run(go())
+    assert any(name in line and "server pid" in line for line in swept), swept

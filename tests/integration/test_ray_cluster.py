@@ -180,3 +180,69 @@ def test_gpu_services_run_on_the_agents(cluster):
             assert all(c[2] == name for c in calls)  # the agent acted on its own node
     finally:
         asyncio.run(tg.shutdown())
+
+
+def test_concurrent_open_env_of_one_trajectory_is_atomic(cluster):
+    """Issue 13, pattern 7: two concurrent opens of one trajectory: one environment, one clear
+    refusal; closing it works and nothing is left on any agent."""
+    tg = tangram(cluster)
+
+    async def main():
+        async with tg:
+            got = await asyncio.gather(*(tg.open_env("twice", memory_mb=64) for _ in range(2)),
+                                       return_exceptions=True)
+            envs = [g for g in got if isinstance(g, str)]
+            errors = [g for g in got if isinstance(g, BaseException)]
+            assert len(envs) == 1 and len(errors) == 1, got
+            assert "twice" in str(errors[0]) and "environment" in str(errors[0])
+            await tg.close_env(envs[0])
+            assert tg.cpu.envs == {} and all(
+                s.reserved_mb == 0 for s in tg.cpu.nodes.values())
+
+    asyncio.run(main())
+
+
+def test_agent_cores_follow_the_ray_cpu_resource(cluster):
+    """Pattern 9: a real backend's agent grants as many of the machine's cores as the Ray node
+    offers CPUs (capped by the machine), not every physical core."""
+    phys = len(os.sched_getaffinity(0))
+    cpu = RayCpuManager.connect(cluster.address, backend="affinity", poll_s=0)
+    try:
+        offered = {node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
+                   for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU")}
+        got = {n: cpu.pool.capacity(n) for n in cpu.pool.nodes()}
+        assert got == {n: min(c, phys) for n, c in offered.items()}, (got, offered, phys)
+    finally:
+        asyncio.run(cpu.close())
+
+
+def test_gpu_node_death_takes_its_chunks_and_residency_out(cluster):
+    """Pattern 6: after a GPU node dies, no invoke is placed there and none comes back `error`:
+    its chunks leave the pool and its resident copies are forgotten."""
+    new = cluster.add_node(num_cpus=1, object_store_memory=100 << 20)
+    cluster.wait_for_nodes()
+    dead = node_name(new.node_id)
+    services = {"judge": {"memory_gb": 30, "dops": [4], "infer_s": {4: 0.05},
+                          "restore_s": 0.05}}
+    tg = Tangram.ray(cluster.address, cpu_backend="sim", poll_s=POLL_S, gpu_backend="sim",
+                     gpus_per_node=4, services=services)
+
+    async def main():
+        async with tg:
+            pool = tg.scheduler.pools["gpu"]
+            assert dead in pool.nodes()
+            warm = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
+                                          for i in range(6)))
+            assert all(r.ok for r in warm) and dead in {r.placement["gpu"]["node"] for r in warm}
+            cluster.remove_node(new)
+            t0 = time.monotonic()
+            while dead in pool.nodes():
+                assert time.monotonic() - t0 < 30, "the dead node's chunks stayed in the pool"
+                await asyncio.sleep(0.05)
+            after = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
+                                           for i in range(8)))
+            assert all(r.ok for r in after), [(r.status, r.detail) for r in after]
+            assert dead not in {r.placement["gpu"]["node"] for r in after}
+            assert not tg.gpu.residency.entries(dead)
+
+    asyncio.run(main())

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from evaluation.simulator import simulate
 from solvers import get_allocator
+from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import instance_model
 from solvers.exact.schedule import solve_model, solve_schedule
 from solvers.exact.timeline import verify
@@ -73,6 +74,19 @@ def test_exact_is_never_above_any_policy_and_verifies(inst):
     assert exact.status == "optimal"
     verify(inst.build_pools(), exact.entries, {a.id: a.submit_time for a in inst.actions})
     for name, options in [("heuristic", {}), ("heuristic", {"depth": 1}), ("min", {}),
+                          ("backfill", {}), ("backfill-srpt", {}),
                           ("cpsat", {"resolution": RES, "workers": 1})]:
         policy = simulate(inst, get_allocator(name, **options)).total_act
         assert exact.total_act <= policy + 1e-6, (name, options)
+
+
+@SETTINGS
+@given(instances(), st.booleans())
+def test_semi_active_dominance_keeps_the_optimum(inst, fcfs):
+    """Every start at a release or another job's end (or, in order, with the job before) cuts
+    no optimum: with and without it, the same optimal objective, elastic and chunks included."""
+    model = instance_model(inst.build_pools(), inst.actions, RES)
+    on = solve_cpsat(model, 20, 1, fcfs=fcfs, dominance=True)
+    off = solve_cpsat(model, 20, 1, fcfs=fcfs, dominance=False)
+    assert on.status == off.status == "optimal"
+    assert on.objective == off.objective

@@ -39,9 +39,10 @@ def instances(draw, chunks=True):
 
 
 @settings(max_examples=60, deadline=None)
-@given(instances(), st.sampled_from(["heuristic", "min"]), st.integers(1, 3))
+@given(instances(), st.sampled_from(["heuristic", "min", "backfill", "backfill-srpt"]),
+       st.integers(1, 3))
 def test_random_instances_finish_and_keep_invariants(instance, policy, depth):
-    options = {"depth": depth} if policy == "heuristic" else {}
+    options = {"depth": depth} if policy != "min" else {}
     result = simulate(instance, get_allocator(policy, **options))
     assert set(result.records) == {a.id for a in instance.actions}
     for a in instance.actions:

@@ -1,19 +1,36 @@
-"""`tangram gap` end to end on the smallest setting: every policy at or above the optimum."""
+"""`tangram gap` end to end on the smallest setting: every class, every policy at or above the
+optimum, and the FCFS-constrained optimum never below the unconstrained one."""
 
 import json
+from pathlib import Path
 
-from evaluation.gap import main
+from evaluation.gap import fcfs_optimum, main
+from solvers.exact.schedule import solve_schedule
+from tangram.instance import load_instance
+
+HOL = Path(__file__).parents[1] / "scenarios" / "backfill_hol.json"
 
 
 def test_gap_json_reports_every_class_and_no_policy_below_the_optimum(capsys):
     assert main(["--instances", "1", "--size", "4", "--seed", "3", "--time-limit", "20",
-                 "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert {r["class"] for r in rows} == {"flat/spread", "flat/bursty", "chunks/spread",
-                                          "chunks/bursty"}
-    for r in rows:
+                 "--rows", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    classes = {f"{p}/{a}" for p in ("flat", "chunks") for a in ("spread", "bursty", "batch")}
+    assert {e["class"] for e in doc["classes"]} == classes
+    for e in doc["classes"]:
+        assert set(e["policies"]) == {"heuristic", "backfill", "backfill-srpt", "min"}
+        assert e["order_mean"] >= -0.5
+    for r in doc["rows"]:
         assert r["status"] == "optimal"
-        assert set(r["gap_pct"]) == {"heuristic-d1", "heuristic-d2", "heuristic-d3", "min"}
         # the exact schedule rounds durations up to 0.01 s ticks, then closes the gaps: it may
         # sit a hair above a policy that found the same schedule, never more
         assert all(g >= -0.5 for g in r["gap_pct"].values()), r
+
+
+def test_fcfs_optimum_pays_for_order_on_the_head_of_line_scenario():
+    """backfill_hol.json: in arrival order b cannot start before a, so it starts at 4 and c, d
+    after it (a 4 + b 6 + c 5 + d 6 = 21); unconstrained, b goes first with c, then d, then
+    a (b 2 + c 1 + d 2 + a 6 = 11)."""
+    inst = load_instance(HOL)
+    assert solve_schedule(inst, "cpsat", 10, workers=1).total_act == 11.0
+    assert fcfs_optimum(inst, 10, workers=1) == 21.0

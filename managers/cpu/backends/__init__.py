@@ -1,20 +1,22 @@
 """CPU executor backends, resolved by name; `select` picks the best one available and logs why.
 
-Preference (most faithful enforcement first): cgroup (cpuset + quota + memory limit, root),
-docker (container per environment; chosen automatically only when its image is present),
-affinity (cpuset only, no root), sim (nothing runs).
+Preference (isolation first, then the most faithful enforcement): bwrap (a bubblewrap sandbox
+per exec over the cgroup grant; root and bubblewrap), cgroup (cpuset + quota +
+memory and pids limits, root, no isolation), docker (container per environment; chosen
+automatically only when its image is present), affinity (cpuset only, no root, no isolation),
+sim (nothing runs). Each backend skipped is logged with the reason and its fix.
 """
 
 from __future__ import annotations
 
 import logging
 
-from managers.cpu.backends import affinity, cgroup, docker, sim  # noqa: F401  (they register)
+from managers.cpu.backends import affinity, bwrap, cgroup, docker, sim  # noqa: F401 (register)
 from managers.cpu.backends.base import BACKENDS, Backend, EnvironmentBroken
 from tangram.errors import BackendUnavailable, ValidationError
 
 log = logging.getLogger("managers.cpu")
-PREFERENCE = ("cgroup", "docker", "affinity", "sim")
+PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
 
 
 def create(name: str, **options) -> Backend:

@@ -2,8 +2,9 @@
 
 The environment is a working directory; each exec's process starts pinned to the granted
 cores (its descendants inherit the mask). There is no CPU quota and no memory
-limit, and a process may widen its own mask again: confinement is cooperative. The process
-group is killed at the deadline and after the command exits.
+limit, and a process may widen its own mask again: confinement is cooperative, and there is no
+isolation at all (the command runs as the server's user, on the host). The process group is
+killed at the deadline and after the command exits. Commands see only `grant.command_env`.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.base import Outcome
 from managers.cpu.backends.base import Backend, register
 from managers.cpu.backends.process import run_local
+from managers.cpu.grant import PLUGIN_SOURCE, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
+from tangram.results import Result
 
 
 @contextmanager
@@ -45,9 +47,10 @@ class AffinityBackend(Backend):
         os.makedirs(env.workdir, exist_ok=True)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
-        return await run_local(argv_of(command), cwd=env.workdir,
-                               env={**os.environ, "TANGRAM_ENV": env.id}, timeout=timeout,
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+        variables = command_env(env.id, len(cores), env.workdir, elastic=elastic,
+                                plugin_dir=str(PLUGIN_SOURCE.parent))
+        return await run_local(argv_of(command), cwd=env.workdir, env=variables, timeout=timeout,
                                output_cap=output_cap, spawning=lambda: _pinned(set(cores)))
 
     async def close(self, env: Environment) -> None:

@@ -3,7 +3,7 @@
 A backend does the side effects only; the manager owns the pool logic. Contract of `exec`: the
 command runs confined to exactly `cores` (cpuset and, where the backend can, a CPU quota of
 len(cores) cores); when it returns, no process of that exec is left running (leftovers are
-killed, so the cores really come back); the action's own failures come back as an `Outcome`.
+killed, so the cores really come back); the action's own failures come back as an `Result`.
 A lost environment raises `EnvironmentBroken`.
 """
 
@@ -13,10 +13,10 @@ import signal
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
-from managers.base import Outcome
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command
 from tangram.errors import ActionFailed
+from tangram.results import Result
 
 
 class EnvironmentBroken(ActionFailed):
@@ -38,8 +38,10 @@ class Backend(ABC):
 
     @abstractmethod
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
-        """Run one command confined to `cores`; see the module docstring."""
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+        """Run one command confined to `cores`, with the environment of `grant.command_env`
+        (never the server's own); `elastic`: let pytest use the cores (see `grant`). See the
+        module docstring."""
 
     @abstractmethod
     async def close(self, env: Environment) -> None:
@@ -47,6 +49,11 @@ class Backend(ABC):
 
     async def shutdown(self) -> None:
         """Release what the backend holds beyond environments (clients, parent cgroups)."""
+
+    def sweep(self) -> list[str]:
+        """Kill and remove what servers that died left behind (their PIDs are gone): called
+        once before serving; returns a line per thing swept, for the log."""
+        return []
 
     def describe(self) -> str:
         return self.name
@@ -60,17 +67,17 @@ def register(name: str, cls: type[Backend]) -> None:
 
 
 def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: bool,
-               timed_out: bool, timeout: float, output_cap: int) -> Outcome:
-    """Map a finished process to an `Outcome` whose detail says what happened."""
+               timed_out: bool, timeout: float, output_cap: int) -> Result:
+    """Map a finished process to an `Result` whose detail says what happened."""
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
     tail = f"; output truncated at {output_cap} bytes per stream" if truncated else ""
     if timed_out:
-        return Outcome("timeout", exit_code, out, err,
+        return Result("timeout", exit_code, out, err,
                        detail=f"killed at its {timeout:g} s timeout with its whole process "
                               f"tree{tail}", truncated=truncated)
     if exit_code == 0:
-        return Outcome("ok", 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
+        return Result("ok", 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
     if exit_code is not None and exit_code < 0:
         try:
             sig = signal.Signals(-exit_code).name
@@ -84,11 +91,11 @@ def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: b
         what = "exit code 126: command not executable"
     else:
         what = f"exit code {exit_code}"
-    return Outcome("error", exit_code, out, err, detail=what + tail, truncated=truncated)
+    return Result("error", exit_code, out, err, detail=what + tail, truncated=truncated)
 
 
-def not_found(command: str, exc: OSError) -> Outcome:
-    return Outcome("error", 127, "", str(exc), detail=f"exit code 127: command not found "
+def not_found(command: str, exc: OSError) -> Result:
+    return Result("error", 127, "", str(exc), detail=f"exit code 127: command not found "
                    f"({command!r}: {exc.strerror or exc})")
 
 

@@ -5,35 +5,49 @@ one trajectory are confined separately and an exec costs two small writes at mos
 and the quota, each skipped when unchanged). The command joins the slot before it starts (the
 shell that runs it writes 0 to the slot's cgroup.procs), so every descendant is confined from
 its first instruction. After the command exits, whatever is left in the slot is killed.
+
+Limits per environment: memory (what the environment was opened with) and processes (`pids_max`,
+default `DEFAULT_PIDS_MAX`, where the pids controller exists). A command killed for memory comes
+back as "killed: out of memory (limit N MiB)"; one killed because its environment was closed
+while it ran comes back `cancelled`, saying so. Commands see only `grant.command_env`.
+
+This backend confines CPU and memory but does not isolate: the command runs as the server's user
+in the host's namespaces. `bwrap` builds its sandbox on top of this one (`_launch`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import shlex
 import shutil
+import tempfile
 import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from managers.base import Outcome
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, register
 from managers.cpu.backends.process import run_local
+from managers.cpu.grant import command_env, install_plugin
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command
-from tangram.errors import BackendUnavailable
+from tangram.errors import BackendUnavailable, ValidationError
+from tangram.results import Result
 
 log = logging.getLogger(__name__)
 SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
 JOIN_FAILED = "tangram: cannot join the cgroup of this exec"
+DEFAULT_PIDS_MAX = 512  # processes (and threads) per environment
+SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a shell's child
 
 
 @dataclass(slots=True)
-class _Slot:
+class Slot:
     folders: dict[str, Path]  # controller -> the slot folder
     join: str  # shell line moving the shell into the slot (and the env's memory cgroup, v1)
     cpus: str = ""
@@ -43,20 +57,28 @@ class _Slot:
 @dataclass(slots=True)
 class _Env:
     folders: dict[str, Path]
-    free: list[_Slot] = field(default_factory=list)
-    slots: list[_Slot] = field(default_factory=list)
+    free: list[Slot] = field(default_factory=list)
+    slots: list[Slot] = field(default_factory=list)
 
 
 class CgroupBackend(Backend):
     name = "cgroup"
 
-    def __init__(self, parent: str | None = None) -> None:
+    def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX) -> None:
+        if isinstance(pids_max, bool) or not isinstance(pids_max, int) or pids_max < 1:
+            raise ValidationError("cpu.pids_max", pids_max,
+                                  "must be a positive integer (processes per environment)")
+        self.pids_max = pids_max
         self.tag = uuid.uuid4().hex[:10]
         self.h = fs.detect(self.tag, parent)
+        if not self.h.pids:
+            log.warning("cgroup: no pids controller; environments have no process limit")
         self._envs: dict[str, _Env] = {}
         self._made_bases = False
+        # what the commands may read: the pytest plugin of elastic runs (see `grant`)
+        self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
         # a manager never closed still leaves no cgroup behind when the interpreter exits
-        self._workdirs: set[str] = set()
+        self._workdirs: set[str] = {str(self.support)}
         self._finalizer = weakref.finalize(self, _remove_bases, self.h.distinct(),
                                            self._workdirs)
 
@@ -74,12 +96,16 @@ class CgroupBackend(Backend):
     def describe(self) -> str:
         return f"cgroup (v{self.h.version}, under {self.h.base('cpu').parent})"
 
+    def sweep(self) -> list[str]:
+        return fs.sweep(self.h) + sweep_workdirs(self.support.parent)
+
     # -- layout --------------------------------------------------------------------------------
 
     def _ensure_bases(self) -> None:
         if self._made_bases:
             return
         try:
+            install_plugin(self.support)
             for base in self.h.distinct():
                 base.mkdir(exist_ok=True)
             if self.h.version == 1:
@@ -97,15 +123,15 @@ class CgroupBackend(Backend):
                 f"enabled in its cgroup.subtree_control, {fs.FIX}") from exc
         self._made_bases = True
 
-    @staticmethod
-    def _enable_v2(folder: Path) -> None:
+    def _enable_v2(self, folder: Path) -> None:
         have = set(fs.read(folder / "cgroup.subtree_control").split())
-        need = [c for c in fs.V2_CONTROLLERS if c not in have]
+        wanted = (*fs.V2_CONTROLLERS, *([fs.OPTIONAL] if self.h.pids else []))
+        need = [c for c in wanted if c not in have]
         if need:
             fs.write(folder / "cgroup.subtree_control", " ".join(f"+{c}" for c in need))
 
     def _env_folders(self, env_id: str) -> dict[str, Path]:
-        return {c: self.h.base(c) / env_id for c in fs.CONTROLLERS}
+        return {c: b / env_id for c, b in self.h.bases.items()}
 
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         self._ensure_bases()
@@ -122,16 +148,20 @@ class CgroupBackend(Backend):
                 f = folders["cpu"]
                 fs.write(f / "cpuset.cpus", fs.cpulist(cores))
                 fs.write(f / "memory.max", str(env.memory_mb << 20))
+                if (f / "memory.swap.max").exists():  # the limit is memory, not memory + swap
+                    fs.write(f / "memory.swap.max", "0")
                 self._enable_v2(f)
+            if self.h.pids:
+                fs.write(folders["pids"] / "pids.max", str(self.pids_max))
         except OSError as exc:
             self._remove(folders)
             raise BackendUnavailable(f"cannot create the cgroup of environment {env.id} "
                                      f"({exc}); is the cgroup filesystem writable?") from exc
         self._envs[env.id] = _Env(folders)
-        Path(env.workdir).mkdir(parents=True, exist_ok=True)
+        Path(env.workdir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self._workdirs.add(env.workdir)
 
-    def _slot(self, env: Environment, e: _Env) -> _Slot:
+    def _slot(self, env: Environment, e: _Env) -> Slot:
         if e.free:
             return e.free.pop()
         name = f"x{len(e.slots)}"
@@ -141,19 +171,20 @@ class CgroupBackend(Backend):
                 f.mkdir()
             mems = fs.read(e.folders["cpuset"] / "cpuset.mems")
             fs.write(folders["cpuset"] / "cpuset.mems", mems)
-            joins = [*dict.fromkeys(folders.values()), e.folders["memory"]]
+            joins = [*dict.fromkeys(folders.values()), e.folders["memory"],
+                     *([e.folders["pids"]] if "pids" in e.folders else [])]
         else:
             f = e.folders["cpu"] / name
             f.mkdir()
             folders = {c: f for c in SLOT_CONTROLLERS}
             joins = [f]
         writes = " && ".join(f"echo 0 >{shlex.quote(str(j / 'cgroup.procs'))}" for j in joins)
-        slot = _Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
+        slot = Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
                               f"exit 125; }}")
         e.slots.append(slot)
         return slot
 
-    def _confine(self, slot: _Slot, cores: tuple[int, ...]) -> None:
+    def _confine(self, slot: Slot, cores: tuple[int, ...]) -> None:
         cpus = fs.cpulist(cores)
         if self.h.version == 1:
             quota = str(len(cores) * fs.PERIOD_US)
@@ -171,8 +202,21 @@ class CgroupBackend(Backend):
 
     # -- exec ----------------------------------------------------------------------------------
 
+    def _launch(self, env: Environment, join: str, command: Command) -> list[str]:
+        """The argv of one exec: a shell that joins the slot (`join`), then runs `command`.
+        Isolating subclasses put their sandbox between the two."""
+        return joined(join, command)
+
+    def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
+        return command_env(env.id, len(cores), env.workdir, elastic=elastic,
+                           plugin_dir=str(self.support))
+
+    def _fds(self, env: Environment) -> tuple[int, ...]:
+        """File descriptors the exec's launcher needs open (none here)."""
+        return ()
+
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         e = self._envs.get(env.id)
         if e is None or not e.folders["cpu"].is_dir():
             raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup "
@@ -184,16 +228,50 @@ class CgroupBackend(Backend):
             raise EnvironmentBroken(f"environment {env.id} is broken: cannot set its cgroup "
                                     f"to cores {fs.cpulist(cores)} ({exc})") from exc
         leaf = slot.folders["cpu"]
+        ooms = fs.oom_kills(self.h.version, e.folders["memory"])
+        forks = self._pids_refused(e)
         try:
-            outcome = await run_local(_joined(slot.join, command), cwd=env.workdir,
-                                      env={**os.environ, "TANGRAM_ENV": env.id},
+            outcome = await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
+                                      env=self._environ(env, cores, elastic),
                                       timeout=timeout, output_cap=output_cap,
-                                      kill_rest=lambda: fs.kill_all(leaf))
+                                      kill_rest=lambda: fs.kill_all(leaf),
+                                      pass_fds=self._fds(env))
         finally:
             e.free.append(slot)
+        if self._envs.get(env.id) is not e:
+            return dataclasses.replace(outcome, status="cancelled", detail=(
+                f"killed: environment {env.id} was closed while the command ran"))
         if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
             raise EnvironmentBroken(f"environment {env.id} is broken: the command could not "
                                     f"join its cgroup {leaf}")
+        return self._named_limits(env, e, outcome, ooms, forks)
+
+    def _pids_refused(self, e: _Env) -> int:
+        """How often the environment's pids limit refused a fork so far."""
+        if "pids" not in e.folders:
+            return 0
+        try:
+            for line in fs.read(e.folders["pids"] / "pids.events").splitlines():
+                k, _, v = line.partition(" ")
+                if k == "max":
+                    return int(v)
+        except (OSError, ValueError):
+            pass
+        return 0
+
+    def _named_limits(self, env: Environment, e: _Env, outcome: Result, ooms: int,
+                      forks: int) -> Result:
+        """Say which limit a failed command hit: memory (an OOM kill) or processes."""
+        if outcome.status not in ("error", "timeout"):
+            return outcome
+        if (outcome.exit_code in SIGKILLED
+                and fs.oom_kills(self.h.version, e.folders["memory"]) > ooms):
+            return dataclasses.replace(outcome, status="error", detail=(
+                f"killed: out of memory (limit {env.memory_mb} MiB)"))
+        if self._pids_refused(e) > forks:
+            return dataclasses.replace(outcome, detail=(
+                f"{outcome.detail}; the environment's process limit ({self.pids_max} pids) "
+                f"refused to start a process"))
         return outcome
 
     def cpu_seconds(self, env_id: str) -> float:
@@ -221,11 +299,8 @@ class CgroupBackend(Backend):
 
     def _remove(self, folders: dict[str, Path]) -> None:
         for top in dict.fromkeys(folders.values()):
-            if not top.is_dir():
-                continue
-            subs = [p for p in top.iterdir() if p.is_dir()]
-            for f in [*subs, top]:
-                _rmdir_killing(f)
+            if top.is_dir():
+                fs.remove_tree(top)
 
     async def shutdown(self) -> None:
         self._envs.clear()
@@ -237,38 +312,18 @@ def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
     """Kill what is left under Tangram's folders and remove them, deepest first; remove the
     environments' working directories."""
     for base in bases:
-        if not base.is_dir():
-            continue
-        for env in [p for p in base.iterdir() if p.is_dir()]:
-            for f in [*[p for p in env.iterdir() if p.is_dir()], env]:
-                _rmdir_killing(f)
-        _rmdir_killing(base)
+        if base.is_dir():
+            fs.remove_tree(base)
     for w in workdirs:
         shutil.rmtree(w, ignore_errors=True)
 
 
-def _joined(join: str, command: Command) -> list[str]:
+def joined(join: str, command: Command) -> list[str]:
     """The shell joins the slot first, so the command and all its descendants start confined
     (a shell string runs in that same shell; an argv is exec'd by it)."""
     if isinstance(command, str):
         return ["/bin/sh", "-c", f"{join}\n{command}"]
     return ["/bin/sh", "-c", f'{join}\nexec "$@"', "sh", *command]
-
-
-def _rmdir_killing(folder: Path) -> None:
-    """Kill what is left in a cgroup folder and remove it (waiting for the dying to leave)."""
-    import time
-
-    for attempt in range(200):
-        fs.kill_all(folder)
-        try:
-            folder.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError:  # EBUSY while killed processes are still exiting
-            time.sleep(0.005 * min(attempt + 1, 10))
-    log.warning("could not remove cgroup %s: processes remain", folder)
 
 
 register("cgroup", CgroupBackend)

@@ -1,29 +1,36 @@
 """The cgroup filesystem, v1 and v2: find it, and lay out Tangram's cgroups in it.
 
-Layout (one `tangram-<tag>` folder per backend instance, under this process's own cgroup in v1
-and under the v2 root, or `TANGRAM_CGROUP_PARENT`, in v2):
+Layout (one `tangram-<server pid>-<tag>` folder per backend instance, under this process's own
+cgroup in v1 and under the v2 root, or `TANGRAM_CGROUP_PARENT`, in v2):
 
-    tangram-<tag>/<env>/          the environment: memory limit, CPU accounting, all node cores
-    tangram-<tag>/<env>/x<i>/     an exec slot: cpuset and CPU quota of exactly the granted cores
+    tangram-<pid>-<tag>/<env>/        the environment: memory and pids limits, CPU accounting
+    tangram-<pid>-<tag>/<env>/x<i>/   an exec slot: cpuset and CPU quota of exactly the grant
 
-v1 keeps a copy of this tree in each controller's hierarchy (cpu, cpuacct, cpuset; memory holds
-only the environment level); v2 has one tree with cpu, cpuset and memory enabled down to slots.
+v1 keeps a copy of this tree in each controller's hierarchy (cpu, cpuacct, cpuset; memory and
+pids hold only the environment level); v2 has one tree with cpu, cpuset, memory (and pids)
+enabled down to slots. The server's PID in the name lets a later server find the folders of a
+dead one and sweep them (`sweep`). The pids controller is optional: without it there is no
+per-environment process limit, and `Hierarchy.pids` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.leftovers import dead_owner, owned_name
 from tangram.errors import BackendUnavailable
 
 CONTROLLERS = ("cpu", "cpuacct", "cpuset", "memory")
 V2_CONTROLLERS = ("cpu", "cpuset", "memory")
+OPTIONAL = "pids"  # the process-count limit: used where mounted (v1) or available (v2)
 PERIOD_US = 100_000
+log = logging.getLogger(__name__)
 FIX = "or choose backend='affinity' (no root, cpuset only) or 'docker'"
 
 
@@ -32,12 +39,17 @@ class Hierarchy:
     """Where Tangram's tree lives: v1 one base per controller, v2 one base for all."""
 
     version: int
-    bases: dict[str, Path]  # controller -> the tangram-<tag> folder
+    bases: dict[str, Path]  # controller -> the tangram-<pid>-<tag> folder (pids: when present)
+
+    @property
+    def pids(self) -> bool:
+        """Whether a per-environment process limit (the pids controller) is available."""
+        return OPTIONAL in self.bases
 
     def base(self, controller: str) -> Path:
         return self.bases[controller]
 
-    def distinct(self, controllers: tuple[str, ...] = CONTROLLERS) -> list[Path]:
+    def distinct(self, controllers: tuple[str, ...] = (*CONTROLLERS, OPTIONAL)) -> list[Path]:
         seen: list[Path] = []
         for c in controllers:
             if c in self.bases and self.bases[c] not in seen:
@@ -57,7 +69,7 @@ def _mounts() -> tuple[dict[str, Path], Path | None]:
                 v2 = mountpoint
             elif fstype == "cgroup":
                 for opt in opts.split(","):
-                    if opt in CONTROLLERS:
+                    if opt in CONTROLLERS or opt == OPTIONAL:
                         v1.setdefault(opt, mountpoint)
     return v1, v2
 
@@ -92,7 +104,8 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
             available = set()
         if set(V2_CONTROLLERS) <= available and not (set(V2_CONTROLLERS) & set(v1)):
             root = Path(parent) if parent else v2
-            return Hierarchy(2, {c: root / f"tangram-{tag}" for c in CONTROLLERS})
+            names = [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in available else [])]
+            return Hierarchy(2, {c: root / base_name(tag) for c in names})
     missing = [c for c in CONTROLLERS if c not in v1]
     if missing:
         raise BackendUnavailable(
@@ -100,10 +113,66 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
             f"cgroup v1 lacks {', '.join(missing)}: mount them (e.g. `mount -t cgroup -o "
             f"{','.join(missing)} cgroup /sys/fs/cgroup/{missing[0]}`), {FIX}")
     bases = {}
-    for c in CONTROLLERS:
+    for c in [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in v1 else [])]:
         below = Path(parent) if parent else v1[c] / own.get(c, "/").lstrip("/")
-        bases[c] = below / f"tangram-{tag}"
+        bases[c] = below / base_name(tag)
     return Hierarchy(1, bases)
+
+
+def base_name(tag: str) -> str:
+    """`tangram-<this server's pid>-<tag>`: a later server sweeps it once this PID is gone."""
+    return owned_name(tag)
+
+
+def remove_tree(top: Path) -> None:
+    """Kill every process in a cgroup folder and below, and remove the folders, deepest first."""
+    subs = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts))
+    for f in [*subs, top]:
+        remove_killing(f)
+
+
+def remove_killing(folder: Path) -> None:
+    """Kill what is left in a cgroup folder and remove it (waiting for the dying to leave)."""
+    for attempt in range(200):
+        kill_all(folder)
+        try:
+            folder.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY while killed processes are still exiting
+            time.sleep(0.005 * min(attempt + 1, 10))
+    log.warning("could not remove cgroup %s: processes remain", folder)
+
+
+def sweep(h: Hierarchy) -> list[str]:
+    """Remove the cgroup trees of dead servers beside ours (killing what still runs in them);
+    returns what was swept, as `folder (server pid P, N processes)`."""
+    swept = []
+    for parent in dict.fromkeys(b.parent for b in h.bases.values()):
+        try:
+            found = [p for p in parent.iterdir() if p.is_dir() and dead_owner(p.name)]
+        except OSError:
+            continue
+        for top in found:
+            n = sum(len(pids(p)) for p in [top, *top.rglob("*")] if p.is_dir())
+            remove_tree(top)
+            swept.append(f"{top} (server pid {dead_owner(top.name)}, {n} processes)")
+    return swept
+
+
+def oom_kills(version: int, memory_folder: Path) -> int:
+    """How many processes the kernel killed for memory in this cgroup (and below) so far."""
+    name, key = (("memory.oom_control", "oom_kill") if version == 1
+                 else ("memory.events", "oom_kill"))
+    try:
+        for line in read(memory_folder / name).splitlines():
+            k, _, v = line.partition(" ")
+            if k == key:
+                return int(v)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def write(path: Path, value: str) -> None:
@@ -122,7 +191,7 @@ def read(path: Path) -> str:
 def pids(folder: Path) -> list[int]:
     try:
         return [int(p) for p in read(folder / "cgroup.procs").split()]
-    except (FileNotFoundError, ProcessLookupError):
+    except OSError:  # gone, or being removed (ENODEV) while we read it
         return []
 
 
@@ -147,7 +216,6 @@ def kill_all(folder: Path, keep: int | None = None, wait_s: float = 1.0) -> None
 
 def cpulist(cores: tuple[int, ...]) -> str:
     return ",".join(str(c) for c in cores)
-
 
 
 def folders_of(pid: int) -> dict[str, Path]:

@@ -6,31 +6,49 @@ once; skipped when unchanged), then the command runs through `exec_create`/`exec
 engine is local: at the deadline, and after an exec when no other exec of the environment runs,
 the processes left in the container's cgroup (all but its init) are killed from the host.
 A container that died makes every later exec fail with `EnvironmentBroken`.
+
+Hardened like the `bwrap` sandbox: every capability dropped, `no-new-privileges`, a pids limit
+(`pids_max`), a non-root user (`user`, default nobody), no network unless the environment was
+opened with `network=True`, a read-only root filesystem with a private `/tmp` (tmpfs) and the
+environment's work directory (a host folder, mode 0700, owned by that user) bound writable at
+`/work`; memory without swap. Commands see only `grant.command_env`. Containers carry the
+server's PID and host name as labels, so a later server removes those of a dead one (`sweep`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import os
+import shutil
 import signal
+import socket
+import tempfile
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from managers.base import Outcome
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
+from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
+from managers.cpu.grant import command_env, install_plugin
+from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
-from tangram.errors import BackendUnavailable
+from tangram.errors import BackendUnavailable, ValidationError
+from tangram.results import Result
 
 DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
+DEFAULT_USER = 65534  # nobody
 KILL_GRACE_S = 5.0
 LABEL = "tangram.backend"
+OWNER = "tangram.server"  # label: <host name>/<server pid>, for the sweep after a crash
+INSIDE_WORK = "/work"
+INSIDE_SUPPORT = "/opt/tangram"
 
 
 @dataclass(slots=True)
@@ -48,12 +66,22 @@ class DockerBackend(Backend):
     name = "docker"
 
     def __init__(self, image: str | None = None, base_url: str | None = None,
-                 max_concurrent: int = 64, direct: bool = True) -> None:
+                 max_concurrent: int = 64, direct: bool = True,
+                 pids_max: int = DEFAULT_PIDS_MAX, user: int = DEFAULT_USER) -> None:
         """`direct`: when the engine is local and we are root, write the container's cgroup
         files (cpuset, quota) instead of calling `container.update` (same effect, ~1000x
-        cheaper); otherwise every change goes through the API."""
+        cheaper); otherwise every change goes through the API. `pids_max`: processes per
+        environment; `user`: the uid (and gid) commands run as, never 0. The engine must be
+        local: the work directory is a host folder bound into the container."""
         import docker  # type: ignore[import-untyped]
         from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
+
+        if isinstance(pids_max, bool) or not isinstance(pids_max, int) or pids_max < 1:
+            raise ValidationError("cpu.pids_max", pids_max,
+                                  "must be a positive integer (processes per environment)")
+        if isinstance(user, bool) or not isinstance(user, int) or user < 1:
+            raise ValidationError("cpu.user", user, "must be a positive uid (never root)")
+        self.pids_max, self.user = pids_max, user
 
         self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
         where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -78,6 +106,8 @@ class DockerBackend(Backend):
         self.api = self.client.api
         self.direct = direct
         self.tag = uuid.uuid4().hex[:10]
+        self.owner = f"{socket.gethostname()}/{os.getpid()}"
+        self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
         self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="tangram-docker")
         self._envs: dict[str, _Container] = {}
         self._ids = itertools.count()
@@ -99,18 +129,45 @@ class DockerBackend(Backend):
         return await asyncio.get_running_loop().run_in_executor(self._pool,
                                                                 lambda: fn(*args, **kw))
 
+    def sweep(self) -> list[str]:
+        """Remove the containers of dead servers of this host (their PID is gone)."""
+        host = socket.gethostname()
+        swept = []
+        for c in self.client.containers.list(all=True, filters={"label": OWNER}):
+            where, _, pid = c.labels.get(OWNER, "").rpartition("/")
+            if where == host and pid.isdigit() and gone(int(pid)):
+                with contextlib.suppress(Exception):
+                    c.remove(force=True)
+                    swept.append(f"container {c.name} (server pid {pid})")
+        return swept + sweep_workdirs(self.support.parent)
+
+    def _workdir(self, env: Environment) -> None:
+        install_plugin(self.support)
+        os.makedirs(env.workdir, mode=0o700, exist_ok=True)
+        os.chown(env.workdir, self.user, self.user)
+        os.chmod(env.workdir, 0o700)
+
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         from docker.errors import DockerException
 
         cpus = fs.cpulist(cores)
         try:
+            self._workdir(env)
             c = await self._call(
                 self.client.containers.run, self.image, ["sleep", "1000000000"], detach=True,
-                name=f"tangram-{env.id}", labels={LABEL: self.tag, "tangram.env": env.id},
-                network_mode="none", mem_limit=f"{env.memory_mb}m", working_dir="/work",
-                cpuset_cpus=cpus, cpu_period=fs.PERIOD_US, cpu_quota=len(cores) * fs.PERIOD_US)
+                name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
+                                                 OWNER: self.owner},
+                network_mode=None if env.network else "none", user=f"{self.user}:{self.user}",
+                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=self.pids_max,
+                read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777"},
+                volumes={env.workdir: {"bind": INSIDE_WORK, "mode": "rw"},
+                         str(self.support): {"bind": INSIDE_SUPPORT, "mode": "ro"}},
+                mem_limit=f"{env.memory_mb}m", memswap_limit=f"{env.memory_mb}m",
+                working_dir=INSIDE_WORK, cpuset_cpus=cpus, cpu_period=fs.PERIOD_US,
+                cpu_quota=len(cores) * fs.PERIOD_US)
             await self._call(c.reload)
-        except DockerException as exc:
+        except (DockerException, OSError) as exc:
+            shutil.rmtree(env.workdir, ignore_errors=True)
             raise BackendUnavailable(f"cannot start the container of environment {env.id} "
                                      f"from {self.image!r}: {exc}") from exc
         pid = int(c.attrs["State"]["Pid"])
@@ -132,7 +189,7 @@ class DockerBackend(Backend):
                                  f"close it and open a new one ({exc})")
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         from docker.errors import APIError
 
         c = self._envs.get(env.id)
@@ -141,10 +198,13 @@ class DockerBackend(Backend):
         token = next(self._ids)
         c.running[token] = cores
         holder: dict[str, Any] = {}
+        variables = command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
+                                plugin_dir=INSIDE_SUPPORT)
+        ooms = self._oom_kills(c)
         try:
             await self._set_cores(env, c)
             run = asyncio.ensure_future(self._call(self._exec_sync, c.id, argv_of(command),
-                                                   env.id, output_cap, holder))
+                                                   variables, output_cap, holder))
             timed_out = False
             try:
                 code, out, err, truncated = await asyncio.wait_for(asyncio.shield(run), timeout)
@@ -161,12 +221,27 @@ class DockerBackend(Backend):
             del c.running[token]
             if not c.running:
                 await self._call(self._kill_leftovers, c)
+        if self._envs.get(env.id) is not c:
+            return Result("cancelled", code, out.decode(errors="replace"),
+                           err.decode(errors="replace"), truncated=truncated,
+                           detail=f"killed: environment {env.id} was closed while the command "
+                                  f"ran")
         if code is None:  # the exec ended without an exit code: the container went away
             raise await self._broken(env, c, RuntimeError("exec ended without an exit code"))
         if code == 126 and b"executable file not found" in out + err:
             return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
                                                                        "found in the container"))
-        return outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
+        outcome = outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
+        if code in SIGKILLED and self._oom_kills(c) > ooms:
+            outcome = dataclasses.replace(outcome, detail=(
+                f"killed: out of memory (limit {env.memory_mb} MiB)"))
+        return outcome
+
+    def _oom_kills(self, c: _Container) -> int:
+        if not c.folders:
+            return 0
+        version = 1 if (c.folders["memory"] / "memory.oom_control").exists() else 2
+        return fs.oom_kills(version, c.folders["memory"])
 
     async def _set_cores(self, env: Environment, c: _Container) -> None:
         async with c.lock:
@@ -185,10 +260,10 @@ class DockerBackend(Backend):
                                  cpu_quota=len(union) * fs.PERIOD_US)
             c.cpus = cpus
 
-    def _exec_sync(self, cid: str, argv: list[str], env_id: str, cap: int,
+    def _exec_sync(self, cid: str, argv: list[str], variables: dict[str, str], cap: int,
                    holder: dict[str, Any]) -> tuple[int | None, bytes, bytes, bool]:
-        exec_id = self.api.exec_create(cid, argv, workdir="/work",
-                                       environment={"TANGRAM_ENV": env_id})["Id"]
+        exec_id = self.api.exec_create(cid, argv, workdir=INSIDE_WORK,
+                                       environment=variables)["Id"]
         holder["exec_id"] = exec_id
         out, err, truncated = bytearray(), bytearray(), False
         for o, e in self.api.exec_start(exec_id, stream=True, demux=True):
@@ -224,6 +299,7 @@ class DockerBackend(Backend):
         if c is not None:
             with contextlib.suppress(NotFound):
                 await self._call(self.api.remove_container, c.id, force=True)
+        shutil.rmtree(env.workdir, ignore_errors=True)
 
     def containers(self) -> list[str]:
         """Names of the containers this backend has created and not removed (leak checks)."""
@@ -239,6 +315,7 @@ class DockerBackend(Backend):
                 await self._call(self.api.remove_container, c.id, force=True)
         self._pool.shutdown(wait=False)
         self.client.close()
+        shutil.rmtree(self.support, ignore_errors=True)
 
 
 def _descendants(pid: int) -> list[int]:

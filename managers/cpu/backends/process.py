@@ -18,8 +18,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 
-from managers.base import Outcome
 from managers.cpu.backends.base import not_found, outcome_of
+from tangram.results import Result
 
 READ_CHUNK = 1 << 16
 DRAIN_GRACE_S = 0.5  # after the tree is killed, how long pipes held by escaped children may stay
@@ -102,15 +102,17 @@ def kill_group(pgid: int) -> None:
 async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] | None,
                     timeout: float, output_cap: int,
                     spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
-                    kill_rest: Callable[[], None] | None = None) -> Outcome:
+                    kill_rest: Callable[[], None] | None = None,
+                    pass_fds: tuple[int, ...] = ()) -> Result:
     """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
     the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
-    else belongs to this exec (a cgroup's pids)."""
+    else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child."""
     try:
         with spawning():
             proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    pass_fds=pass_fds)
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         if kill_rest is not None:
             kill_rest()

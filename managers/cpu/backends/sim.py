@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from managers.base import Outcome
 from managers.cpu.backends.base import Backend, EnvironmentBroken, register
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, describe
+from tangram.results import Result
 
 
 class SimBackend(Backend):
@@ -37,16 +37,16 @@ class SimBackend(Backend):
         self.envs[env.id] = cores
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int) -> Outcome:
+                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
         if env.id not in self.envs:
             raise EnvironmentBroken(f"environment {env.id} is broken: not open in the simulator")
         self.execs.append((env.id, cores, describe(command)))
         d = self.duration(command, len(cores))
         if d > timeout:
             await self.sleep(timeout * self.time_scale)
-            return Outcome("timeout", detail=f"killed at its {timeout:g} s timeout (simulated)")
+            return Result("timeout", detail=f"killed at its {timeout:g} s timeout (simulated)")
         await self.sleep(d * self.time_scale)
-        return Outcome("ok", 0, detail=f"simulated {d:g} s on {len(cores)} cores")
+        return Result("ok", 0, detail=f"simulated {d:g} s on {len(cores)} cores")
 
     async def close(self, env: Environment) -> None:
         self.envs.pop(env.id, None)

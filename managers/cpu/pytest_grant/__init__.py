@@ -1,0 +1,2 @@
+"""The pytest plugin that elastic execs load (copied beside, not imported from, this package:
+see `managers.cpu.grant`)."""
