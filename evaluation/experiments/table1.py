@@ -3,8 +3,9 @@ concurrency.
 
 AI coding's overhead = the scheduler's decision time, measured (wall clock of every decision
 of the run, per action) + the enforcement of each grant: `docker update` of the container's
-cpuset and quota, 8.9 ms from dockerd receiving the request to the cgroup write (docs/calibration.md §2,
-a sourced figure; `tangram bench exec` measures +1.1-1.7 ms for a direct cgroup write here).
+cpuset and quota, 8.9 ms from dockerd receiving the request to the cgroup write (a sourced
+figure, docs/calibration.md §2; `tangram bench exec` measures +1.1-1.7 ms for a direct cgroup
+write here).
 The `docker exec` round trip of each command (about 70 ms, docs/calibration.md §2) is counted as
 execution, as the paper's split counts the command's run in the sandbox; a second row counts it
 as overhead. MOPD's overhead is the service restores."""

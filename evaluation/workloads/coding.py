@@ -38,7 +38,8 @@ class CodingParams:
     turns_cap: int = field(default=100, metadata=src("docs/calibration.md §4 defaults: cap 100"))
     tool_median_s: float = field(default=0.5, metadata=src(
         "docs/calibration.md §4: tool execution median 0.5 s (0.25-0.8 s per call)", 0.25, 0.8))
-    tool_sigma: float = field(default=1.0, metadata=src("docs/calibration.md §4 defaults: sigma about 1"))
+    tool_sigma: float = field(default=1.0, metadata=src(
+        "docs/calibration.md §4 defaults: sigma about 1"))
     tool_cap_s: float = field(default=60.0, metadata=assumed("tool-call timeout", 30.0, 300.0))
     exec_overhead_s: float = field(default=0.07, metadata=src(
         "docs/calibration.md §2: docker exec round trip p50 67 ms (64-73 ms), in every system",
@@ -49,7 +50,8 @@ class CodingParams:
     reward_cap_s: float = field(default=1800.0, metadata=src(
         "docs/calibration.md §4: swebench evaluation timeout 1800 s"))
     serial_fraction: float = field(default=0.25, metadata=src(
-        "docs/calibration.md §4: pytest-xdist Amdahl serial fraction 0.25 (fitted 0.15-0.3)", 0.15, 0.3))
+        "docs/calibration.md §4: pytest-xdist Amdahl serial fraction 0.25 (fitted 0.15-0.3)",
+        0.15, 0.3))
     spawn_s: float = field(default=0.05, metadata=src(
         "docs/calibration.md §4: xdist workers spawn sequentially, 0.04-0.05 s each", 0.04, 0.05))
     reward_dops: tuple[int, ...] = field(default=(1, 2, 4, 8, 16, 32), metadata=assumed(

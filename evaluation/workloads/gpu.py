@@ -48,7 +48,8 @@ class SearchParams:
                                                               0.6))
     search_median_s: float = field(default=0.7, metadata=src(
         "docs/calibration.md §5 defaults: API latency median 0.7 s (Serper p50 637 ms)"))
-    search_p95_s: float = field(default=1.4, metadata=src("docs/calibration.md §5 defaults: p95 1.4 s"))
+    search_p95_s: float = field(default=1.4, metadata=src(
+        "docs/calibration.md §5 defaults: p95 1.4 s"))
     browse_median_s: float = field(default=1.5, metadata=assumed(
         "browse/PDF parsing about twice a search", 1.0, 3.0))
     search_qps: float = field(default=5.0, metadata=src(
