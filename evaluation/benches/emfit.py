@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from tangram.runtime.facade import DEFAULT_T_ORI, SERIAL_FRACTION, Tangram
@@ -34,30 +34,32 @@ def test_work(i):
 
 async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
     out = []
-    with tempfile.TemporaryDirectory() as d:
-        suite = Path(d) / "test_suite.py"
-        suite.write_text(TEST.format(n=tests, loops=loops))
-        async with Tangram.local() as tg:
-            env = await tg.open_env("emfit", memory_mb=512)
-            kind = "exec:" + Path(sys.executable).name
-            # this interpreter: it has pytest-xdist (a python without it fails on -n, exit 4)
-            cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider {suite}"
-            await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300)  # warm-up
-            tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI).obs.clear()
-            for i in range(runs):
-                # every third run on one core (a fixed grant of the same kind): the fit needs
-                # more than one amount, and an idle machine always grants the elastic run all
-                single = i % 3 == 1
-                r = await tg.exec(env, cmd, cpu=1 if single else (1, cores),
-                                  elastic=not single, timeout=300)
-                fit = tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI)
-                t, s = fit.params()
-                out.append({"run": i, "status": str(r.status), "cores": r.units.get("cpu"),
-                            "observed_s": round(r.run_s, 3), "fit_t_ori_s": round(t, 3),
-                            "fit_serial": round(s, 3),
-                            "predicted_s": {m: round(fit.predict(m), 3)
-                                            for m in range(1, cores + 1)}})
-            await tg.close_env(env)
+    # the suite is written inside the environment (a sandbox sees only its own work dir)
+    b64 = base64.b64encode(TEST.format(n=tests, loops=loops).encode()).decode()
+    async with Tangram.local() as tg:
+        env = await tg.open_env("emfit", memory_mb=512)
+        kind = "exec:" + Path(sys.executable).name
+        made = await tg.exec(env, f"echo {b64} | base64 -d > test_suite.py", timeout=30)
+        if made.exit_code != 0:
+            raise RuntimeError(f"could not write the suite: {made.stderr}")
+        # this interpreter: it has pytest and pytest-xdist
+        cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider test_suite.py"
+        await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300)  # warm-up
+        tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI).obs.clear()
+        for i in range(runs):
+            # every third run on one core (a fixed grant of the same kind): the fit needs
+            # more than one amount, and an idle machine always grants the elastic run all
+            single = i % 3 == 1
+            r = await tg.exec(env, cmd, cpu=1 if single else (1, cores),
+                              elastic=not single, timeout=300)
+            fit = tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI)
+            t, s = fit.params()
+            out.append({"run": i, "status": str(r.status), "cores": r.units.get("cpu"),
+                        "observed_s": round(r.run_s, 3), "fit_t_ori_s": round(t, 3),
+                        "fit_serial": round(s, 3),
+                        "predicted_s": {m: round(fit.predict(m), 3)
+                                        for m in range(1, cores + 1)}})
+        await tg.close_env(env)
     return out
 
 
