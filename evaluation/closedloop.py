@@ -25,11 +25,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from evaluation.simulator import ActionRecord, SimExecutor, modelled_duration
+from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
 from managers.gpu.sim import SimServiceModel
+from tangram.actions import Action
 from tangram.allocation import Allocator
 from tangram.errors import TangramError
 from tangram.pools import CorePool, Pool
+from tangram.profiles import DurationProfiles
 from tangram.scheduler import Scheduler
 
 COMPLETION, START, ARRIVAL, WAKE = 0, 1, 2, 3
@@ -115,14 +118,32 @@ class LoopResult:
         return sum(shares) / max(1, len(shares))
 
 
+def blind(action: Action, profiles: DurationProfiles, now: float) -> Action:
+    """The action as a real scheduler sees it on arrival: its kind's historical mean duration
+    (non-scalable) or its kind's fitted `T_ori` with the kind's E(m) (elastic), learned online
+    from completed actions; never the sampled truth. Before any history: the profiles' default.
+    """
+    el = action.elasticity
+    if el is not None:
+        t_ori = profiles.t_ori(action.kind) or profiles.default
+        return dataclasses.replace(action, submit_time=now,
+                                   elasticity=dataclasses.replace(el, t_ori=t_ori))
+    return dataclasses.replace(action, submit_time=now, duration=None)
+
+
 class ClosedLoopSimulator:
+    """`oracle=False` (the default, as in the paper): the scheduler estimates durations from
+    history per action kind (`blind`); `oracle=True` hands it each action's sampled duration."""
+
     def __init__(self, workload: Workload, policy: Policy,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 oracle: bool = False) -> None:
         self.workload = workload
         self.policy = policy
+        self.oracle = oracle
         pools = workload.make_pools()
-        self.executors = (policy.executors(workload) if policy.executors is not None
-                          else default_executors(workload))
+        self.executors = {**(policy.executors(workload) if policy.executors is not None
+                             else default_executors(workload)), **api_executors(workload)}
         prefer = defer = None
         for ex in self.executors.values():
             prefer = getattr(ex, "prefer", prefer)
@@ -153,6 +174,7 @@ class ClosedLoopSimulator:
         setups: dict[str, tuple[float, float]] = {}
         spans: dict[str, tuple[float, float]] = {}
         starts: dict[str, tuple[float, bool | None, int]] = {}
+        run_s: dict[str, float] = {}  # true run time (restores excluded), what profiles learn
         pending: deque[Trajectory] = deque()
         wakes: set[float] = set()
         counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "overhead_s": 0.0}
@@ -173,8 +195,9 @@ class ClosedLoopSimulator:
                 _, kind, _, tid, step = heapq.heappop(events)
                 counters["events"] += 1
                 if kind == COMPLETION:
-                    aid = trajs[tid].steps[step].action.id
-                    ra = sched.complete(aid, now, learn=False)
+                    truth = trajs[tid].steps[step].action
+                    aid = truth.id
+                    ra = sched.complete(aid, now, run_s=run_s.pop(aid), learn=not self.oracle)
                     a = ra.assignment
                     for r in a.units:
                         ex = self.executors.get(r)
@@ -199,7 +222,8 @@ class ClosedLoopSimulator:
                         pending.append(t)
                 elif kind == ARRIVAL:
                     tmpl = trajs[tid].steps[step].action
-                    act = dataclasses.replace(tmpl, submit_time=now)
+                    act = (dataclasses.replace(tmpl, submit_time=now) if self.oracle
+                           else blind(tmpl, sched.profiles, now))
                     sched.enqueue(act)
                     kinds[act.id] = (tid, act.task or "", act.kind)
                     starts[act.id] = (now, None, step)  # arrival bookkeeping, replaced at start
@@ -214,7 +238,9 @@ class ClosedLoopSimulator:
                 for r in self.core_pools:
                     if r in a.units and (tid, r) not in sched.bindings:
                         sched.bind(tid, r, a.placement[r].node)
-                dur = modelled_duration(act, a.units)
+                step = starts[act.id][2]
+                dur = modelled_duration(trajs[tid].steps[step].action, a.units)
+                run_s[act.id] = dur
                 restored = None
                 for r in a.units:
                     ex = self.executors.get(r)
@@ -223,7 +249,6 @@ class ClosedLoopSimulator:
                         dur += extra
                         counters["overhead_s"] += extra
                         counters["restores"] += bool(restored)
-                step = starts[act.id][2]
                 starts[act.id] = (now, restored, step)
                 push(now + dur, COMPLETION, tid, step)
             w = life.wakeup(now)
@@ -236,6 +261,8 @@ class ClosedLoopSimulator:
             raise TangramError(f"{len(sched.queue)} actions never started, {len(pending)} "
                                f"trajectories never began")
         counters["decisions"] = sched.decisions
+        ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
+        counters["api_429"] = float(sum(u.total for u in ups.values()))
         counters["actions"] = done
         return LoopResult(records, kinds, setups, spans, counters)
 
@@ -248,5 +275,14 @@ def default_executors(workload: Workload) -> dict[str, SimExecutor]:
     return {workload.gpu.name: SimServiceModel(workload.gpu)}
 
 
-def run(workload: Workload, policy: Policy, progress=None) -> LoopResult:
-    return ClosedLoopSimulator(workload, policy, progress).run()
+def api_executors(workload: Workload) -> dict[str, SimExecutor]:
+    """The API servers (`evaluation.upstream`), one shared model for every `api:*` limit."""
+    limits = workload.extra.get("api_limits") or {}
+    if not limits:
+        return {}
+    up = ApiUpstream(dict(limits))
+    return {r: up for r in limits}
+
+
+def run(workload: Workload, policy: Policy, progress=None, oracle: bool = False) -> LoopResult:
+    return ClosedLoopSimulator(workload, policy, progress, oracle).run()

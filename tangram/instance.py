@@ -30,8 +30,19 @@ from topology import ChunkTree
 
 @dataclass(frozen=True, slots=True)
 class ServiceSpec:
+    """A service's memory per GPU and restore time of its 1-GPU copy. With `weights_gb`, the
+    weights are sharded: a k-GPU copy holds `weights_gb / k + memory_gb` per GPU (memory_gb is
+    then the per-GPU KV cache) and restores in proportionally less time (parallel links)."""
+
     memory_gb: float
     restore_s: float
+    weights_gb: float = 0.0
+
+    def per_gpu_gb(self, k: int) -> float:
+        return self.weights_gb / k + self.memory_gb
+
+    def restore_at(self, k: int) -> float:
+        return self.restore_s * self.per_gpu_gb(k) / self.per_gpu_gb(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +114,11 @@ def parse_resource(name: str, obj: Any) -> ResourceSpec:
     services: dict[str, ServiceSpec] = {}
     for sname, s in (obj.get("services") or {}).items():
         sp = f"{path}.services.{sname}"
-        keys(sp, s, {"memory_gb", "restore_s"}, set())
+        keys(sp, s, {"memory_gb", "restore_s"}, {"weights_gb"})
         services[sname] = ServiceSpec(number(f"{sp}.memory_gb", s["memory_gb"], positive=True),
-                                      number(f"{sp}.restore_s", s["restore_s"]))
-        if mem is not None and services[sname].memory_gb > mem:
+                                      number(f"{sp}.restore_s", s["restore_s"]),
+                                      number(f"{sp}.weights_gb", s.get("weights_gb", 0.0)))
+        if mem is not None and services[sname].per_gpu_gb(g) > mem:
             raise ValidationError(f"{sp}.memory_gb", s["memory_gb"],
                                   f"exceeds the pool's memory_gb per GPU ({mem})")
     if services and mem is None:

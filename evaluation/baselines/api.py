@@ -14,6 +14,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from evaluation.baselines.common import NoLifecycle
+from evaluation.params import assumed, setting
 from solvers.fcfs import ScratchPools
 from solvers.registry import register
 from tangram.actions import Action
@@ -24,11 +25,14 @@ from tangram.errors import Infeasible
 @register("api-retry")
 @dataclass
 class ApiRetry(NoLifecycle):
-    reject_s: float = 0.1
-    backoff_s: float = 1.0
-    backoff_cap_s: float = 30.0
-    jitter: float = 0.5
-    seed: int = 0
+    reject_s: float = field(default=0.1, metadata=assumed(
+        "time to receive a 429 (one round trip)", 0.05, 1.0))
+    backoff_s: float = field(default=1.0, metadata=assumed(
+        "first retry delay of the client's exponential backoff", 0.5, 4.0))
+    backoff_cap_s: float = field(default=30.0, metadata=assumed("backoff cap", 10.0, 60.0))
+    jitter: float = field(default=0.5, metadata=assumed("random share added to a backoff",
+                                                        0.0, 1.0))
+    seed: int = field(default=0, metadata=setting("random seed"))
     rejections: int = field(default=0, init=False)
     _next: dict[str, float] = field(default_factory=dict, init=False)
     _tries: dict[str, int] = field(default_factory=dict, init=False)

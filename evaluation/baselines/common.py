@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from evaluation.params import src
 from solvers.fcfs import ScratchPools, _prefer
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
@@ -69,7 +70,8 @@ class NoLifecycle:
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
     container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 
-    env_start_s: float = 0.5
+    env_start_s: float = field(default=0.5, metadata=src(
+        "docs/calibration.md §2: container start 0.25-0.57 s", 0.25, 0.57))
 
     def attach(self, pools, executors) -> None:
         pass

@@ -125,8 +125,9 @@ def serverless_executors(load_gbps: float = 20.0):
         spec = workload.gpu
         if spec is None:
             return {}
+        services = {s: ServiceSpec(v.memory_gb, v.per_gpu_gb(1) / load_gbps, v.weights_gb)
+                    for s, v in spec.services.items()}
         slow = ResourceSpec(spec.name, spec.topology, spec.units, spec.nodes, spec.gpus_per_node,
-                            spec.memory_gb, {s: ServiceSpec(v.memory_gb, v.memory_gb / load_gbps)
-                                             for s, v in spec.services.items()})
+                            spec.memory_gb, services)
         return {spec.name: SimServiceModel(slow)}
     return make

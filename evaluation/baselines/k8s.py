@@ -17,6 +17,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from evaluation.baselines.common import NoLifecycle
+from evaluation.params import assumed, setting, src
 from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
@@ -27,12 +28,16 @@ from tangram.pools import CorePool, Placement
 @register("k8s")
 @dataclass
 class Kubernetes(NoLifecycle):
-    pod_cores: int = 4
-    start_median_s: float = 1.5
-    start_p99_s: float = 5.0
-    pods_per_s: float = 100.0
-    resource: str = "cpu"
-    seed: int = 0
+    pod_cores: int = field(default=4, metadata=assumed(
+        "cores per trajectory pod; the paper does not give its pod size", 2, 8))
+    start_median_s: float = field(default=1.5, metadata=src(
+        "docs/calibration.md §1: pod start ~2 s on an idle cluster; SLO p99 5 s", 1.0, 2.0))
+    start_p99_s: float = field(default=5.0, metadata=src(
+        "docs/calibration.md §1: pod startup SLO p99 <= 5 s"))
+    pods_per_s: float = field(default=100.0, metadata=src(
+        "docs/calibration.md §1: ~100 pods/s (API QPS limit); legacy default 50", 50.0, 100.0))
+    resource: str = field(default="cpu", metadata=setting("the pool the pods take cores of"))
+    seed: int = field(default=0, metadata=setting("random seed"))
     pods: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict, init=False)
     _unreserved: dict[str, set[int]] = field(default_factory=dict, init=False)
     _next_bind: float = field(default=0.0, init=False)

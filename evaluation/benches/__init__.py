@@ -16,6 +16,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),
     "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
+    "emfit": ("evaluation.benches.emfit:main", "E(m) learned online on a real elastic pytest"),
     "sandboxfusion": ("evaluation.benches.sandboxfusion:main",
                       "a /run_code burst: elastic and fixed grants vs a one-core pool"),
 }

@@ -1,7 +1,11 @@
-"""`tangram experiment NAME [--quick] [--out DIR] [--json]`: the paper's experiments.
+"""`tangram experiment NAME [--quick] [--out DIR] [--json] [--oracle] [--no-range]`: the
+paper's experiments, and `sensitivity`.
 
 Each writes NAME.csv, NAME.json and NAME.png under --out and prints our ratios beside the
-paper's. `--quick` runs each in under a minute (CI); `bench` is the simulator benchmark.
+paper's, each with its range over the one-at-a-time sweep of every parameter that has a range
+(`evaluation.experiments.sweep`). `--quick` runs small sizes (CI); `--oracle` hands the
+scheduler each action's sampled duration instead of learned means; `bench` is the simulator
+benchmark.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import sys
 from pathlib import Path
 
 from evaluation.bench import main as bench
-from evaluation.experiments.common import print_table, timed, to_json, write
+from evaluation.experiments.common import oracle_estimates, print_table, timed, to_json, write
+from evaluation.experiments.sensitivity import main as sensitivity
+from evaluation.experiments.sweep import attach_ranges
 
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "fig6": ("evaluation.experiments.fig6", "ACT per workload vs its baseline"),
@@ -25,30 +31,47 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 }
 
 
-def run_experiment(name: str, quick: bool = True, quiet: bool = True):
+def run_experiment(name: str, quick: bool = True, quiet: bool = True, ranges: bool = False,
+                   oracle: bool = False):
     mod = importlib.import_module(EXPERIMENTS[name][0])
-    return timed(lambda: mod.main(quick, quiet))
+
+    def go():
+        with oracle_estimates(oracle):
+            o = mod.main(quick, quiet)
+            if ranges:
+                attach_ranges(o, lambda: mod.measure(quick), mod.TARGETS)
+        return o
+    return timed(go)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=[*EXPERIMENTS, "bench", "all"],
+    p.add_argument("name", choices=[*EXPERIMENTS, "bench", "sensitivity", "all"],
                    help="; ".join(f"{k}: {v[1]}" for k, v in EXPERIMENTS.items())
-                   + "; bench: simulator throughput; all: every experiment")
-    p.add_argument("--quick", action="store_true", help="small sizes (under a minute each)")
+                   + "; bench: simulator throughput; sensitivity: every ranged parameter "
+                   "swept; all: every experiment")
+    p.add_argument("--quick", action="store_true", help="small sizes (CI)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--oracle", action="store_true",
+                   help="the scheduler sees sampled durations, not learned means")
+    p.add_argument("--no-range", action="store_true", help="skip the sensitivity sweep")
     ns, rest = p.parse_known_args(argv)
     if ns.name == "bench":
         return bench(rest + (["--json"] if ns.json else []))
+    if ns.name == "sensitivity":
+        return sensitivity(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json),
+                                                   ("--oracle", ns.oracle)) if on]
+                           + ["--out", ns.out])
     if rest:
         p.error(f"unrecognised arguments: {' '.join(rest)}")
 
     names = list(EXPERIMENTS) if ns.name == "all" else [ns.name]
     docs = []
     for name in names:
-        outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty())
+        outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty(),
+                                 ranges=not ns.no_range, oracle=ns.oracle)
         paths = write(outcome, Path(ns.out))
         if ns.json:
             docs.append({**to_json(outcome), "files": [str(x) for x in paths]})

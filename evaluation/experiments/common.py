@@ -7,9 +7,12 @@ from __future__ import annotations
 import csv
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from evaluation.baselines import (
@@ -21,7 +24,7 @@ from evaluation.baselines import (
 )
 from evaluation.baselines.api import ApiRetry
 from evaluation.closedloop import LoopResult, Policy, run
-from evaluation.workloads import Workload
+from evaluation.workloads import Workload, get_workload
 from solvers import get_allocator
 
 
@@ -34,6 +37,7 @@ class Compare:
     paper: float | None
     unit: str = "x"
     note: str = ""
+    range: tuple[float, float] | None = None  # ours over the sensitivity sweep (lo <= ours <= hi)
 
 
 @dataclass
@@ -44,6 +48,8 @@ class Outcome:
     plot: Callable[[list[dict[str, Any]], Any], None]
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
+    sensitivity: list[dict[str, Any]] = field(default_factory=list)
+    title: str = ""
 
 
 # -- systems ---------------------------------------------------------------------------------
@@ -53,8 +59,8 @@ def tangram() -> Policy:
     return Policy("tangram", get_allocator("heuristic", depth=2))
 
 
-def kubernetes(pod_cores: int = 4, seed: int = 0) -> Policy:
-    k = Kubernetes(pod_cores=pod_cores, seed=seed)
+def kubernetes(seed: int = 0) -> Policy:
+    k = Kubernetes(**{"seed": seed, **overrides("k8s")})
     return Policy("k8s", k, k)
 
 
@@ -67,6 +73,9 @@ def static_gpu(services: Sequence[str], workload: Workload, gpus_each: int,
                replicas: int = 1) -> StaticServices:
     spec = workload.gpu
     assert spec is not None
+    total = spec.nodes * spec.gpus_per_node
+    while gpus_each > 1 and len(services) * replicas * gpus_each > total:
+        gpus_each //= 2  # fewer GPUs than the deployment asks: each service gets fewer
     return StaticServices(pins=pin_services(services, spec.node_names(), spec.gpus_per_node,
                                             gpus_each, replicas))
 
@@ -78,7 +87,7 @@ def static_policy(name: str, static: StaticServices) -> Policy:
 
 def search_baseline(workload: Workload, judge: StaticServices) -> Policy:
     """DeepSearch's baseline: per-trajectory API calls with retries, static judge replicas."""
-    api = ApiRetry()
+    api = ApiRetry(**overrides("api-retry"))
     return Policy("api-retry+static", ByResource((("api:", api), ("gpu", judge))),
                   Lifecycles((api, judge)))
 
@@ -117,10 +126,90 @@ class Runner:
     def run(self, label: str, workload: Workload, policy: Policy) -> LoopResult:
         if self._progress is not None:
             self._progress.update(self._task, description=f"{label}: {policy.name}")
-        res = run(workload, policy)
+        res = cached_run(workload, policy)
         if self._progress is not None:
             self._progress.advance(self._task)
         return res
+
+
+_CACHE: dict[tuple, LoopResult] = {}
+
+
+def cached_run(workload: Workload, policy: Policy) -> LoopResult:
+    """Simulations are deterministic: one run per (workload, policy, overrides, oracle) in a
+    process, so the sweep's default point and an experiment's own runs are the same runs."""
+    key = (workload.name, repr(workload.params), len(workload.trajectories), policy.name,
+           repr(overrides("k8s")), repr(overrides("api-retry")), ORACLE.get())
+    if key not in _CACHE:
+        if len(_CACHE) > 256:
+            _CACHE.clear()
+        res = run(workload, policy, oracle=ORACLE.get())
+        res.counters["client_429"] = float(client_rejections(policy))  # kept with the result
+        _CACHE[key] = res
+    return _CACHE[key]
+
+
+def client_rejections(policy: Policy) -> int:
+    """429 answers the baseline's retrying clients got (their API calls found the limit)."""
+    routes = policy.allocator.routes if isinstance(policy.allocator, ByResource) else ()
+    return sum(a.rejections for _, a in routes if isinstance(a, ApiRetry))
+
+
+# -- parameter overrides (the sensitivity sweep) ---------------------------------------------
+
+# target -> {field: value}: workload params ("coding", "search", "mopd"), baselines ("k8s",
+# "api-retry") and sizes ("size": {"batch": f, "capacity": f, "gpu_capacity": f})
+_NONE: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
+_OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default=_NONE)
+ORACLE: ContextVar[bool] = ContextVar("oracle", default=False)
+PARAMS_TARGET = {"coding": "coding", "deepsearch": "search", "mopd": "mopd"}
+
+
+def overrides(target: str) -> dict[str, Any]:
+    return dict(_OVERRIDES.get().get(target, {}))
+
+
+@contextmanager
+def overriding(ov: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
+    """Set parameters for the runs inside; nested overrides merge (size factors multiply)."""
+    merged = {t: dict(v) for t, v in _OVERRIDES.get().items()}
+    for t, v in ov.items():
+        for k, x in v.items():
+            cur = merged.setdefault(t, {})
+            cur[k] = cur[k] * x if t == "size" and k in cur else x
+    token = _OVERRIDES.set(merged)
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+@contextmanager
+def oracle_estimates(on: bool) -> Iterator[None]:
+    token = ORACLE.set(on)
+    try:
+        yield
+    finally:
+        ORACLE.reset(token)
+
+
+def workload(name: str, **sizes: Any) -> Workload:
+    """`get_workload` with the current overrides: the workload's own parameters, then the size
+    factors (batch; capacity as CPU nodes from 4 up, else cores per node; GPU nodes)."""
+    kw = {**sizes, **overrides(PARAMS_TARGET.get(name, name))}
+    scale = overrides("size")
+    if "batch" in scale:
+        kw["batch"] = max(1, round(kw.get("batch", 1) * scale["batch"]))
+    f = scale.get("capacity")
+    if f is not None and name == "coding":
+        if kw.get("nodes", 1) >= 4:
+            kw["nodes"] = max(1, round(kw["nodes"] * f))
+        else:
+            kw["cores_per_node"] = max(8, round(kw.get("cores_per_node", 256) * f))
+    g = scale.get("gpu_capacity")
+    if g is not None and name in ("mopd", "mopd+search"):
+        kw["gpu_nodes"] = max(1, round(kw.get("gpu_nodes", 5) * g))
+    return get_workload(name, **kw)
 
 
 def ratio(baseline: float, ours: float) -> float | None:
@@ -146,19 +235,59 @@ def write(outcome: Outcome, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig = plt.figure(figsize=(10, 4.2))
-    outcome.plot(outcome.rows, fig)
-    fig.suptitle(outcome.name)
-    fig.tight_layout()
+    fig = plt.figure(figsize=(13, 4.6), layout="constrained")
+    left, right = fig.subfigures(1, 2, width_ratios=[2.1, 1])
+    outcome.plot(outcome.rows, left)
+    plot_vs_paper(outcome.compares, right)
+    fig.suptitle(f"{outcome.name}: {outcome.title}" if outcome.title else outcome.name)
     fig.savefig(paths[2], dpi=110)
     plt.close(fig)
     return paths
 
 
+def plot_vs_paper(compares: Sequence[Compare], fig: Any) -> None:
+    """Each figure with a paper value as ours / paper (1 = the paper's value, linear axis),
+    with its range over the sensitivity sweep as a whisker."""
+    ax = fig.add_subplot(1, 1, 1)
+    rows = [c for c in compares if c.paper and c.ours is not None]
+    if not rows:
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, "no figure with a paper value", ha="center", transform=ax.transAxes)
+        return
+    for i, c in enumerate(rows):
+        v = c.ours / c.paper
+        ax.plot([v], [i], "o", color="tab:blue", label="ours" if i == 0 else None)
+        if c.range is not None:
+            lo, hi = c.range[0] / c.paper, c.range[1] / c.paper
+            ax.plot([lo, hi], [i, i], "-", color="tab:blue", alpha=0.5, lw=3,
+                    label="range over the sweep" if i == 0 else None)
+        ax.annotate(f"{c.ours:.2f}{c.unit} vs {c.paper:g}{c.unit}", (v, i),
+                    textcoords="offset points", xytext=(4, 6), ha="left", fontsize=7)
+    ax.axvline(1.0, color="tab:red", ls="--", label="paper")
+    ax.set_yticks(range(len(rows)), [_wrap(c.metric) for c in rows], fontsize=7)
+    ax.set_xlabel("ours / paper (1 = the paper's value)")
+    top = max([c.ours / c.paper for c in rows]
+              + [c.range[1] / c.paper for c in rows if c.range is not None] + [1.0])
+    ax.set_xlim(0, top * 1.7)  # room for the labels right of the points
+    ax.set_ylim(-0.6, len(rows) - 0.4)
+    ax.legend(fontsize=7, loc="lower right")
+
+
+def _wrap(text: str, width: int = 28) -> str:
+    words, lines, cur = text.split(), [], ""
+    for w in words:
+        if cur and len(cur) + len(w) + 1 > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}".strip()
+    return "\n".join(lines + [cur])
+
+
 def to_json(outcome: Outcome) -> dict[str, Any]:
     return {"experiment": outcome.name, "wall_s": round(outcome.wall_s, 2),
             "rows": outcome.rows, "compare": [asdict(c) for c in outcome.compares],
-            "notes": outcome.notes}
+            "notes": outcome.notes, "sensitivity": outcome.sensitivity}
 
 
 def print_table(outcome: Outcome) -> None:
@@ -166,11 +295,12 @@ def print_table(outcome: Outcome) -> None:
     from rich.table import Table
 
     t = Table(title=f"{outcome.name}: ours vs the paper ({outcome.wall_s:.1f} s)")
-    for c in ("figure", "ours", "paper", "note"):
+    for c in ("figure", "ours", "range (sweep)", "paper", "note"):
         t.add_column(c)
     fmt = lambda v, u: "-" if v is None else f"{v:.2f}{u}"
     for c in outcome.compares:
-        t.add_row(c.metric, fmt(c.ours, c.unit), fmt(c.paper, c.unit), c.note)
+        rng = "-" if c.range is None else f"{c.range[0]:.2f}-{c.range[1]:.2f}{c.unit}"
+        t.add_row(c.metric, fmt(c.ours, c.unit), rng, fmt(c.paper, c.unit), c.note)
     con = Console()
     con.print(t)
     for n in outcome.notes:

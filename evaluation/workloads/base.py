@@ -8,27 +8,16 @@ completed plus the LLM generation time of the next turn (`Step.think_s`). The si
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from evaluation.params import sources  # noqa: F401  (re-exported)
 from tangram.actions import Action
 from tangram.instance import ResourceSpec
 from tangram.pools import Pool
-
-
-def src(text: str) -> dict[str, str]:
-    """Field metadata naming where a parameter's default comes from."""
-    return {"source": text}
-
-
-def sources(params: Any) -> list[tuple[str, Any, str]]:
-    """(name, value, source) of every field of a parameter dataclass."""
-    return [(f.name, getattr(params, f.name), f.metadata.get("source", "?"))
-            for f in dataclasses.fields(params)]
 
 
 @dataclass(frozen=True, slots=True)

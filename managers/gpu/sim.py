@@ -21,11 +21,13 @@ from tangram.instance import ResourceSpec
 
 
 def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:
-    """The instance's services: `memory_gb` per GPU and `restore_s` at every DoP the node
-    allows (a chunk of any power-of-two size up to `gpus_per_node`)."""
+    """The instance's services: memory per GPU and restore time (sharded weights over k GPUs
+    when `weights_gb` is given, `ServiceSpec.per_gpu_gb`) at every DoP the node allows (a
+    chunk of any power-of-two size up to `gpus_per_node`)."""
     dops = tuple(1 << i for i in range(spec.gpus_per_node.bit_length()))
     return ServiceRegistry({
-        name: Service.uniform(name, round(s.memory_gb * GB), dops, restore_s=s.restore_s)
+        name: Service(name, {k: round(s.per_gpu_gb(k) * GB) for k in dops},
+                      {k: s.restore_at(k) for k in dops})
         for name, s in spec.services.items()})
 
 

@@ -195,8 +195,9 @@ class Tangram:
         kind = f"exec:{first.rsplit('/', 1)[-1]}"
         elasticity = None
         if elastic and not demand.is_fixed:
-            t_ori = self.scheduler.profiles.t_ori(kind) or DEFAULT_T_ORI
-            elasticity = Elasticity(self.cpu.resource, t_ori, amdahl(SERIAL_FRACTION))
+            fit = self.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI,
+                                                  self.cpu.resource)
+            elasticity = Elasticity(self.cpu.resource, fit.t_ori, fit.efficiency())
         action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
                         elasticity=elasticity, trajectory=e.trajectory, kind=kind,
                         payload=req, submit_time=self._now())

@@ -115,7 +115,7 @@ def test_heuristic_not_much_worse_than_min_on_a_batch(instance):
     average the heuristic wins clearly: see the next test."""
     h = simulate(instance, get_allocator("heuristic")).total_act
     m = simulate(instance, get_allocator("min")).total_act
-    assert h <= m * 1.15 + 1e-9
+    assert h <= m * 1.095 + 1e-9  # the README states 1.095x
 
 
 def test_heuristic_beats_min_on_average():

@@ -4,7 +4,9 @@ import dataclasses
 
 import pytest
 
+from evaluation.baselines import ApiRetry, Kubernetes
 from evaluation.closedloop import Policy, run
+from evaluation.params import assumed, check_sources, src
 from evaluation.workloads import available, get_workload, sources
 from evaluation.workloads.gpu import MopdParams, teacher_weights
 from solvers import get_allocator
@@ -27,12 +29,35 @@ def test_seed_reproducible_and_different(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_every_parameter_names_its_source(name):
+def test_every_parameter_is_sourced_or_assumed_with_a_range(name):
     w = get_workload(name, batch=2)
     params = w.params if isinstance(w.params, tuple) else (w.params,)
     for p in params:
-        for field, _, source in sources(p):
-            assert source and source != "?", f"{type(p).__name__}.{field} has no source"
+        assert check_sources(type(p)()) == []  # the defaults, not this test's batch
+        assert sources(p)
+
+
+@pytest.mark.parametrize("cls", [Kubernetes, ApiRetry])
+def test_every_baseline_parameter_is_sourced_or_assumed(cls):
+    assert check_sources(cls()) == []
+
+
+def test_source_check_fails_without_a_source_or_a_range():
+    @dataclasses.dataclass(frozen=True)
+    class Bad:
+        plain: float = 1.0  # no metadata at all
+        vague: float = dataclasses.field(default=2.0, metadata={"source": "assumption"})
+        no_range: float = dataclasses.field(default=3.0, metadata={**assumed("x", 0, 1),
+                                                                    "range": None})
+        outside: float = dataclasses.field(default=5.0, metadata=assumed("y", 0.0, 1.0))
+        empty: float = dataclasses.field(default=1.0, metadata=src(" "))
+        good: float = dataclasses.field(default=0.5, metadata=assumed("z", 0.0, 1.0))
+        sourced: float = dataclasses.field(default=0.5, metadata=src("a paper"))
+
+    problems = check_sources(Bad())
+    for name in ("plain", "vague", "no_range", "outside", "empty"):
+        assert any(f"Bad.{name}:" in p for p in problems), (name, problems)
+    assert not any("good" in p or "sourced" in p for p in problems)
 
 
 def test_coding_active_share_is_the_papers_47_percent():
