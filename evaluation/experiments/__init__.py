@@ -17,9 +17,17 @@ import sys
 from pathlib import Path
 
 from evaluation.bench import main as bench
-from evaluation.experiments.common import oracle_estimates, print_table, timed, to_json, write
+from evaluation.experiments.common import (
+    oracle_estimates,
+    print_table,
+    tangram_policy,
+    timed,
+    to_json,
+    write,
+)
 from evaluation.experiments.sensitivity import main as sensitivity
 from evaluation.experiments.sweep import attach_ranges
+from solvers import available
 
 EXPERIMENTS: dict[str, tuple[str, str]] = {
     "fig6": ("evaluation.experiments.fig6", "ACT per workload vs its baseline"),
@@ -57,7 +65,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--oracle", action="store_true",
                    help="the scheduler sees sampled durations, not learned means")
     p.add_argument("--no-range", action="store_true", help="skip the sensitivity sweep")
+    p.add_argument("--policy", default="heuristic",
+                   help="Tangram's policy (default: heuristic, the paper's; e.g. backfill-srpt)")
     ns, rest = p.parse_known_args(argv)
+    if ns.policy not in available():
+        p.error(f"--policy {ns.policy!r}: unknown (known: {available()})")
     if ns.name == "bench":
         return bench(rest + (["--json"] if ns.json else []))
     if ns.name == "sensitivity":
@@ -70,8 +82,9 @@ def main(argv: list[str]) -> int:
     names = list(EXPERIMENTS) if ns.name == "all" else [ns.name]
     docs = []
     for name in names:
-        outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty(),
-                                 ranges=not ns.no_range, oracle=ns.oracle)
+        with tangram_policy(ns.policy):
+            outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty(),
+                                     ranges=not ns.no_range, oracle=ns.oracle)
         paths = write(outcome, Path(ns.out))
         if ns.json:
             docs.append({**to_json(outcome), "files": [str(x) for x in paths]})

@@ -55,8 +55,11 @@ class Outcome:
 # -- systems ---------------------------------------------------------------------------------
 
 def tangram() -> Policy:
-    """The paper's configuration: the heuristic with depth 2."""
-    return Policy("tangram", get_allocator("heuristic", depth=2))
+    """Tangram's policy in the experiments: the paper's heuristic with depth 2, or the policy
+    named by `tangram experiment --policy` (`backfill`, `backfill-srpt`, ...)."""
+    name = TANGRAM_POLICY.get()
+    return Policy("tangram", get_allocator(name, depth=2) if name.startswith(
+        ("heuristic", "backfill")) else get_allocator(name))
 
 
 def kubernetes(seed: int = 0) -> Policy:
@@ -139,7 +142,8 @@ def cached_run(workload: Workload, policy: Policy) -> LoopResult:
     """Simulations are deterministic: one run per (workload, policy, overrides, oracle) in a
     process, so the sweep's default point and an experiment's own runs are the same runs."""
     key = (workload.name, repr(workload.params), len(workload.trajectories), policy.name,
-           repr(overrides("k8s")), repr(overrides("api-retry")), ORACLE.get())
+           repr(overrides("k8s")), repr(overrides("api-retry")), ORACLE.get(),
+           TANGRAM_POLICY.get())
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
@@ -162,6 +166,7 @@ def client_rejections(policy: Policy) -> int:
 _NONE: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 _OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default=_NONE)
 ORACLE: ContextVar[bool] = ContextVar("oracle", default=False)
+TANGRAM_POLICY: ContextVar[str] = ContextVar("tangram_policy", default="heuristic")
 PARAMS_TARGET = {"coding": "coding", "deepsearch": "search", "mopd": "mopd"}
 
 
@@ -182,6 +187,15 @@ def overriding(ov: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
         yield
     finally:
         _OVERRIDES.reset(token)
+
+
+@contextmanager
+def tangram_policy(name: str) -> Iterator[None]:
+    token = TANGRAM_POLICY.set(name)
+    try:
+        yield
+    finally:
+        TANGRAM_POLICY.reset(token)
 
 
 @contextmanager

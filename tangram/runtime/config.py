@@ -2,7 +2,7 @@
 (`load_config`), as `Components` (managers, policy) that the facade assembles.
 
 ```yaml
-policy: {name: heuristic, depth: 2}     # or just: heuristic
+policy: {name: backfill-srpt, depth: 2} # the default; heuristic is the paper's algorithm
 idle_env_s: 600                          # reclaim environments idle this long (optional)
 cpu: {backend: auto}                     # auto | bwrap | cgroup | docker | affinity | sim
                                          # (bwrap/docker options under options:)
@@ -43,6 +43,10 @@ from tangram.validation import mapping, pos_int, pos_num, power_of_two, read_doc
 from topology import ChunkTree, discover_gpus
 
 log = logging.getLogger("tangram")
+# The runtime's policy: the paper's heuristic with conservative backfilling and shortest
+# estimated work first (with aging). It beats `heuristic` on the exact-gap study (batch mean
+# gap 7% against 16%) and in the paper's AI-coding experiments; `heuristic` stays selectable.
+DEFAULT_POLICY = "backfill-srpt"
 
 
 def build_services(path: str, spec: Any) -> ServiceRegistry:
@@ -143,7 +147,7 @@ class Components:
     cpu: EnvironmentManager | None = None
     gpu: GpuManager | None = None
     apis: Mapping[str, Manager] = field(default_factory=dict)
-    policy: str = "heuristic"
+    policy: str = DEFAULT_POLICY
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     idle_env_s: float | None = None
 
@@ -162,11 +166,11 @@ def check_policy(policy: str, options: Mapping[str, Any]) -> None:
 
 def build(doc: Mapping[str, Any]) -> Components:
     doc = mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s"})
-    policy = doc.get("policy", "heuristic")
+    policy = doc.get("policy", DEFAULT_POLICY)
     options: dict[str, Any] = {}
     if isinstance(policy, dict):
         options = dict(policy)
-        policy = options.pop("name", "heuristic")
+        policy = options.pop("name", DEFAULT_POLICY)
     if not isinstance(policy, str):
         raise ValidationError("policy", policy, "must be a policy name or {name: ..., options}")
     check_policy(policy, options)
@@ -184,7 +188,7 @@ def load_config(path: str | Path) -> Components:
 
 
 def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = None,
-                apis: Mapping[str, Any] | None = None, policy: str = "heuristic",
+                apis: Mapping[str, Any] | None = None, policy: str = DEFAULT_POLICY,
                 policy_options: Mapping[str, Any] | None = None,
                 idle_env_s: float | None = None,
                 gpu: Mapping[str, Any] | None = None) -> Components:

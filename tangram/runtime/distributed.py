@@ -42,7 +42,14 @@ from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import ChunkPool, CorePool
 from tangram.results import Result
-from tangram.runtime.config import Components, build_apis, build_gpu, build_services, check_policy
+from tangram.runtime.config import (
+    DEFAULT_POLICY,
+    Components,
+    build_apis,
+    build_gpu,
+    build_services,
+    check_policy,
+)
 from tangram.runtime.ray_agent import NodeAgent, NodeInfo, sleep_seconds
 from tangram.validation import pos_num
 from topology import ChunkTree, CpuNode
@@ -447,7 +454,7 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | N
 def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
               backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
               services: Mapping[str, Any] | None = None, apis: Mapping[str, Any] | None = None,
-              gpu: Mapping[str, Any] | None = None, policy: str = "heuristic",
+              gpu: Mapping[str, Any] | None = None, policy: str = DEFAULT_POLICY,
               policy_options: Mapping[str, Any] | None = None,
               idle_env_s: float | None = None, gpu_backend: str | None = None,
               gpu_options: Mapping[str, Any] | None = None,

@@ -33,7 +33,7 @@ from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
 from tangram.resources import Demand
 from tangram.results import Result, Status
-from tangram.runtime.config import build, build_local, load_config
+from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.distributed import build_ray
 from tangram.runtime.metrics import Metrics
 from tangram.scheduler import Scheduler
@@ -76,7 +76,7 @@ class Tangram:
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
     def __init__(self, *, cpu: EnvironmentManager | None = None, gpu: GpuManager | None = None,
-                 apis: Mapping[str, Manager] | None = None, policy: str = "heuristic",
+                 apis: Mapping[str, Manager] | None = None, policy: str = DEFAULT_POLICY,
                  policy_options: Mapping[str, Any] | None = None,
                  idle_env_s: float | None = None) -> None:
         self.cpu = cpu
