@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ class LoopResult:
     setups: dict[str, tuple[float, float]]  # trajectory -> (begin, environment ready)
     spans: dict[str, tuple[float, float]]  # trajectory -> (begin, last action completed)
     counters: dict[str, float]
+    decision_cpu_s: array = field(default_factory=lambda: array("d"))
+    """CPU seconds (this thread) of each decision the scheduler made, in order."""
 
     def acts(self, kind: str | None = None, task: str | None = None) -> list[float]:
         out = []
@@ -155,7 +158,9 @@ class ClosedLoopSimulator:
         starts: dict[str, tuple[float, bool | None, int]] = {}
         pending: deque[Trajectory] = deque()
         wakes: set[float] = set()
-        counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "overhead_s": 0.0}
+        counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "decide_cpu_s": 0.0,
+                    "overhead_s": 0.0}
+        cpu_s = array("d")
         total = self.workload.num_actions
         done = 0
 
@@ -205,9 +210,14 @@ class ClosedLoopSimulator:
                     starts[act.id] = (now, None, step)  # arrival bookkeeping, replaced at start
                 else:
                     wakes.discard(now)
-            t0 = time.perf_counter()
+            made = sched.decisions
+            t0, c0 = time.perf_counter(), time.thread_time()
             decided = sched.decide(now)
+            c1 = time.thread_time()
             counters["decide_wall_s"] += time.perf_counter() - t0
+            if sched.decisions != made:  # an empty queue answers at once: not a decision
+                cpu_s.append(c1 - c0)
+                counters["decide_cpu_s"] += c1 - c0
             for a in decided:
                 act = a.action
                 tid = act.trajectory or ""
@@ -237,7 +247,7 @@ class ClosedLoopSimulator:
                                f"trajectories never began")
         counters["decisions"] = sched.decisions
         counters["actions"] = done
-        return LoopResult(records, kinds, setups, spans, counters)
+        return LoopResult(records, kinds, setups, spans, counters, cpu_s)
 
 
 def default_executors(workload: Workload) -> dict[str, SimExecutor]:

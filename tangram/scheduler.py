@@ -46,6 +46,8 @@ class Scheduler:
         self.max_queue = max_queue
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
+        # (resource, node) and (resource, None) -> running actions holding its units there
+        self._holding: dict[tuple[str, str | None], dict[str, RunningAction]] = {}
         self.bindings: dict[tuple[str, str], str] = {}
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
@@ -123,7 +125,13 @@ class Scheduler:
 
     def view(self) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self._queued_per_resource.keys(), self.prefer, self.defer)
+                           self._queued_per_resource.keys(), self.prefer, self.defer,
+                           self.holding)
+
+    def holding(self, resource: str, node: str | None = None):
+        """The running actions holding units of `resource` (on `node` when given)."""
+        held = self._holding.get((resource, node))
+        return held.values() if held is not None else ()
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer; then
@@ -155,7 +163,15 @@ class Scheduler:
         self._dequeue(act.id)
         key = act.key
         est = self.estimate(act, a.units[key] if key else None)
-        self.running[act.id] = RunningAction(a, now, now + est)
+        ra = self.running[act.id] = RunningAction(a, now, now + est)
+        holding = self._holding
+        for r, u in a.units.items():
+            if u:
+                for k in ((r, a.placement[r].node), (r, None)):
+                    held = holding.get(k)
+                    if held is None:
+                        held = holding[k] = {}
+                    held[act.id] = ra
 
     def _rescue(self) -> Assignment | None:  # rare: only when nothing at all is running
         """The first queued action that fits at its minimum on the idle pools, at the amount of
@@ -193,6 +209,9 @@ class Scheduler:
         a = ra.assignment
         for r, u in a.units.items():
             self.pools[r].release(a.placement[r], u)
+            if u:
+                for k in ((r, a.placement[r].node), (r, None)):
+                    del self._holding[k][action_id]
         if learn:
             self.profiles.observe(a.action, dict(a.units), now - ra.start if run_s is None
                                   else run_s)

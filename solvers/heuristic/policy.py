@@ -94,11 +94,8 @@ class HeuristicAllocator:
         backfilling). Returns the ones that must wait too."""
         pool = view.pools[r]
         capacity = pool.capacity(node)
-        releases: list[tuple[float, int]] = []
-        for ra in view.running:
-            u = ra.assignment.units.get(r)
-            if u and (node is None or ra.assignment.placement[r].node == node):
-                releases.append((max(ra.expected_end, now), u))
+        releases = [(max(ra.expected_end, now), ra.assignment.units[r])
+                    for ra in view.running_on(r, node)]
         later: list[int] = []
         for i, c in enumerate(cands):
             if i in evicted or r not in c.units:
@@ -210,11 +207,8 @@ class HeuristicAllocator:
     def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
                     node: str | None, queue: Collection[Action], now: float):
         """Busy units of the group's pool (running + other candidates) and the queue behind."""
-        busy: list[tuple[float, int]] = []
-        for ra in view.running:
-            u = ra.assignment.units.get(r)
-            if u and (node is None or ra.assignment.placement[r].node == node):
-                busy.append((max(ra.expected_end, now), u))
+        busy = [(max(ra.expected_end, now), ra.assignment.units[r])
+                for ra in view.running_on(r, node)]
         group = set(idxs)
         cand_ids = set()
         for i, c in enumerate(cands):
