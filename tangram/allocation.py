@@ -66,6 +66,9 @@ class ClusterView:
     start on that placement now (the GPU manager: its service is resident on a chunk that frees
     sooner than a restore would take). A deferred action blocks nothing behind it."""
 
+    scope: Collection[tuple[str, str | None]] | None = None
+    """Scoped decisions (`Scheduler(scoped=True)`): the queue classes (resource, node) whose
+    state changed since the last decision; a queue-order policy scans only those. None: all."""
     holding: Callable[[str, str | None], Collection[RunningAction]] | None = None
     """(resource, node) -> the running actions holding units of that resource on that node
     (node None: on any node); the scheduler keeps it indexed so that a policy need not walk

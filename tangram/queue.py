@@ -65,6 +65,10 @@ class ActionQueue:
     def items(self):
         return self._all.items()
 
+    def classes(self) -> Iterable[Class]:
+        """The classes some queued action waits in."""
+        return self._classes.keys()
+
     def classes_of(self, action_id: str) -> tuple[Class, ...]:
         return self._of[action_id]
 

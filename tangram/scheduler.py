@@ -37,13 +37,15 @@ class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
                  prefer: Callable | None = None, defer: Callable | None = None,
-                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
         self.prefer = prefer
         self.defer = defer
         self.max_queue = max_queue
+        self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
+        self._touched: set[tuple[str, str | None]] = set()
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
         # (resource, node) and (resource, None) -> running actions holding its units there
@@ -93,6 +95,7 @@ class Scheduler:
             pool = self.pools[r]
             classes.append((r, self.node_of(action, r) if pool.per_node else None))
         self.queue.add(action, classes)
+        self._touched.update(classes)
         counts = self._queued_per_resource
         for r in action.mins:
             counts[r] = counts.get(r, 0) + 1
@@ -110,7 +113,12 @@ class Scheduler:
     def cancel(self, action_id: str) -> bool:
         """Drop a queued action; False when it is not queued (running or unknown). The caller
         runs `decide` next: the cancelled action may have been blocking others."""
-        return self._dequeue(action_id) is not None
+        action = self._dequeue(action_id)
+        if action is None:
+            return False
+        for r in action.mins:  # it may have blocked the actions behind it
+            self._touched.add((r, self.node_of(action, r) if self.pools[r].per_node else None))
+        return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         self.bindings[(trajectory, resource)] = node
@@ -123,10 +131,21 @@ class Scheduler:
     def estimate(self, action: Action, units: int | None = None) -> float:
         return self.profiles.estimate(action, units)
 
-    def view(self) -> ClusterView:
+    def view(self, scope: list[tuple[str, str | None]] | None = None) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
                            self._queued_per_resource.keys(), self.prefer, self.defer,
-                           self.holding)
+                           scope, self.holding)
+
+    def _scope(self) -> list[tuple[str, str | None]]:
+        """The classes a scoped decision scans: those an arrival, completion or cancel touched
+        since the last decision. A resource with actions waiting pool-wide (not bound to a
+        node, or a pooled resource) is scanned whole: such an action may go to any node, and
+        when it blocks the resource it hides every class of it from the scan."""
+        queue = self.queue
+        pooled = {r for r, node in queue.classes() if node is None}
+        scope = [c for c in queue.classes() if c[0] in pooled or c in self._touched]
+        self._touched.clear()
+        return scope
 
     def holding(self, resource: str, node: str | None = None):
         """The running actions holding units of `resource` (on `node` when given)."""
@@ -139,7 +158,8 @@ class Scheduler:
         if not self.queue:
             return []
         self.decisions += 1
-        assignments = list(self.allocator.allocate(self.view(), self.queue, now))
+        view = self.view(self._scope() if self.scoped else None)
+        assignments = list(self.allocator.allocate(view, self.queue, now))
         for a in assignments:
             self._start(a, now)
         if not self.running and self.queue:
@@ -208,7 +228,9 @@ class Scheduler:
         ra = self.running.pop(action_id)
         a = ra.assignment
         for r, u in a.units.items():
-            self.pools[r].release(a.placement[r], u)
+            pool = self.pools[r]
+            pool.release(a.placement[r], u)
+            self._touched.add((r, a.placement[r].node if pool.per_node else None))
             if u:
                 for k in ((r, a.placement[r].node), (r, None)):
                     del self._holding[k][action_id]
