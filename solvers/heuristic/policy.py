@@ -169,17 +169,27 @@ class HeuristicAllocator:
         # action in this group will give back: its completion re-runs the decision. With
         # nothing busy in the group, at least one candidate starts (no idle strand).
         last = 0 if self.allow_wait and busy else 1
+        # the busy units are the same for every prefix: sort and sum them once
+        busy_sorted = sorted(busy)
+        busy_units = sum(u for _, u in busy)
+        ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
                 arr = table.best(t)
             except Infeasible:
                 continue
-            heap = list(busy)
-            heap.extend((now + view.estimate(cands[i].action, u), u)
-                        for i, u in zip(idxs, arr.units))
-            free = capacity - sum(u for _, u in heap)
-            obj = arr.total + estimate_waiting(heap, free, now, waiting_evicted[t:] + rest_tail,
-                                               self.depth, capacity)
+            starting = []
+            for i, u in zip(idxs, arr.units):
+                end = ends.get((i, u))
+                if end is None:
+                    end = ends[i, u] = now + view.estimate(cands[i].action, u)
+                starting.append((end, u))
+            starting.sort()
+            releases = sorted(busy_sorted + starting)  # two sorted runs: a linear merge
+            free = capacity - busy_units - sum(arr.units)
+            obj = arr.total + estimate_waiting(releases, free, now,
+                                               waiting_evicted[t:] + rest_tail, self.depth,
+                                               capacity, presorted=True)
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
