@@ -71,16 +71,21 @@ def _open_instance(n: int, units: int, seed: int):
                            "actions": acts})
 
 
-def _closed(workload: str, **params) -> Callable[[Allocator], None]:
-    return lambda alloc: run(get_workload(workload, **params), Policy(workload, alloc)) and None
+Driver = Callable[[Allocator, bool], None]  # (allocator, scoped) -> runs the case
 
 
-def _open(n: int, units: int, seed: int) -> Callable[[Allocator], None]:
-    return lambda alloc: simulate(_open_instance(n, units, seed), alloc) and None
+def _closed(workload: str, **params) -> Driver:
+    return lambda alloc, scoped: run(get_workload(workload, **params),
+                                     Policy(workload, alloc, scoped=scoped)) and None
+
+
+def _open(n: int, units: int, seed: int) -> Driver:
+    return lambda alloc, scoped: simulate(_open_instance(n, units, seed), alloc,
+                                          scoped=scoped) and None
 
 
 # name -> (policy, driver); small and contended so that groups hold several elastic candidates
-CASES: dict[str, tuple[str, Callable[[Allocator], None]]] = {
+CASES: dict[str, tuple[str, Driver]] = {
     "coding-heuristic": ("heuristic", _closed("coding", batch=48, nodes=2, cores_per_node=8,
                                               seed=3)),
     "coding-backfill": ("backfill", _closed("coding", batch=32, nodes=2, cores_per_node=8,
@@ -92,10 +97,11 @@ CASES: dict[str, tuple[str, Callable[[Allocator], None]]] = {
 }
 
 
-def record_case(name: str) -> list[str]:
+def record_case(name: str, scoped: bool = False) -> list[str]:
+    """The case's decisions; `scoped` runs it with `Scheduler(scoped=True)`."""
     policy, drive = CASES[name]
     rec = Recording(get_allocator(policy))
-    drive(rec)
+    drive(rec, scoped)
     return rec.lines
 
 

@@ -51,6 +51,7 @@ class Scheduler:
         # (resource, node) and (resource, None) -> running actions holding its units there
         self._holding: dict[tuple[str, str | None], dict[str, RunningAction]] = {}
         self.bindings: dict[tuple[str, str], str] = {}
+        self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
@@ -122,10 +123,11 @@ class Scheduler:
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         self.bindings[(trajectory, resource)] = node
+        self._bound.setdefault(trajectory, set()).add(resource)
 
     def unbind(self, trajectory: str) -> None:
-        for key in [k for k in self.bindings if k[0] == trajectory]:
-            del self.bindings[key]
+        for r in self._bound.pop(trajectory, ()):
+            self.bindings.pop((trajectory, r), None)
 
     # -- decisions -------------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:

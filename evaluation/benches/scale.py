@@ -14,7 +14,7 @@ p99 under that DP, at batch 16,384). CPU times are this thread's (`time.thread_t
 loaded machine slows them less than wall time.
 
     tangram bench scale                    # 2,048 .. 16,384 (long: run it with a few cores)
-    tangram bench scale --quick            # 128 and 256, under a minute
+    tangram bench scale --quick            # batch 64 and 128, well under a minute
     tangram bench scale --jobs 8 --json out.json --plot scale.png
 """
 
@@ -39,7 +39,7 @@ from evaluation.workloads import get_workload
 from solvers import get_allocator
 
 FULL = (2048, 4096, 8192, 16384)
-QUICK = (128, 256)
+QUICK = (64, 128)
 CORES_PER_NODE = 128
 GOAL_SHARE = 0.10
 
