@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
-from solvers.heuristic.dparrange import DPTable
+from solvers.heuristic.dparrange import dp_table
 from solvers.heuristic.objective import Waiting, estimate_waiting
 from solvers.registry import register
 from tangram.actions import Action
@@ -160,7 +160,7 @@ class HeuristicAllocator:
                 keep = am <= cap
                 am, du = am[keep], du[keep]
             tasks.append((am, du))
-        table = DPTable(tasks, pool.operator(node))
+        table = dp_table(tasks, pool.operator(node))
         busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
