@@ -121,7 +121,11 @@ class LoopResult:
 
 class ClosedLoopSimulator:
     def __init__(self, workload: Workload, policy: Policy,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None,
+                 on_decision: Callable[[Scheduler, float], None] | None = None) -> None:
+        """`on_decision(scheduler, cpu_s)` is called after every decision the scheduler made
+        (the scale bench attributes its CPU to the nodes it touched)."""
+        self.on_decision = on_decision
         self.workload = workload
         self.policy = policy
         pools = workload.make_pools()
@@ -220,6 +224,8 @@ class ClosedLoopSimulator:
             if sched.decisions != made:  # an empty queue answers at once: not a decision
                 cpu_s.append(c1 - c0)
                 counters["decide_cpu_s"] += c1 - c0
+                if self.on_decision is not None:
+                    self.on_decision(sched, c1 - c0)
             for a in decided:
                 act = a.action
                 tid = act.trajectory or ""
@@ -260,5 +266,5 @@ def default_executors(workload: Workload) -> dict[str, SimExecutor]:
     return {workload.gpu.name: SimServiceModel(workload.gpu)}
 
 
-def run(workload: Workload, policy: Policy, progress=None) -> LoopResult:
-    return ClosedLoopSimulator(workload, policy, progress).run()
+def run(workload: Workload, policy: Policy, progress=None, on_decision=None) -> LoopResult:
+    return ClosedLoopSimulator(workload, policy, progress, on_decision).run()

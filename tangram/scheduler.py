@@ -46,6 +46,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
         self._touched: set[tuple[str, str | None]] = set()
+        self.last_scope: list[tuple[str, str | None]] | None = None  # the last decision's
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
         # (resource, node) and (resource, None) -> running actions holding its units there
@@ -161,6 +162,7 @@ class Scheduler:
             return []
         self.decisions += 1
         view = self.view(self._scope() if self.scoped else None)
+        self.last_scope = view.scope
         assignments = list(self.allocator.allocate(view, self.queue, now))
         for a in assignments:
             self._start(a, now)

@@ -37,6 +37,7 @@ from evaluation.benches.heuristic import plain_numpy_dp, reference_tasks
 from evaluation.closedloop import Policy, run
 from evaluation.workloads import get_workload
 from solvers import get_allocator
+from tangram.scheduler import Scheduler
 
 FULL = (2048, 4096, 8192, 16384)
 QUICK = (64, 128)
@@ -60,6 +61,11 @@ class RunFigures:
     p99_ms: float
     peak_rss_mb: float
     wall_s: float  # the whole simulation, generator excluded
+    # scoped runs only: the decisions' CPU split as if each of SHARDS processes decided for its
+    # own nodes and a coordinator for the rest (docs/scale.md)
+    shard_max_cpu_s: float = 0.0  # the busiest shard
+    coordinator_cpu_s: float = 0.0  # decisions touching pooled classes or several shards
+    cross_decisions: int = 0  # of those, the ones a shard could not have made alone
 
     @property
     def share(self) -> float:
@@ -74,6 +80,40 @@ def workload_for(name: str, batch: int):
     return get_workload("mixed", batch=batch, nodes=nodes, cores_per_node=CORES_PER_NODE)
 
 
+SHARDS = 8
+
+
+class ShardAccount:
+    """Attributes each scoped decision's CPU to the shard owning the nodes it touched (node i
+    of a pool to shard i mod SHARDS); a decision touching a pooled class (an unbound action,
+    a GPU or API pool) or nodes of two shards goes to the coordinator."""
+
+    def __init__(self, shards: int = SHARDS) -> None:
+        self.cpu = [0.0] * shards
+        self.coordinator = 0.0
+        self.cross = 0
+        self._shard: dict[str, int] = {}
+
+    def __call__(self, sched: Scheduler, cpu_s: float) -> None:
+        scope = sched.last_scope or ()
+        owners = set()
+        pooled = False
+        for r, node in scope:
+            if node is None:
+                pooled = True
+                continue
+            i = self._shard.get(node)
+            if i is None:
+                nodes = sched.pools[r].nodes()
+                i = self._shard[node] = nodes.index(node) % len(self.cpu)
+            owners.add(i)
+        if len(owners) == 1 and not pooled:
+            self.cpu[owners.pop()] += cpu_s
+            return
+        self.coordinator += cpu_s
+        self.cross += bool(owners)
+
+
 def run_one(job: tuple[str, int, str]) -> RunFigures:
     """One run, meant for a fresh process (its peak RSS is then this run's). A policy name
     ending in `/scoped` runs with `Scheduler(scoped=True)` (decide only what events touched)."""
@@ -81,13 +121,17 @@ def run_one(job: tuple[str, int, str]) -> RunFigures:
     policy, _, mode = label.partition("/")
     w = workload_for(name, batch)
     t0 = time.perf_counter()
-    r = run(w, Policy(label, get_allocator(policy), scoped=mode == "scoped"))
+    account = ShardAccount() if mode == "scoped" else None
+    r = run(w, Policy(label, get_allocator(policy), scoped=account is not None),
+            on_decision=account)
     wall = time.perf_counter() - t0
     times = sorted(r.decision_cpu_s)
     pick = lambda q: times[int(q * (len(times) - 1))] * 1e3 if times else 0.0
     return RunFigures(name, batch, label, max(1, batch // CORES_PER_NODE), len(r.records),
                       len(times), r.makespan, sum(times), pick(0.5), pick(0.99),
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, wall)
+                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, wall,
+                      max(account.cpu) if account else 0.0,
+                      account.coordinator if account else 0.0, account.cross if account else 0)
 
 
 def reference_dp_ms(reps: int = 30) -> float:
@@ -119,7 +163,7 @@ def _table(figs: list[RunFigures], ref_ms: float, policy: str, baseline: str) ->
                     f"plain numpy DP 64x16x256 = {ref_ms:.3f} ms CPU)")
     for c in ("workload", "batch", "cluster", "actions", "decisions", "sim s",
               "CPU s/sim s", f"{baseline} CPU s/sim s", "dec/sim s", "dec/CPU s", "p50 ms",
-              "p99 ms (x DP)", "RSS MB"):
+              "p99 ms (x DP)", "RSS MB", f"split {SHARDS}: shard/coord CPU s/sim s"):
         t.add_column(c)
     ref = {(f.workload, f.batch): f for f in figs if f.policy == baseline}
     for f in figs:
@@ -131,7 +175,10 @@ def _table(figs: list[RunFigures], ref_ms: float, policy: str, baseline: str) ->
                   f"{b.share:.4f}" if b else "-",
                   f"{f.decisions / max(f.simulated_s, 1e-9):,.1f}",
                   f"{f.decisions / max(f.cpu_s, 1e-9):,.0f}", f"{f.p50_ms:.3f}",
-                  f"{f.p99_ms:.3f} ({f.p99_ms / ref_ms:.2f}x)", f"{f.peak_rss_mb:,.0f}")
+                  f"{f.p99_ms:.3f} ({f.p99_ms / ref_ms:.2f}x)", f"{f.peak_rss_mb:,.0f}",
+                  f"{f.shard_max_cpu_s / f.simulated_s:.4f} / "
+                  f"{f.coordinator_cpu_s / f.simulated_s:.4f} ({f.cross_decisions} cross)"
+                  if f.policy.endswith("/scoped") and f.simulated_s else "-")
     return t
 
 
