@@ -145,8 +145,12 @@ class Scheduler:
         node, or a pooled resource) is scanned whole: such an action may go to any node, and
         when it blocks the resource it hides every class of it from the scan."""
         queue = self.queue
-        pooled = {r for r, node in queue.classes() if node is None}
-        scope = [c for c in queue.classes() if c[0] in pooled or c in self._touched]
+        pooled = [r for r in self._queued_per_resource if queue.has_class((r, None))]
+        if pooled:  # rare in steady state: the whole of those resources
+            scope = [c for c in queue.classes() if c[0] in pooled or c in self._touched]
+        else:  # the common case costs what the events touched, not the cluster's size
+            scope = [c for c in self._touched if queue.has_class(c)]
+            scope.sort(key=lambda c: (c[0], c[1] or ""))  # set order is not reproducible
         self._touched.clear()
         return scope
 
