@@ -21,6 +21,7 @@ loaded machine slows them less than wall time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import multiprocessing
 import random
@@ -189,8 +190,8 @@ def plot(figs: list[RunFigures], path: Path, ref_ms: float) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for (w, pol), style in zip(sorted({(f.workload, f.policy) for f in figs}),
-                               ("o-", "s--", "^-", "v--")):
+    styles = itertools.cycle(("o-", "s--", "^-", "v--", "D-", "x--"))
+    for (w, pol), style in zip(sorted({(f.workload, f.policy) for f in figs}), styles):
         xs = [f for f in figs if (f.workload, f.policy) == (w, pol)]
         ax.plot([f.batch for f in xs], [f.share for f in xs], style, label=f"{w} / {pol}")
         bx.plot([f.batch for f in xs], [f.p99_ms for f in xs], style, label=f"{w} / {pol}")
