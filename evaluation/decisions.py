@@ -6,6 +6,7 @@ chunk, in the policy's order); `record_cases` runs the fixed seeded cases that
 `tests/golden/decisions.json` was recorded from, so a test can replay them and compare.
 
     python -m evaluation.decisions tests/golden/decisions.json   # re-record (only on purpose)
+    python -m evaluation.decisions --scoped-vs-global coding 512  # scoped vs global grants
 """
 
 from __future__ import annotations
@@ -109,7 +110,24 @@ def record_cases() -> dict[str, list[str]]:
     return {name: record_case(name) for name in CASES}
 
 
+def compare_scoped(workload: str, batch: int, policy: str = "heuristic") -> tuple[int, int]:
+    """(decisions, how many differ) between the global and the scoped scheduler on the scale
+    bench's cluster for `workload` at `batch` (docs/scale.md)."""
+    params = dict(batch=batch, nodes=max(1, batch // 128), cores_per_node=128)
+    lines = []
+    for scoped in (False, True):
+        rec = Recording(get_allocator(policy))
+        run(get_workload(workload, **params), Policy(policy, rec, scoped=scoped))
+        lines.append(rec.lines)
+    a, b = lines
+    return len(a), sum(x != y for x, y in zip(a, b)) + abs(len(a) - len(b))
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1], "w") as f:
-        json.dump(record_cases(), f, indent=0)
-        f.write("\n")
+    if sys.argv[1] == "--scoped-vs-global":  # WORKLOAD BATCH
+        n, bad = compare_scoped(sys.argv[2], int(sys.argv[3]))
+        print(f"{sys.argv[2]} batch {sys.argv[3]}: {n} decisions, {bad} differ")
+    else:
+        with open(sys.argv[1], "w") as f:
+            json.dump(record_cases(), f, indent=0)
+            f.write("\n")
