@@ -11,6 +11,9 @@ queue order) at its best amount that fits. Any running action's completion calls
 again, so an action the policy puts off always has a completion coming that re-runs the
 decision. Admission refuses what can never run: a demand over every pool's capacity, over the
 capacity of the node its trajectory is bound to, or past `max_queue`.
+
+A scoped scheduler (`scoped=True`, docs/scale.md) shows the policy only the queue classes that
+an arrival, completion, cancel or `touch` changed since the last decision.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
         self._touched: set[tuple[str, str | None]] = set()
-        self.last_scope: list[tuple[str, str | None]] | None = None  # the last decision's
+        self.last_scope: list[tuple[str, str | None]] | None = None  # what the last one scanned
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
         # (resource, node) and (resource, None) -> running actions holding its units there
@@ -153,6 +156,14 @@ class Scheduler:
             scope.sort(key=lambda c: (c[0], c[1] or ""))  # set order is not reproducible
         self._touched.clear()
         return scope
+
+    def touch(self, resource: str, node: str | None = None) -> None:
+        """Capacity changed outside `complete` (a node joined the pool): a scoped decision
+        must look at that node's queue again (node None: at every class of the resource)."""
+        if node is None:
+            self._touched.update(c for c in self.queue.classes() if c[0] == resource)
+        else:
+            self._touched.add((resource, node))
 
     def holding(self, resource: str, node: str | None = None):
         """The running actions holding units of `resource` (on `node` when given)."""
