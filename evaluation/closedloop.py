@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -74,6 +75,7 @@ class Policy:
     allocator: Allocator
     lifecycle: Lifecycle = field(default_factory=EnvironmentStart)
     executors: Callable[[Workload], dict[str, SimExecutor]] | None = None
+    scoped: bool = False  # `Scheduler(scoped=True)`: decide only what an event touched
 
 
 @dataclass
@@ -83,6 +85,8 @@ class LoopResult:
     setups: dict[str, tuple[float, float]]  # trajectory -> (begin, environment ready)
     spans: dict[str, tuple[float, float]]  # trajectory -> (begin, last action completed)
     counters: dict[str, float]
+    decision_cpu_s: array = field(default_factory=lambda: array("d"))
+    """CPU seconds (this thread) of each decision the scheduler made, in order."""
 
     def acts(self, kind: str | None = None, task: str | None = None) -> list[float]:
         out = []
@@ -137,7 +141,11 @@ class ClosedLoopSimulator:
 
     def __init__(self, workload: Workload, policy: Policy,
                  progress: Callable[[int, int], None] | None = None,
-                 oracle: bool = False) -> None:
+                 oracle: bool = False,
+                 on_decision: Callable[[Scheduler, float], None] | None = None) -> None:
+        """`on_decision(scheduler, cpu_s)` is called after every decision the scheduler made
+        (the scale bench attributes its CPU to the nodes it touched)."""
+        self.on_decision = on_decision
         self.workload = workload
         self.policy = policy
         self.oracle = oracle
@@ -148,7 +156,8 @@ class ClosedLoopSimulator:
         for ex in self.executors.values():
             prefer = getattr(ex, "prefer", prefer)
             defer = getattr(ex, "defer", defer)
-        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer, defer=defer)
+        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer, defer=defer,
+                                   scoped=policy.scoped)
         self.core_pools = {r for r, p in pools.items() if isinstance(p, CorePool)}
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)
@@ -177,7 +186,9 @@ class ClosedLoopSimulator:
         run_s: dict[str, float] = {}  # true run time (restores excluded), what profiles learn
         pending: deque[Trajectory] = deque()
         wakes: set[float] = set()
-        counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "overhead_s": 0.0}
+        counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "decide_cpu_s": 0.0,
+                    "overhead_s": 0.0}
+        cpu_s = array("d")
         total = self.workload.num_actions
         done = 0
 
@@ -229,9 +240,16 @@ class ClosedLoopSimulator:
                     starts[act.id] = (now, None, step)  # arrival bookkeeping, replaced at start
                 else:
                     wakes.discard(now)
-            t0 = time.perf_counter()
+            made = sched.decisions
+            t0, c0 = time.perf_counter(), time.thread_time()
             decided = sched.decide(now)
+            c1 = time.thread_time()
             counters["decide_wall_s"] += time.perf_counter() - t0
+            if sched.decisions != made:  # an empty queue answers at once: not a decision
+                cpu_s.append(c1 - c0)
+                counters["decide_cpu_s"] += c1 - c0
+                if self.on_decision is not None:
+                    self.on_decision(sched, c1 - c0)
             for a in decided:
                 act = a.action
                 tid = act.trajectory or ""
@@ -264,7 +282,7 @@ class ClosedLoopSimulator:
         ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
         counters["api_429"] = float(sum(u.total for u in ups.values()))
         counters["actions"] = done
-        return LoopResult(records, kinds, setups, spans, counters)
+        return LoopResult(records, kinds, setups, spans, counters, cpu_s)
 
 
 def default_executors(workload: Workload) -> dict[str, SimExecutor]:
@@ -284,5 +302,6 @@ def api_executors(workload: Workload) -> dict[str, SimExecutor]:
     return {r: up for r in limits}
 
 
-def run(workload: Workload, policy: Policy, progress=None, oracle: bool = False) -> LoopResult:
-    return ClosedLoopSimulator(workload, policy, progress, oracle).run()
+def run(workload: Workload, policy: Policy, progress=None, oracle: bool = False,
+        on_decision=None) -> LoopResult:
+    return ClosedLoopSimulator(workload, policy, progress, oracle, on_decision).run()

@@ -77,8 +77,9 @@ class Simulator:
                  allocator: Allocator, *, executors: Mapping[str, SimExecutor] | None = None,
                  prefer: Callable | None = None, defer: Callable | None = None,
                  progress: Callable[[int], None] | None = None,
-                 bindings: Mapping[tuple[str, str], str] | None = None) -> None:
-        self.scheduler = Scheduler(pools, allocator, prefer=prefer, defer=defer)
+                 bindings: Mapping[tuple[str, str], str] | None = None,
+                 scoped: bool = False) -> None:
+        self.scheduler = Scheduler(pools, allocator, prefer=prefer, defer=defer, scoped=scoped)
         for (trajectory, resource), node in (bindings or {}).items():
             self.scheduler.bind(trajectory, resource, node)
         self.actions = sorted(actions, key=lambda a: a.submit_time)
@@ -144,7 +145,7 @@ class Simulator:
         return SimResult(records, self.counters)
 
 
-def simulate(instance, allocator: Allocator, progress=None) -> SimResult:
+def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False) -> SimResult:
     """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared."""
     pools = instance.build_pools()
     executors: dict[str, SimExecutor] = {}
@@ -155,4 +156,5 @@ def simulate(instance, allocator: Allocator, progress=None) -> SimResult:
             executors[r] = model
             prefer, defer = model.prefer, model.defer
     return Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
-                     defer=defer, progress=progress, bindings=instance.bindings).run()
+                     defer=defer, progress=progress, bindings=instance.bindings,
+                     scoped=scoped).run()

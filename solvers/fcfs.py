@@ -80,7 +80,7 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
         return b is ALL or (node is not None and node in b)  # type: ignore[operator]
 
     # an indexed queue skips whole blocked (resource, node) classes; a plain one is walked
-    walk = queue.scan(is_blocked) if isinstance(queue, ActionQueue) else queue
+    walk = queue.scan(is_blocked, view.scope) if isinstance(queue, ActionQueue) else queue
     for a in walk:
         if fully == n_res:
             break

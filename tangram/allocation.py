@@ -66,10 +66,25 @@ class ClusterView:
     start on that placement now (the GPU manager: its service is resident on a chunk that frees
     sooner than a restore would take). A deferred action blocks nothing behind it."""
 
+    scope: Collection[tuple[str, str | None]] | None = None
+    """Scoped decisions (`Scheduler(scoped=True)`): the queue classes (resource, node) whose
+    state changed since the last decision; a queue-order policy scans only those. None: all."""
+    holding: Callable[[str, str | None], Collection[RunningAction]] | None = None
+    """(resource, node) -> the running actions holding units of that resource on that node
+    (node None: on any node); the scheduler keeps it indexed so that a policy need not walk
+    every running action of the cluster for one node's decision. None: filter `running`."""
+
     def node_for(self, action: Action, resource: str) -> str | None:
         if action.trajectory is None:
             return None
         return self.bindings.get((action.trajectory, resource))
+
+    def running_on(self, resource: str, node: str | None = None) -> Collection[RunningAction]:
+        """The running actions holding units of `resource` (on `node` when given)."""
+        if self.holding is not None:
+            return self.holding(resource, node)
+        return [ra for ra in self.running if ra.assignment.units.get(resource)
+                and (node is None or ra.assignment.placement[resource].node == node)]
 
 
 class Allocator(Protocol):

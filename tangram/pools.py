@@ -136,9 +136,20 @@ class CorePool(Pool):
         self.resource = resource
         self._nodes = dict(nodes)
         self._free = {n: c.free_count() for n, c in self._nodes.items()}
+        self._own: set[str] = set(self._nodes)  # nodes not shared with a copy
+
+    def _mine(self, node: str) -> CpuNode:
+        """The node's core state, copied first if a copy of this pool still shares it: `copy`
+        shares every node (a decision's scratch copy touches a few of a cluster's nodes) and
+        whichever side changes a shared node first gets its own."""
+        c = self._nodes[node]
+        if node not in self._own:
+            c = self._nodes[node] = c.copy()
+            self._own.add(node)
+        return c
 
     def cpu_node(self, node: str) -> CpuNode:
-        return self._nodes[node]
+        return self._mine(node)
 
     def add_node(self, node: CpuNode) -> None:
         """Membership: a machine joined; its cores become schedulable (in place, so the
@@ -146,6 +157,7 @@ class CorePool(Pool):
         if node.name in self._nodes:
             raise ValidationError(f"{self.resource}.nodes", node.name, "already in the pool")
         self._nodes[node.name] = node
+        self._own.add(node.name)
         self._free[node.name] = node.free_count()
 
     def remove_node(self, node: str) -> None:
@@ -158,6 +170,7 @@ class CorePool(Pool):
             raise ValidationError(f"{self.resource}.nodes", node,
                                   f"{granted} cores still granted")
         del self._nodes[node], self._free[node]
+        self._own.discard(node)
 
     def nodes(self):
         return list(self._nodes)
@@ -179,21 +192,20 @@ class CorePool(Pool):
         n = self.fits(k, node, exclude)
         if n is None:
             raise Infeasible(f"{self.resource}: {k} cores do not fit")
-        cores = self._nodes[n].allocate(k)
+        cores = self._mine(n).allocate(k)
         self._free[n] -= k
         return Placement(n, cores=cores)
 
     def take(self, placement, k):
-        node = self._nodes.get(placement.node)
-        if node is None:
+        if placement.node not in self._nodes:
             raise TopologyError(f"{self.resource}: no node {placement.node!r}")
         if len(placement.cores) != k:
             raise TopologyError(f"{self.resource}: {len(placement.cores)} cores for {k} units")
-        node.take(placement.cores)
+        self._mine(placement.node).take(placement.cores)
         self._free[placement.node] -= k
 
     def release(self, placement, k):
-        self._nodes[placement.node].release(placement.cores)
+        self._mine(placement.node).release(placement.cores)
         self._free[placement.node] += k
 
     def operator(self, node=None):
@@ -202,7 +214,9 @@ class CorePool(Pool):
     def copy(self):
         p = CorePool.__new__(CorePool)
         p.resource = self.resource
-        p._nodes = {n: c.copy() for n, c in self._nodes.items()}
+        p._nodes = dict(self._nodes)  # shared until either side changes a node (`_mine`)
+        p._own = set()
+        self._own = set()
         p._free = dict(self._free)
         return p
 

@@ -65,6 +65,13 @@ class ActionQueue:
     def items(self):
         return self._all.items()
 
+    def classes(self) -> Iterable[Class]:
+        """The classes some queued action waits in."""
+        return self._classes.keys()
+
+    def has_class(self, c: Class) -> bool:
+        return c in self._classes
+
     def classes_of(self, action_id: str) -> tuple[Class, ...]:
         return self._of[action_id]
 

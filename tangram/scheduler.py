@@ -11,6 +11,9 @@ queue order) at its best amount that fits. Any running action's completion calls
 again, so an action the policy puts off always has a completion coming that re-runs the
 decision. Admission refuses what can never run: a demand over every pool's capacity, over the
 capacity of the node its trajectory is bound to, or past `max_queue`.
+
+A scoped scheduler (`scoped=True`, docs/scale.md) shows the policy only the queue classes that
+an arrival, completion, cancel or `touch` changed since the last decision.
 """
 
 from __future__ import annotations
@@ -37,16 +40,22 @@ class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
                  prefer: Callable | None = None, defer: Callable | None = None,
-                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
         self.prefer = prefer
         self.defer = defer
         self.max_queue = max_queue
+        self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
+        self._touched: set[tuple[str, str | None]] = set()
+        self.last_scope: list[tuple[str, str | None]] | None = None  # what the last one scanned
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
+        # (resource, node) and (resource, None) -> running actions holding its units there
+        self._holding: dict[tuple[str, str | None], dict[str, RunningAction]] = {}
         self.bindings: dict[tuple[str, str], str] = {}
+        self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
@@ -91,6 +100,7 @@ class Scheduler:
             pool = self.pools[r]
             classes.append((r, self.node_of(action, r) if pool.per_node else None))
         self.queue.add(action, classes)
+        self._touched.update(classes)
         counts = self._queued_per_resource
         for r in action.mins:
             counts[r] = counts.get(r, 0) + 1
@@ -108,22 +118,57 @@ class Scheduler:
     def cancel(self, action_id: str) -> bool:
         """Drop a queued action; False when it is not queued (running or unknown). The caller
         runs `decide` next: the cancelled action may have been blocking others."""
-        return self._dequeue(action_id) is not None
+        action = self._dequeue(action_id)
+        if action is None:
+            return False
+        for r in action.mins:  # it may have blocked the actions behind it
+            self._touched.add((r, self.node_of(action, r) if self.pools[r].per_node else None))
+        return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         self.bindings[(trajectory, resource)] = node
+        self._bound.setdefault(trajectory, set()).add(resource)
 
     def unbind(self, trajectory: str) -> None:
-        for key in [k for k in self.bindings if k[0] == trajectory]:
-            del self.bindings[key]
+        for r in self._bound.pop(trajectory, ()):
+            self.bindings.pop((trajectory, r), None)
 
     # -- decisions -------------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:
         return self.profiles.estimate(action, units)
 
-    def view(self) -> ClusterView:
+    def view(self, scope: list[tuple[str, str | None]] | None = None) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self._queued_per_resource.keys(), self.prefer, self.defer)
+                           self._queued_per_resource.keys(), self.prefer, self.defer,
+                           scope, self.holding)
+
+    def _scope(self) -> list[tuple[str, str | None]]:
+        """The classes a scoped decision scans: those an arrival, completion or cancel touched
+        since the last decision. A resource with actions waiting pool-wide (not bound to a
+        node, or a pooled resource) is scanned whole: such an action may go to any node, and
+        when it blocks the resource it hides every class of it from the scan."""
+        queue = self.queue
+        pooled = [r for r in self._queued_per_resource if queue.has_class((r, None))]
+        if pooled:  # rare in steady state: the whole of those resources
+            scope = [c for c in queue.classes() if c[0] in pooled or c in self._touched]
+        else:  # the common case costs what the events touched, not the cluster's size
+            scope = [c for c in self._touched if queue.has_class(c)]
+            scope.sort(key=lambda c: (c[0], c[1] or ""))  # set order is not reproducible
+        self._touched.clear()
+        return scope
+
+    def touch(self, resource: str, node: str | None = None) -> None:
+        """Capacity changed outside `complete` (a node joined the pool): a scoped decision
+        must look at that node's queue again (node None: at every class of the resource)."""
+        if node is None:
+            self._touched.update(c for c in self.queue.classes() if c[0] == resource)
+        else:
+            self._touched.add((resource, node))
+
+    def holding(self, resource: str, node: str | None = None):
+        """The running actions holding units of `resource` (on `node` when given)."""
+        held = self._holding.get((resource, node))
+        return held.values() if held is not None else ()
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer; then
@@ -131,7 +176,9 @@ class Scheduler:
         if not self.queue:
             return []
         self.decisions += 1
-        assignments = list(self.allocator.allocate(self.view(), self.queue, now))
+        view = self.view(self._scope() if self.scoped else None)
+        self.last_scope = view.scope
+        assignments = list(self.allocator.allocate(view, self.queue, now))
         for a in assignments:
             self._start(a, now)
         if not self.running and self.queue:
@@ -155,7 +202,15 @@ class Scheduler:
         self._dequeue(act.id)
         key = act.key
         est = self.estimate(act, a.units[key] if key else None)
-        self.running[act.id] = RunningAction(a, now, now + est)
+        ra = self.running[act.id] = RunningAction(a, now, now + est)
+        holding = self._holding
+        for r, u in a.units.items():
+            if u:
+                for k in ((r, a.placement[r].node), (r, None)):
+                    held = holding.get(k)
+                    if held is None:
+                        held = holding[k] = {}
+                    held[act.id] = ra
 
     def _rescue(self) -> Assignment | None:  # rare: only when nothing at all is running
         """The first queued action that fits at its minimum on the idle pools, at the amount of
@@ -192,7 +247,12 @@ class Scheduler:
         ra = self.running.pop(action_id)
         a = ra.assignment
         for r, u in a.units.items():
-            self.pools[r].release(a.placement[r], u)
+            pool = self.pools[r]
+            pool.release(a.placement[r], u)
+            self._touched.add((r, a.placement[r].node if pool.per_node else None))
+            if u:
+                for k in ((r, a.placement[r].node), (r, None)):
+                    del self._holding[k][action_id]
         if learn:
             self.profiles.observe(a.action, dict(a.units), now - ra.start if run_s is None
                                   else run_s)

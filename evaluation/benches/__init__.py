@@ -11,6 +11,8 @@ BENCHES: dict[str, tuple[str, str]] = {
                   "dp_arrange median time, flat and chunk"),
     "scheduler": ("evaluation.benches.heuristic:scheduler",
                   "decision time and simulator throughput"),
+    "scale": ("evaluation.benches.scale:main",
+              "scheduler CPU share per simulated second, batch 2,048 to 16,384"),
     "exact": ("evaluation.benches.exact:main", "CP-SAT / PuLP solve times by size"),
     "exec": ("evaluation.benches.cpu_exec:main", "exec overhead of the cgroup and docker backends"),
     "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),

@@ -84,6 +84,34 @@ class DPTable:
         return Arrangement(total, tuple(units))
 
 
+class OneTask:
+    """`DPTable` of a single task on interchangeable units (a `FlatOperator`), without numpy:
+    the optimum is the task's fastest allowed amount, the smallest one among equally fast (the
+    lowest DP state, which is what `DPTable.best` picks). Most groups of a decision hold one
+    elastic candidate, and this answers them in a few microseconds."""
+
+    __slots__ = ("n", "_best")
+
+    def __init__(self, task: TaskArrays) -> None:
+        self.n = 1
+        amounts, durs = task
+        self._best = min(zip(durs.tolist(), amounts.tolist()))  # (duration, amount)
+
+    def best(self, t: int | None = None) -> Arrangement:
+        if t == 0:
+            return Arrangement(0.0, ())
+        d, m = self._best
+        return Arrangement(float(d), (int(m),))
+
+
+def dp_table(tasks: Sequence[TaskArrays], op: Operator) -> DPTable | OneTask:
+    """The DP over all prefixes of `tasks` (already validated arrays, amounts within the
+    operator's units)."""
+    if len(tasks) == 1 and isinstance(op, FlatOperator):
+        return OneTask(tasks[0])
+    return DPTable(tasks, op)
+
+
 def dp_arrange(tasks: Sequence[Mapping[int, float]], op: Operator) -> Arrangement:
     """Least sum of durations over one allowed amount per task within the operator's capacity.
 

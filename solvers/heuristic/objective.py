@@ -66,14 +66,16 @@ def _fill(releases: list[tuple[float, int]], free: int, now: float,
 
 
 def estimate_waiting(busy: list[tuple[float, int]], free: int, now: float,
-                     rest: list[Waiting], depth: int, capacity: int) -> float:
+                     rest: list[Waiting], depth: int, capacity: int,
+                     presorted: bool = False) -> float:
     """Best estimated completion sum of `rest` over the first one's `depth` options.
 
-    `busy`: (end time, units) of everything holding units of the pool now.
+    `busy`: (end time, units) of everything holding units of the pool now (already in
+    ascending order when `presorted`).
     """
     if not rest:
         return 0.0
-    releases = sorted(busy)
+    releases = busy if presorted else sorted(busy)
     best = None
     for opt in spread(rest[0].options, depth):
         v = _fill(releases, free, now, opt, rest, capacity)

@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
-from solvers.heuristic.dparrange import DPTable
+from solvers.heuristic.dparrange import dp_table
 from solvers.heuristic.objective import Waiting, estimate_waiting
 from solvers.registry import register
 from tangram.actions import Action
@@ -94,11 +94,8 @@ class HeuristicAllocator:
         backfilling). Returns the ones that must wait too."""
         pool = view.pools[r]
         capacity = pool.capacity(node)
-        releases: list[tuple[float, int]] = []
-        for ra in view.running:
-            u = ra.assignment.units.get(r)
-            if u and (node is None or ra.assignment.placement[r].node == node):
-                releases.append((max(ra.expected_end, now), u))
+        releases = [(max(ra.expected_end, now), ra.assignment.units[r])
+                    for ra in view.running_on(r, node)]
         later: list[int] = []
         for i, c in enumerate(cands):
             if i in evicted or r not in c.units:
@@ -163,7 +160,7 @@ class HeuristicAllocator:
                 keep = am <= cap
                 am, du = am[keep], du[keep]
             tasks.append((am, du))
-        table = DPTable(tasks, pool.operator(node))
+        table = dp_table(tasks, pool.operator(node))
         busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
@@ -172,17 +169,27 @@ class HeuristicAllocator:
         # action in this group will give back: its completion re-runs the decision. With
         # nothing busy in the group, at least one candidate starts (no idle strand).
         last = 0 if self.allow_wait and busy else 1
+        # the busy units are the same for every prefix: sort and sum them once
+        busy_sorted = sorted(busy)
+        busy_units = sum(u for _, u in busy)
+        ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
                 arr = table.best(t)
             except Infeasible:
                 continue
-            heap = list(busy)
-            heap.extend((now + view.estimate(cands[i].action, u), u)
-                        for i, u in zip(idxs, arr.units))
-            free = capacity - sum(u for _, u in heap)
-            obj = arr.total + estimate_waiting(heap, free, now, waiting_evicted[t:] + rest_tail,
-                                               self.depth, capacity)
+            starting = []
+            for i, u in zip(idxs, arr.units):
+                end = ends.get((i, u))
+                if end is None:
+                    end = ends[i, u] = now + view.estimate(cands[i].action, u)
+                starting.append((end, u))
+            starting.sort()
+            releases = sorted(busy_sorted + starting)  # two sorted runs: a linear merge
+            free = capacity - busy_units - sum(arr.units)
+            obj = arr.total + estimate_waiting(releases, free, now,
+                                               waiting_evicted[t:] + rest_tail, self.depth,
+                                               capacity, presorted=True)
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
@@ -210,11 +217,8 @@ class HeuristicAllocator:
     def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
                     node: str | None, queue: Collection[Action], now: float):
         """Busy units of the group's pool (running + other candidates) and the queue behind."""
-        busy: list[tuple[float, int]] = []
-        for ra in view.running:
-            u = ra.assignment.units.get(r)
-            if u and (node is None or ra.assignment.placement[r].node == node):
-                busy.append((max(ra.expected_end, now), u))
+        busy = [(max(ra.expected_end, now), ra.assignment.units[r])
+                for ra in view.running_on(r, node)]
         group = set(idxs)
         cand_ids = set()
         for i, c in enumerate(cands):

@@ -3,11 +3,13 @@
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solvers.heuristic import DPTable, dp_arrange
+from solvers.heuristic.dparrange import OneTask, dp_table
 from tangram import Infeasible
 from topology import ChunkOperator, FlatOperator
 
@@ -130,3 +132,17 @@ def test_bad_tasks_are_rejected():
         FlatOperator(-1)
     with pytest.raises(ValueError):
         ChunkOperator({3: 1})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 16), min_size=1, max_size=6, unique=True),
+       st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=6, max_size=6))
+def test_one_task_shortcut_is_the_dp(amounts, durs):
+    """`dp_table`'s one-task shortcut answers exactly what the numpy DP answers, ties included
+    (durations drawn from a few values, so equal ones are common)."""
+    task = (np.array(sorted(amounts), dtype=np.int64), np.array(durs[:len(amounts)]))
+    op = FlatOperator(16)
+    fast = dp_table([task], op)
+    assert isinstance(fast, OneTask)
+    slow = DPTable([task], op)
+    assert fast.best(1) == slow.best(1) and fast.best(0) == slow.best(0)

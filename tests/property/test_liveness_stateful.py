@@ -7,6 +7,8 @@ runs a decision, as the runtime does after every event, and:
   serial run time, at their minimum units, of everything that ran or waited ahead of it when it
   arrived;
 - at the end, with arrivals stopped, every action starts, and every unit is back.
+
+The scheduler is global or scoped (docs/scale.md); both must keep every property.
 """
 
 from __future__ import annotations
@@ -34,12 +36,12 @@ def amdahl(serial: float):
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=2),
-                policy=st.sampled_from(["heuristic", "min"]))
-    def setup(self, sizes: list[int], policy: str) -> None:
+                policy=st.sampled_from(["heuristic", "min"]), scoped=st.booleans())
+    def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
         nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
         self.pool = CorePool("cpu", nodes)
         self.capacity = self.pool.capacity()
-        self.s = Scheduler({"cpu": self.pool}, get_allocator(policy))
+        self.s = Scheduler({"cpu": self.pool}, get_allocator(policy), scoped=scoped)
         self.sizes = dict(zip(nodes, sizes))
         self.now = 0.0
         self.n = 0
