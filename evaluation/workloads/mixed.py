@@ -7,7 +7,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from evaluation.workloads.base import Workload, src
+from evaluation.params import assumed, setting
+from evaluation.workloads.base import Workload
 from evaluation.workloads.coding import CodingParams, _trajectory, coding_pools
 from evaluation.workloads.gpu import (
     MopdParams,
@@ -23,16 +24,17 @@ from evaluation.workloads.registry import register
 
 @dataclass(frozen=True)
 class MixedParams:
-    batch: int = field(default=256, metadata=src("experiment setting (all trajectories)"))
-    nodes: int = field(default=2, metadata=src("CPU nodes"))
-    cores_per_node: int = field(default=128, metadata=src("assumption"))
-    search_share: float = field(default=0.125, metadata=src("assumption: 1/8 DeepSearch"))
-    mopd_share: float = field(default=0.125, metadata=src("assumption: 1/8 MOPD, rest coding"))
-    trajectories_per_gpu_node: int = field(default=256, metadata=src(
-        "assumption: one 8-GPU node per 256 trajectories (64 x 8 GPUs at 16,384)"))
-    qps_per_search_trajectory: float = field(default=0.25, metadata=src(
-        "assumption: API keys bought in proportion to the search trajectories"))
-    seed: int = field(default=0, metadata=src("experiment setting"))
+    batch: int = field(default=256, metadata=setting("all trajectories of the scale bench"))
+    nodes: int = field(default=2, metadata=setting("CPU nodes, sized with the batch"))
+    cores_per_node: int = field(default=128, metadata=setting("the scale bench's node size"))
+    search_share: float = field(default=0.125, metadata=assumed("1/8 DeepSearch", 0.0, 0.5))
+    mopd_share: float = field(default=0.125, metadata=assumed("1/8 MOPD, rest coding",
+                                                              0.0, 0.5))
+    trajectories_per_gpu_node: int = field(default=256, metadata=assumed(
+        "one 8-GPU node per 256 trajectories (64 x 8 GPUs at 16,384)", 128, 512))
+    qps_per_search_trajectory: float = field(default=0.25, metadata=assumed(
+        "API keys bought in proportion to the search trajectories", 0.1, 1.0))
+    seed: int = field(default=0, metadata=setting("seed"))
 
 
 @register("mixed")
@@ -50,7 +52,8 @@ def mixed(params: MixedParams | None = None, **overrides) -> Workload:
     mp = MopdParams(batch=n_mopd, gpu_nodes=gpu_nodes, seed=p.seed + 2)
     trajs = ([_trajectory(cp, rng, i) for i in range(n_code)] + _search_trajs(sp, rng)
              + _mopd_trajs(mp, rng))
-    gpu = _gpu_spec(gpu_nodes, mp.gpu_memory_gb, {**_teachers(mp), "judge": sp.judge_memory_gb})
+    gpu = _gpu_spec(gpu_nodes, mp.gpu_memory_gb,
+                    {**_teachers(mp), "judge": (sp.judge_weights_gb, sp.kv_gb)})
     cpu, rest = coding_pools(p.nodes, p.cores_per_node), _pools(sp, gpu)
     return Workload("mixed", tuple(trajs), lambda: {**cpu(), **rest()}, p, gpu,
                     tasks=("coding", "search", "mopd"))

@@ -152,7 +152,8 @@ def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
     async def main():
         cpu = CpuManager(SimBackend(seconds, time_scale=1.0),
                          nodes={"n0": CpuNode("n0", {0: (0, 1)})}, memory_mb={"n0": 4096})
-        async with Tangram(cpu=cpu) as tg:
+        # FCFS without backfilling, so the small action really waits behind the head
+        async with Tangram(cpu=cpu, policy="heuristic") as tg:
             a, b, c = [await tg.open_env(f"t{i}", 64) for i in range(3)]
             long = asyncio.create_task(tg.exec(a, "sleep 3", cpu=1))
             await asyncio.sleep(0.05)
