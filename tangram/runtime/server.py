@@ -25,7 +25,8 @@ its `status` says what happened. Errors answer a JSON body
     404  unknown environment, service or API
     409  a demand no pool can ever meet (`Infeasible`), or one over the capacity of the node
          the environment is bound to (the message names the node and its size)
-    413  a body over MAX_BODY bytes
+    408  a request body that stopped arriving (BODY_TIMEOUT_S)
+    413  a body over MAX_BODY bytes (read and dropped up to DRAIN_BODY, then answered)
     422  a malformed body or a value the runtime rejects (`ValidationError`)
     429  the scheduler's queue is full (`QueueFull`, Retry-After: 1)
     503  the runtime is shutting down
@@ -71,6 +72,8 @@ from tangram.runtime.facade import Tangram
 log = logging.getLogger("tangram.runtime.server")
 
 MAX_BODY = 1 << 20  # bytes of one request body
+BODY_TIMEOUT_S = 30.0  # s a request body may stall before the server answers 408
+DRAIN_BODY = 16 << 20  # bytes of an over-limit body read and dropped before the 413
 MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
 MAX_ARGV = 4096  # elements of an argv command
 MAX_TIMEOUT = 24 * 3600.0  # s, an exec's timeout
@@ -155,21 +158,31 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 # -- errors ------------------------------------------------------------------------------------
 
 
+def _printable(text: str) -> str:
+    """`text` that UTF-8 can carry: a lone surrogate (valid in a JSON string escape, not in
+    UTF-8) is written as its escape, `\\ud800`."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _json_value(v: Any, limit: int = 200) -> Any:
     """The offending value as JSON, shortened so an error never echoes a huge payload (and
-    as text where JSON cannot hold it: inf, NaN, bytes)."""
+    as text where JSON cannot hold it: inf, NaN, bytes, lone surrogates)."""
     if isinstance(v, str):
+        v = _printable(v)
         return v if len(v) <= limit else v[:limit] + "..."
     try:
-        text = json.dumps(v, allow_nan=False)
+        text = json.dumps(v, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
     except (TypeError, ValueError):
-        return repr(v)[:limit]
+        return _printable(repr(v))[:limit]
     return v if len(text) <= limit else text[:limit] + "..."
 
 
 def error(status: int, message: str, field: str | None = None, value: Any = None,
           problem: str | None = None) -> JSONResponse:
-    body = {"error": message, "field": field, "value": _json_value(value), "problem": problem}
+    body = {"error": _printable(message), "field": None if field is None else _printable(field),
+            "value": _json_value(value), "problem": None if problem is None else
+            _printable(problem)}
     return JSONResponse(jsonable_encoder(body), status_code=status)
 
 
@@ -202,6 +215,10 @@ def _request_error(_: Request, exc: Exception) -> JSONResponse:
     form of a union (a demand: int, range or list) lists why each form refused it."""
     assert isinstance(exc, RequestValidationError)
     errs = list(exc.errors()) or [{"loc": (), "msg": "invalid request", "type": "?"}]
+    if errs[0].get("type") == "json_invalid":  # its loc is a character offset, not a field
+        at = next((p for p in errs[0].get("loc", ()) if isinstance(p, int)), None)
+        problem = "not valid JSON" + (f" (at character {at})" if at is not None else "")
+        return error(422, f"body: {problem}", "body", None, problem)
     full = tuple(errs[0].get("loc", ()))
     skip = 1 if full and full[0] in ("body", "path", "query", "header") else 0
     named = []
@@ -239,34 +256,52 @@ def _internal(_: Request, exc: Exception) -> JSONResponse:
 
 class BodyLimit:
     """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
-    declared its length or streams it chunked. The app then reads the buffered body and, after
-    it, the connection's own messages (so it still hears a disconnect)."""
+    declared its length or streams it chunked, and a body that stops arriving for `timeout_s`
+    with 408. Before a 413 the body is read and dropped (up to `drain` bytes), so a client
+    that sends it without waiting for `Expect: 100-continue` (urllib, requests) reads the answer
+    instead of a broken pipe. The app then reads the buffered body and, after it, the
+    connection's own messages (so it still hears a disconnect)."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY, timeout_s: float = BODY_TIMEOUT_S,
+                 drain: int = DRAIN_BODY) -> None:
         self.app = app
         self.limit = limit
+        self.timeout_s = timeout_s
+        self.drain = drain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await self._too_large(scope, receive, send)
-            return
+        too_large = declared is not None and (not declared.isdigit()
+                                              or int(declared) > self.limit)
         chunks: list[bytes] = []
         size = 0
-        while True:
-            message = await receive()
+        more = True
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout_s)
+            except TimeoutError:
+                await self._answer(scope, send, 408, f"the request body did not arrive within "
+                                   f"{self.timeout_s:g} s", f"send it within {self.timeout_s:g} s")
+                return
             if message["type"] != "http.request":  # disconnected before the body was in
                 return
-            size += len(message.get("body", b""))
+            body = message.get("body", b"")
+            size += len(body)
+            more = message.get("more_body", False)
             if size > self.limit:
-                await self._too_large(scope, receive, send)
-                return
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
+                too_large = True
+            if too_large:
+                if size > self.drain:  # enough read and dropped: answer and close
+                    break
+                continue
+            chunks.append(body)
+        if too_large:
+            await self._answer(scope, send, 413, f"request body over {self.limit} bytes",
+                               f"at most {self.limit} bytes")
+            return
         replayed = False
 
         async def replay() -> Message:
@@ -278,11 +313,15 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error(413, f"request body over {self.limit} bytes", "body",
-                         problem=f"at most {self.limit} bytes")
+    async def _answer(self, scope: Scope, send: Send, status: int, message: str,
+                      problem: str) -> None:
+        response = error(status, message, "body", problem=problem)
         response.headers["connection"] = "close"
-        await response(scope, receive, send)
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -507,12 +546,20 @@ def main(argv: list[str]) -> int:
                              "(default: $TANGRAM_TOKEN)")
     parser.add_argument("--shutdown-deadline", type=float, default=10.0, metavar="S",
                         help="on stop, running actions get this long to finish (default 10)")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a non-loopback --host without a token (anyone who reaches "
+                             "it can run commands)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="serve over a Ray cluster: auto, ray://head:10001, or local:N[xC] "
                              "to start N local nodes of C cores (sim backend)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    if not _is_loopback(ns.host) and not ns.token and not ns.insecure:
+        print(f"tangram serve: refusing to serve on {ns.host} without a token: set --token (or "
+              "TANGRAM_TOKEN), or pass --insecure to accept that anyone who reaches it can run "
+              "commands", file=sys.stderr)
+        return 2
     if ns.ray:
         if ns.config:
             parser.error("--ray and --config are exclusive")
@@ -523,8 +570,8 @@ def main(argv: list[str]) -> int:
 
 def _serve(ns: argparse.Namespace, tg: Tangram) -> int:
     if not _is_loopback(ns.host) and not ns.token:
-        log.warning("serving on %s without a token: anyone who reaches it can run commands",
-                    ns.host)
+        log.warning("INSECURE: serving on %s without a token: anyone who reaches it can run "
+                    "commands", ns.host)
     app = create_app(tg, ns.token or None, shutdown_deadline=ns.shutdown_deadline)
     print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs)", file=sys.stderr)
     DrainingServer(uvicorn.Config(app, host=ns.host, port=ns.port,
