@@ -358,3 +358,29 @@ def test_bad_options_name_their_field():
         BwrapBackend(uid_base=0)
     with pytest.raises(ValidationError, match="cpu.ro_paths"):
         BwrapBackend(ro_paths=("relative",))
+
+
+def test_a_read_only_path_under_tmp_stays_visible(tmp_path):
+    """The server's virtual environment may live under /tmp (a CI clone): the sandbox's own
+    /tmp must not hide a path it binds read-only."""
+    tool = tmp_path / "venv" / "bin" / "hello"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\necho hello from $0\n")
+    tool.chmod(0o755)
+    (tmp_path / "venv").chmod(0o755)
+    for p in tmp_path.parents:
+        if str(p).startswith("/tmp/"):
+            p.chmod(p.stat().st_mode | 0o005)
+    tmp_path.chmod(0o755)
+
+    async def go():
+        m = CpuManager(BwrapBackend(ro_paths=(str(tmp_path / "venv"),)))
+        try:
+            env = await m.open_env("t", 128)
+            return await m.execute(ExecRequest(env, f"{tool}; touch {tool}.x"))
+        finally:
+            await m.close()
+
+    o = run(go())
+    assert f"hello from {tool}" in o.stdout, (o.stdout, o.stderr)
+    assert "Read-only" in o.stderr and not (tool.parent / "hello.x").exists()

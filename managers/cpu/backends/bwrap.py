@@ -75,8 +75,8 @@ def server_python() -> tuple[str, ...]:
 
 def _system_binds(ro_paths: tuple[str, ...]) -> list[str]:
     """The read-only host files every sandbox sees: /usr, /etc, the merged-/usr links (or the
-    folders themselves on a host without merged /usr), and any `ro_paths` that exist, each below
-    folders that the sandbox's user may enter (the host's may be root's only, like /root)."""
+    folders themselves on a host without merged /usr); `_extra_binds` adds `ro_paths` after the
+    sandbox's own /tmp is mounted (a virtual environment under /tmp stays visible)."""
     args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
     for name in SYSTEM_LINKS:
         host = Path("/") / name
@@ -84,7 +84,15 @@ def _system_binds(ro_paths: tuple[str, ...]) -> list[str]:
             args += ["--symlink", os.readlink(host), str(host)]
         elif host.is_dir():
             args += ["--ro-bind", str(host), str(host)]
-    made: set[str] = set()
+    return args
+
+
+def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
+    """Each of `ro_paths` that exists, read-only at its own path, below folders that the
+    sandbox's user may enter (the host's may be root's only, like /root). Given after the
+    sandbox's mounts, so a path under /tmp or /opt is not hidden by them."""
+    args: list[str] = []
+    made: set[str] = {"/", "/tmp", "/opt", "/usr", "/etc", "/proc", "/dev"}
     for p in ro_paths:
         for parent in reversed(Path(p).parents[:-1]):
             if str(parent) not in made:
@@ -147,7 +155,8 @@ class BwrapBackend(CgroupBackend):
         self.uid_base = uid_base
         self._uids: dict[str, int] = {}
         self._holders: dict[str, _Holder] = {}
-        self._system = _system_binds(tuple(ro_paths))
+        self._system = _system_binds(())
+        self._extra = _extra_binds(tuple(ro_paths))
         self._bwrap = shutil.which("bwrap") or "bwrap"
 
     @classmethod
@@ -212,7 +221,7 @@ class BwrapBackend(CgroupBackend):
                    *self._system, "--proc", "/proc", "--dev", "/dev",
                    "--perms", "1777", "--tmpfs", "/tmp",
                    "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                   "--ro-bind", str(self.support), INSIDE_SUPPORT, "--chdir", "/",
+                   "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra, "--chdir", "/",
                    "--", "sh", "-c", "echo ready; exec sleep infinity")
         try:
             proc = subprocess.Popen(joined(slot.join, sandbox), cwd="/", env={"PATH": SAFE_PATH},
