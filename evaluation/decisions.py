@@ -54,7 +54,7 @@ class Recording:
         return out
 
 
-def _open_instance(n: int, units: int, seed: int):
+def open_instance(n: int, units: int, seed: int):
     """Open-loop arrivals on one flat node: a quarter elastic (1..16 units), the rest 1 unit."""
     rng = random.Random(seed)
     acts, t = [], 0.0
@@ -81,7 +81,7 @@ def _closed(workload: str, **params) -> Driver:
 
 
 def _open(n: int, units: int, seed: int) -> Driver:
-    return lambda alloc, scoped: simulate(_open_instance(n, units, seed), alloc,
+    return lambda alloc, scoped: simulate(open_instance(n, units, seed), alloc,
                                           scoped=scoped) and None
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from evaluation.decisions import open_instance
 from evaluation.simulator import simulate
 from solvers import get_allocator
 from solvers.heuristic.dparrange import dp_arrange
@@ -117,20 +118,6 @@ def _scheduler_view(rng: random.Random):
     return ClusterView({"cpu": pool}), queue
 
 
-def _sim_instance(n: int, rng: random.Random):
-    acts, t = [], 0.0
-    for i in range(n):
-        t += rng.expovariate(1 / 0.02)
-        if i % 4 == 0:
-            amounts = [1, 2, 4, 8, 16]
-            acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
-                         "t_ori": rng.uniform(1, 8),
-                         "efficiency": {str(m): 1 / (m * (0.1 + 0.9 / m)) for m in amounts}})
-        else:
-            acts.append({"id": f"a{i}", "arrival": t, "demand": {"cpu": [1]},
-                         "duration": rng.uniform(0.05, 1.0)})
-    return parse_instance({"resources": {"cpu": {"topology": "flat", "units": 256}},
-                           "actions": acts})
 
 
 def scheduler(argv: list[str]) -> int:
@@ -155,7 +142,7 @@ def scheduler(argv: list[str]) -> int:
 
     ref = statistics.median(_timeit(lambda: plain_numpy_dp(reference_tasks(random.Random(1)),
                                                             256), 50))
-    inst = _sim_instance(ns.actions, rng)
+    inst = open_instance(ns.actions, 256, seed=0)
     t0 = time.perf_counter()
     res = simulate(inst, get_allocator("heuristic"))
     wall = time.perf_counter() - t0

@@ -190,21 +190,22 @@ def overriding(ov: Mapping[str, Mapping[str, Any]]) -> Iterator[None]:
 
 
 @contextmanager
-def tangram_policy(name: str) -> Iterator[None]:
-    token = TANGRAM_POLICY.set(name)
+def _set(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        TANGRAM_POLICY.reset(token)
+        var.reset(token)
 
 
-@contextmanager
-def oracle_estimates(on: bool) -> Iterator[None]:
-    token = ORACLE.set(on)
-    try:
-        yield
-    finally:
-        ORACLE.reset(token)
+def tangram_policy(name: str):
+    """Tangram's policy for the runs inside (`tangram experiment --policy`)."""
+    return _set(TANGRAM_POLICY, name)
+
+
+def oracle_estimates(on: bool):
+    """Hand the scheduler each action's sampled duration inside (`--oracle`)."""
+    return _set(ORACLE, on)
 
 
 def workload(name: str, **sizes: Any) -> Workload:
