@@ -34,13 +34,10 @@ import base64
 import binascii
 import contextlib
 import logging
+import os
 import posixpath
 import re
-import shlex
-import shutil
-import uuid
 from collections.abc import Awaitable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -48,63 +45,31 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tangram.errors import ValidationError
 from tangram.results import Result, Status
+from tangram.runtime.sandboxfusion.runners import Plan, missing_toolchain, plan_for
+from tangram.runtime.sandboxfusion.warm import fresh_trajectory, warm_pool
 
 log = logging.getLogger("tangram.runtime.sandboxfusion")
 
 T = TypeVar("T")
 
-DEFAULT_MEMORY_MB = 1024  # an environment's memory when the request says -1 (no limit)
+# an environment's memory when the request says -1 (no per-request limit): the server's default
+DEFAULT_MEMORY_MB = int(os.environ.get("TANGRAM_SANDBOXFUSION_MEMORY_MB", "1024"))
+ISOLATING_BACKENDS = ("bwrap", "docker")  # a root of its own per sandbox
+IGNORED_FILE = "IGNORE_THIS_FILE"  # SandboxFusion skips `files` whose name holds this
 FETCH_TIMEOUT = 30.0  # s, the step that reads `fetch_files` back
 FETCH_CAP = 8 << 20  # bytes of base64 a fetch step may print
 ARG_CHUNK = 64 << 10  # bytes of base64 per argv element (Linux caps one element at 128 KiB)
 STDIN_FILE = ".tangram-stdin"
 MAX_TIMEOUT = 24 * 3600.0
+OOM_DETAIL = "killed: out of memory"  # how the CPU backends name a memory kill
 
 # Every language SandboxFusion's request model accepts; anything else is a 422 there and here.
 SandboxLanguage = Literal[
     "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript",
     "sql", "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest",
     "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift", "racket"]
-
-
-@dataclass(frozen=True, slots=True)
-class Runner:
-    """How one language runs: the code is written to `source`; `compile` (a shell command, or
-    None) then `run` run in the environment's work directory; `tool` must be on PATH."""
-
-    source: str
-    run: str
-    tool: str
-    compile: str | None = None
-
-
-RUNNERS: dict[str, Runner] = {
-    "python": Runner("main.py", "python3 main.py", "python3"),
-    "pytest": Runner("test_main.py", "python3 -m pytest -q $workers test_main.py", "python3"),
-    "bash": Runner("main.sh", "bash main.sh", "bash"),
-    "cpp": Runner("main.cpp", "./main", "g++", "g++ -std=c++17 -O2 -o main main.cpp -lpthread"),
-    "go": Runner("main.go", "./main", "go", "go build -o main main.go"),
-    "rust": Runner("main.rs", "./main", "rustc", "rustc -O -o main main.rs"),
-    "nodejs": Runner("main.js", "node main.js", "node"),
-    "ruby": Runner("main.rb", "ruby main.rb", "ruby"),
-    "perl": Runner("main.pl", "perl main.pl", "perl"),
-    "php": Runner("main.php", "php main.php", "php"),
-    "lua": Runner("main.lua", "lua main.lua", "lua"),
-    "R": Runner("main.R", "Rscript main.R", "Rscript"),
-    "julia": Runner("main.jl", "julia main.jl", "julia"),
-}
-
-
-def runner_for(language: str) -> Runner | str:
-    """The language's runner, or why this server cannot run it."""
-    runner = RUNNERS.get(language)
-    if runner is None:
-        return f"language {language!r} is not supported by this server (supported: " \
-               f"{', '.join(sorted(RUNNERS))})"
-    if shutil.which(runner.tool) is None:
-        return f"language {language!r} needs {runner.tool!r}, which this server does not have"
-    return runner
 
 
 # -- the request ---------------------------------------------------------------------------------
@@ -120,17 +85,32 @@ class CpuRange(BaseModel):
 
 
 def _sandbox_path(path: str) -> str:
-    """A path inside the sandbox's work directory, normalised; ValueError when it escapes it
-    (absolute, `..`) or cannot be a file name."""
+    """A path inside the sandbox, normalised: relative to its work directory, or absolute (in
+    the sandbox's own view: its private /tmp, its work directory; see `absolute_allowed`);
+    ValueError when a relative one escapes the work directory or it cannot be a file name."""
     if not path or "\x00" in path or "\\" in path:
         raise ValueError(f"{path!r} is not a file path")
-    if path.startswith("/"):
-        raise ValueError(f"{path!r}: absolute paths are outside the sandbox (give a relative "
-                         "one)")
     norm = posixpath.normpath(path)
+    if path.startswith("/"):
+        if norm in ("/", "//"):
+            raise ValueError(f"{path!r} is not a file path")
+        return norm
     if norm in (".", "") or norm == ".." or norm.startswith("../"):
         raise ValueError(f"{path!r} escapes the sandbox's work directory")
     return norm
+
+
+def _inside(path: str) -> str:
+    """The path as the sandbox's shell names it."""
+    return path if path.startswith("/") else "./" + path
+
+
+def absolute_allowed(tg: Any) -> bool:
+    """Absolute `files`/`fetch_files` paths are served only where the backend gives each
+    sandbox a root of its own (bwrap, docker): there they name the sandbox's own files and its
+    user's permissions bound what it may write. Elsewhere they would be the host's: refused."""
+    cpu = getattr(tg, "cpu", None)
+    return getattr(getattr(cpu, "backend", None), "name", "") in ISOLATING_BACKENDS
 
 
 class RunCodeRequest(BaseModel):
@@ -245,13 +225,24 @@ class RunCodeResponse(BaseModel):
 
 
 def command_result(r: Result) -> CommandRunResult:
-    """A Tangram result as a SandboxFusion step: a timeout has no return code (as there)."""
+    """A Tangram result as a SandboxFusion step: a timeout has no return code (as there); a
+    kill for memory keeps its return code and says so on stderr (where SandboxFusion's clients
+    look: there a memory limit surfaces as the program's own MemoryError text); a missing
+    toolchain (the runners' guard) is an `Error`, so the request is a `SandboxError`."""
     if r.status is Status.TIMEOUT:
         return CommandRunResult(status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
                                 execution_time=r.run_s, stdout=r.stdout, stderr=r.stderr)
+    missing = missing_toolchain(r.exit_code, r.stderr)
+    if missing is not None:
+        return CommandRunResult(status=CommandRunStatus.ERROR, execution_time=r.run_s,
+                                stdout=r.stdout, stderr=missing)
     if r.status in (Status.OK, Status.ERROR) and r.exit_code is not None:
+        stderr = r.stderr
+        if r.detail.startswith(OOM_DETAIL):
+            stderr = f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}" \
+                     f"tangram: {r.detail}\n"
         return CommandRunResult(status=CommandRunStatus.FINISHED, execution_time=r.run_s,
-                                return_code=r.exit_code, stdout=r.stdout, stderr=r.stderr)
+                                return_code=r.exit_code, stdout=r.stdout, stderr=stderr)
     return CommandRunResult(status=CommandRunStatus.ERROR, execution_time=r.run_s,
                             stdout=r.stdout, stderr=r.stderr or f"{r.status}: {r.detail}")
 
@@ -303,12 +294,13 @@ done
 
 
 def staged(files: dict[str, bytes], command: str) -> list[str]:
-    """An argv that writes `files` (relative paths) then runs the shell `command`."""
+    """An argv that writes `files` (work-directory-relative or the sandbox's absolute paths)
+    then runs the shell `command`."""
     argv = ["sh", "-c", _STAGE, "tangram-stage"]
     for path, data in files.items():
         text = base64.b64encode(data).decode()
         for i in range(0, max(len(text), 1), ARG_CHUNK):
-            argv += ["./" + path, text[i:i + ARG_CHUNK]]
+            argv += [_inside(path), text[i:i + ARG_CHUNK]]
     return [*argv, "--", "sh", "-c", command]
 
 
@@ -332,47 +324,63 @@ def _grant(step: str, r: Result) -> StepGrant:
 async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
     """Run one request on `tg` (a `Tangram`): see the module docstring. A fresh environment is
     closed before this returns, also when it is cancelled."""
-    runner = runner_for(req.language)
-    if isinstance(runner, str):
-        return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=runner)
+    plan = plan_for(req.language, req.code, list(req.files), req.args)
+    if isinstance(plan, str):
+        return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=plan)
+    paths = [*req.files, *req.fetch_files]
+    if any(p.startswith("/") for p in paths) and not absolute_allowed(tg):
+        bad = next(p for p in paths if p.startswith("/"))
+        raise ValidationError("files" if bad in req.files else "fetch_files", bad,
+                              "absolute paths are served only by the isolating backends "
+                              f"({', '.join(ISOLATING_BACKENDS)}), where they are the "
+                              "sandbox's own; give a path relative to the work directory")
     memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
-    own = req.env_id is None
-    env = req.env_id or await tg.open_env(f"sandboxfusion-{uuid.uuid4().hex[:12]}", memory)
+    if req.env_id is not None:
+        return await _steps(tg, req.env_id, plan, req)
+    pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+    env = await (pool.take(memory) if pool is not None else
+                 tg.open_env(fresh_trajectory(), memory))
     try:
-        return await _steps(tg, env, runner, req)
+        return await _steps(tg, env, plan, req)
     finally:
-        if own:
-            await asyncio.shield(tg.close_env(env))
+        await asyncio.shield(tg.close_env(env))
 
 
-async def _steps(tg: Any, env: str, runner: Runner, req: RunCodeRequest) -> RunCodeResponse:
-    files = {_sandbox_path(p): base64.b64decode(c) for p, c in req.files.items() if c is not None}
-    files[runner.source] = req.code.encode()
-    stdin = "< /dev/null"
+def _inputs(plan: Plan, req: RunCodeRequest) -> dict[str, bytes]:
+    files = {**plan.extra}
+    files.update({_sandbox_path(p): base64.b64decode(c) for p, c in req.files.items()
+                  if c is not None and IGNORED_FILE not in p})
+    if plan.source is not None:
+        files[plan.source] = (plan.code_prefix + req.code).encode()
     if req.stdin is not None:
         files[STDIN_FILE] = req.stdin.encode()
-        stdin = f"< {STDIN_FILE}"
+    return files
+
+
+async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeResponse:
+    files = _inputs(plan, req)
+    stdin = f"< {STDIN_FILE}" if req.stdin is not None else "< /dev/null"
+    guard = plan.guard()
     resp = RunCodeResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
-    if runner.compile is not None:
-        r = await tg.exec(env, staged(files, f"{runner.compile} < /dev/null"), cpu=1,
+    if plan.compile is not None:
+        r = await tg.exec(env, staged(files, f"{guard}{plan.compile} < /dev/null"), cpu=1,
                           timeout=req.compile_timeout)
         resp.tangram.steps.append(_grant("compile", r))
         resp.compile_result = command_result(r)
-        files = {}
+        files, guard = {}, ""
     compiled = resp.compile_result is None or (
         resp.compile_result.status is CommandRunStatus.FINISHED
         and resp.compile_result.return_code == 0)
     if compiled:
-        extra = " " + shlex.join(req.args) if req.args and req.language == "pytest" else ""
-        workers = _WORKERS if req.is_elastic() else "workers=; "
-        r = await tg.exec(env, staged(files, f"{workers}exec {runner.run}{extra} {stdin}"),
-                          cpu=req.cpu_demand(), elastic=req.is_elastic(),
-                          timeout=req.run_timeout)
+        elastic = req.language == "pytest" and req.is_elastic()
+        workers = _WORKERS if elastic else "workers=; "
+        r = await tg.exec(env, staged(files, f"{guard}{workers}exec {plan.run} {stdin}"),
+                          cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout)
         resp.tangram.steps.append(_grant("run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
         paths = [_sandbox_path(p) for p in req.fetch_files]
-        r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *("./" + p for p in paths)],
+        r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
                           cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP)
         resp.tangram.steps.append(_grant("fetch", r))
         resp.files = {req.fetch_files[paths.index(p)]: data
