@@ -19,8 +19,7 @@ from managers.cpu import CpuManager
 from managers.cpu.backends.affinity import AffinityBackend
 from tangram.results import Result, Status
 from tangram.runtime.facade import Tangram
-from tangram.runtime.sandboxfusion import (DEFAULT_MEMORY_MB, RunCodeRequest, command_result,
-                                           overall)
+from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB, RunCodeRequest, command_result, overall
 from tangram.runtime.sandboxfusion.warm import warm_pool
 from tangram.runtime.server import RedactTokens, create_app, serve_in_thread
 

@@ -37,11 +37,14 @@ import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.backends import cgroupfs as fs
+from managers.cpu.backends import spawner as fast
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.grant import SAFE_PATH, command_env
@@ -115,11 +118,18 @@ class _Holder:
     proc: subprocess.Popen
     fds: dict[str, int]  # namespace -> an open fd of /proc/<sandbox init>/ns/<namespace>
     slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
+    spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def healthy(self) -> bool:
+        """Alive, and so is its spawner (a command of the sandbox may have killed it)."""
+        return self.alive() and (self.spawner is None or self.spawner.dead is None)
+
     def release(self) -> None:
+        if self.spawner is not None:
+            self.spawner.close()
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         with contextlib.suppress(Exception):
@@ -134,12 +144,14 @@ class BwrapBackend(CgroupBackend):
     name = "bwrap"
 
     def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX,
-                 uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None
-                 ) -> None:
+                 uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None,
+                 spawner: bool = True) -> None:
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
         be anyone's uid); `ro_paths`: the host paths each sandbox sees read-only besides the
         system's (a toolchain under /opt, a virtual environment); default: the server's own
-        Python (`server_python`), () for none."""
+        Python (`server_python`), () for none; `spawner`: start commands through a resident
+        spawner in each sandbox (`spawner.py`; needs the server's Python visible inside)
+        instead of entering the sandbox per exec."""
         if ro_paths is None:
             ro_paths = server_python()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
@@ -158,6 +170,10 @@ class BwrapBackend(CgroupBackend):
         self._system = _system_binds(())
         self._extra = _extra_binds(tuple(ro_paths))
         self._bwrap = shutil.which("bwrap") or "bwrap"
+        python = os.path.realpath(sys.executable)
+        self._spawner = spawner and any(python.startswith(p.rstrip("/") + "/")
+                                        for p in (*ro_paths, "/usr"))
+        self._spawner_installed = False
 
     @classmethod
     def probe(cls) -> str | None:
@@ -198,6 +214,9 @@ class BwrapBackend(CgroupBackend):
                                      f"environment {env.id} to its uid {uid} ({exc})") from exc
         self._uids[env.id] = uid
         try:
+            if self._spawner and not self._spawner_installed:
+                fast.install(self.support)
+                self._spawner_installed = True
             slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
             self._confine(slot, cores)
             await self._start_holder(env, slot)
@@ -210,30 +229,53 @@ class BwrapBackend(CgroupBackend):
         raises `BackendUnavailable` saying why when it does not come up. Spawned from the
         loop's thread: `--die-with-parent` follows the spawning thread, which lives as long as
         the server."""
-        proc, info_r = self._spawn_holder(env, slot)
-        self._holders[env.id] = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
+        proc, info_r, ours = self._spawn_holder(env, slot)
+        try:
+            holder = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
+        holder.spawner = fast.Spawner(ours) if ours is not None else None
+        self._holders[env.id] = holder
 
-    def _spawn_holder(self, env: Environment, slot: Slot) -> tuple[subprocess.Popen, int]:
+    def _spawn_holder(self, env: Environment, slot: Slot
+                      ) -> tuple[subprocess.Popen, int, socket.socket | None]:
         info_r, info_w = os.pipe()
+        ours = theirs = None
+        if self._spawner:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            payload = (*_drop_to(self._uids[env.id]), sys.executable, "-I", "-S",
+                       f"{INSIDE_SUPPORT}/{fast.INSIDE_NAME}", str(theirs.fileno()), INSIDE_WORK)
+            # only what setpriv needs to drop to the uid and clear every set, itself included
+            caps = ["--cap-drop", "ALL", *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c))]
+        else:
+            payload = ("sh", "-c", "echo ready; exec sleep infinity")
+            caps = ["--cap-drop", "ALL"]
         sandbox = (self._bwrap, *ISOLATE, *([] if env.network else ["--unshare-net"]),
-                   "--hostname", "tangram", "--die-with-parent", "--cap-drop", "ALL",
+                   "--hostname", "tangram", "--die-with-parent", *caps,
                    "--info-fd", str(info_w),
                    *self._system, "--proc", "/proc", "--dev", "/dev",
                    "--perms", "1777", "--tmpfs", "/tmp",
                    "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
                    "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra, "--chdir", "/",
-                   "--", "sh", "-c", "echo ready; exec sleep infinity")
+                   "--", *payload)
+        passed = (info_w,) if theirs is None else (info_w, theirs.fileno())
         try:
             proc = subprocess.Popen(joined(slot.join, sandbox), cwd="/", env={"PATH": SAFE_PATH},
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(info_w,),
+                                    stderr=subprocess.PIPE, pass_fds=passed,
                                     start_new_session=True)
         except OSError:
             os.close(info_r)
+            if ours is not None:
+                ours.close()
             raise
         finally:
             os.close(info_w)
-        return proc, info_r
+            if theirs is not None:
+                theirs.close()
+        return proc, info_r, ours
 
     def _hold(self, env: Environment, slot: Slot, proc: subprocess.Popen,
               info_r: int) -> _Holder:
@@ -265,7 +307,7 @@ class BwrapBackend(CgroupBackend):
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
         holder = self._holders.get(env.id)
-        if holder is not None and not holder.alive() and env.id in self._envs:
+        if holder is not None and not holder.healthy() and env.id in self._envs:
             holder.release()
             del self._holders[env.id]
             try:
@@ -273,6 +315,17 @@ class BwrapBackend(CgroupBackend):
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
+
+    async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
+                   command: Command, timeout: float, output_cap: int, elastic: bool) -> Result:
+        holder = self._holders.get(env.id)
+        if holder is None or holder.spawner is None:
+            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic)
+        leaf = slot.folders["cpu"]
+        return await holder.spawner.run(argv_of(command), env=self._environ(env, cores, elastic),
+                                        cgroups=slot.procs, home=holder.slot.procs,
+                                        timeout=timeout, output_cap=output_cap,
+                                        kill_rest=lambda: fs.kill_all(leaf))
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
         holder = self._holders.get(env.id)

@@ -50,6 +50,7 @@ SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a sh
 class Slot:
     folders: dict[str, Path]  # controller -> the slot folder
     join: str  # shell line moving the shell into the slot (and the env's memory cgroup, v1)
+    procs: tuple[Path, ...] = ()  # the cgroup.procs files that `join` writes
     cpus: str = ""
     quota: str = ""
 
@@ -180,7 +181,7 @@ class CgroupBackend(Backend):
             joins = [f]
         writes = " && ".join(f"echo 0 >{shlex.quote(str(j / 'cgroup.procs'))}" for j in joins)
         slot = Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
-                              f"exit 125; }}")
+                              f"exit 125; }}", tuple(j / "cgroup.procs" for j in joins))
         e.slots.append(slot)
         return slot
 
@@ -231,11 +232,7 @@ class CgroupBackend(Backend):
         ooms = fs.oom_kills(self.h.version, e.folders["memory"])
         forks = self._pids_refused(e)
         try:
-            outcome = await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
-                                      env=self._environ(env, cores, elastic),
-                                      timeout=timeout, output_cap=output_cap,
-                                      kill_rest=lambda: fs.kill_all(leaf),
-                                      pass_fds=self._fds(env))
+            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic)
         finally:
             e.free.append(slot)
         if self._envs.get(env.id) is not e:
@@ -245,6 +242,15 @@ class CgroupBackend(Backend):
             raise EnvironmentBroken(f"environment {env.id} is broken: the command could not "
                                     f"join its cgroup {leaf}")
         return self._named_limits(env, e, outcome, ooms, forks)
+
+    async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
+                   command: Command, timeout: float, output_cap: int, elastic: bool) -> Result:
+        """Run one command in `slot` (joined before it starts), its leftovers killed."""
+        leaf = slot.folders["cpu"]
+        return await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
+                               env=self._environ(env, cores, elastic), timeout=timeout,
+                               output_cap=output_cap, kill_rest=lambda: fs.kill_all(leaf),
+                               pass_fds=self._fds(env))
 
     def _pids_refused(self, e: _Env) -> int:
         """How often the environment's pids limit refused a fork so far."""

@@ -1,0 +1,176 @@
+"""The fast exec path of the bwrap backend: a resident spawner inside each sandbox.
+
+Entering a sandbox per exec (a joining shell, `nsenter` into six namespaces, `setpriv`) costs
+several milliseconds of process starts. Instead, each sandbox's holder is a small resident
+program (`spawner_inside.py`, run by the server's own Python) that forks the commands it is
+sent. It runs as the sandbox's uid with no capabilities and `no_new_privs` (as every command
+did before) and is non-dumpable; per command it moves itself into the exec's cgroup slot
+(through cgroup.procs files the server opened, passed over the socket: the sandbox sees no
+cgroup file), `posix_spawn`s the command there and moves back, so the command is confined from
+its first instruction. What the server does per exec: two pipes, a memfd holding the request,
+one message; the start and the exit come back as one message each, and the timeout counts from
+the start.
+
+The contract is the backend's: output capped per stream, the command's whole cgroup slot killed
+at the timeout and after the exit, the exit code as `subprocess` gives it (negative: a signal).
+The commands run as the spawner's own uid, so a command can signal it (never ptrace it or read
+its fds: it is non-dumpable); one that kills it ends its own sandbox only: the commands in
+flight come back killed, saying so, and the backend restarts the sandbox (a fresh /tmp, the
+same work directory) before the next exec, as it does for any holder that died.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from managers.cpu.backends.base import EnvironmentBroken, outcome_of
+from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
+from tangram.results import Result
+
+INSIDE_SOURCE = Path(__file__).with_name("spawner_inside.py")
+INSIDE_NAME = "tangram_spawner.py"
+KILL_GRACE_S = 5.0  # after a kill, how long the spawner may take to report the exit
+START_TIMEOUT_S = 10.0  # how long the spawner may take to start a command
+SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setpriv drops them all
+
+
+def install(folder: Path) -> Path:
+    """Copy the in-sandbox program into `folder` (world-readable); returns its path there."""
+    target = folder / INSIDE_NAME
+    target.write_bytes(INSIDE_SOURCE.read_bytes())
+    target.chmod(0o644)
+    return target
+
+
+class Spawner:
+    """The server's end of one sandbox's spawner socket. Runs on the event loop's thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.setblocking(False)
+        self._ids = itertools.count()
+        # id -> (started, ended): the command runs; its exit code
+        self._pending: dict[str, tuple[asyncio.Future[int], asyncio.Future[int]]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.dead: str | None = None
+
+    def _attach(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self.sock.fileno(), self._read)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self.sock.recv(256)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                msg, why = b"", str(exc)
+            else:
+                why = "its spawner exited"
+            if not msg:
+                self._fail(why)
+                return
+            verb, cid, code = msg.decode().split(" ")
+            futs = self._pending.get(cid)
+            if futs is None:
+                continue
+            started, ended = futs
+            if not started.done():
+                started.set_result(0)
+            if verb == "exit" and not ended.done():
+                ended.set_result(int(code))
+
+    def _fail(self, why: str) -> None:
+        self.dead = why
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.fileno())
+        for futs in self._pending.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(EnvironmentBroken(f"the sandbox is gone ({why})"))
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self._loop is not None and self.dead is None:
+            with contextlib.suppress(Exception):
+                self._loop.remove_reader(self.sock.fileno())
+        self.dead = self.dead or "closed"
+        self.sock.close()
+
+    async def run(self, argv: Sequence[str], *, env: Mapping[str, str],
+                  cgroups: Sequence[Path], home: Sequence[Path], timeout: float,
+                  output_cap: int, kill_rest: Callable[[], None]) -> Result:
+        """Run `argv` in the sandbox's work directory, in the cgroups whose cgroup.procs are
+        `cgroups` (`home`: those of the holder's own slot, where the spawner returns). The
+        timeout counts from the command's start, not from the request."""
+        self._attach()
+        if self.dead is not None:
+            raise EnvironmentBroken(f"the sandbox is gone ({self.dead})")
+        loop = asyncio.get_running_loop()
+        cid = str(next(self._ids))
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        passed = [out_w, err_w]
+        started: asyncio.Future[int] = loop.create_future()
+        ended: asyncio.Future[int] = loop.create_future()
+        try:
+            memfd = os.memfd_create("tangram-exec", os.MFD_CLOEXEC)
+            passed.insert(0, memfd)
+            os.write(memfd, json.dumps({"argv": list(argv), "env": dict(env)}).encode())
+            for procs in (*cgroups, *home):
+                passed.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
+            self._pending[cid] = (started, ended)
+            self.sock.sendmsg([f"run {cid} {len(cgroups)}".encode()],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
+        except OSError as exc:
+            self._pending.pop(cid, None)
+            os.close(out_r)
+            os.close(err_r)
+            raise EnvironmentBroken(f"cannot hand the command to the sandbox ({exc})") from exc
+        finally:
+            for fd in passed:
+                os.close(fd)
+        capture = _Capture(loop, [out_r, err_r], output_cap)
+        timed_out = lost = False
+        code: int | None = None
+        try:
+            try:
+                await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S)
+                code = await asyncio.wait_for(asyncio.shield(ended), timeout)
+            except EnvironmentBroken:
+                lost = True  # the command (the spawner's own uid) may have killed it
+            except TimeoutError:
+                if not started.done():
+                    raise EnvironmentBroken(f"the sandbox's spawner did not start a command "
+                                            f"within {START_TIMEOUT_S:g} s") from None
+                raise
+        except TimeoutError:
+            timed_out = True
+        finally:
+            kill_rest()  # the slot: the command and whatever it left
+            if not ended.done() and self.dead is None:
+                with contextlib.suppress(OSError):
+                    self.sock.send(f"kill {cid}".encode())
+                with contextlib.suppress(TimeoutError, EnvironmentBroken):
+                    code = await asyncio.wait_for(asyncio.shield(ended), KILL_GRACE_S)
+            self._pending.pop(cid, None)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
+            capture.abandon()
+        out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
+        if lost:
+            return Result("error", None, out.decode(errors="replace"),
+                          err.decode(errors="replace"), truncated=capture.truncated,
+                          detail=f"killed: the sandbox's spawner died while the command ran "
+                                 f"({self.dead}); the sandbox restarts before the next exec")
+        return outcome_of(code, out, err, capture.truncated, timed_out, timeout, output_cap)

@@ -1,0 +1,148 @@
+"""The resident spawner: runs inside each bwrap sandbox (as its holder) and starts commands.
+
+Not imported by the server: `spawner.py` copies this file into the sandbox's support folder
+and the sandbox runs it with the server's Python (`-I -S`: nothing of the environment or site
+packages is read), already as the sandbox's own uid with no capability, no groups and
+`no_new_privs` (`setpriv`, as every command was before). It makes itself non-dumpable, so the
+commands, which run as the same uid, can neither ptrace it nor read its memory or fds.
+
+Protocol, on the SOCK_SEQPACKET socket given as argv[1] (the server holds the other end):
+
+    server -> spawner   b"run <id> <k>" + fds [request memfd, stdout, stderr, the k cgroup.procs
+                        files of the exec's slot, the cgroup.procs files of the holder's slot]
+                        (the memfd holds JSON {"argv", "env"}; the cgroup.procs files were
+                        opened for writing by the server outside the sandbox, and the kernel
+                        checks the opener's credentials: no cgroup file is visible inside)
+    spawner -> server   b"started <id> 0"       the command runs (or b"exit <id> 127" with the
+                                                reason on its stderr when it cannot start)
+    server -> spawner   b"kill <id>"            SIGKILL the command's process group
+    spawner -> server   b"exit <id> <code>"     the command ended (negative: killed by signal)
+
+Per command the spawner moves itself into the exec's cgroup slot, starts the command there with
+`posix_spawn` (vfork: no copy of this process; a session of its own, /dev/null as stdin, the
+work directory as cwd) and moves itself back, so the command is confined from its first
+instruction. The spawner exits when the server's end closes.
+"""
+
+import array
+import ctypes
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+PR_SET_DUMPABLE = 4
+MAX_FDS = 32
+
+
+def resolve(name: str, path: str) -> str:
+    if "/" in name:
+        return name
+    for d in path.split(":"):
+        candidate = f"{d or '.'}/{name}"
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    raise FileNotFoundError(2, f"{name}: not found on PATH {path}")
+
+
+def move(fds) -> None:
+    for fd in fds:
+        os.write(fd, b"0")
+
+
+def spawn(req: dict, out: int, err: int, slot: list[int], home: list[int]) -> int:
+    """Start the command in the exec's slot; returns its pid (raises OSError)."""
+    argv = req["argv"]
+    exe = resolve(argv[0], req["env"].get("PATH", ""))
+    move(slot)
+    try:
+        return os.posix_spawn(exe, argv, req["env"], setsid=True, file_actions=[
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)])
+    finally:
+        move(home)
+
+
+def read_all(fd: int) -> bytes:
+    chunks = []
+    os.lseek(fd, 0, os.SEEK_SET)
+    while True:
+        b = os.read(fd, 1 << 20)
+        if not b:
+            return b"".join(chunks)
+        chunks.append(b)
+
+
+def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
+    fds = array.array("i")
+    msg, anc, _, _ = sock.recvmsg(256, socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
+    for level, kind, data in anc:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return msg, list(fds)
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    os.set_inheritable(sock.fileno(), False)
+    os.chdir(sys.argv[2])
+    ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    running: dict[int, str] = {}  # pid -> id
+    by_id: dict[str, int] = {}
+    os.write(1, b"ready\n")
+    os.close(1)
+    while True:
+        ready, _, _ = select.select([sock, wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            cid = running.pop(pid, None)
+            if cid is not None:
+                by_id.pop(cid, None)
+                sock.send(f"exit {cid} {os.waitstatus_to_exitcode(status)}".encode())
+        if sock not in ready:
+            continue
+        msg, fds = receive(sock)
+        if not msg:
+            return  # the server is gone
+        words = msg.decode().split(" ")
+        if words[0] == "kill" and len(words) == 2:
+            pid = by_id.get(words[1])
+            if pid is not None:
+                for target in (-pid, pid):
+                    try:
+                        os.kill(target, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+        elif words[0] == "run" and len(words) == 3 and len(fds) >= 3:
+            cid, k = words[1], int(words[2])
+            try:
+                req = json.loads(read_all(fds[0]))
+                pid = spawn(req, fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
+            except (OSError, ValueError, KeyError, IndexError) as exc:
+                os.write(fds[2], f"tangram spawner: cannot run the command: {exc}\n".encode())
+                sock.send(f"exit {cid} 127".encode())
+            else:
+                running[pid] = cid
+                by_id[cid] = pid
+                sock.send(f"started {cid} 0".encode())
+        for fd in fds:
+            os.close(fd)
+
+
+if __name__ == "__main__":
+    main()

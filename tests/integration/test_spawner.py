@@ -1,0 +1,90 @@
+"""The bwrap backend's fast path (a resident spawner per sandbox) against its reference path
+(nsenter + setpriv per exec), on real sandboxes: the same answers, the same confinement, and a
+command that attacks its spawner harms only its own sandbox, which comes back."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from managers.cpu import CpuManager
+from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.request import ExecRequest
+
+pytestmark = [pytest.mark.cgroup]
+WHY = BwrapBackend.probe()
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    if WHY is not None:
+        pytest.skip(f"bwrap backend unavailable: {WHY}")
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+@pytest.fixture(scope="module")
+def pair(loop) -> Iterator[tuple[tuple[CpuManager, str], tuple[CpuManager, str]]]:
+    """(fast manager, its env), (reference manager, its env)."""
+    fast = CpuManager(BwrapBackend(spawner=True))
+    ref = CpuManager(BwrapBackend(spawner=False))
+    envs = [loop.run_until_complete(m.open_env("spawner-test", 128)) for m in (fast, ref)]
+    yield (fast, envs[0]), (ref, envs[1])
+    for m in (fast, ref):
+        loop.run_until_complete(m.close())
+
+
+def execute(loop, m: CpuManager, env: str, command, timeout: float = 20.0):
+    return loop.run_until_complete(m.execute(ExecRequest(env, command, timeout)))
+
+
+texts = st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="'\\"),
+                max_size=40)
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(out=texts, err=texts, code=st.integers(0, 255), as_argv=st.booleans())
+def test_fast_and_reference_paths_agree(loop, pair, out, err, code, as_argv):
+    script = f"printf '%s' '{out}'; printf '%s' '{err}' >&2; cd /sandbox && pwd >&2; exit {code}"
+    command = ("sh", "-c", script) if as_argv else script
+    (fast, fenv), (ref, renv) = pair
+    a, b = execute(loop, fast, fenv, command), execute(loop, ref, renv, command)
+    assert (a.status, a.exit_code, a.stdout, a.stderr) == (b.status, b.exit_code, b.stdout,
+                                                          b.stderr)
+    assert a.exit_code == code and a.stdout == out and a.stderr == err + "/sandbox\n"
+
+
+def test_a_command_runs_confined_to_its_grant_as_the_sandbox_user(loop, pair):
+    (fast, env), _ = pair
+    r = execute(loop, fast, env, "grep -E 'Cpus_allowed_list|NoNewPrivs|CapEff|CapBnd' "
+                                 "/proc/self/status; id -u; cat /proc/self/cgroup | wc -l")
+    lines = dict(line.split(":\t") for line in r.stdout.splitlines() if ":\t" in line)
+    node = fast.envs.get(env).node
+    granted = min(fast.pool.cpu_node(node).domain_of)  # `execute` takes the first free core
+    assert lines["NoNewPrivs"] == "1" and int(lines["CapEff"], 16) == 0 \
+        and int(lines["CapBnd"], 16) == 0
+    assert lines["Cpus_allowed_list"] == str(granted), r.stdout
+    assert int(r.stdout.splitlines()[-2]) >= 1000  # not root
+
+
+def test_the_spawner_cannot_be_read_and_its_death_harms_only_its_own_sandbox(loop, pair):
+    (fast, env), _ = pair
+    peek = execute(loop, fast, env,
+                   "for p in /proc/[0-9]*; do [ $p = /proc/$$ ] && continue; "
+                   "if grep -q 'tangram_spawne[r].py' $p/cmdline 2>/dev/null; then echo FOUND; "
+                   "ls $p/fd >/dev/null 2>&1 && echo READABLE; "
+                   "cat $p/environ >/dev/null 2>&1 && echo READABLE; fi; done")
+    # the spawner and bwrap's init (its command line names the spawner too)
+    assert peek.stdout.count("FOUND") >= 1 and "READABLE" not in peek.stdout, peek
+    execute(loop, fast, env, "echo kept > /sandbox/kept")
+    killer = execute(loop, fast, env, "kill -9 -1; sleep 2; echo after")
+    assert killer.status == "error" and "spawner died" in killer.detail, killer
+    again = execute(loop, fast, env, "cat /sandbox/kept")  # restarted, same work directory
+    assert again.status == "ok" and again.stdout == "kept\n", again
+    assert env not in fast.broken
