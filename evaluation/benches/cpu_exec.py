@@ -5,7 +5,8 @@ Tangram action on the `cgroup` backend and on the `bwrap` backend (cgroup grant 
 sandbox per environment; commands started by its resident spawner, and, for reference, entered
 per exec with nsenter + setpriv), a raw `exec_run` through the docker SDK, and the action on
 the `docker` backend; with the grant unchanged between runs and alternating between two grants
-(which forces a cpuset/quota rewrite per exec). All in one run, so the figures share one machine state.
+(which forces a cpuset/quota rewrite per exec). All in one run, so the figures share one
+machine state.
 Goals: cgroup and bwrap <= raw + 2 ms; docker <= 1.2 x raw exec_run. A backend that cannot run
 here is reported with its reason.
 """
