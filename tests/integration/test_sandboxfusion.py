@@ -26,6 +26,7 @@ from tangram.runtime.server import RedactTokens, create_app, serve_in_thread
 pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
                                 reason=f"affinity backend: {AffinityBackend.probe()}")
 TOKEN = "s3cret-token"
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(32))  # bytes a PNG starts with, then anything
 
 
 def b64(data: bytes) -> str:
@@ -230,3 +231,47 @@ def test_status_follows_sandboxfusions_rule():
     assert overall(bad, err) == ("SandboxError", "failed: node lost")
     assert RunCodeRequest(code="x", language="pytest", cpu=[1, 2]).is_elastic()
     assert not RunCodeRequest(code="x", language="python", cpu=[1, 2]).is_elastic()
+
+
+def test_run_jupyter_cells_in_order_with_outputs_errors_and_images(client):
+    cells = ["a = 123", "a", "print(a)", "import sys; sys.stderr.write('err')",
+             "raise RuntimeError('boom')",
+             "from IPython.display import Image, display\n"
+             f"display(Image(data={PNG!r}, format='png'))"]
+    r = client.post("/run_jupyter", json={"cells": cells})
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["status"] == "Success" and d["driver"]["status"] == "Finished", d
+    out = d["cells"]
+    assert len(out) == len(cells)
+    assert out[1]["display"] == [{"text/plain": "123"}] and out[2]["stdout"] == "123\n"
+    assert out[3]["stderr"] == "err"
+    assert out[4]["error"][0]["ename"] == "RuntimeError" and out[4]["error"][0]["evalue"] == "boom"
+    assert base64.b64decode(out[5]["display"][0]["image/png"]) == PNG
+
+
+def test_run_jupyter_cell_timeout_fails_and_keeps_the_cells_done(client):
+    r = client.post("/run_jupyter", json={
+        "cells": ["x = 1", "import time; time.sleep(30)", "x"], "cell_timeout": 1.0,
+        "fetch_files": ["made.txt"]})
+    d = r.json()
+    assert d["status"] == "Failed" and d["driver"]["status"] == "TimeLimitExceeded", d
+    assert len(d["cells"]) == 2 and d["files"] == {}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"cells": "print(1)"}, "cells"),
+    ({"cells": [], "total_timeout": 0}, "total_timeout"),
+    ({"cells": [], "kernel": "julia"}, "kernel"),
+    ({"cells": [], "files": {"../x": "aGk="}}, "files"),
+])
+def test_run_jupyter_bad_requests_are_4xx_json(client, body, field):
+    r = client.post("/run_jupyter", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["field"].split(".")[0] == field
+
+
+def test_sandboxfusion_endpoints_not_served_say_so(client):
+    for path in ("/submit", "/get_prompts", "/get_prompt_by_id"):
+        r = client.post(path, json={})
+        assert r.status_code == 501 and "not served" in r.json()["error"], r.text

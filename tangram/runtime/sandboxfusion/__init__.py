@@ -47,6 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.errors import ValidationError
 from tangram.results import Result, Status
+from tangram.runtime.sandboxfusion import jupyter
+from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
 from tangram.runtime.sandboxfusion.runners import Plan, missing_toolchain, plan_for
 from tangram.runtime.sandboxfusion.warm import fresh_trajectory, warm_pool
 
@@ -174,7 +176,8 @@ class RunCodeRequest(BaseModel):
         return self.language == "pytest" and flexible
 
 
-FIELDS = set(RunCodeRequest.model_fields) | set(CpuRange.model_fields)
+FIELDS = set(RunCodeRequest.model_fields) | set(CpuRange.model_fields) \
+    | set(RunJupyterRequest.model_fields)
 
 
 # -- the response --------------------------------------------------------------------------------
@@ -389,6 +392,64 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
     return resp
 
 
+class RunJupyterResponse(BaseModel):
+    status: RunStatus
+    message: str = ""
+    driver: CommandRunResult | None = None
+    cells: list[CellRunResult] = []
+    executor_pod_name: str | None = None
+    files: dict[str, str] = {}
+    tangram: Grants = Field(default_factory=Grants)
+
+
+async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
+    """Run the cells in a kernel of their own in a fresh sandbox (see `jupyter`)."""
+    for path in [*req.files, *req.fetch_files]:
+        try:
+            _sandbox_path(path)
+        except ValueError as exc:
+            raise ValidationError("files" if path in req.files else "fetch_files", path,
+                                  str(exc)) from None
+        if path.startswith("/") and not absolute_allowed(tg):
+            raise ValidationError("files" if path in req.files else "fetch_files", path,
+                                  "absolute paths are served only by the isolating backends")
+    memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
+    pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+    env = await (pool.take(memory) if pool is not None else
+                 tg.open_env(fresh_trajectory(), memory))
+    try:
+        files = {_sandbox_path(p): base64.b64decode(c) for p, c in req.files.items()
+                 if c is not None and IGNORED_FILE not in p}
+        files.update(jupyter.driver_files(req))
+        r = await tg.exec(env, staged(files, jupyter.driver_command()), cpu=1,
+                          timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP)
+        resp = RunJupyterResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
+        resp.tangram.steps.append(_grant("jupyter", r))
+        cells, timed_out, stdout = jupyter.parse(r)
+        driver = command_result(r)
+        driver.stdout = stdout
+        if timed_out:
+            driver.status, driver.return_code = CommandRunStatus.TIME_LIMIT_EXCEEDED, None
+        resp.driver, resp.cells = driver, cells
+        if jupyter.no_kernel(r):
+            resp.status = RunStatus.SANDBOX_ERROR
+            resp.message = f"no Jupyter kernel in the sandbox: {r.stderr.strip()[-300:]}"
+        elif driver.status is CommandRunStatus.ERROR:
+            resp.status, resp.message = RunStatus.SANDBOX_ERROR, driver.stderr or r.detail
+        elif driver.status is not CommandRunStatus.FINISHED or timed_out is None \
+                or driver.return_code != 0:
+            resp.status = RunStatus.FAILED
+        if req.fetch_files:
+            paths = [_sandbox_path(p) for p in req.fetch_files]
+            f = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
+                              cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP)
+            resp.files = {req.fetch_files[paths.index(p)]: data
+                          for p, data in fetched(paths, f.stdout).items()}
+        return resp
+    finally:
+        await jupyter.shielded_close(tg, env)
+
+
 # -- the route -----------------------------------------------------------------------------------
 
 
@@ -417,6 +478,58 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T | None
 
 
 router = APIRouter(tags=["sandboxfusion"])
+
+
+@router.post("/run_jupyter", response_model=RunJupyterResponse)
+async def run_jupyter_route(body: RunJupyterRequest, request: Request) -> Response:
+    """SandboxFusion's `/run_jupyter`: see `tangram.runtime.sandboxfusion.jupyter`."""
+    resp = await cancel_on_disconnect(request, run_jupyter(request.app.state.tangram, body))
+    if resp is None:
+        return Response(status_code=499)
+    return JSONResponse(resp.model_dump(mode="json"))
+
+
+# SandboxFusion's dataset and judge endpoints, which its SDK calls (`get_prompts`, `submit`,
+# ...): the datasets are SandboxFusion's own content, not served here.
+UNSERVED = ("/get_prompts", "/get_prompt_by_id", "/submit", "/list_datasets", "/list_ids",
+            "/get_metrics", "/get_metrics_function")
+
+
+def unserved(path: str) -> JSONResponse:
+    return JSONResponse(status_code=501, content={
+        "error": f"{path} is not served by Tangram", "field": "path", "value": path,
+        "problem": "SandboxFusion's dataset and judge endpoints are not implemented; "
+                   "/run_code and /run_jupyter are"})
+
+
+async def _unserved(request: Request) -> JSONResponse:
+    return unserved(request.url.path)
+
+
+for _path in UNSERVED:
+    router.add_api_route(_path, _unserved, methods=["GET", "POST"], include_in_schema=True,
+                         summary=f"{_path}: not served (answers 501 saying so)")
+
+
+@router.post("/", include_in_schema=False)
+async def sdk_dispatch(request: Request) -> Response:
+    """The SandboxFusion SDK appends the function's path to its endpoint and sends no auth
+    header; with `endpoint="http://host:port/?token=T&_="` the path lands in the query
+    (`/?token=T&_=/run_code`) and the token with it, for every SDK function."""
+    path = request.query_params.get("_", "")
+    if path not in ("/run_code", "/run_jupyter"):
+        return unserved(path or "/")
+    try:
+        doc = await request.json()
+        body: Any = (RunCodeRequest if path == "/run_code" else RunJupyterRequest)(**doc)
+    except (ValueError, TypeError) as exc:
+        from_error = getattr(exc, "errors", None)
+        problem = str(from_error()[0]["msg"]) if callable(from_error) else str(exc)
+        return JSONResponse(status_code=422, content={
+            "error": "invalid request body", "field": "body", "value": None, "problem": problem})
+    if path == "/run_code":
+        return await run_code_route(body, request)
+    return await run_jupyter_route(body, request)
 
 
 @router.post("/run_code", response_model=RunCodeResponse)
