@@ -8,18 +8,28 @@ import base64
 import logging
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.affinity import AffinityBackend
 from tangram.results import Result, Status
 from tangram.runtime.facade import Tangram
-from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB, RunCodeRequest, command_result, overall
+from tangram.runtime.sandboxfusion import (
+    ARG_CHUNK,
+    DEFAULT_MEMORY_MB,
+    RunCodeRequest,
+    command_result,
+    overall,
+    staged,
+)
 from tangram.runtime.sandboxfusion.warm import warm_pool
 from tangram.runtime.server import RedactTokens, create_app, serve_in_thread
 
@@ -275,3 +285,33 @@ def test_sandboxfusion_endpoints_not_served_say_so(client):
     for path in ("/submit", "/get_prompts", "/get_prompt_by_id"):
         r = client.post(path, json={})
         assert r.status_code == 501 and "not served" in r.json()["error"], r.text
+
+
+names = st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(files=st.dictionaries(st.lists(names, min_size=1, max_size=3).map("/".join),
+                             st.binary(max_size=300) | st.just(b"\0" * (ARG_CHUNK + 7)),
+                             max_size=4),
+       stdin=st.binary(max_size=50))
+def test_staged_files_arrive_byte_for_byte(files, stdin):
+    """Whatever `files` hold (empty, binary, more than one argv chunk, nested folders), the
+    staging shell writes them exactly, then runs the command in the same shell."""
+    # a file and a folder of the same name cannot both exist: keep the first
+    kept: dict[str, bytes] = {}
+    for path, data in files.items():
+        parts = path.split("/")
+        prefixes = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        if not any(p in kept for p in prefixes) and not any(
+                k.startswith(path + "/") for k in kept):
+            kept[path] = data
+    kept[".in"] = stdin
+    with tempfile.TemporaryDirectory() as d:
+        done = subprocess.run(staged(kept, "exec cat .in"), cwd=d, capture_output=True,
+                              timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == stdin
+        for path, data in kept.items():
+            with open(os.path.join(d, path), "rb") as f:
+                assert f.read() == data, path

@@ -156,3 +156,29 @@ def test_case(url: str, case) -> None:
         return
     assert d["status"] == status, d
     assert check(d), d
+
+
+def test_a_memory_kill_says_so_where_clients_look(url: str) -> None:
+    """The cgroup's kill keeps its return code and names the limit on stderr (SandboxFusion's
+    clients read stderr; there the limit shows as the program's own MemoryError)."""
+    r = httpx.post(f"{url}/run_code", json={
+        "language": "python", "memory_limit_MB": 64,
+        "code": "print('before', flush=True)\nx = bytearray(400 << 20)\nx[::4096] = b'1' * "
+                "len(x[::4096])\nprint('after')"}, timeout=120)
+    d = r.json()
+    assert d["status"] == "Failed" and d["run_result"]["stdout"] == "before\n", d
+    assert "out of memory (limit 64 MiB)" in d["run_result"]["stderr"], d
+
+
+def test_the_run_timeout_kills_at_its_limit_and_not_before(url: str) -> None:
+    """A program that sleeps 0.4 s inside a 1 s limit finishes (the limit counts from the
+    program's start: the sandbox's set-up and the staging of the files are outside it); one
+    that sleeps 3 s is killed."""
+    ok = httpx.post(f"{url}/run_code", json={
+        "language": "python", "code": "import time; time.sleep(0.4); print('done')",
+        "run_timeout": 1.0}, timeout=120).json()
+    late = httpx.post(f"{url}/run_code", json={
+        "language": "python", "code": "import time; time.sleep(3)", "run_timeout": 1.0},
+        timeout=120).json()
+    assert ok["status"] == "Success" and ok["run_result"]["stdout"] == "done\n", ok
+    assert late["run_result"]["status"] == "TimeLimitExceeded", late

@@ -267,18 +267,23 @@ def overall(*steps: CommandRunResult | None) -> tuple[RunStatus, str]:
 # -- the work ------------------------------------------------------------------------------------
 
 # Writes its (path, base64 chunk) argument pairs up to "--" (a path's first chunk truncates the
-# file), then execs the rest of its arguments.
+# file; one process per chunk: base64), then runs the shell command after "--" in this same
+# shell (no second shell start inside the timed step).
 _STAGE = r"""set -e
 prev=
-while [ "$#" -gt 0 ] && [ "$1" != "--" ]; do
-  mkdir -p "$(dirname -- "$1")"
+while [ "$#" -gt 1 ] && [ "$1" != "--" ]; do
+  d=${1%/*}
+  case "$d" in ""|.|"$1") ;; *) mkdir -p -- "$d" ;; esac
   if [ "$1" != "$prev" ]; then : > "$1"; fi
-  printf %s "$2" | base64 -d >> "$1"
+  base64 -d >> "$1" <<TANGRAM_EOF
+$2
+TANGRAM_EOF
   prev=$1
   shift 2
 done
 shift
-exec "$@"
+set +e
+eval "$1"
 """
 
 # An elastic pytest run gets its granted cores (`nproc` counts the cores it may run on) as
@@ -304,7 +309,7 @@ def staged(files: dict[str, bytes], command: str) -> list[str]:
         text = base64.b64encode(data).decode()
         for i in range(0, max(len(text), 1), ARG_CHUNK):
             argv += [_inside(path), text[i:i + ARG_CHUNK]]
-    return [*argv, "--", "sh", "-c", command]
+    return [*argv, "--", command]
 
 
 def fetched(paths: list[str], stdout: str) -> dict[str, str]:

@@ -35,7 +35,7 @@ def start_kernel() -> tuple[subprocess.Popen, BlockingKernelClient]:
                                   ip="127.0.0.1")
     env = {**os.environ, "JUPYTER_PLATFORM_DIRS": "1", "MPLBACKEND": "module://matplotlib_inline"
            ".backend_inline", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
-    log = open(KERNEL_LOG, "wb")  # noqa: SIM115 - the kernel's, for as long as it lives
+    log = open(KERNEL_LOG, "wb")  # the kernel's, for as long as it lives
     kernel = subprocess.Popen([sys.executable, "-m", "ipykernel_launcher", "-f", cf,
                                "--HistoryManager.enabled=False"], env=env,
                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
