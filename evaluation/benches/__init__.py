@@ -20,7 +20,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
     "emfit": ("evaluation.benches.emfit:main", "E(m) learned online on a real elastic pytest"),
     "sandboxfusion": ("evaluation.benches.sandboxfusion:main",
-                      "a /run_code burst: elastic and fixed grants vs a one-core pool"),
+                      "a /run_code burst: elastic and fixed grants vs a one-core pool; "
+                      "--latency: latency and throughput vs a minimal no-sandbox server"),
 }
 
 

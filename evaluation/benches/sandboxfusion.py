@@ -14,6 +14,9 @@ pytest file of four CPU-bound tests, the kind of request that can use more than 
 
 All three run in the same process on the same machine, one after another. Figures: the burst's
 makespan, each kind's mean and p95 latency (caller-side), and answers right.
+
+`--latency`: instead, `print(1)` latency and 16-client throughput of `/run_code` beside a
+minimal no-sandbox server and the raw program (`sf_latency`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from evaluation.benches import sf_latency
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app, serve_in_thread
 
@@ -141,6 +145,8 @@ async def _pool(cases: list[Case], callers: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if "--latency" in argv:  # the latency and throughput comparison (`sf_latency`)
+        return sf_latency.main(argv)
     parser = argparse.ArgumentParser(prog="tangram bench sandboxfusion", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=200)

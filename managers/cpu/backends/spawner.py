@@ -25,7 +25,6 @@ import array
 import asyncio
 import contextlib
 import itertools
-import json
 import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +47,15 @@ def install(folder: Path) -> Path:
     target.write_bytes(INSIDE_SOURCE.read_bytes())
     target.chmod(0o644)
     return target
+
+
+def request_bytes(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
+    """The memfd's content: the argv count, the argv items, the KEY=VALUE items, each ended by
+    a NUL (none of them may hold one: the kernel's exec would refuse them too)."""
+    items = [str(len(argv)), *argv, *(f"{k}={v}" for k, v in env.items())]
+    if any("\0" in i for i in items):
+        raise ValueError("a command's argument or environment holds a NUL byte")
+    return "".join(i + "\0" for i in items).encode("utf-8", "surrogateescape")
 
 
 class Spawner:
@@ -126,7 +134,7 @@ class Spawner:
         try:
             memfd = os.memfd_create("tangram-exec", os.MFD_CLOEXEC)
             passed.insert(0, memfd)
-            os.write(memfd, json.dumps({"argv": list(argv), "env": dict(env)}).encode())
+            os.write(memfd, request_bytes(argv, env))
             for procs in (*cgroups, *home):
                 passed.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
             self._pending[cid] = (started, ended)

@@ -10,7 +10,8 @@ Protocol, on the SOCK_SEQPACKET socket given as argv[1] (the server holds the ot
 
     server -> spawner   b"run <id> <k>" + fds [request memfd, stdout, stderr, the k cgroup.procs
                         files of the exec's slot, the cgroup.procs files of the holder's slot]
-                        (the memfd holds JSON {"argv", "env"}; the cgroup.procs files were
+                        (the memfd holds "<n>\0", the n argv items and the environment's
+                        "KEY=VALUE" items, each ending in "\0"; the cgroup.procs files were
                         opened for writing by the server outside the sandbox, and the kernel
                         checks the opener's credentials: no cgroup file is visible inside)
     spawner -> server   b"started <id> 0"       the command runs (or b"exit <id> 127" with the
@@ -24,13 +25,12 @@ work directory as cwd) and moves itself back, so the command is confined from it
 instruction. The spawner exits when the server's end closes.
 """
 
+import _signal as signal  # the C modules: no enum, no re (start-up is on every sandbox's path)
+import _socket as socket
 import array
 import ctypes
-import json
 import os
 import select
-import signal
-import socket
 import sys
 
 PR_SET_DUMPABLE = 4
@@ -52,13 +52,20 @@ def move(fds) -> None:
         os.write(fd, b"0")
 
 
-def spawn(req: dict, out: int, err: int, slot: list[int], home: list[int]) -> int:
+def parse(raw: bytes) -> tuple[list[str], dict[str, str]]:
+    items = raw.decode("utf-8", "surrogateescape").split("\0")
+    n = int(items[0])
+    argv, env = items[1:1 + n], items[1 + n:-1]
+    return argv, dict(kv.split("=", 1) for kv in env)
+
+
+def spawn(raw: bytes, out: int, err: int, slot: list[int], home: list[int]) -> int:
     """Start the command in the exec's slot; returns its pid (raises OSError)."""
-    argv = req["argv"]
-    exe = resolve(argv[0], req["env"].get("PATH", ""))
+    argv, env = parse(raw)
+    exe = resolve(argv[0], env.get("PATH", ""))
     move(slot)
     try:
-        return os.posix_spawn(exe, argv, req["env"], setsid=True, file_actions=[
+        return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
             (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)])
     finally:
@@ -87,7 +94,7 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
 
 
 def main() -> None:
-    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock = socket.socket(fileno=int(sys.argv[1]))  # AF_UNIX, SOCK_SEQPACKET
     os.set_inheritable(sock.fileno(), False)
     os.chdir(sys.argv[2])
     ctypes.CDLL(None).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
@@ -131,8 +138,7 @@ def main() -> None:
         elif words[0] == "run" and len(words) == 3 and len(fds) >= 3:
             cid, k = words[1], int(words[2])
             try:
-                req = json.loads(read_all(fds[0]))
-                pid = spawn(req, fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
+                pid = spawn(read_all(fds[0]), fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
             except (OSError, ValueError, KeyError, IndexError) as exc:
                 os.write(fds[2], f"tangram spawner: cannot run the command: {exc}\n".encode())
                 sock.send(f"exit {cid} 127".encode())

@@ -1,0 +1,189 @@
+"""`tangram bench sandboxfusion --latency`: `/run_code` latency and throughput, same run.
+
+Servers, each its own process on loopback, measured in interleaved rounds so they share the
+machine's state:
+
+- `minimal`: a no-sandbox FastAPI server (`sf_minimal`, SandboxFusion's `isolation: none` in a
+  few lines): the reference for what HTTP plus running the program costs;
+- `tangram`: `tangram serve` (this machine's best CPU backend: bwrap where it runs) with its
+  warm pool of never-used sandboxes;
+- `tangram, no warm pool`: the same with `TANGRAM_SANDBOXFUSION_WARM=0` (a sandbox opened per
+  request on its path).
+
+Figures: the raw program (`python3 main.py` by `subprocess.run`; the servers and the raw run
+all find `python3` on the sandbox's fixed PATH: one interpreter), each server's median and p90
+latency for `print(1)` one request at a time, its requests per second with `--clients` (16)
+concurrent clients, how many of 10 `print(1)` requests with `run_timeout` 0.05 s succeed, and
+the ratios against `minimal`. Real SandboxFusion's server is not on the package registries
+(only its SDK is), so it cannot be installed here: `minimal` stands in for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from managers.cpu.grant import SAFE_PATH
+
+PRINT = {"code": "print(1)", "language": "python"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _server(argv: list[str], env: dict[str, str]) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen([*argv, "--port", str(port)], env={**os.environ, **env},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"{argv} exited: {err[-2000:]}")
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{argv} did not start")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _raw_ms(n: int) -> list[float]:
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "main.py"), "w") as f:
+            f.write(PRINT["code"])
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            subprocess.run(["python3", "main.py"], cwd=d, capture_output=True, check=True,
+                           env={"PATH": SAFE_PATH})
+            samples.append((time.perf_counter() - t) * 1e3)
+    return samples
+
+
+async def _sequential(url: str, n: int) -> tuple[list[float], int]:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        await http.post("/run_code", json=PRINT)  # warm up
+        samples, ok = [], 0
+        for _ in range(n):
+            t = time.perf_counter()
+            d = (await http.post("/run_code", json=PRINT)).json()
+            samples.append((time.perf_counter() - t) * 1e3)
+            ok += d.get("status") == "Success" and d["run_result"]["stdout"] == "1\n"
+            await asyncio.sleep(0.02)  # a warm pool refills between requests, as in use
+    return samples, ok
+
+
+async def _throughput(url: str, clients: int, seconds: float) -> tuple[float, int]:
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
+        done = ok = 0
+        stop = time.perf_counter() + seconds
+
+        async def client() -> None:
+            nonlocal done, ok
+            while time.perf_counter() < stop:
+                d = (await http.post("/run_code", json=PRINT)).json()
+                done += 1
+                ok += d.get("status") == "Success"
+
+        t = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return done / (time.perf_counter() - t), ok
+
+
+async def _tight(url: str) -> int:
+    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
+        ok = 0
+        for _ in range(10):
+            d = (await http.post("/run_code", json={**PRINT, "run_timeout": 0.05})).json()
+            ok += d.get("status") == "Success"
+            await asyncio.sleep(0.05)
+        return ok
+
+
+def main(argv: list[str]) -> int:
+
+    p = argparse.ArgumentParser(prog="tangram bench sandboxfusion --latency",
+                                description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--latency", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("-n", "--requests", type=int, default=40, help="sequential, per round (40)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--seconds", type=float, default=8.0, help="throughput phase, per round")
+    ns = p.parse_args(argv)
+    py = sys.executable
+    servers = {
+        # the sandbox's PATH, so that every server runs the same python3
+        "minimal (no sandbox)": ([py, "-m", "evaluation.benches.sf_minimal"],
+                                 {"PATH": SAFE_PATH}),
+        "tangram": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level", "warning"], {}),
+        "tangram, no warm pool": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level",
+                                   "warning"], {"TANGRAM_SANDBOXFUSION_WARM": "0"}),
+    }
+    lat: dict[str, list[float]] = {k: [] for k in servers}
+    rps: dict[str, list[float]] = {k: [] for k in servers}
+    ok: dict[str, list[int]] = {k: [0, 0, 0, 0] for k in servers}  # seq ok, seq n, tput ok, tight
+    raw: list[float] = []
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    for r in range(ns.rounds):
+        raw += _raw_ms(ns.requests)
+        for name, (cmd, env) in servers.items():
+            with _server(cmd, env) as url:
+                samples, good = asyncio.run(_sequential(url, ns.requests))
+                lat[name] += samples
+                ok[name][0] += good
+                ok[name][1] += len(samples)
+                tput, tgood = asyncio.run(_throughput(url, ns.clients, ns.seconds))
+                rps[name].append(tput)
+                ok[name][2] += tgood
+                if r == 0:
+                    ok[name][3] = asyncio.run(_tight(url))
+        print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
+    figures: dict[str, Any] = {}
+    base = statistics.median(lat["minimal (no sandbox)"])
+    base_rps = statistics.median(rps["minimal (no sandbox)"])
+    print(f"{'raw python3 main.py':28s} median {statistics.median(raw):7.1f} ms")
+    clients = f"req/s @{ns.clients}"
+    print(f"{'server':28s} {'median':>8s} {'p90':>8s} {'x minimal':>9s} {clients:>10s}"
+          f" {'x minimal':>9s} {'ok':>9s} {'0.05s ok':>8s}")
+    for name in servers:
+        s = sorted(lat[name])
+        med, p90 = statistics.median(s), s[int(0.9 * (len(s) - 1))]
+        tput = statistics.median(rps[name])
+        figures[name] = {"median_ms": med, "p90_ms": p90, "rps": tput}
+        print(f"{name:28s} {med:6.1f}ms {p90:6.1f}ms {med / base:8.2f}x {tput:10.1f} "
+              f"{tput / base_rps:8.2f}x {ok[name][0]:>4d}/{ok[name][1]:<4d} {ok[name][3]:>5d}/10")
+    print("real SandboxFusion: its server is not on the package registries (only the SDK, "
+          "sandbox-fusion), so it is not measured here; `minimal` stands in for it")
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+    return 0
