@@ -284,7 +284,7 @@ def test_run_jupyter_bad_requests_are_4xx_json(client, body, field):
 def test_sandboxfusion_endpoints_not_served_say_so(client):
     for path in ("/submit", "/get_prompts", "/get_prompt_by_id"):
         r = client.post(path, json={})
-        assert r.status_code == 501 and "not served" in r.json()["error"], r.text
+        assert r.status_code == 404 and "not served" in r.json()["error"], r.text
 
 
 names = st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=6)

@@ -346,12 +346,17 @@ async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
     if req.env_id is not None:
         return await _steps(tg, req.env_id, plan, req)
     pool = warm_pool(tg, DEFAULT_MEMORY_MB)
-    env = await (pool.take(memory) if pool is not None else
-                 tg.open_env(fresh_trajectory(), memory))
+    if pool is None:
+        env = await tg.open_env(fresh_trajectory(), memory)
+        try:
+            return await _steps(tg, env, plan, req)
+        finally:
+            await asyncio.shield(tg.close_env(env))
+    env = await pool.take(memory)
     try:
         return await _steps(tg, env, plan, req)
     finally:
-        await asyncio.shield(tg.close_env(env))
+        pool.release(env)  # closed (and the pool refilled) once the response is on its way
 
 
 def _inputs(plan: Plan, req: RunCodeRequest) -> dict[str, bytes]:
@@ -501,7 +506,9 @@ UNSERVED = ("/get_prompts", "/get_prompt_by_id", "/submit", "/list_datasets", "/
 
 
 def unserved(path: str) -> JSONResponse:
-    return JSONResponse(status_code=501, content={
+    """A JSON 404 naming what is not served (a client's request for something this server
+    does not have, not a server failure)."""
+    return JSONResponse(status_code=404, content={
         "error": f"{path} is not served by Tangram", "field": "path", "value": path,
         "problem": "SandboxFusion's dataset and judge endpoints are not implemented; "
                    "/run_code and /run_jupyter are"})
@@ -512,8 +519,7 @@ async def _unserved(request: Request) -> JSONResponse:
 
 
 for _path in UNSERVED:
-    router.add_api_route(_path, _unserved, methods=["GET", "POST"], include_in_schema=True,
-                         summary=f"{_path}: not served (answers 501 saying so)")
+    router.add_api_route(_path, _unserved, methods=["GET", "POST"], include_in_schema=False)
 
 
 @router.post("/", include_in_schema=False)

@@ -4,8 +4,10 @@ Opening an environment (a cgroup, a bubblewrap sandbox with its mounts and names
 milliseconds to tens of milliseconds under load; a fresh request takes an environment that was
 opened before it arrived and is closed after it, as before: every sandbox serves one request
 only, so isolation between requests is the same as with a fresh one. The pool is refilled by
-one background task, off the requests' path; when it is empty a request opens its own (never
-waits for the refill). Only requests at the pool's memory size take from it (the server's
+one background task, off the requests' path: it starts when a request is done (after the
+used environment is closed, also in the background, once the response is on its way), so it
+does not compete with a request's run for the cores; when the pool is empty a request opens its
+own (never waits for the refill). Only requests at the pool's memory size take from it (the server's
 default: `memory_limit_MB` -1, or the same number); others open their own.
 
 Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off). Each warm
@@ -43,6 +45,7 @@ class WarmPool:
         self.tg, self.memory_mb, self.size = tg, memory_mb, size
         self._ready: deque[tuple[str, float]] = deque()
         self._refill: asyncio.Task | None = None
+        self._closing: set[asyncio.Task] = set()
         self.hits = self.misses = 0
 
     async def take(self, memory_mb: int) -> str:
@@ -50,7 +53,6 @@ class WarmPool:
         opened now. The caller owns it (and closes it)."""
         if memory_mb == self.memory_mb:
             env = self._pop()
-            self._start_refill()
             if env is not None:
                 self.hits += 1
                 return env
@@ -72,6 +74,17 @@ class WarmPool:
         with contextlib.suppress(TangramError):
             await self.tg.close_env(env)
 
+    def release(self, env: str) -> None:
+        """Close a used environment after its response is sent, then refill: both off the
+        request's path (the next request does not wait for either)."""
+        task = asyncio.ensure_future(self._release(env))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _release(self, env: str) -> None:
+        await self._close(env)
+        self._start_refill()
+
     def _start_refill(self) -> None:
         if self._refill is None or self._refill.done():
             self._refill = asyncio.ensure_future(self._fill())
@@ -92,7 +105,8 @@ class WarmPool:
 
     @property
     def filling(self) -> bool:
-        return self._refill is not None and not self._refill.done()
+        """Refilling, or closing used environments, in the background."""
+        return bool(self._closing) or (self._refill is not None and not self._refill.done())
 
     def warm(self) -> None:
         """Start filling (the first request does it too)."""
