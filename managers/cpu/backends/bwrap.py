@@ -9,7 +9,11 @@ descriptors this backend holds open, so a recycled PID can never redirect it), w
 `setpriv` to become the environment's own unprivileged uid (`uid_base` + a slot number, never 0)
 with every capability set cleared (the bounding set too) and `no_new_privs` set, which `exec`s
 the command. Entering costs a few milliseconds where building a sandbox per exec costs ~15.
-A holder that died is restarted before the next exec. Inside:
+The fast path (default, `spawner=True`, where the server's Python is visible inside): the
+holder is a resident spawner (`spawner.py`) that starts each command in the exec's slot from
+inside the sandbox, with the same uid, capabilities and `no_new_privs` as `setpriv` gives, and
+the nsenter path above stays as the reference. A holder (or spawner) that died is restarted
+before the next exec. Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
   the `/bin`, `/lib*`, `/sbin` links, the server's Python installation so `sys.executable` runs,

@@ -22,9 +22,12 @@ non-zero (the run is skipped after a failed compile), `SandboxError` when a step
 is a `SandboxError`, a language SandboxFusion does not know is a 422, as in SandboxFusion.
 The response also carries `tangram` (an extension clients ignore): each step's grant.
 
-Not supported: `executor_pod_name` is always null; the whole body is limited to the server's
-MAX_BODY; `memory_limit_MB` is the environment's memory (enforced where the backend enforces
-memory, e.g. cgroup and Docker; -1 means the server's default).
+Also served: `/run_jupyter` (`jupyter`), and, for SandboxFusion's SDK, which appends each
+function's path to its endpoint and sends no auth header, `POST /?token=T&_=/run_code` (the
+endpoint `http://host:port/?token=T&_=`); its dataset endpoints answer a JSON 404 saying they
+are not served. A fresh request takes a never-used sandbox from a warm pool (`warm`); the
+runners' command lines are SandboxFusion's (`runners`). See docs/sandboxfusion.md for every
+difference kept on purpose.
 """
 
 from __future__ import annotations
