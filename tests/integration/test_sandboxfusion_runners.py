@@ -55,8 +55,37 @@ int main() {
 }
 """
 
+# The kind of case SandboxFusion's own runner tests send over HTTP (its test_pytest.py): a
+# test file using pytest's fixtures, passing and failing, also sent as plain python (which
+# only defines the tests: Success either way), and pytest `args` forwarded as arguments.
+FIXTURES = """from collections import Counter
+
+def letters(path):
+    return Counter(c for c in open(path).read().lower() if c.isalpha())
+
+class TestLetters:
+    def test_counts(self, tmp_path, capfd):
+        p = tmp_path / "t.txt"
+        p.write_text("AaB!")
+        print(dict(letters(p)))
+        assert "{'a': 2, 'b': 1}" %s capfd.readouterr().out
+"""
+SELECT = "def test_wanted():\n    assert True\n\ndef test_unwanted():\n    assert False\n"
+
 # (id, language, body extras, expected status, check of the response)
 CASES = [
+    ("pytest-fixtures-pass", "pytest", {"code": FIXTURES % "in"}, "Success",
+     lambda d: "1 passed" in d["run_result"]["stdout"]),
+    ("pytest-fixtures-fail", "pytest", {"code": FIXTURES % "not in"}, "Failed",
+     lambda d: "1 failed" in d["run_result"]["stdout"]),
+    ("python-defines-tests-only", "python", {"code": FIXTURES % "not in"}, "Success",
+     lambda d: d["run_result"]["return_code"] == 0),
+    ("pytest-args-select", "pytest", {"code": SELECT, "args": ["-k", "wanted and not unwanted"]},
+     "Success", lambda d: "1 passed, 1 deselected" in d["run_result"]["stdout"]),
+    ("pytest-args-not-a-shell", "pytest",
+     {"code": SELECT, "args": ["-k", "wanted and not unwanted", "$(touch /tmp/pwned)",
+                               "; touch /tmp/pwned"], "fetch_files": ["/tmp/pwned"]},
+     "Failed", lambda d: d["files"] == {} and d["run_result"]["return_code"] == 4),
     ("python-hello", "python", {"code": "print('hello')"}, "Success",
      lambda d: d["run_result"]["stdout"] == "hello\n"),
     ("python-stdin", "python", {"code": "print(int(input()) * 2)", "stdin": "21\n"}, "Success",
@@ -146,7 +175,10 @@ def url(tmp_path_factory) -> Iterator[str]:
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_case(url: str, case) -> None:
     _, language, body, status, check = case
-    r = httpx.post(f"{url}/run_code", json={"language": language, **body}, timeout=120)
+    # generous limits: compilers on one core of a loaded machine (go test builds its binary)
+    limits = {"compile_timeout": 120, "run_timeout": 120}
+    r = httpx.post(f"{url}/run_code", json={"language": language, **limits, **body},
+                   timeout=600)
     assert r.status_code == 200, r.text
     d = r.json()
     missing = visible(language, body)
