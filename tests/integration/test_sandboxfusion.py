@@ -315,3 +315,21 @@ def test_staged_files_arrive_byte_for_byte(files, stdin):
         for path, data in kept.items():
             with open(os.path.join(d, path), "rb") as f:
                 assert f.read() == data, path
+
+
+def test_warm_sandboxes_give_way_to_a_request_that_needs_their_memory(tmp_path):
+    """On a node of 3,000 MiB the pool holds two warm 1,024 MiB sandboxes; a request for
+    2,500 MiB still runs (warm ones are closed for it), and the pool refills afterwards."""
+    tg = Tangram(cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path),
+                                memory_mb={"local": 3000}))
+    with serve_in_thread(create_app(tg)) as url:
+        body = {"code": "print(1)", "language": "python"}
+        assert httpx.post(f"{url}/run_code", json=body, timeout=60).json()["status"] == "Success"
+        pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+        for _ in range(200):
+            if pool is not None and not pool.filling:
+                break
+            time.sleep(0.05)
+        assert pool is not None and pool.idle == 2
+        big = httpx.post(f"{url}/run_code", json={**body, "memory_limit_MB": 2500}, timeout=60)
+        assert big.status_code == 200 and big.json()["status"] == "Success", big.text

@@ -11,7 +11,8 @@ own (never waits for the refill). Only requests at the pool's memory size take f
 default: `memory_limit_MB` -1, or the same number); others open their own.
 
 Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off). Each warm
-sandbox holds its memory reservation while it waits, so the pool is small.
+sandbox holds its memory reservation while it waits, so the pool is small, and a request whose
+memory does not fit closes warm ones until it does (a request never fails for the pool).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import weakref
 from collections import deque
 from typing import Any
 
-from tangram.errors import TangramError
+from tangram.errors import Infeasible, TangramError
 
 log = logging.getLogger("tangram.runtime.sandboxfusion")
 
@@ -57,7 +58,15 @@ class WarmPool:
                 self.hits += 1
                 return env
             self.misses += 1
-        return await self.tg.open_env(fresh_trajectory(), memory_mb)
+        while True:
+            try:
+                return await self.tg.open_env(fresh_trajectory(), memory_mb)
+            except Infeasible:
+                # the memory a request needs comes before the pool's: give back a warm one
+                env = self._pop()
+                if env is None:
+                    raise
+                await self._close(env)
 
     def _pop(self) -> str | None:
         idle = getattr(self.tg, "idle_env_s", None)
