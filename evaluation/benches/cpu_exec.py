@@ -101,13 +101,36 @@ def _raw_exec_run_ms(n: int, image: str | None) -> float:
         backend.client.close()
 
 
+def _interleaved(n: int, rounds: int) -> int:
+    """Each round measures every variant once, so all see nearly the same machine state."""
+    variants = (("bwrap", "bwrap", {}), ("bwrap (nsenter)", "bwrap", {"spawner": False}),
+                ("cgroup", "cgroup", {}))
+    for r in range(rounds):
+        raw = _raw_subprocess_ms(n)
+        parts = [f"round {r + 1}: raw {raw:.2f} ms"]
+        for label, backend, options in variants:
+            try:
+                ms = asyncio.run(_action_ms(backend, n, alternate=True, **options))
+            except BackendUnavailable as exc:
+                parts.append(f"{label} unavailable ({exc})")
+                continue
+            parts.append(f"{label} +{ms - raw:.2f} ms")
+        print("; ".join(parts))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tangram bench exec", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
     parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="instead: R interleaved rounds of raw, bwrap (spawner), bwrap "
+                             "(nsenter) and cgroup, alternating grants, one line per round")
     ns = parser.parse_args(argv)
     n = ns.runs
+    if ns.rounds:
+        return _interleaved(n, ns.rounds)
 
     raw = _raw_subprocess_ms(n)
     print(f"{'raw subprocess (true)':44s} {raw:8.2f} ms")
