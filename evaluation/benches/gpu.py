@@ -20,7 +20,7 @@ from typing import Any
 
 from managers.gpu.residency import RandomEviction, Residency
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
-from managers.gpu.trace import chunk_of, serve
+from evaluation.gpu_trace import chunk_of, serve
 from tangram.actions import Action
 from tangram.errors import Infeasible
 from tangram.pools import ChunkPool, Placement

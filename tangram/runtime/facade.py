@@ -31,6 +31,7 @@ from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
+from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI
 from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
@@ -43,9 +44,8 @@ log = logging.getLogger("tangram")
 
 UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
                "the server or the scheduler)")
-DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
-SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
-# at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
+DEFAULT_T_ORI = PRIOR_T_ORI  # the estimator's priors live with it (tangram.profiles)
+SERIAL_FRACTION = PRIOR_SERIAL
 
 
 def amdahl(serial: float):
@@ -90,9 +90,7 @@ class Tangram:
                 if r in pools:
                     raise ValidationError("pools", r, "two managers own the same resource")
                 pools[r] = p
-        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})),
-                                   prefer=gpu.prefer if gpu is not None else None,
-                                   defer=gpu.defer if gpu is not None else None)
+        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})))
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
@@ -194,13 +192,11 @@ class Tangram:
         first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
         kind = f"exec:{first.rsplit('/', 1)[-1]}"
         elasticity = None
-        if elastic and not demand.is_fixed:
-            fit = self.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI,
-                                                  self.cpu.resource)
-            elasticity = Elasticity(self.cpu.resource, fit.t_ori, fit.efficiency())
+        if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
+            elasticity = self.scheduler.profiles.learned_elasticity(kind, self.cpu.resource)
         action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
                         elasticity=elasticity, trajectory=e.trajectory, kind=kind,
-                        payload=req, submit_time=self._now())
+                        payload=req, submit_time=self._now(), timeout=timeout)
         e.running.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
@@ -299,7 +295,7 @@ class Tangram:
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
         end = time.monotonic()
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
-                                learn=outcome.ok)
+                                status=outcome.status)
         self._pending.pop(a.action.id, None)
         result = outcome.granted(
             a.action.id, a.units,

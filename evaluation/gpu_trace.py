@@ -3,8 +3,9 @@
 Shared by the hand-worked scenario tests and the benchmark's bursty trace: actions (each one
 service call of a fixed DoP) start in arrival order as soon as a chunk is free, placed by
 `ChunkPool.place` with or without the residency preference; each runs `restore_s + infer_s`.
-It is not the project's simulator (that drives the real scheduler); it isolates the GPU pool
-logic so restores can be counted under different placement and eviction policies.
+It is not the project's simulator (`evaluation.engine` drives the real scheduler); it isolates
+the GPU pool logic so restores can be counted under different placement and eviction policies,
+and it lives in the evaluation, not among the managers: no driver ships inside `managers/`.
 """
 
 from __future__ import annotations
