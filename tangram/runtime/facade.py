@@ -25,7 +25,7 @@ from typing import Any
 
 from managers.api import ApiManager, ApiRequest
 from managers.base import EnvironmentManager, Manager
-from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest, exec_kind
 from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
@@ -189,8 +189,7 @@ class Tangram:
         req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
                           timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
                           else output_cap)
-        first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-        kind = f"exec:{first.rsplit('/', 1)[-1]}"
+        kind = exec_kind(req.command)
         elasticity = None
         if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
             elasticity = self.scheduler.profiles.learned_elasticity(kind, self.cpu.resource)
