@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +78,10 @@ class Tangram:
     def __init__(self, *, cpu: EnvironmentManager | None = None, gpu: GpuManager | None = None,
                  apis: Mapping[str, Manager] | None = None, policy: str = DEFAULT_POLICY,
                  policy_options: Mapping[str, Any] | None = None,
-                 idle_env_s: float | None = None) -> None:
+                 idle_env_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the time source of every timing and decision (a virtual-time loop's
+        `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`)."""
         self.cpu = cpu
         self.gpu = gpu
         self.apis = dict(apis or {})
@@ -99,7 +102,8 @@ class Tangram:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = False
-        self._t0 = time.monotonic()
+        self._clock = clock
+        self._t0 = clock()
         self._reaper: asyncio.Task | None = None
 
     # -- construction ------------------------------------------------------------------------
@@ -153,7 +157,7 @@ class Tangram:
         env_id = await self.cpu.open_env(trajectory, memory_mb, network=network)
         node = self.cpu.binding(trajectory)
         self.scheduler.bind(trajectory, self.cpu.resource, node)
-        self._envs[env_id] = _Env(env_id, trajectory, time.monotonic())
+        self._envs[env_id] = _Env(env_id, trajectory, self._clock())
         log.info("env %s: trajectory %s on node %s (%d MiB reserved)", env_id, trajectory, node,
                  memory_mb)
         return env_id
@@ -201,7 +205,7 @@ class Tangram:
             return await self._submit(action, self.cpu, "exec")
         finally:
             e.running.discard(action.id)
-            e.last_used = time.monotonic()
+            e.last_used = self._clock()
 
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
         self._admitting()
@@ -248,7 +252,7 @@ class Tangram:
 
     # -- the loop ------------------------------------------------------------------------------
     def _now(self) -> float:
-        return time.monotonic() - self._t0
+        return self._clock() - self._t0
 
     def _admitting(self) -> None:
         if self._closing:
@@ -257,7 +261,7 @@ class Tangram:
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
         fut = asyncio.get_running_loop().create_future()
-        self._pending[action.id] = _Pending(action, manager, fut, time.monotonic(),
+        self._pending[action.id] = _Pending(action, manager, fut, self._clock(),
                                             metric_kind=metric_kind)
         self._kick()
         try:
@@ -274,7 +278,7 @@ class Tangram:
         """Run the policy now and start whatever it granted."""
         for a in self.scheduler.decide(self._now()):
             p = self._pending[a.action.id]
-            p.started = time.monotonic()
+            p.started = self._clock()
             task = asyncio.create_task(self._run(p, a))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -292,7 +296,7 @@ class Tangram:
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
-        end = time.monotonic()
+        end = self._clock()
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
@@ -314,7 +318,7 @@ class Tangram:
         p = self._pending.pop(action_id, None)
         if p is not None and not p.future.done():
             p.future.set_result(Result(Status.CANCELLED, detail=why, action_id=action_id,
-                                       queued_s=time.monotonic() - p.submitted))
+                                       queued_s=self._clock() - p.submitted))
 
     # -- observability -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -339,7 +343,7 @@ class Tangram:
         period = max(0.05, min(5.0, self.idle_env_s / 4))
         while True:
             await asyncio.sleep(period)
-            cutoff = time.monotonic() - self.idle_env_s
+            cutoff = self._clock() - self.idle_env_s
             for env in list(self._envs.values()):
                 if not env.running and env.last_used < cutoff:
                     log.info("env %s idle for %.0f s: reclaimed", env.env_id, self.idle_env_s)
