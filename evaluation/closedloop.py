@@ -23,9 +23,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from evaluation.engine import ActionRecord, Driver, Engine, SimExecutor
+from evaluation.engine import AFTER, ActionRecord, Driver, Engine, SimExecutor
 from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
+from managers.cpu.pool import Environment, EnvironmentTable
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Allocator, Assignment
@@ -35,30 +36,57 @@ from tangram.profiles import DurationProfiles
 from tangram.scheduler import Scheduler
 
 START, ARRIVAL = 1, 2  # the closed loop's events (completions come first: `Engine`)
+REACTION = AFTER + ARRIVAL  # an arrival with no LLM gap: after the decision that freed it
 
 
 class Lifecycle(Protocol):
     def attach(self, pools: Mapping[str, Pool], executors: Mapping[str, SimExecutor]) -> None: ...
     def start(self, traj: Trajectory, now: float) -> float | None: ...
+    def nodes(self, traj: Trajectory, now: float) -> Mapping[str, str]:
+        """Asked right after `start` accepted the trajectory: resource -> the node its
+        environment opens on, bound for its life. A resource not named is bound where the
+        trajectory's first action of it is placed (a baseline that places its own pods)."""
+        ...
     def end(self, traj: Trajectory, now: float) -> None: ...
     def wakeup(self, now: float) -> float | None: ...
+
+
+ENV_MEMORY_MB = 1024  # what `Tangram.open_env` reserves by default
+NODE_MEMORY_MB = 1 << 40  # the simulated nodes' memory: never binds, so the load ranks alone
 
 
 @dataclass
 class EnvironmentStart:
     """Tangram's lifecycle: one container per trajectory holding no cores (memory only, which
-    is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s)."""
+    is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s), on the
+    node the runtime would open it on: the CPU manager's own rule
+    (`managers.cpu.pool.EnvironmentTable.choose_node`: memory load, then free cores, at the
+    moment the trajectory begins)."""
 
     start_s: float = 0.5
+    _tables: dict[str, tuple[CorePool, EnvironmentTable]] = field(default_factory=dict,
+                                                                   init=False)
 
     def attach(self, pools, executors) -> None:
-        pass
+        self._tables = {r: (p, EnvironmentTable({n: NODE_MEMORY_MB for n in p.nodes()}))
+                        for r, p in pools.items() if isinstance(p, CorePool)}
 
     def start(self, traj: Trajectory, now: float) -> float | None:
         return self.start_s
 
+    def nodes(self, traj: Trajectory, now: float) -> dict[str, str]:
+        out = {}
+        for r, (pool, table) in self._tables.items():
+            if any(r in s.action.demands for s in traj.steps):
+                node = table.choose_node(pool, ENV_MEMORY_MB)
+                table.add(Environment(traj.id, traj.id, node, ENV_MEMORY_MB, ""))
+                out[r] = node
+        return out
+
     def end(self, traj: Trajectory, now: float) -> None:
-        pass
+        for _, table in self._tables.values():
+            if table.get(traj.id) is not None:
+                table.remove(traj.id)
 
     def wakeup(self, now: float) -> float | None:
         return None
@@ -129,7 +157,8 @@ def blind(action: Action, profiles: DurationProfiles, now: float) -> Action:
 class _Trajectories(Driver):
     """Trajectories as closed loops: a trajectory begins when its lifecycle lets it (pending
     ones first come first served), its next action arrives its LLM generation time after the
-    previous one completed, and its environment is bound to a node at its first CPU start."""
+    previous one completed, and its environment is bound to the node its lifecycle opened it on
+    (`Lifecycle.nodes`), else to where its first action of a core pool was placed."""
 
     def __init__(self, sim: ClosedLoopSimulator) -> None:
         self.sim = sim
@@ -151,6 +180,8 @@ class _Trajectories(Driver):
         if delay is None:
             return False
         self.setups[t.id] = (t.start, now + delay)
+        for r, node in self.life.nodes(t, now).items():
+            engine.scheduler.bind(t.id, r, node)
         engine.push(now + delay + t.steps[0].think_s, ARRIVAL, (t.id, 0))
         return True
 
@@ -180,7 +211,8 @@ class _Trajectories(Driver):
         t = self.trajs[tid]
         self.done += 1
         if step + 1 < len(t.steps):
-            engine.push(now + t.steps[step + 1].think_s, ARRIVAL, (tid, step + 1))
+            think = t.steps[step + 1].think_s
+            engine.push(now + think, ARRIVAL if think > 0 else REACTION, (tid, step + 1))
             return
         self.spans[tid] = (t.start, now)
         self.life.end(t, now)

@@ -16,7 +16,9 @@ same for every driver and the same as the runtime (`tangram.runtime.facade`) doe
   learns by the runtime's rule (`DurationProfiles.record`: timeouts as censored observations).
 
 Events are ordered by (time, kind, sequence): completions first, a driver's own kinds (1, 2,
-...) next, wake-ups last.
+...) next, wake-ups last. One decision follows all the events of an instant, except that a
+driver's reactions (kinds >= `AFTER`: a trajectory's next action submitted with no LLM gap)
+come after it and get a decision of their own, as they do in the runtime.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from tangram.results import Status
 from tangram.scheduler import Scheduler
 
 COMPLETION = 0  # the engine's own event kinds; a driver's kinds lie between them
+AFTER = 1 << 20  # a driver kind >= AFTER is handled after its instant's decision, as a client
+# reacting to a result at once (zero delay) is in the runtime: it submits after the decision
 WAKE = 1 << 30  # a driver asked for a decision at this time (`Driver.wakeup`)
 
 
@@ -139,7 +143,8 @@ class Engine:
         done = 0
         while events:
             now = events[0][0]
-            while events and events[0][0] == now:
+            after = AFTER <= events[0][1] < WAKE  # this round: the instant's reactions
+            while events and events[0][0] == now and (AFTER <= events[0][1] < WAKE) == after:
                 _, kind, _, key = heapq.heappop(events)
                 self.counters["events"] += 1
                 if kind == COMPLETION:

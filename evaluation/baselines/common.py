@@ -43,6 +43,9 @@ class NoLifecycle:
     def start(self, traj, now: float) -> float | None:
         return self.env_start_s
 
+    def nodes(self, traj, now: float) -> dict[str, str]:
+        return {}  # bound where its first action is placed (the baseline places it)
+
     def end(self, traj, now: float) -> None:
         pass
 
@@ -63,6 +66,12 @@ class Lifecycles:
     def start(self, traj, now):
         delays = [p.start(traj, now) for p in self.parts]
         return None if any(d is None for d in delays) else max(delays, default=0.0)
+
+    def nodes(self, traj, now) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for p in self.parts:
+            out.update(p.nodes(traj, now))
+        return out
 
     def end(self, traj, now) -> None:
         for p in self.parts:
