@@ -8,7 +8,8 @@ One small AI-coding workload runs twice:
    submitted elastic over 1..cores), trajectories that start as a rollout batch does and wait
    an LLM generation gap before each action (the AI-coding workload's draws:
    `evaluation.workloads.coding`, scaled down by `think_scale` to fit minutes).
-2. **Simulated**, through the closed-loop simulator (`evaluation.engine`): the same
+2. **Simulated**, through the closed-loop simulator (`evaluation.engine`; and again through
+   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree): the same
    trajectories, the same arrivals and gaps, and for durations each command's profile
    *measured* on this machine beforehand (a calibration pass through `Tangram.local()`: the
    tool sizes on one core, the reward at every amount), the environment start time likewise;
@@ -38,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation.closedloop import EnvironmentStart, Policy, run
+from evaluation.runtime_sim import run_on_runtime
 from evaluation.workloads.base import Step, Trajectory, Workload, lognormal_mean
 from evaluation.workloads.coding import CodingParams
 from managers.cpu.request import Command, exec_kind
@@ -249,10 +251,15 @@ def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
     return Workload("twin", tuple(out), pools, None, tasks=("coding",))
 
 
-def predict(trajs: Sequence[TwinTrajectory], prof: Profile) -> Observed:
+def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
+    """The simulator's figures: the closed-loop engine, or (`on_runtime`) the runtime itself on
+    virtual time with the sim backend (`evaluation.runtime_sim`); the two grant alike."""
     w = twin_workload(trajs, prof)
-    policy = Policy("tangram", get_allocator(DEFAULT_POLICY), EnvironmentStart(prof.open_s))
-    r = run(w, policy)
+    if on_runtime:
+        r = run_on_runtime(w, DEFAULT_POLICY, prof.open_s)
+    else:
+        r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY),
+                          EnvironmentStart(prof.open_s)))
     busy = sum(x.units["cpu"] * (x.end - x.start) for x in r.records.values())
     return Observed([x.end - x.arrival for x in r.records.values()],
                     [x.end - x.start for x in r.records.values()], busy, r.makespan,
@@ -287,6 +294,7 @@ def compare(p: TwinParams) -> dict:
     t2 = time.monotonic()
     predicted = figures(predict(trajs, prof))
     t3 = time.monotonic()
+    by_runtime = figures(predict(trajs, prof, on_runtime=True))
     doc: dict = {"experiment": "twin", "trajectories": len(trajs),
                  "actions": sum(len(t.steps) for t in trajs), "cores": prof.node.capacity,
                  "policy": DEFAULT_POLICY,
@@ -298,7 +306,8 @@ def compare(p: TwinParams) -> dict:
                                        f" @{m}": v for (c, m), v in prof.run_s.items()}}}
     for k in measured:
         m, pr = measured[k], predicted[k]
-        doc[k] = {"predicted": pr, "measured": m, "error": (pr - m) / m if m else None}
+        doc[k] = {"predicted": pr, "measured": m, "error": (pr - m) / m if m else None,
+                  "predicted_by_runtime": by_runtime[k]}
     return doc
 
 

@@ -4,7 +4,8 @@ profiles. Tolerance: each of mean ACT, p99 ACT, step time and core utilisation p
 a factor of 3 of the measured figure. That is wide because a 2-core CI runner shared with other
 jobs swings a command's run time by 2x between the calibration and the run (the figures and
 their error sources: docs/architecture.md, "The digital twin"); it still fails a simulator that
-drops queueing, LLM gaps or the environment start, or plays durations off by an order."""
+loses actions or plays durations off by more than 3x (a unit slip). The prediction through the
+runtime itself on virtual time (`predicted_by_runtime`) must equal the engine's."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_twin_quick_predicts_within_tolerance(capsys):
         assert set(f) >= {"predicted", "measured"}
         assert f["predicted"] > 0 and f["measured"] > 0, k
         assert abs(math.log(f["predicted"] / f["measured"])) <= math.log(TOLERANCE), (k, f)
+        assert f["predicted_by_runtime"] == pytest.approx(f["predicted"], rel=1e-9), (k, f)
     assert 0 < doc["core_utilisation"]["measured"] <= 1.0 + 1e-9
 
 
