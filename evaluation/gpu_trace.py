@@ -1,23 +1,29 @@
-"""A first-come-first-served driver of service actions over one chunk pool (virtual clock).
+"""First-come-first-served service calls over one chunk pool, on the one engine.
 
 Shared by the hand-worked scenario tests and the benchmark's bursty trace: actions (each one
-service call of a fixed DoP) start in arrival order as soon as a chunk is free, placed by
-`ChunkPool.place` with or without the residency preference; each runs `restore_s + infer_s`.
-It is not the project's simulator (`evaluation.engine` drives the real scheduler); it isolates
-the GPU pool logic so restores can be counted under different placement and eviction policies,
-and it lives in the evaluation, not among the managers: no driver ships inside `managers/`.
+service call of a fixed DoP) start in arrival order as soon as a chunk is free (the `min`
+policy, the scheduler's FCFS scan), placed by `ChunkPool.place` with or without the residency
+preference (the pool's advisor; never waiting for a busy copy); each runs `restore_s +
+infer_s`. It runs on `evaluation.engine` like every simulation, so restores can be counted
+under different placement and eviction policies with the scheduler's own rules.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from managers.gpu.residency import Residency
+from evaluation.engine import Engine
+from evaluation.simulator import Arrivals
+from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
+from solvers import get_allocator
 from tangram.actions import Action
+from tangram.allocation import Assignment
 from tangram.pools import ChunkPool, Placement
+from tangram.scheduler import Scheduler
+
+__all__ = ["ServedAction", "chunk_of", "k_of", "serve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +38,32 @@ class ServedAction:
     evicted: tuple[str, ...]
 
 
+class _PreferOnly(ResidencyAdvisor):
+    """The residency preference without waiting: the trace starts whatever fits."""
+
+    def defer(self, action, placement, view, now) -> bool:
+        return False
+
+
+class _Restores:
+    """The time model: each call restores its service first where it is not resident."""
+
+    def __init__(self, residency: Residency, resource: str) -> None:
+        self.residency = residency
+        self.resource = resource
+        self.decisions: dict[str, RestoreDecision] = {}
+
+    def begin(self, a: Assignment, now: float) -> tuple[float, bool]:
+        where = a.placement[self.resource]
+        d = self.residency.begin(a.action, where.node, chunk_of(where), now)
+        self.decisions[a.action.id] = d
+        return d.restore_s, d.restored
+
+    def end(self, a: Assignment, now: float) -> None:
+        where = a.placement[self.resource]
+        self.residency.end(a.action, where.node, chunk_of(where), now)
+
+
 def serve(actions: Iterable[Action], pool: ChunkPool, residency: Residency,
           prefer: bool = True, default_infer_s: float = 1.0) -> list[ServedAction]:
     """Run every action (a GPU demand of one amount on `pool.resource`, a `service`) FCFS.
@@ -39,34 +71,23 @@ def serve(actions: Iterable[Action], pool: ChunkPool, residency: Residency,
     An action's duration is its own `duration`, else its service's profiled inference time,
     else `default_infer_s`. Returns one record per action, in start order.
     """
-    queue = sorted(actions, key=lambda a: a.submit_time)
-    running: list[tuple[float, int, Action, Placement]] = []  # placements hold chunks
-    served: list[ServedAction] = []
-    now, seq = 0.0, itertools.count()
     res = pool.resource
-    for action in queue:
-        now = max(now, action.submit_time)
-        k = action.demands[res].min
-        while True:
-            while running and running[0][0] <= now:
-                end, _, done, where = heapq.heappop(running)
-                residency.end(done, where.node, chunk_of(where), end)
-                pool.release(where, k_of(done, res))
-            if pool.fits(k) is not None:
-                break
-            now = running[0][0]
-        score = (lambda n, c, a=action: residency.prefer(a, res, n, c)) if prefer else None
-        where = pool.place(k, prefer=score)
-        d = residency.begin(action, where.node, chunk_of(where), now)
-        service = residency.registry.get(action.service)
-        run_s = action.duration or service.infer_seconds(k, default_infer_s)
-        end = now + d.restore_s + run_s
-        heapq.heappush(running, (end, next(seq), action, where))
-        served.append(ServedAction(action.id, service.name, where.node, chunk_of(where), now, end,
-                                   d.restored, tuple(e.service for e in d.evicted)))
-    for end, _, done, where in sorted(running, key=lambda r: (r[0], r[1])):
-        residency.end(done, where.node, chunk_of(where), end)
-        pool.release(where, k_of(done, res))
+    timed = []
+    for a in sorted(actions, key=lambda a: a.submit_time):
+        service = residency.registry.get(a.service)
+        timed.append(a if a.duration else dataclasses.replace(
+            a, duration=service.infer_seconds(k_of(a, res), default_infer_s)))
+    pool.advisor = _PreferOnly(residency) if prefer else None
+    model = _Restores(residency, res)
+    sched = Scheduler({res: pool}, get_allocator("min"))
+    out = Engine(sched, {res: model}, timed=False).run(Arrivals(timed)).records
+    served = []
+    for a in timed:
+        r, d = out[a.id], model.decisions[a.id]
+        served.append(ServedAction(a.id, residency.registry.get(a.service).name, d.node,
+                                   d.chunk, r.start, r.end, d.restored,
+                                   tuple(e.service for e in d.evicted)))
+    served.sort(key=lambda s: s.start)  # stable: equal starts keep arrival order
     return served
 
 

@@ -50,7 +50,7 @@ class SimResult:
         return {"total_act": self.total_act, "actions": actions}
 
 
-class _Arrivals(Driver):
+class Arrivals(Driver):
     """Admits every action arriving at an instant, then schedules the next arrival."""
 
     def __init__(self, actions: Sequence[Action]) -> None:
@@ -87,8 +87,8 @@ class Simulator:
     def run(self) -> SimResult:
         for act in self.actions:
             self.scheduler.validate(act)
-        engine = Engine(self.scheduler, self.executors, progress=self.progress)
-        out = engine.run(_Arrivals(self.actions))
+        engine = Engine(self.scheduler, self.executors, progress=self.progress, timed=False)
+        out = engine.run(Arrivals(self.actions))
         return SimResult(out.records, out.counters)
 
 
