@@ -17,50 +17,76 @@ its `Lifecycle` differ between Tangram and the baselines:
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from evaluation.simulator import ActionRecord, SimExecutor, modelled_duration
+from evaluation.engine import AFTER, ActionRecord, Driver, Engine, SimExecutor
 from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
+from managers.cpu.pool import Environment, EnvironmentTable
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
-from tangram.allocation import Allocator
+from tangram.allocation import Allocator, Assignment
 from tangram.errors import TangramError
 from tangram.pools import CorePool, Pool
 from tangram.profiles import DurationProfiles
 from tangram.scheduler import Scheduler
 
-COMPLETION, START, ARRIVAL, WAKE = 0, 1, 2, 3
+START, ARRIVAL = 1, 2  # the closed loop's events (completions come first: `Engine`)
+REACTION = AFTER + ARRIVAL  # an arrival with no LLM gap: after the decision that freed it
 
 
 class Lifecycle(Protocol):
     def attach(self, pools: Mapping[str, Pool], executors: Mapping[str, SimExecutor]) -> None: ...
     def start(self, traj: Trajectory, now: float) -> float | None: ...
+    def nodes(self, traj: Trajectory, now: float) -> Mapping[str, str]:
+        """Asked right after `start` accepted the trajectory: resource -> the node its
+        environment opens on, bound for its life. A resource not named is bound where the
+        trajectory's first action of it is placed (a baseline that places its own pods)."""
+        ...
     def end(self, traj: Trajectory, now: float) -> None: ...
     def wakeup(self, now: float) -> float | None: ...
+
+
+ENV_MEMORY_MB = 1024  # what `Tangram.open_env` reserves by default
+NODE_MEMORY_MB = 1 << 40  # the simulated nodes' memory: never binds, so the load ranks alone
 
 
 @dataclass
 class EnvironmentStart:
     """Tangram's lifecycle: one container per trajectory holding no cores (memory only, which
-    is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s)."""
+    is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s), on the
+    node the runtime would open it on: the CPU manager's own rule
+    (`managers.cpu.pool.EnvironmentTable.choose_node`: memory load, then free cores, at the
+    moment the trajectory begins)."""
 
     start_s: float = 0.5
+    _tables: dict[str, tuple[CorePool, EnvironmentTable]] = field(default_factory=dict,
+                                                                   init=False)
 
     def attach(self, pools, executors) -> None:
-        pass
+        self._tables = {r: (p, EnvironmentTable({n: NODE_MEMORY_MB for n in p.nodes()}))
+                        for r, p in pools.items() if isinstance(p, CorePool)}
 
     def start(self, traj: Trajectory, now: float) -> float | None:
         return self.start_s
 
+    def nodes(self, traj: Trajectory, now: float) -> dict[str, str]:
+        out = {}
+        for r, (pool, table) in self._tables.items():
+            if any(r in s.action.demands for s in traj.steps):
+                node = table.choose_node(pool, ENV_MEMORY_MB)
+                table.add(Environment(traj.id, traj.id, node, ENV_MEMORY_MB, ""))
+                out[r] = node
+        return out
+
     def end(self, traj: Trajectory, now: float) -> None:
-        pass
+        for _, table in self._tables.values():
+            if table.get(traj.id) is not None:
+                table.remove(traj.id)
 
     def wakeup(self, now: float) -> float | None:
         return None
@@ -123,16 +149,79 @@ class LoopResult:
 
 
 def blind(action: Action, profiles: DurationProfiles, now: float) -> Action:
-    """The action as a real scheduler sees it on arrival: its kind's historical mean duration
-    (non-scalable) or its kind's fitted `T_ori` with the kind's E(m) (elastic), learned online
-    from completed actions; never the sampled truth. Before any history: the profiles' default.
-    """
-    el = action.elasticity
-    if el is not None:
-        t_ori = profiles.t_ori(action.kind) or profiles.default
-        return dataclasses.replace(action, submit_time=now,
-                                   elasticity=dataclasses.replace(el, t_ori=t_ori))
-    return dataclasses.replace(action, submit_time=now, duration=None)
+    """The action as a real scheduler sees it on arrival (`DurationProfiles.as_seen`, the
+    runtime's rule): learned from completed actions, never the sampled truth."""
+    return profiles.as_seen(action, now)
+
+
+class _Trajectories(Driver):
+    """Trajectories as closed loops: a trajectory begins when its lifecycle lets it (pending
+    ones first come first served), its next action arrives its LLM generation time after the
+    previous one completed, and its environment is bound to the node its lifecycle opened it on
+    (`Lifecycle.nodes`), else to where its first action of a core pool was placed."""
+
+    def __init__(self, sim: ClosedLoopSimulator) -> None:
+        self.sim = sim
+        self.life = sim.policy.lifecycle
+        self.trajs = {t.id: t for t in sim.workload.trajectories}
+        self.step: dict[str, tuple[str, int]] = {}  # action id -> (trajectory, step)
+        self.kinds: dict[str, tuple[str, str, str]] = {}
+        self.setups: dict[str, tuple[float, float]] = {}
+        self.spans: dict[str, tuple[float, float]] = {}
+        self.pending: deque[Trajectory] = deque()
+        self.done = 0
+
+    def begin(self, engine: Engine) -> None:
+        for t in self.trajs.values():
+            engine.push(t.start, START, t.id)
+
+    def _open(self, engine: Engine, t: Trajectory, now: float) -> bool:
+        delay = self.life.start(t, now)
+        if delay is None:
+            return False
+        self.setups[t.id] = (t.start, now + delay)
+        for r, node in self.life.nodes(t, now).items():
+            engine.scheduler.bind(t.id, r, node)
+        engine.push(now + delay + t.steps[0].think_s, ARRIVAL, (t.id, 0))
+        return True
+
+    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> None:
+        if kind == START:
+            t = self.trajs[key]
+            if self.pending or not self._open(engine, t, now):
+                self.pending.append(t)
+            return
+        tid, step = key
+        truth = self.trajs[tid].steps[step].action
+        seen = (dataclasses.replace(truth, submit_time=now) if self.sim.oracle
+                else engine.scheduler.profiles.as_seen(truth, now))
+        engine.submit(seen, truth)
+        self.kinds[seen.id] = (tid, seen.task or "", seen.kind)
+        self.step[seen.id] = (tid, step)
+
+    def started(self, engine: Engine, a: Assignment, now: float) -> None:
+        sched = engine.scheduler
+        tid = a.action.trajectory or ""
+        for r in self.sim.core_pools:
+            if r in a.units and (tid, r) not in sched.bindings:
+                sched.bind(tid, r, a.placement[r].node)
+
+    def completed(self, engine: Engine, action: Action, now: float) -> None:
+        tid, step = self.step.pop(action.id)
+        t = self.trajs[tid]
+        self.done += 1
+        if step + 1 < len(t.steps):
+            think = t.steps[step + 1].think_s
+            engine.push(now + think, ARRIVAL if think > 0 else REACTION, (tid, step + 1))
+            return
+        self.spans[tid] = (t.start, now)
+        self.life.end(t, now)
+        engine.scheduler.unbind(tid)
+        while self.pending and self._open(engine, self.pending[0], now):
+            self.pending.popleft()
+
+    def wakeup(self, now: float) -> float | None:
+        return self.life.wakeup(now)
 
 
 class ClosedLoopSimulator:
@@ -152,137 +241,32 @@ class ClosedLoopSimulator:
         pools = workload.make_pools()
         self.executors = {**(policy.executors(workload) if policy.executors is not None
                              else default_executors(workload)), **api_executors(workload)}
-        prefer = defer = None
-        for ex in self.executors.values():
-            prefer = getattr(ex, "prefer", prefer)
-            defer = getattr(ex, "defer", defer)
-        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer, defer=defer,
-                                   scoped=policy.scoped)
+        for r, ex in self.executors.items():
+            if isinstance(ex, SimServiceModel) and r in pools:
+                pools[r].advisor = ex.advisor  # the pool's own residency advice
+        self.scheduler = Scheduler(pools, policy.allocator, scoped=policy.scoped)
         self.core_pools = {r for r, p in pools.items() if isinstance(p, CorePool)}
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)
 
     def run(self) -> LoopResult:
-        sched, life = self.scheduler, self.policy.lifecycle
-        trajs = {t.id: t for t in self.workload.trajectories}
-        for t in trajs.values():
+        sched = self.scheduler
+        for t in self.workload.trajectories:
             for s in t.steps:
                 sched.validate(s.action)
-        events: list[tuple[float, int, int, str, int]] = []
-        seq = 0
-
-        def push(at: float, kind: int, tid: str = "", step: int = 0) -> None:
-            nonlocal seq
-            heapq.heappush(events, (at, kind, seq, tid, step))
-            seq += 1
-
-        for t in trajs.values():
-            push(t.start, START, t.id)
-        records: dict[str, ActionRecord] = {}
-        kinds: dict[str, tuple[str, str, str]] = {}
-        setups: dict[str, tuple[float, float]] = {}
-        spans: dict[str, tuple[float, float]] = {}
-        starts: dict[str, tuple[float, bool | None, int]] = {}
-        run_s: dict[str, float] = {}  # true run time (restores excluded), what profiles learn
-        pending: deque[Trajectory] = deque()
-        wakes: set[float] = set()
-        counters = {"events": 0.0, "restores": 0.0, "decide_wall_s": 0.0, "decide_cpu_s": 0.0,
-                    "overhead_s": 0.0}
-        cpu_s = array("d")
         total = self.workload.num_actions
-        done = 0
-
-        def begin(t: Trajectory, now: float) -> bool:
-            delay = life.start(t, now)
-            if delay is None:
-                return False
-            setups[t.id] = (t.start, now + delay)
-            push(now + delay + t.steps[0].think_s, ARRIVAL, t.id, 0)
-            return True
-
-        while events:
-            now = events[0][0]
-            while events and events[0][0] == now:
-                _, kind, _, tid, step = heapq.heappop(events)
-                counters["events"] += 1
-                if kind == COMPLETION:
-                    truth = trajs[tid].steps[step].action
-                    aid = truth.id
-                    ra = sched.complete(aid, now, run_s=run_s.pop(aid), learn=not self.oracle)
-                    a = ra.assignment
-                    for r in a.units:
-                        ex = self.executors.get(r)
-                        if ex is not None:
-                            ex.end(a, now)
-                    s0, restored, _ = starts.pop(aid)
-                    records[aid] = ActionRecord(a.action.submit_time, s0, now, dict(a.units),
-                                                restored)
-                    done += 1
-                    t = trajs[tid]
-                    if step + 1 < len(t.steps):
-                        push(now + t.steps[step + 1].think_s, ARRIVAL, tid, step + 1)
-                    else:
-                        spans[tid] = (t.start, now)
-                        life.end(t, now)
-                        sched.unbind(tid)
-                        while pending and begin(pending[0], now):
-                            pending.popleft()
-                elif kind == START:
-                    t = trajs[tid]
-                    if pending or not begin(t, now):
-                        pending.append(t)
-                elif kind == ARRIVAL:
-                    tmpl = trajs[tid].steps[step].action
-                    act = (dataclasses.replace(tmpl, submit_time=now) if self.oracle
-                           else blind(tmpl, sched.profiles, now))
-                    sched.enqueue(act)
-                    kinds[act.id] = (tid, act.task or "", act.kind)
-                    starts[act.id] = (now, None, step)  # arrival bookkeeping, replaced at start
-                else:
-                    wakes.discard(now)
-            made = sched.decisions
-            t0, c0 = time.perf_counter(), time.thread_time()
-            decided = sched.decide(now)
-            c1 = time.thread_time()
-            counters["decide_wall_s"] += time.perf_counter() - t0
-            if sched.decisions != made:  # an empty queue answers at once: not a decision
-                cpu_s.append(c1 - c0)
-                counters["decide_cpu_s"] += c1 - c0
-                if self.on_decision is not None:
-                    self.on_decision(sched, c1 - c0)
-            for a in decided:
-                act = a.action
-                tid = act.trajectory or ""
-                for r in self.core_pools:
-                    if r in a.units and (tid, r) not in sched.bindings:
-                        sched.bind(tid, r, a.placement[r].node)
-                step = starts[act.id][2]
-                dur = modelled_duration(trajs[tid].steps[step].action, a.units)
-                run_s[act.id] = dur
-                restored = None
-                for r in a.units:
-                    ex = self.executors.get(r)
-                    if ex is not None:
-                        extra, restored = ex.begin(a, now)
-                        dur += extra
-                        counters["overhead_s"] += extra
-                        counters["restores"] += bool(restored)
-                starts[act.id] = (now, restored, step)
-                push(now + dur, COMPLETION, tid, step)
-            w = life.wakeup(now)
-            if w is not None and w > now and w not in wakes:
-                wakes.add(w)
-                push(w, WAKE)
-            if self.progress is not None:
-                self.progress(done, total)
-        if sched.queue or pending:
-            raise TangramError(f"{len(sched.queue)} actions never started, {len(pending)} "
-                               f"trajectories never began")
-        counters["decisions"] = sched.decisions
+        progress = self.progress
+        engine = Engine(sched, self.executors, on_decision=self.on_decision,
+                        progress=None if progress is None else (lambda d: progress(d, total)))
+        driver = _Trajectories(self)
+        out = engine.run(driver)
+        if driver.pending:
+            raise TangramError(f"{len(driver.pending)} trajectories never began")
+        counters = out.counters
         ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
         counters["api_429"] = float(sum(u.total for u in ups.values()))
-        counters["actions"] = done
-        return LoopResult(records, kinds, setups, spans, counters, cpu_s)
+        return LoopResult(out.records, driver.kinds, driver.setups, driver.spans, counters,
+                          out.decision_cpu_s)
 
 
 def default_executors(workload: Workload) -> dict[str, SimExecutor]:

@@ -10,7 +10,7 @@ action's node is known (its trajectory's environment), otherwise the whole resou
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from tangram.actions import Action
@@ -52,18 +52,36 @@ class Candidate:
 
 
 def _prefer(view: ClusterView, action: Action, resource: str):
-    if view.prefer is None:
+    """The pool's advisor's preference as `Pool.place` takes it, or None."""
+    adv = view.advisor(resource)
+    if adv is None:
         return None
-    pref = view.prefer
-    return lambda node, chunk: pref(action, resource, node, chunk)
+    return lambda node, chunk: adv.prefer(action, node, chunk)
+
+
+def deferred(view: ClusterView, action: Action, placed: Mapping[str, Placement],
+             now: float) -> bool:
+    """True when the advisor of a pool `action` was placed on would rather it waited."""
+    for r, p in placed.items():
+        adv = view.advisor(r)
+        if adv is not None and adv.defer(action, p, view, now):
+            return True
+    return False
 
 
 def scan_candidates(view: ClusterView, queue: Collection[Action],
-                    pools: Mapping[str, Pool], now: float = 0.0) -> list[Candidate]:
-    """Candidates at minimum demands, placed (tentatively) on `pools`, in queue order.
+                    pools: Mapping[str, Pool], now: float = 0.0, *,
+                    amounts: Callable[[Action], Mapping[str, int]] | None = None,
+                    exclude: Callable[[Action, str], Collection[str]] | None = None,
+                    advised: bool = True) -> list[Candidate]:
+    """Candidates at minimum demands (or at `amounts(action)`, a fixed-amount policy's),
+    placed (tentatively) on `pools`, in queue order; `exclude(action, resource)` names nodes
+    the action may not use (a baseline's partition).
 
-    An action the view defers (`ClusterView.defer`: better to wait for a busy resident copy of
-    its service than to restore one now) is left queued without blocking anything behind it.
+    An action a pool's advisor defers (`PlacementAdvisor.defer`: better to wait for a busy
+    resident copy of its service than to restore one now) is left queued without blocking
+    anything behind it; `advised=False` ignores the advisors' waiting (a baseline that does not
+    wait), not their preference.
     """
     blocked: dict[str, set[str] | None] = {}
     fully = 0
@@ -84,7 +102,7 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
     for a in walk:
         if fully == n_res:
             break
-        mins = a.mins
+        mins = a.mins if amounts is None else amounts(a)
         fits = True
         for r in mins:
             if r in blocked:
@@ -101,15 +119,15 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
         placed: dict[str, Placement] = {}
         if fits:
             for r, k in mins.items():
-                b = blocked.get(r)
+                b = blocked.get(r) or ()
+                if exclude is not None:
+                    b = {*b, *exclude(a, r)}
                 try:
-                    placed[r] = pools[r].place(k, view.node_for(a, r), b or (),
-                                               _prefer(view, a, r))
+                    placed[r] = pools[r].place(k, view.node_for(a, r), b, _prefer(view, a, r))
                 except Infeasible:
                     fits = False
                     break
-        if fits and view.defer is not None and any(
-                view.defer(a, r, p, view, now) for r, p in placed.items()):
+        if fits and advised and deferred(view, a, placed, now):
             for r, p in placed.items():
                 pools[r].release(p, mins[r])
             continue

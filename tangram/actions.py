@@ -77,6 +77,9 @@ class Action:
 
     `duration` is the modelled run time of a non-elastic action (None when unknown: the
     scheduler then uses the learned profile of its `kind`). `payload` is what the manager runs.
+    `timeout`: the action is killed after this many seconds of running (None: never), so no
+    estimate of its duration exceeds it (`options`, `duration_at`), while `duration` and
+    `elasticity` keep the modelled truth the simulator plays.
     """
 
     id: str
@@ -89,6 +92,7 @@ class Action:
     service: str | None = None
     payload: Any = None
     submit_time: float = 0.0
+    timeout: float | None = None
     mins: Mapping[str, int] = field(init=False, repr=False)
     options: tuple[tuple[int, float], ...] = field(init=False, repr=False)
     """(units of the key resource, modelled duration) per allowed amount; () if not elastic."""
@@ -114,6 +118,9 @@ class Action:
         if not isinstance(self.submit_time, (int, float)) or not math.isfinite(self.submit_time):
             raise ValidationError(f"action[{self.id}].submit_time", self.submit_time,
                                   "must be a finite number")
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", pos_num(f"action[{self.id}].timeout",
+                                                        self.timeout))
         el = self.elasticity
         object.__setattr__(self, "options", ())
         object.__setattr__(self, "option_arrays", None)
@@ -128,8 +135,9 @@ class Action:
                     raise ValidationError(f"action[{self.id}].elasticity.efficiency", m,
                                           f"missing or bad efficiency for allowed amount "
                                           f"({exc.problem})") from None
+            cap = math.inf if self.timeout is None else self.timeout
             object.__setattr__(self, "options", tuple(
-                (m, el.duration(m)) for m in demands[el.key].amounts))
+                (m, min(cap, el.duration(m))) for m in demands[el.key].amounts))
             object.__setattr__(self, "option_arrays", (
                 np.array([m for m, _ in self.options], dtype=np.int64),
                 np.array([d for _, d in self.options], dtype=np.float64)))
@@ -153,5 +161,9 @@ class Action:
                     return d
         el = self.elasticity
         if el is not None:
-            return el.duration(units if units is not None else self.demands[el.key].min)
-        return self.duration
+            d = el.duration(units if units is not None else self.demands[el.key].min)
+        else:
+            d = self.duration
+        if d is None or self.timeout is None:
+            return d
+        return min(d, self.timeout)

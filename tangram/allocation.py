@@ -15,7 +15,7 @@ from typing import Protocol
 
 from tangram.actions import Action
 from tangram.errors import InvariantError
-from tangram.pools import Placement, Pool
+from tangram.pools import Placement, PlacementAdvisor, Pool
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -58,14 +58,6 @@ class ClusterView:
     estimate: Callable[[Action, int | None], float] = default_estimate
     queued_resources: Collection[str] | None = None
     """Resources some queued action demands (None: assume all); lets scans stop early."""
-    prefer: Callable[[Action, str, str, tuple[int, int]], float] | None = None
-    """Placement preference among equal chunk choices: (action, resource, node, chunk) -> score
-    (the GPU manager prefers chunks where the action's service is resident)."""
-    defer: Callable[[Action, str, Placement, ClusterView, float], bool] | None = None
-    """(action, resource, placement, view, now) -> True when the action should rather wait than
-    start on that placement now (the GPU manager: its service is resident on a chunk that frees
-    sooner than a restore would take). A deferred action blocks nothing behind it."""
-
     scope: Collection[tuple[str, str | None]] | None = None
     """Scoped decisions (`Scheduler(scoped=True)`): the queue classes (resource, node) whose
     state changed since the last decision; a queue-order policy scans only those. None: all."""
@@ -73,6 +65,10 @@ class ClusterView:
     """(resource, node) -> the running actions holding units of that resource on that node
     (node None: on any node); the scheduler keeps it indexed so that a policy need not walk
     every running action of the cluster for one node's decision. None: filter `running`."""
+
+    def advisor(self, resource: str) -> PlacementAdvisor | None:
+        """The pool's placement advisor (`tangram.pools.PlacementAdvisor`), or None."""
+        return self.pools[resource].advisor
 
     def node_for(self, action: Action, resource: str) -> str | None:
         if action.trajectory is None:

@@ -12,9 +12,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tangram.errors import Infeasible, ValidationError
 from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError
+
+if TYPE_CHECKING:
+    from tangram.actions import Action
+    from tangram.allocation import ClusterView
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,11 +31,30 @@ class Placement:
     chunk: tuple[int, int] | None = None
 
 
+class PlacementAdvisor(ABC):
+    """What the manager of one pool advises the policy about placing on it (the GPU manager's
+    residency cache: prefer a chunk where the action's service is resident, and rather wait for
+    a busy resident copy than restore one). Set on the pool where the pool is built
+    (`Pool.advisor`), so two pools never share or overwrite each other's advice; a pool without
+    an advisor is placed by its own rule and never defers."""
+
+    @abstractmethod
+    def prefer(self, action: Action, node: str, chunk: tuple[int, int]) -> float:
+        """Score of placing `action` on `chunk` of `node` among equal choices; higher wins."""
+
+    @abstractmethod
+    def defer(self, action: Action, placement: Placement, view: ClusterView,
+              now: float) -> bool:
+        """True when `action` should rather wait than start on `placement` now. A deferred
+        action blocks nothing behind it (its units are free for others)."""
+
+
 class Pool(ABC):
     """One resource type over its nodes."""
 
     resource: str
     per_node: bool  # True: the DP groups actions per node (CPU); False: pooled (GPU chunks)
+    advisor: PlacementAdvisor | None = None  # the pool's manager's advice; kept by `copy`
 
     @abstractmethod
     def nodes(self) -> list[str]: ...
@@ -126,6 +150,7 @@ class FlatPool(Pool):
     def copy(self):
         p = FlatPool.__new__(FlatPool)
         p.resource, p._cap, p._free = self.resource, self._cap, dict(self._free)
+        p.advisor = self.advisor
         return p
 
 
@@ -218,6 +243,7 @@ class CorePool(Pool):
         p._own = set()
         self._own = set()
         p._free = dict(self._free)
+        p.advisor = self.advisor
         return p
 
 
@@ -348,4 +374,5 @@ class ChunkPool(Pool):
         p.resource = self.resource
         p._trees = {n: t.copy() for n, t in self._trees.items()}
         p._retiring = set(self._retiring)
+        p.advisor = self.advisor
         return p

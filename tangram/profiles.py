@@ -8,12 +8,21 @@ itself: `AmdahlFit`, a least-squares fit of `duration(m) = a + b / m` to the obs
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from tangram.actions import Action
+from tangram.actions import Action, Elasticity
+from tangram.results import Status
 
 MAX_SERIAL = 4.0  # a serial fraction above 1 means more units make the run slower
+PRIOR_T_ORI = 10.0  # s: first guess for an elastic kind's single-unit time, refined online
+PRIOR_SERIAL = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
+# at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
+DEFAULT_S = 1.0  # s: the estimate of a non-elastic kind before its first completion
+
+LEARNED = frozenset({Status.OK, Status.ERROR})  # ran to its end: its time is an observation
+CENSORED = frozenset({Status.TIMEOUT})  # killed at its deadline: it would have run longer
 
 
 @dataclass(slots=True)
@@ -33,24 +42,44 @@ class AmdahlFit:
     prior_weight: float = 1.0
     obs: list[tuple[int, float]] = field(default_factory=list)
 
+    _sums: list[float] = field(default_factory=lambda: [0.0] * 6)
+    """Running sums over `obs` (x = 1/m, y = duration): x, y, x^2, xy, the prior's scale
+    (duration * E_prior(m) * m), and a spare; so a fit costs O(1) however long the history."""
+    _cache: tuple[float, float] | None = None
+
     def add(self, m: int, duration: float) -> None:
         if m >= 1 and duration > 0:
             self.obs.append((m, duration))
+            x = 1.0 / m
+            s = self._sums
+            s[0] += x
+            s[1] += duration
+            s[2] += x * x
+            s[3] += x * duration
+            s[4] += duration * _efficiency(self.prior_serial, m) * m
+            self._cache = None
 
     def params(self) -> tuple[float, float]:
         """(T_ori, serial fraction) of the fit."""
+        if self._cache is None:
+            self._cache = self._params()
+        return self._cache
+
+    def _params(self) -> tuple[float, float]:
         s0, t0 = self.prior_serial, self.prior_t_ori
-        w0 = self.prior_weight / max(1, len(self.obs))  # fades as observations accumulate
-        if self.obs:  # the prior's scale follows the data: T_ori from the observed mean
-            t0 = sum(d * _efficiency(s0, m) * m for m, d in self.obs) / len(self.obs)
-        pts = [(1.0 / m, d, 1.0) for m, d in self.obs]
-        pts += [(1.0 / m, t0 * (s0 + (1 - s0) / m), w0) for m in (1, 2)]
-        sw = sum(w for _, _, w in pts)
-        mx = sum(w * x for x, _, w in pts) / sw
-        my = sum(w * y for _, y, w in pts) / sw
-        sxx = sum(w * (x - mx) ** 2 for x, _, w in pts)
-        sxy = sum(w * (x - mx) * (y - my) for x, y, w in pts)
-        b = sxy / sxx if sxx > 0 else t0 * (1 - s0)
+        n = len(self.obs)
+        w0 = self.prior_weight / max(1, n)  # fades as observations accumulate
+        sx, sy, sxx, sxy, scale, _ = self._sums
+        if n:  # the prior's scale follows the data: T_ori from the observed mean
+            t0 = scale / n
+        for m in (1, 2):  # the prior's two pseudo-observations, weight w0 each
+            x, y = 1.0 / m, t0 * (s0 + (1 - s0) / m)
+            sx, sy, sxx, sxy = sx + w0 * x, sy + w0 * y, sxx + w0 * x * x, sxy + w0 * x * y
+        sw = n + 2 * w0
+        mx, my = sx / sw, sy / sw
+        vxx = sxx - sw * mx * mx
+        vxy = sxy - sw * mx * my
+        b = vxy / vxx if vxx > 1e-12 * sw else t0 * (1 - s0)
         a = my - b * mx
         t_ori = a + b
         if t_ori <= 0:
@@ -90,19 +119,31 @@ class _Stat:
 
 
 class DurationProfiles:
-    def __init__(self, default: float = 1.0) -> None:
+    def __init__(self, default: float = DEFAULT_S) -> None:
         self.default = default
         self._run: dict[str, _Stat] = {}
         self._t_ori: dict[str, _Stat] = {}
         self._fits: dict[str, AmdahlFit] = {}
 
-    def observe(self, action: Action, units: dict[str, int] | None, run_s: float) -> None:
+    def record(self, action: Action, units: Mapping[str, int] | None, run_s: float,
+               status: Status = Status.OK) -> None:
+        """The learning rule, one for the runtime and the simulator: a run that ended
+        (`LEARNED`) is an observation of its time; a run killed at its timeout (`CENSORED`)
+        counts at its timeout, a lower bound of its true time (the estimates it pulls toward
+        are clipped to the timeout anyway, `Action.timeout`); a run that never ran to an end
+        (failed, cancelled) teaches nothing."""
+        if status in LEARNED or status in CENSORED:
+            self.observe(action, units, run_s)
+
+    def observe(self, action: Action, units: Mapping[str, int] | None, run_s: float) -> None:
         if run_s < 0:
             return
+        el = action.elasticity
         fit = self._fits.get(action.kind)
+        if fit is None and el is not None:  # the kind's curve, from its first elastic run on
+            fit = self.speedup(action.kind, PRIOR_SERIAL, PRIOR_T_ORI, el.key)
         if fit is not None and units and fit.key in units:  # fixed runs of the kind count too
             fit.add(units[fit.key], run_s)
-        el = action.elasticity
         if el is not None and units and el.key in units:
             m = units[el.key]
             self._t_ori.setdefault(action.kind, _Stat()).add(run_s * el.e(m) * m)
@@ -130,9 +171,29 @@ class DurationProfiles:
         return sum(s.n for d in (self._run, self._t_ori) if (s := d.get(kind)))
 
     def estimate(self, action: Action, units: int | None = None) -> float:
-        """The action's own model when it has one, else its kind's history, else the default."""
-        d = action.duration_at(units)
+        """The action's own model when it has one, else its kind's history, else the default;
+        never past the action's timeout (it is killed there)."""
+        d = action.duration_at(units)  # already clipped to the timeout
         if d is not None:
             return d
         m = self.mean(action.kind)
-        return m if m is not None else self.default
+        d = m if m is not None else self.default
+        return d if action.timeout is None else min(d, action.timeout)
+
+    def learned_elasticity(self, kind: str, key: str) -> Elasticity:
+        """What the scheduler knows of an elastic kind: the fitted T_ori and E(m) of its
+        `AmdahlFit` (the prior `PRIOR_T_ORI`, `PRIOR_SERIAL` before any run)."""
+        fit = self.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI, key)
+        t_ori, serial = fit.params()
+        return Elasticity(key, t_ori, lambda m: _efficiency(serial, m))
+
+    def as_seen(self, action: Action, now: float) -> Action:
+        """`action` as a scheduler sees it when it is submitted at `now`: its timeout and its
+        demands, but for durations only what this history knows (`learned_elasticity` for an
+        elastic action, its kind's mean for another); never the true duration. The runtime
+        builds its actions so (`Tangram.exec`), the simulator turns its sampled ones so."""
+        el = action.elasticity
+        if el is not None and not action.demands[el.key].is_fixed:
+            return dataclasses.replace(action, submit_time=now, duration=None,
+                                       elasticity=self.learned_elasticity(action.kind, el.key))
+        return dataclasses.replace(action, submit_time=now, duration=None, elasticity=None)

@@ -18,7 +18,7 @@ an arrival, completion, cancel or `touch` changed since the last decision.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from tangram.actions import Action
 from tangram.allocation import (
@@ -32,6 +32,7 @@ from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationErro
 from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
+from tangram.results import Status
 
 DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
 
@@ -39,13 +40,10 @@ DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull
 class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
-                 prefer: Callable | None = None, defer: Callable | None = None,
                  max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
-        self.prefer = prefer
-        self.defer = defer
         self.max_queue = max_queue
         self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
         self._touched: set[tuple[str, str | None]] = set()
@@ -139,8 +137,7 @@ class Scheduler:
 
     def view(self, scope: list[tuple[str, str | None]] | None = None) -> ClusterView:
         return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self._queued_per_resource.keys(), self.prefer, self.defer,
-                           scope, self.holding)
+                           self._queued_per_resource.keys(), scope, self.holding)
 
     def _scope(self) -> list[tuple[str, str | None]]:
         """The classes a scoped decision scans: those an arrival, completion or cancel touched
@@ -242,8 +239,9 @@ class Scheduler:
         return None
 
     def complete(self, action_id: str, now: float, run_s: float | None = None,
-                 learn: bool = True) -> RunningAction:
-        """Return a finished action's units to the pools and learn from its run time."""
+                 status: Status = Status.OK) -> RunningAction:
+        """Return a finished action's units to the pools and learn from its run time by the
+        one learning rule (`DurationProfiles.record`: how it ended decides what it teaches)."""
         ra = self.running.pop(action_id)
         a = ra.assignment
         for r, u in a.units.items():
@@ -253,7 +251,6 @@ class Scheduler:
             if u:
                 for k in ((r, a.placement[r].node), (r, None)):
                     del self._holding[k][action_id]
-        if learn:
-            self.profiles.observe(a.action, dict(a.units), now - ra.start if run_s is None
-                                  else run_s)
+        self.profiles.record(a.action, a.units, now - ra.start if run_s is None else run_s,
+                             status)
         return ra

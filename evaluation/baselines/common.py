@@ -1,62 +1,26 @@
-"""Shared pieces of the baselines: FCFS at fixed amounts, and lifecycles that do nothing."""
+"""Shared pieces of the baselines: the scheduler's FCFS scan at fixed amounts, and lifecycles
+that do nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from evaluation.params import src
-from solvers.fcfs import ScratchPools, _prefer
+from solvers.fcfs import ScratchPools, scan_candidates
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
-from tangram.errors import Infeasible
-from tangram.pools import Placement, Pool
-
-ALL = None
 
 
 def fcfs_fixed(view: ClusterView, queue: Collection[Action],
                amounts: Callable[[Action], dict[str, int]],
-               exclude: Callable[[Action, str], Collection[str]] | None = None,
-               pools: Mapping[str, Pool] | None = None) -> list[Assignment]:
-    """Start queued actions in order at exactly `amounts(action)`; an action that does not fit
-    blocks its pools (its node, when bound) for every action behind it, as `solvers.fcfs`."""
-    work = pools if pools is not None else ScratchPools(view.pools)
-    blocked: dict[str, set[str] | None] = {}
-    out = []
-    for a in queue:
-        units = amounts(a)
-        ok = True
-        for r in units:
-            if r in blocked:
-                b = blocked[r]
-                node = view.node_for(a, r)
-                if b is ALL or (node is not None and node in b):
-                    ok = False
-                    break
-        placed: dict[str, Placement] = {}
-        if ok:
-            for r, k in units.items():
-                skip = set(blocked.get(r) or ())
-                if exclude is not None:
-                    skip |= set(exclude(a, r))
-                try:
-                    placed[r] = work[r].place(k, view.node_for(a, r), skip, _prefer(view, a, r))
-                except Infeasible:
-                    ok = False
-                    break
-        if ok:
-            out.append(Assignment(a, units, placed))
-            continue
-        for r, p in placed.items():
-            work[r].release(p, units[r])
-        for r in units:
-            node = view.node_for(a, r)
-            if node is None or not view.pools[r].per_node:
-                blocked[r] = ALL
-            elif blocked.get(r, set()) is not ALL:
-                blocked.setdefault(r, set()).add(node)  # type: ignore[union-attr]
-    return out
+               exclude: Callable[[Action, str], Collection[str]] | None = None) -> list[Assignment]:
+    """Start queued actions in order at exactly `amounts(action)`: the scheduler's own FCFS
+    scan (`solvers.fcfs.scan_candidates`, its blocking and passing rules) at fixed amounts,
+    without waiting for resident copies (a baseline does not)."""
+    found = scan_candidates(view, queue, ScratchPools(view.pools), amounts=amounts,
+                            exclude=exclude, advised=False)
+    return [Assignment(c.action, c.units, c.placement) for c in found]
 
 
 def at_most(action: Action, r: str, dop: int) -> int:
@@ -79,6 +43,9 @@ class NoLifecycle:
     def start(self, traj, now: float) -> float | None:
         return self.env_start_s
 
+    def nodes(self, traj, now: float) -> dict[str, str]:
+        return {}  # bound where its first action is placed (the baseline places it)
+
     def end(self, traj, now: float) -> None:
         pass
 
@@ -99,6 +66,12 @@ class Lifecycles:
     def start(self, traj, now):
         delays = [p.start(traj, now) for p in self.parts]
         return None if any(d is None for d in delays) else max(delays, default=0.0)
+
+    def nodes(self, traj, now) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for p in self.parts:
+            out.update(p.nodes(traj, now))
+        return out
 
     def end(self, traj, now) -> None:
         for p in self.parts:

@@ -18,9 +18,9 @@ import statistics
 import time
 from typing import Any
 
+from evaluation.gpu_trace import chunk_of, serve
 from managers.gpu.residency import RandomEviction, Residency
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
-from managers.gpu.trace import chunk_of, serve
 from tangram.actions import Action
 from tangram.errors import Infeasible
 from tangram.pools import ChunkPool, Placement

@@ -27,6 +27,7 @@ from evaluation.experiments.common import (
 )
 from evaluation.experiments.sensitivity import main as sensitivity
 from evaluation.experiments.sweep import attach_ranges
+from evaluation.twin import main as twin
 from solvers import available
 
 EXPERIMENTS: dict[str, tuple[str, str]] = {
@@ -55,10 +56,11 @@ def run_experiment(name: str, quick: bool = True, quiet: bool = True, ranges: bo
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram experiment", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=[*EXPERIMENTS, "bench", "sensitivity", "all"],
+    p.add_argument("name", choices=[*EXPERIMENTS, "bench", "sensitivity", "twin", "all"],
                    help="; ".join(f"{k}: {v[1]}" for k, v in EXPERIMENTS.items())
                    + "; bench: simulator throughput; sensitivity: every ranged parameter "
-                   "swept; all: every experiment")
+                   "swept; twin: the simulator's prediction against a real run of "
+                   "Tangram.local(); all: every experiment")
     p.add_argument("--quick", action="store_true", help="small sizes (CI)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -72,6 +74,8 @@ def main(argv: list[str]) -> int:
         p.error(f"--policy {ns.policy!r}: unknown (known: {available()})")
     if ns.name == "bench":
         return bench(rest + (["--json"] if ns.json else []))
+    if ns.name == "twin":
+        return twin(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json)) if on])
     if ns.name == "sensitivity":
         return sensitivity(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json),
                                                    ("--oracle", ns.oracle)) if on]

@@ -8,7 +8,7 @@ them the least memory-loaded. Every later action of the trajectory stays on that
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from tangram.errors import Infeasible, ValidationError
@@ -26,6 +26,20 @@ class Environment:
     memory_mb: int
     workdir: str
     network: bool = False
+
+
+def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
+              memory_load: Callable[[str], float], cores_free: Callable[[str], int],
+              memory_mb: int, min_cores: int = 1) -> str | None:
+    """The one rule that places a trajectory's environment (this module's docstring), for a
+    machine's manager, for Ray's nodes and for the simulator alike: among `nodes` with
+    `memory_mb` free, those with `min_cores` free now (all of them if none has), the least
+    memory-loaded, then the most free cores, then the name. None when no node has the memory."""
+    roomy = [n for n in nodes if memory_free(n) >= memory_mb]
+    if not roomy:
+        return None
+    ready = [n for n in roomy if cores_free(n) >= min_cores] or roomy
+    return min(ready, key=lambda n: (memory_load(n), -cores_free(n), n))
 
 
 class EnvironmentTable:
@@ -50,13 +64,13 @@ class EnvironmentTable:
         """The node for a new environment; raises `Infeasible` when no node has the memory."""
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
             raise ValidationError("env.memory_mb", memory_mb, "must be a positive integer (MiB)")
-        roomy = [n for n in self._capacity if self.memory_free(n) >= memory_mb]
-        if not roomy:
+        node = pick_node(self._capacity, self.memory_free, self.memory_load, cores.free,
+                         memory_mb, min_cores)
+        if node is None:
             best = max(self._capacity, key=self.memory_free, default=None)
             raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
                              f"{self.memory_free(best) if best else 0} MiB on {best})")
-        ready = [n for n in roomy if cores.free(n) >= min_cores] or roomy
-        return min(ready, key=lambda n: (self.memory_load(n), -cores.free(n), n))
+        return node
 
     def add(self, env: Environment) -> None:
         if env.trajectory in self._by_trajectory:

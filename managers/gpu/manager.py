@@ -1,7 +1,7 @@
 """The GPU manager, evict-on-execution (paper 5.3): runs placed service actions.
 
-The scheduler grants an action one aligned chunk (placed with `residency.prefer`, so chunks
-where the service is resident win). `run` then asks the pure `Residency` what to do, has the
+The scheduler grants an action one aligned chunk (placed with the pool's `ResidencyAdvisor`, so
+chunks where the service is resident win). `run` then asks the pure `Residency` what to do, has the
 backend evict the victims and restore the service if it was not resident, invokes the service
 with the action's payload (a JSON request) and returns the response as the `Result`, with the
 restore time it took. Start-up (`start`) deploys every registered service once: its host copy
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 
 from managers.base import Manager
 from managers.gpu.backend import GpuBackend, NodeLost
-from managers.gpu.residency import Residency, ResidentWait
+from managers.gpu.residency import Residency, ResidencyAdvisor
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Pool
@@ -41,7 +41,7 @@ class GpuManager(Manager):
         self.backend = backend
         self.clock = clock
         self._started = False
-        self.defer = ResidentWait(residency)
+        self.advisor = pool.advisor = ResidencyAdvisor(residency)  # this pool's advice
 
     @property
     def backend_name(self) -> str | None:
@@ -58,10 +58,6 @@ class GpuManager(Manager):
             dropped = self.residency.forget_node(node)
             log.warning("gpu: node %s %s: its chunks leave the pool, %d resident copies "
                         "forgotten", node, why, dropped)
-
-    def prefer(self, action, resource: str, node: str, chunk: tuple[int, int]) -> float:
-        """The placement preference for `ClusterView.prefer`."""
-        return self.residency.prefer(action, resource, node, chunk)
 
     async def start(self) -> None:
         """Deploy every registered service's host copy (once)."""

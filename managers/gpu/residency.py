@@ -11,9 +11,9 @@ most one action per GPU). When an action starts (`begin`):
   frees the entry on all its GPUs and writes nothing back (the host copy is kept).
 
 The service stays resident after the action (`end` stamps its last use). `prefer` scores chunk
-choices for the placement policy (`ClusterView.prefer`): the chunk where the variant is
-resident wins, then a chunk where it fits without evicting anything, then the chunk whose
-victims were used longest ago. Every mutation re-checks the invariants and raises
+choices for the placement policy (`ResidencyAdvisor.prefer`, the pool's advisor): the chunk
+where the variant is resident wins, then a chunk where it fits without evicting anything, then
+the chunk whose victims were used longest ago. Every mutation re-checks the invariants and raises
 `InvariantError` rather than continue from a broken state.
 """
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from managers.gpu.services import RestoreModel, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import InvariantError, ValidationError
+from tangram.pools import Placement, PlacementAdvisor
 
 Chunk = tuple[int, int]
 
@@ -163,7 +164,7 @@ class Residency:
 
     # -- placement preference -------------------------------------------------------------
     def prefer(self, action: Action, resource: str, node: str, chunk: Chunk) -> float:
-        """Score a chunk for `action` (usable as `ClusterView.prefer`; higher is better).
+        """Score a chunk for `action` (`ResidencyAdvisor.prefer`; higher is better).
 
         2: its service variant is resident on exactly this chunk (no restore);
         1: it fits the free memory of every GPU of the chunk (a restore, but no eviction);
@@ -356,7 +357,7 @@ class Residency:
 
 
 class ResidentWait:
-    """`ClusterView.defer` for a chunk pool: an action waits for a busy resident copy of its
+    """`ResidencyAdvisor.defer` for a chunk pool: an action waits for a busy resident copy of its
     service rather than restore one (`Residency.should_wait`). Within one decision (one view)
     it counts the actions already waiting for each copy, so no copy gathers a convoy."""
 
@@ -376,3 +377,20 @@ class ResidentWait:
         k = placement.chunk[1] - placement.chunk[0]
         return self.residency.should_wait(action, resource, placement.node, placement.chunk,
                                           busy, now, self._claims[1], view.estimate(action, k))
+
+
+class ResidencyAdvisor(PlacementAdvisor):
+    """The placement advisor of one chunk pool: prefer the chunk where the action's service is
+    resident (`Residency.prefer`), wait for a busy resident copy rather than restore one
+    (`ResidentWait`). One per pool, set on the pool by whoever builds it with its residency."""
+
+    def __init__(self, residency: Residency) -> None:
+        self.residency = residency
+        self.resource = residency.resource
+        self.wait = ResidentWait(residency)
+
+    def prefer(self, action: Action, node: str, chunk: tuple[int, int]) -> float:
+        return self.residency.prefer(action, self.resource, node, chunk)
+
+    def defer(self, action: Action, placement: Placement, view, now: float) -> bool:
+        return self.wait(action, self.resource, placement, view, now)

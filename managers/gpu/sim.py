@@ -13,7 +13,7 @@ import asyncio
 from typing import Any
 
 from managers.gpu.backend import Chunk, GpuBackend, register
-from managers.gpu.residency import Residency, ResidentWait, RestoreDecision
+from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -35,7 +35,7 @@ class SimServiceModel:
     """Residency, LRU eviction and restore time of one instance chunk pool, on a virtual clock.
 
     Actions that name no service, or that hold no placement on this pool, cost nothing and are
-    reported as not restored. `prefer` is the placement preference to put in `ClusterView`.
+    reported as not restored. `advisor` is the advice to set on the pool it models.
     """
 
     def __init__(self, resource_spec: ResourceSpec, restore: RestoreModel | None = None) -> None:
@@ -51,10 +51,7 @@ class SimServiceModel:
             {n: resource_spec.gpus_per_node for n in resource_spec.node_names()}, memory,
             registry, resource=self.resource, restore=restore)
         self.decisions: dict[str, RestoreDecision] = {}
-        self.defer = ResidentWait(self.residency)
-
-    def prefer(self, action, resource: str, node: str, chunk: Chunk) -> float:
-        return self.residency.prefer(action, resource, node, chunk)
+        self.advisor = ResidencyAdvisor(self.residency)  # set on the pool it models
 
     def _where(self, assignment: Assignment) -> tuple[str, Chunk] | None:
         if assignment.action.service is None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
-from solvers.fcfs import ScratchPools
+from solvers.fcfs import ScratchPools, deferred
 from solvers.heuristic.objective import spread
 from solvers.heuristic.policy import HeuristicAllocator
 from solvers.heuristic.timeline import ChunkTimeline, CountTimeline, Slot, Timeline
@@ -205,8 +205,7 @@ def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Actio
             else:
                 placement[r] = Placement(node, chunk=chunk)
                 pools[r].take(placement[r], k)
-        if view.defer is not None and any(view.defer(a, r, p, view, now)
-                                          for r, p in placement.items()):
+        if deferred(view, a, placement, now):
             for r, p in placement.items():
                 pools[r].release(p, units[r])
             return None

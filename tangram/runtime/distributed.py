@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from managers.base import EnvironmentManager
+from managers.cpu.pool import pick_node
 from managers.cpu.request import exec_target
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
@@ -198,16 +199,15 @@ class RayCpuManager(EnvironmentManager):
         return {(e.trajectory, self.resource): e.node for e in self.envs.values()}
 
     def _choose_node(self, memory_mb: int, min_cores: int) -> str:
-        """Among live nodes with the memory, those with `min_cores` free now, least loaded
-        by memory (the rule of `managers.cpu.pool`, across machines)."""
-        roomy = [n for n, s in self.nodes.items()
-                 if not s.lost and s.info.memory_mb - s.reserved_mb >= memory_mb]
-        if not roomy:
+        """The rule of `managers.cpu.pool.pick_node` over the live nodes."""
+        live = [n for n, s in self.nodes.items() if not s.lost]
+        node = pick_node(live, lambda n: self.nodes[n].info.memory_mb - self.nodes[n].reserved_mb,
+                         lambda n: self.nodes[n].reserved_mb / self.nodes[n].info.memory_mb,
+                         self.pool.free, memory_mb, min_cores)
+        if node is None:
             raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no live node ("
-                             f"{sum(not s.lost for s in self.nodes.values())} live)")
-        ready = [n for n in roomy if self.pool.free(n) >= min_cores] or roomy
-        return min(ready, key=lambda n: (self.nodes[n].reserved_mb / self.nodes[n].info.memory_mb,
-                                         -self.pool.free(n), n))
+                             f"{len(live)} live)")
+        return node
 
     async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
                        network: bool = False) -> str:

@@ -19,18 +19,19 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from managers.api import ApiManager, ApiRequest
 from managers.base import EnvironmentManager, Manager
-from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest, exec_kind
 from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
+from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI
 from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
@@ -43,9 +44,8 @@ log = logging.getLogger("tangram")
 
 UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
                "the server or the scheduler)")
-DEFAULT_T_ORI = 10.0  # s: first guess for an elastic command's single-core time, refined online
-SERIAL_FRACTION = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
-# at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
+DEFAULT_T_ORI = PRIOR_T_ORI  # the estimator's priors live with it (tangram.profiles)
+SERIAL_FRACTION = PRIOR_SERIAL
 
 
 def amdahl(serial: float):
@@ -78,7 +78,10 @@ class Tangram:
     def __init__(self, *, cpu: EnvironmentManager | None = None, gpu: GpuManager | None = None,
                  apis: Mapping[str, Manager] | None = None, policy: str = DEFAULT_POLICY,
                  policy_options: Mapping[str, Any] | None = None,
-                 idle_env_s: float | None = None) -> None:
+                 idle_env_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: the time source of every timing and decision (a virtual-time loop's
+        `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`)."""
         self.cpu = cpu
         self.gpu = gpu
         self.apis = dict(apis or {})
@@ -90,9 +93,7 @@ class Tangram:
                 if r in pools:
                     raise ValidationError("pools", r, "two managers own the same resource")
                 pools[r] = p
-        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})),
-                                   prefer=gpu.prefer if gpu is not None else None,
-                                   defer=gpu.defer if gpu is not None else None)
+        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})))
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
@@ -101,7 +102,8 @@ class Tangram:
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = False
-        self._t0 = time.monotonic()
+        self._clock = clock
+        self._t0 = clock()
         self._reaper: asyncio.Task | None = None
 
     # -- construction ------------------------------------------------------------------------
@@ -155,7 +157,7 @@ class Tangram:
         env_id = await self.cpu.open_env(trajectory, memory_mb, network=network)
         node = self.cpu.binding(trajectory)
         self.scheduler.bind(trajectory, self.cpu.resource, node)
-        self._envs[env_id] = _Env(env_id, trajectory, time.monotonic())
+        self._envs[env_id] = _Env(env_id, trajectory, self._clock())
         log.info("env %s: trajectory %s on node %s (%d MiB reserved)", env_id, trajectory, node,
                  memory_mb)
         return env_id
@@ -191,22 +193,19 @@ class Tangram:
         req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
                           timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
                           else output_cap)
-        first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-        kind = f"exec:{first.rsplit('/', 1)[-1]}"
+        kind = exec_kind(req.command)
         elasticity = None
-        if elastic and not demand.is_fixed:
-            fit = self.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI,
-                                                  self.cpu.resource)
-            elasticity = Elasticity(self.cpu.resource, fit.t_ori, fit.efficiency())
+        if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
+            elasticity = self.scheduler.profiles.learned_elasticity(kind, self.cpu.resource)
         action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
                         elasticity=elasticity, trajectory=e.trajectory, kind=kind,
-                        payload=req, submit_time=self._now())
+                        payload=req, submit_time=self._now(), timeout=timeout)
         e.running.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
         finally:
             e.running.discard(action.id)
-            e.last_used = time.monotonic()
+            e.last_used = self._clock()
 
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
         self._admitting()
@@ -253,7 +252,7 @@ class Tangram:
 
     # -- the loop ------------------------------------------------------------------------------
     def _now(self) -> float:
-        return time.monotonic() - self._t0
+        return self._clock() - self._t0
 
     def _admitting(self) -> None:
         if self._closing:
@@ -262,7 +261,7 @@ class Tangram:
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
         fut = asyncio.get_running_loop().create_future()
-        self._pending[action.id] = _Pending(action, manager, fut, time.monotonic(),
+        self._pending[action.id] = _Pending(action, manager, fut, self._clock(),
                                             metric_kind=metric_kind)
         self._kick()
         try:
@@ -279,7 +278,7 @@ class Tangram:
         """Run the policy now and start whatever it granted."""
         for a in self.scheduler.decide(self._now()):
             p = self._pending[a.action.id]
-            p.started = time.monotonic()
+            p.started = self._clock()
             task = asyncio.create_task(self._run(p, a))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -297,9 +296,9 @@ class Tangram:
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
-        end = time.monotonic()
+        end = self._clock()
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
-                                learn=outcome.ok)
+                                status=outcome.status)
         self._pending.pop(a.action.id, None)
         result = outcome.granted(
             a.action.id, a.units,
@@ -319,7 +318,7 @@ class Tangram:
         p = self._pending.pop(action_id, None)
         if p is not None and not p.future.done():
             p.future.set_result(Result(Status.CANCELLED, detail=why, action_id=action_id,
-                                       queued_s=time.monotonic() - p.submitted))
+                                       queued_s=self._clock() - p.submitted))
 
     # -- observability -------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -344,7 +343,7 @@ class Tangram:
         period = max(0.05, min(5.0, self.idle_env_s / 4))
         while True:
             await asyncio.sleep(period)
-            cutoff = time.monotonic() - self.idle_env_s
+            cutoff = self._clock() - self.idle_env_s
             for env in list(self._envs.values()):
                 if not env.running and env.last_used < cutoff:
                     log.info("env %s idle for %.0f s: reclaimed", env.env_id, self.idle_env_s)

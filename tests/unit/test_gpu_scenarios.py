@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from evaluation.gpu_trace import serve
 from managers.gpu.sim import SimServiceModel
-from managers.gpu.trace import serve
 from tangram.instance import parse_instance
 
 SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("gpu_*.json"))

@@ -24,6 +24,10 @@ def test_quick_scale_bench(tmp_path):
         assert 0 < r["decisions"] and r["p50_ms"] <= r["p99_ms"]
         assert r["share"] == r["cpu_s"] / r["simulated_s"] > 0
         assert r["peak_rss_mb"] > 0
-        # a scoped run decides at the same instants as the global one
-        assert r["decisions"] == runs[(w, b, "heuristic")]["decisions"] or p == "min"
+        # a scoped run decides at nearly the same instants as the global one: not equal by
+        # construction (docs/scale.md: a put-off elastic action is re-read only when an event
+        # touches its node); with learned E(m) (mixed, batch 128) 1.4% more decisions
+        if p == "heuristic/scoped":
+            base = runs[(w, b, "heuristic")]["decisions"]
+            assert abs(r["decisions"] - base) <= 0.05 * base
     assert png.stat().st_size > 0

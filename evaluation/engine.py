@@ -1,0 +1,225 @@
+"""The one event loop of the evaluation: the real `Scheduler` on a virtual clock.
+
+Both the open-loop replay of an instance file (`evaluation.simulator`) and the closed-loop,
+trajectory-driven simulation (`evaluation.closedloop`) are *drivers* of this engine: a driver
+pushes its own events (arrivals, trajectory starts, a policy's wake-ups) and hears of every
+completion; the engine owns what happens to an action between its submission and its end, the
+same for every driver and the same as the runtime (`tangram.runtime.facade`) does it:
+
+- the scheduler decides once per instant, after every event of that instant was handled
+  (completions first, so freed units are visible to the decision);
+- a started action runs its modelled duration (the *truth* the driver gave at submission,
+  which the scheduler never sees unless the driver hands it over) plus what the managers' time
+  models add (`SimExecutor.begin`: a GPU service restore);
+- an action that would run past its `Action.timeout` is killed there: `Status.TIMEOUT`;
+- every completion goes back through `Scheduler.complete` with its status, so the estimator
+  learns by the runtime's rule (`DurationProfiles.record`: timeouts as censored observations).
+
+Events are ordered by (time, kind, sequence): completions first, a driver's own kinds (1, 2,
+...) next, wake-ups last. One decision follows all the events of an instant, except that a
+driver's reactions (kinds >= `AFTER`: a trajectory's next action submitted with no LLM gap)
+come after it and get a decision of their own, as they do in the runtime.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from abc import ABC, abstractmethod
+from array import array
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tangram.actions import Action
+from tangram.allocation import Assignment
+from tangram.errors import TangramError
+from tangram.results import Status
+from tangram.scheduler import Scheduler
+
+COMPLETION = 0  # the engine's own event kinds; a driver's kinds lie between them
+AFTER = 1 << 20  # a driver kind >= AFTER is handled after its instant's decision, as a client
+# reacting to a result at once (zero delay) is in the runtime: it submits after the decision
+WAKE = 1 << 30  # a driver asked for a decision at this time (`Driver.wakeup`)
+
+
+class SimExecutor(Protocol):
+    """Models the time a manager adds around an action (e.g. a GPU service restore)."""
+
+    def begin(self, assignment: Assignment, now: float) -> tuple[float, bool]: ...
+    def end(self, assignment: Assignment, now: float) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One action's life on the virtual clock. `end - start` includes restore time."""
+
+    arrival: float
+    start: float
+    end: float
+    units: Mapping[str, int]
+    restored: bool | None = None
+    status: Status = Status.OK  # TIMEOUT: killed at its `Action.timeout`
+
+
+def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
+    """The action's true run time with `units` (what the simulator plays, not an estimate)."""
+    el = action.elasticity
+    if el is not None:
+        return el.duration(units[el.key])
+    if action.duration is None:
+        raise TangramError(f"action {action.id}: the simulator needs a modelled duration")
+    return action.duration
+
+
+class Driver(ABC):
+    """What feeds the engine. `begin` pushes the first events; `handle` is called for each of
+    the driver's own events; `completed` after each action's completion (a closed loop
+    submits the trajectory's next action from there); `started` after each start."""
+
+    @abstractmethod
+    def begin(self, engine: Engine) -> None: ...
+
+    @abstractmethod
+    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> None: ...
+
+    def completed(self, engine: Engine, action: Action, now: float) -> None:
+        """Nothing follows a completion unless the driver says so."""
+
+    def started(self, engine: Engine, assignment: Assignment, now: float) -> None:
+        """Nothing to do at a start unless the driver says so."""
+
+    def wakeup(self, now: float) -> float | None:
+        """The next time the driver wants a decision although nothing happens, or None."""
+        return None
+
+
+@dataclass
+class EngineRun:
+    records: dict[str, ActionRecord]
+    counters: dict[str, float]
+    decision_cpu_s: array = field(default_factory=lambda: array("d"))
+    """CPU seconds (this thread) of each decision the scheduler made, in order."""
+
+
+class Engine:
+    """One simulation: a scheduler, the managers' time models, and the event heap.
+
+    `on_decision(scheduler, cpu_s)` is called after every decision the scheduler made;
+    `progress(done)` after every instant. `timed=False` skips the decisions' CPU clock (two
+    system calls a decision: a tenth of an open-loop replay's time)."""
+
+    def __init__(self, scheduler: Scheduler, executors: Mapping[str, SimExecutor] | None = None,
+                 *, on_decision: Callable[[Scheduler, float], None] | None = None,
+                 progress: Callable[[int], None] | None = None, timed: bool = True) -> None:
+        self.scheduler = scheduler
+        self.timed = timed or on_decision is not None
+        self.executors = dict(executors or {})
+        self.on_decision = on_decision
+        self.progress = progress
+        self.events: list[tuple[float, int, int, Any]] = []
+        self._seq = 0
+        self._truth: dict[str, Action] = {}
+        self._run: dict[str, tuple[float, float, bool | None, Status]] = {}
+        self.records: dict[str, ActionRecord] = {}
+        self.counters: dict[str, float] = {"events": 0.0, "restores": 0.0,
+                                           "decide_wall_s": 0.0, "decide_cpu_s": 0.0,
+                                           "overhead_s": 0.0, "timeouts": 0.0}
+        self._cpu_s = array("d")
+        self._wakes: set[float] = set()
+
+    def push(self, at: float, kind: int, key: Any = None) -> None:
+        heapq.heappush(self.events, (at, kind, self._seq, key))
+        self._seq += 1
+
+    def submit(self, seen: Action, truth: Action | None = None) -> None:
+        """Queue `seen` (what the scheduler knows, already validated); `truth` is what it
+        runs (`seen` itself when None)."""
+        if truth is not None and truth is not seen:
+            self._truth[seen.id] = truth
+        self.scheduler.enqueue(seen)
+
+    def run(self, driver: Driver) -> EngineRun:
+        driver.begin(self)
+        events, sched = self.events, self.scheduler
+        done = 0
+        while events:
+            now = events[0][0]
+            after = AFTER <= events[0][1] < WAKE  # this round: the instant's reactions
+            while events and events[0][0] == now and (AFTER <= events[0][1] < WAKE) == after:
+                _, kind, _, key = heapq.heappop(events)
+                self.counters["events"] += 1
+                if kind == COMPLETION:
+                    driver.completed(self, self._complete(key, now), now)
+                    done += 1
+                elif kind == WAKE:
+                    self._wakes.discard(now)
+                else:
+                    driver.handle(self, kind, key, now)
+            self._decide(driver, now)
+            w = driver.wakeup(now)
+            if w is not None and w > now and w not in self._wakes:
+                self._wakes.add(w)
+                self.push(w, WAKE)
+            if self.progress is not None:
+                self.progress(done)
+        if sched.queue:
+            raise TangramError(f"{len(sched.queue)} actions never started (first: "
+                               f"{next(iter(sched.queue.keys()))})")
+        self.counters["decisions"] = sched.decisions
+        self.counters["actions"] = done
+        return EngineRun(self.records, self.counters, self._cpu_s)
+
+    def _decide(self, driver: Driver, now: float) -> None:
+        sched = self.scheduler
+        if not sched.queue:  # nothing to decide: no decision (the scheduler agrees)
+            return
+        if not self.timed:
+            for a in sched.decide(now):
+                self._start(a, now)
+                driver.started(self, a, now)
+            return
+        made = sched.decisions
+        t0, c0 = time.perf_counter(), time.thread_time()
+        decided = sched.decide(now)
+        c1 = time.thread_time()
+        self.counters["decide_wall_s"] += time.perf_counter() - t0
+        if sched.decisions != made:  # an empty queue answers at once: not a decision
+            self._cpu_s.append(c1 - c0)
+            self.counters["decide_cpu_s"] += c1 - c0
+            if self.on_decision is not None:
+                self.on_decision(sched, c1 - c0)
+        for a in decided:
+            self._start(a, now)
+            driver.started(self, a, now)
+
+    def _start(self, a: Assignment, now: float) -> None:
+        act = a.action
+        truth = self._truth.get(act.id, act)
+        run_s = modelled_duration(truth, a.units)
+        status = Status.OK
+        if truth.timeout is not None and run_s > truth.timeout:
+            run_s, status = truth.timeout, Status.TIMEOUT  # killed at its deadline
+        extra, restored = 0.0, None
+        for r in a.units:
+            ex = self.executors.get(r)
+            if ex is not None:
+                x, restored = ex.begin(a, now)
+                extra += x
+                self.counters["restores"] += bool(restored)
+        self.counters["overhead_s"] += extra
+        self._run[act.id] = (now, run_s, restored, status)
+        self.push(now + run_s + extra, COMPLETION, act.id)
+
+    def _complete(self, aid: str, now: float) -> Action:
+        start, run_s, restored, status = self._run.pop(aid)
+        self._truth.pop(aid, None)
+        a = self.scheduler.complete(aid, now, run_s=run_s, status=status).assignment
+        for r in a.units:
+            ex = self.executors.get(r)
+            if ex is not None:
+                ex.end(a, now)
+        self.counters["timeouts"] += status is Status.TIMEOUT
+        self.records[aid] = ActionRecord(a.action.submit_time, start, now, dict(a.units),
+                                         restored, status)
+        return a.action

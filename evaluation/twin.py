@@ -1,0 +1,347 @@
+"""`tangram experiment twin [--quick] [--json]`: the simulator as a digital twin, validated.
+
+One small AI-coding workload runs twice:
+
+1. **For real**, through `Tangram.local()`: real sandboxes on this machine's cores, real
+   commands (tool calls `head -c N /dev/zero | sha256sum`, one core each; a reward run, a
+   Python program that forks one worker per granted core over a serial and a parallel part,
+   submitted elastic over 1..cores), trajectories that start as a rollout batch does and wait
+   an LLM generation gap before each action (the AI-coding workload's draws:
+   `evaluation.workloads.coding`, scaled down by `think_scale` to fit minutes).
+2. **Simulated**, through the closed-loop simulator (`evaluation.engine`; and again through
+   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree): the same
+   trajectories, the same arrivals and gaps, and for durations each command's profile
+   *measured* on this machine beforehand (a calibration pass through `Tangram.local()`: the
+   tool sizes on one core, the reward at every amount), the environment start time likewise;
+   the same policy (the runtime's default) learning durations by the runtime's rule.
+
+It prints predicted against measured mean ACT, p99 ACT, step time (batch start to the last
+action's end) and core utilisation (granted core-seconds over cores x step time), with each
+error. Where error comes from: exec overhead that varies run to run, the estimator's guesses
+(the same in both, but a different guess changes a grant), and machine noise between the
+calibration and the run (on a loaded shared machine, mostly the last).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+from evaluation.closedloop import EnvironmentStart, Policy, run
+from evaluation.runtime_sim import run_on_runtime
+from evaluation.workloads.base import Step, Trajectory, Workload, lognormal_mean
+from evaluation.workloads.coding import CodingParams
+from managers.cpu.request import Command, exec_kind
+from solvers import get_allocator
+from tangram.actions import Action, Elasticity
+from tangram.pools import CorePool
+from tangram.runtime.config import DEFAULT_POLICY
+from tangram.runtime.facade import Tangram
+from topology import CpuNode
+
+REWARD_PROGRAM = r"""
+import os, sys
+n = len(os.sched_getaffinity(0))
+serial, par = int(float(sys.argv[1])), int(float(sys.argv[2]))
+def spin(k):
+    x = 0
+    for i in range(k):
+        x += i
+spin(serial)
+kids = []
+for _ in range(n - 1):
+    pid = os.fork()
+    if pid == 0:
+        spin(par // n)
+        os._exit(0)
+    kids.append(pid)
+spin(par // n)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+TIMEOUT_S = 60.0  # every exec's timeout, in the runtime and in the simulated actions
+
+
+@dataclass(frozen=True)
+class TwinParams:
+    trajectories: int = 8
+    turns_mean: float = 5.0  # tool calls per trajectory (lognormal as in AI coding)
+    tool_bytes: tuple[int, ...] = (20_000_000, 40_000_000, 80_000_000)
+    reward_serial: float = 2e6  # loop iterations of the reward's serial part
+    reward_parallel: float = 3e7  # ... and of its parallel part, split over the granted cores
+    think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
+    start_spread_s: float = 2.0
+    max_dop: int = 4
+    reps: int = 3  # calibration runs per (command, amount), before the run and again after
+    seed: int = 0
+
+
+QUICK = TwinParams(trajectories=3, turns_mean=3.0, tool_bytes=(20_000_000, 40_000_000),
+                   reward_parallel=1.2e7, think_scale=0.05, start_spread_s=0.5, reps=2)
+
+
+@dataclass(frozen=True)
+class TwinStep:
+    think_s: float
+    command: Command
+    elastic: bool
+
+
+@dataclass(frozen=True)
+class TwinTrajectory:
+    id: str
+    start: float
+    steps: tuple[TwinStep, ...]
+
+
+def tool_command(nbytes: int) -> str:
+    return f"head -c {nbytes} /dev/zero | sha256sum"
+
+
+def reward_command(p: TwinParams) -> tuple[str, ...]:
+    return ("python3", "-c", REWARD_PROGRAM, f"{p.reward_serial:g}", f"{p.reward_parallel:g}")
+
+
+def plan(p: TwinParams) -> list[TwinTrajectory]:
+    """The workload: turns and LLM generation gaps drawn as the AI-coding workload draws them
+    (`CodingParams`' distributions), tool sizes uniformly from `tool_bytes`."""
+    c = CodingParams()
+    rng = random.Random(p.seed)
+    out = []
+    for i in range(p.trajectories):
+        turns = max(1, round(lognormal_mean(rng, p.turns_mean, c.turns_sigma)))
+        steps = []
+        for _ in range(turns):
+            tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
+            steps.append(TwinStep(p.think_scale * tokens / c.decode_tok_s,
+                                  tool_command(rng.choice(p.tool_bytes)), False))
+        steps.append(TwinStep(0.0, reward_command(p), True))
+        out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
+    return out
+
+
+# -- measuring ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Profile:
+    """What calibration measured: run seconds per (command, cores), environment start seconds,
+    and this machine's cores (one node, as `Tangram.local()` sees it). Each figure is the
+    median of its samples, half taken before the real run and half after it, so a drift of the
+    machine's load during the run weighs on both sides alike."""
+
+    samples: Mapping[tuple[Command, int], list[float]]
+    opens: list[float]
+    node: CpuNode
+    dops: tuple[int, ...]
+
+    @property
+    def run_s(self) -> dict[tuple[Command, int], float]:
+        return {k: statistics.median(v) for k, v in self.samples.items()}
+
+    @property
+    def open_s(self) -> float:
+        return statistics.median(self.opens)
+
+    def merged(self, other: Profile) -> Profile:
+        keys = {*self.samples, *other.samples}
+        return Profile({k: [*self.samples.get(k, ()), *other.samples.get(k, ())] for k in keys},
+                       [*self.opens, *other.opens], self.node, self.dops)
+
+
+async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory]) -> Profile:
+    """Each command timed with the machine full of it: `cores // m` copies at m cores each at
+    once (the run keeps the cores mostly busy, and a command alone on an idle machine runs
+    faster than beside others: shared caches, memory bandwidth, the load of other tenants)."""
+    commands = sorted({s.command for t in trajs for s in t.steps if not s.elastic}, key=str)
+    reward = reward_command(p)
+    async with Tangram.local() as tg:
+        pool = tg.scheduler.pools[tg.cpu.resource]
+        assert isinstance(pool, CorePool)
+        name = pool.nodes()[0]
+        node = pool.cpu_node(name).copy()
+        cores = pool.capacity(name)
+        dops = tuple(range(1, min(p.max_dop, cores) + 1))
+        opens: list[float] = []
+        runs: dict[tuple[Command, int], list[float]] = {}
+
+        async def opened(i: int) -> str:
+            t0 = time.monotonic()
+            env = await tg.open_env(f"calibrate{i}")
+            opens.append(time.monotonic() - t0)
+            return env
+
+        envs = [await opened(i) for i in range(cores)]
+        for _ in range(p.reps):
+            for cmd, m in [*((c, 1) for c in commands), *((reward, m) for m in dops)]:
+                got = await asyncio.gather(*(tg.exec(env, cmd, cpu=m, timeout=TIMEOUT_S)
+                                             for env in envs[:cores // m]))
+                runs.setdefault((cmd, m), []).extend(r.run_s for r in got)
+        for env in envs:
+            await tg.close_env(env)
+    return Profile(runs, opens, node, dops)
+
+
+@dataclass(frozen=True)
+class Observed:
+    acts: list[float]  # ACT (queued + run) of every action
+    runs: list[float]  # run time (start to end) of every action
+    busy: float  # granted core-seconds
+    step_s: float  # batch start to the last action's end
+    cores: int
+
+
+async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
+                  dops: tuple[int, ...]) -> Observed:
+    acts: list[float] = []
+    runs: list[float] = []
+    busy = [0.0]
+    ends: list[float] = []
+    async with Tangram.local() as tg:
+        cores = tg.scheduler.pools[tg.cpu.resource].capacity()
+        t0 = time.monotonic()
+
+        async def trajectory(t: TwinTrajectory) -> None:
+            await asyncio.sleep(max(0.0, t0 + t.start - time.monotonic()))
+            env = await tg.open_env(t.id)
+            for s in t.steps:
+                await asyncio.sleep(s.think_s)
+                cpu = (dops[0], dops[-1]) if s.elastic and len(dops) > 1 else 1
+                r = await tg.exec(env, s.command, cpu=cpu, elastic=s.elastic, timeout=TIMEOUT_S)
+                acts.append(r.queued_s + r.run_s)
+                runs.append(r.run_s)
+                busy[0] += r.units.get(tg.cpu.resource, 0) * r.run_s
+                ends.append(time.monotonic() - t0)
+            await tg.close_env(env)
+
+        await asyncio.gather(*(trajectory(t) for t in trajs))
+    return Observed(acts, runs, busy[0], max(ends), cores)
+
+
+# -- predicting ---------------------------------------------------------------------------------
+def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
+    """The same trajectories for the simulator, each action's truth its command's profile."""
+    out = []
+    for t in trajs:
+        steps = []
+        for j, s in enumerate(t.steps):
+            aid, kind = f"{t.id}.{j}", exec_kind(s.command)
+            if s.elastic and len(prof.dops) > 1:
+                t1 = prof.run_s[(s.command, 1)]
+                eff = {m: min(1.0, t1 / (m * prof.run_s[(s.command, m)])) for m in prof.dops}
+                act = Action(aid, {"cpu": list(prof.dops)}, elasticity=Elasticity("cpu", t1, eff),
+                             trajectory=t.id, kind=kind, timeout=TIMEOUT_S)
+            else:
+                act = Action(aid, {"cpu": 1}, duration=prof.run_s[(s.command, 1)],
+                             trajectory=t.id, kind=kind, timeout=TIMEOUT_S)
+            steps.append(Step(s.think_s, act))
+        out.append(Trajectory(t.id, "coding", t.start, tuple(steps)))
+
+    def pools():
+        return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
+    return Workload("twin", tuple(out), pools, None, tasks=("coding",))
+
+
+def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
+    """The simulator's figures: the closed-loop engine, or (`on_runtime`) the runtime itself on
+    virtual time with the sim backend (`evaluation.runtime_sim`); the two grant alike."""
+    w = twin_workload(trajs, prof)
+    if on_runtime:
+        r = run_on_runtime(w, DEFAULT_POLICY, prof.open_s)
+    else:
+        r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY),
+                          EnvironmentStart(prof.open_s)))
+    busy = sum(x.units["cpu"] * (x.end - x.start) for x in r.records.values())
+    return Observed([x.end - x.arrival for x in r.records.values()],
+                    [x.end - x.start for x in r.records.values()], busy, r.makespan,
+                    prof.node.capacity)
+
+
+# -- figures ------------------------------------------------------------------------------------
+def p99(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+
+
+def figures(o: Observed) -> dict[str, float]:
+    return {"mean_act_s": statistics.mean(o.acts), "p99_act_s": p99(o.acts),
+            "step_s": o.step_s, "core_utilisation": o.busy / (o.cores * o.step_s),
+            "mean_run_s": statistics.mean(o.runs),
+            "mean_queued_s": statistics.mean(o.acts) - statistics.mean(o.runs)}
+
+
+def compare(p: TwinParams) -> dict:
+    trajs = plan(p)
+    load = [os.getloadavg()[0]]
+    t0 = time.monotonic()
+    before = asyncio.run(calibrate(p, trajs))
+    t1 = time.monotonic()
+    load.append(os.getloadavg()[0])
+    measured = figures(asyncio.run(measure(p, trajs, before.dops)))
+    load.append(os.getloadavg()[0])
+    t2 = time.monotonic()
+    prof = before.merged(asyncio.run(calibrate(p, trajs)))
+    t1 += time.monotonic() - t2
+    t2 = time.monotonic()
+    predicted = figures(predict(trajs, prof))
+    t3 = time.monotonic()
+    by_runtime = figures(predict(trajs, prof, on_runtime=True))
+    doc: dict = {"experiment": "twin", "trajectories": len(trajs),
+                 "actions": sum(len(t.steps) for t in trajs), "cores": prof.node.capacity,
+                 "policy": DEFAULT_POLICY,
+                 "load_avg_1m": {"start": load[0], "before_run": load[1], "after_run": load[2]},
+                 "wall_s": {"calibrate": round(t1 - t0, 2), "measure": round(t2 - t1, 2),
+                            "simulate": round(t3 - t2, 3)},
+                 "profile": {"open_s": prof.open_s,
+                             "run_s": {f"{exec_kind(c)} {c if isinstance(c, str) else 'reward'}"
+                                       f" @{m}": v for (c, m), v in prof.run_s.items()}}}
+    for k in measured:
+        m, pr = measured[k], predicted[k]
+        doc[k] = {"predicted": pr, "measured": m, "error": (pr - m) / m if m else None,
+                  "predicted_by_runtime": by_runtime[k]}
+    return doc
+
+
+FIGURES = ("mean_act_s", "p99_act_s", "step_s", "core_utilisation")
+DIAGNOSTICS = ("mean_run_s", "mean_queued_s")  # where an ACT error comes from
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="tangram experiment twin", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="a small workload, well under 1 min")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--trajectories", type=int, help="override the workload's size")
+    ns = ap.parse_args(argv)
+    p = QUICK if ns.quick else TwinParams()
+    if ns.trajectories is not None:
+        if ns.trajectories < 1:
+            ap.error(f"--trajectories {ns.trajectories}: must be at least 1")
+        p = TwinParams(**{**p.__dict__, "trajectories": ns.trajectories})
+    doc = compare(p)
+    if ns.json:
+        print(json.dumps(doc, indent=2))
+        return 0
+    la = doc["load_avg_1m"]
+    t = Table(title=f"twin: {doc['trajectories']} trajectories, {doc['actions']} actions on "
+                    f"{doc['cores']} cores, policy {doc['policy']} (calibrate "
+                    f"{doc['wall_s']['calibrate']} s, run {doc['wall_s']['measure']} s, "
+                    f"simulate {doc['wall_s']['simulate']} s; load average "
+                    f"{la['before_run']:.1f} before the run, {la['after_run']:.1f} after)")
+    for c in ("figure", "predicted", "measured", "error"):
+        t.add_column(c)
+    for k in FIGURES + DIAGNOSTICS:
+        f = doc[k]
+        t.add_row(k, f"{f['predicted']:.3f}", f"{f['measured']:.3f}",
+                  "-" if f["error"] is None else f"{100 * f['error']:+.1f}%")
+    Console().print(t)
+    return 0
