@@ -67,18 +67,25 @@ NEED = "GPUs Tangram needs for the static ACT"
 STATIC = "static / Tangram mean ACT, batch {}"
 
 
+def exact_nodes(batch: int, nodes: int):
+    """The MOPD workload on exactly `nodes` GPU nodes: the size sweep's GPU factor
+    (`gpu_capacity`, the one MOPD is scaled by) is undone for the node count, so the search
+    runs the counts it reports."""
+    unscale = {"size": {"gpu_capacity": 1.0 / overrides("size").get("gpu_capacity", 1.0)}}
+    with overriding(unscale):
+        return workload("mopd", batch=batch, gpu_nodes=nodes)
+
+
 def _need(cfg, runner: Runner, base: float,
           first_only: bool = False) -> tuple[float | None, list[dict[str, Any]]]:
     """The fewest GPU nodes with which Tangram's mean ACT is at most the static baseline's
     (`first_only`: stop there; the plot wants every node count)."""
     rows, need = [], None
     nodes_total = workload("mopd", batch=cfg["at"], gpu_nodes=cfg["nodes"]).gpu.nodes
-    unscale = {"size": {"capacity": 1.0 / overrides("size").get("capacity", 1.0)}}
     for nodes in range(1, nodes_total + 1):
-        with overriding(unscale):  # these node counts are exact, not scaled
-            w = workload("mopd", batch=cfg["at"], gpu_nodes=nodes)
+        w = exact_nodes(cfg["at"], nodes)
         r = runner.run(f"gpus={8 * nodes}", w, tangram())
-        rows.append({"sweep": "gpus", "x": 8 * nodes, "system": "tangram",
+        rows.append({"sweep": "gpus", "x": 8 * w.gpu.nodes, "system": "tangram",
                      "mean_act_s": round(r.mean_act(), 4),
                      "restores": int(r.counters["restores"])})
         if need is None and r.mean_act() <= base:
