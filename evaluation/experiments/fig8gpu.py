@@ -13,6 +13,7 @@ from evaluation.experiments.common import (
     Compare,
     Outcome,
     Runner,
+    act_columns,
     overrides,
     overriding,
     static_gpu,
@@ -87,7 +88,7 @@ def _need(cfg, runner: Runner, base: float,
         r = runner.run(f"gpus={8 * nodes}", w, tangram())
         rows.append({"sweep": "gpus", "x": 8 * w.gpu.nodes, "system": "tangram",
                      "mean_act_s": round(r.mean_act(), 4),
-                     "restores": int(r.counters["restores"])})
+                     "restores": int(r.counters["restores"]), **act_columns(r)})
         if need is None and r.mean_act() <= base:
             need = 8 * nodes
             if first_only:
@@ -119,7 +120,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
                 r = runner.run(f"batch={b}", w, p)
                 rows.append({"sweep": "batch", "x": b, "system": p.name,
                              "mean_act_s": round(r.mean_act(), 4),
-                             "restores": int(r.counters["restores"])})
+                             "restores": int(r.counters["restores"]), **act_columns(r)})
         base = next(r["mean_act_s"] for r in rows if r["x"] == cfg["at"]
                     and r["system"] == "sglang-static")
         rows.append({"sweep": "gpus-baseline", "x": 8 * cfg["nodes"], "system": "sglang-static",
