@@ -15,7 +15,8 @@ gpu:
     judge: {memory_gb: 16, dops: [1, 2], infer_s: {1: 0.4, 2: 0.25}, restore_s: 0.5}
 apis:
   search: {url: "http://127.0.0.1:9000/search", method: POST, concurrency: 4,
-           quota: 20, period_s: 1.0, timeout_s: 10, retries: 2}
+           quota: 20, period_s: 1.0, timeout_s: 10, retries: 2,
+           learn: true}                  # learn the real limit from 429s (the default)
 ```
 Every error names the path of the bad key, e.g. `gpu.services.judge.dops`.
 """
@@ -103,7 +104,7 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None) -> GpuManager:
 
 
 API_KEYS = {"url", "method", "headers", "concurrency", "quota", "period_s", "timeout_s",
-            "retries", "backoff_s"}
+            "retries", "backoff_s", "learn"}
 
 
 def build_apis(path: str, spec: Any) -> dict[str, Manager]:
@@ -120,7 +121,8 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
             limits = Limits(s.get("concurrency"), s.get("quota"), s.get("period_s", 1.0))
             configs.append(ApiConfig(
                 str(name), s["url"], limits, s.get("method", "POST"), s.get("headers") or {},
-                s.get("timeout_s", 30.0), s.get("retries", 0), s.get("backoff_s", 0.1)))
+                s.get("timeout_s", 30.0), s.get("retries", 0), s.get("backoff_s", 0.1),
+                s.get("learn", True)))
         except ValidationError as exc:
             field = exc.field.split(".")[-1].removeprefix(f"api[{name}]")
             raise ValidationError(f"{sp}.{field or 'limits'}", exc.value, exc.problem) from None
