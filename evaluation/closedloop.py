@@ -281,6 +281,9 @@ class ClosedLoopSimulator:
         counters["decisions"] = sched.decisions
         ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
         counters["api_429"] = float(sum(u.total for u in ups.values()))
+        half = max((e for _, e in spans.values()), default=0.0) / 2  # 429s after it: "late"
+        counters["api_429_late"] = float(sum(t > half for u in ups.values()
+                                             for t in u.refused_at))
         counters["actions"] = done
         return LoopResult(records, kinds, setups, spans, counters, cpu_s)
 

@@ -66,7 +66,7 @@ class ApiRetry(NoLifecycle):
                 self.rejections += 1
                 for r in units:
                     if r in self._servers:
-                        self._servers[r].refuse(r)
+                        self._servers[r].refuse(r, now)
                 n = self._tries.get(a.id, 0)
                 self._tries[a.id] = n + 1
                 wait = min(self.backoff_cap_s, self.backoff_s * 2 ** n)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from evaluation.closedloop import Policy
 from evaluation.experiments.common import (
     ACT_DEFINITION,
     Compare,
@@ -12,9 +13,11 @@ from evaluation.experiments.common import (
     Runner,
     act_columns,
     ratio,
+    tangram,
 )
 from evaluation.experiments.suite import run_suite, suite_runs
 from evaluation.experiments.sweep import headline
+from evaluation.flowcontrol import LearnedLimits, misconfigured
 
 PAPER_STEP = {"coding": 1.4, "deepsearch": 1.5}
 PAPER_ACT = {"coding": 4.3}
@@ -25,7 +28,7 @@ def plot(rows, fig) -> None:
     ax = fig.add_subplot(1, 1, 1)
     names = sorted({r["workload"] for r in rows}, key=[r["workload"] for r in rows].index)
     for i, n in enumerate(names):
-        ours, base = [r for r in rows if r["workload"] == n]
+        ours, base = [r for r in rows if r["workload"] == n][:2]  # Tangram, its baseline
         for j, key in enumerate(("action_per_trajectory_s", "makespan_s")):
             v = ours[key] / base[key] if base[key] else 0.0
             ax.bar(i + 0.4 * j - 0.2, v, 0.38, color=("tab:blue", "tab:cyan")[j],
@@ -78,10 +81,38 @@ def measure(quick: bool) -> dict[str, float | None]:
                                                      ("coding", "deepsearch")))[1])
 
 
+WRONG = 4  # Tangram told this many times the API server's limit
+
+
+def _wrong_limit(suite, runner: Runner) -> tuple[list[dict[str, Any]], list[Compare]]:
+    """DeepSearch with Tangram's API pools at `WRONG` times the server's limit, with and
+    without flow control that learns the limit from the server's 429s."""
+    w = suite["deepsearch"][0].workload
+    over = misconfigured(w, WRONG)
+    start = {r: WRONG * k for r, k in w.extra["api_limits"].items()}
+    learner = LearnedLimits(tangram().allocator, start)
+    rows, compares = [], []
+    for p in (Policy(f"tangram-{WRONG}x-limit", tangram().allocator),
+              Policy(f"tangram-{WRONG}x-limit-learning", learner, learner)):
+        r = runner.run("deepsearch", over, p)
+        rows.append({"workload": "deepsearch", "system": p.name, "batch": len(w.trajectories),
+                     "actions": len(r.records), **act_columns(r),
+                     "server_429_late": int(r.counters["api_429_late"]),
+                     "makespan_s": round(r.makespan, 2), "restores": int(r.counters["restores"])})
+        compares.append(Compare(f"deepsearch: API 429 at the server, {p.name}",
+                                float(rows[-1]["server_429"]), None, unit="",
+                                note=f"{rows[-1]['server_429_late']} in the rollout's second "
+                                     "half"))
+    return rows, compares
+
+
 def main(quick: bool, quiet: bool) -> Outcome:
-    with Runner(suite_runs(), quiet) as runner:
+    with Runner(suite_runs() + 2, quiet) as runner:
         suite = run_suite(quick, runner)
+        more_rows, more = _wrong_limit(suite, runner)
     rows, compares = _rows_and_compares(suite)
+    rows += more_rows
+    compares += more
     note = (ACT_DEFINITION + ". Rows: action_s (mean per action), action_per_trajectory_s, "
             "admission_s (per trajectory), total_per_trajectory_s, server_429 (at the simulated "
             "API server).")
