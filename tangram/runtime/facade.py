@@ -336,6 +336,8 @@ class Tangram:
                 "running": len(self.scheduler.running), "envs": len(self._envs),
                 "cpu_backend": None if self.cpu is None else self.cpu.backend_name,
                 "gpu_backend": None if self.gpu is None else self.gpu.backend_name,
+                "gpu_simulated": None if self.gpu is None else self.gpu.simulated,
+                "gpu_pool": None if self.gpu is None else self.gpu.origin,
                 "api_throttled": throttled, "closing": self._closing}
 
     # -- lifecycle -------------------------------------------------------------------------------
