@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from tangram import Tangram
+
 
 def raw_copy_gbps(nbytes: int, repeats: int) -> float:
     import torch
@@ -85,8 +87,6 @@ def backend_check(size_mb: int, repeats: int) -> dict:
 def pool_check() -> dict:
     """`Tangram.local()` on this machine's GPUs: pool size, backend, and one real call."""
     import torch
-
-    from tangram import Tangram
 
     model = {"vocab": 256, "dim": 256, "layers": 2, "heads": 4, "max_len": 64}
     services = {"lm": {"memory_gb": 1, "dops": [1], "model": model}}

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from evaluation.baselines.gpu import StaticServices, pin_services
-from evaluation.params import src
+from evaluation.params import assumed
 from evaluation.simulator import SimExecutor, modelled_duration
 from evaluation.workloads.base import Workload
 from managers.gpu.sim import SimServiceModel
@@ -49,9 +49,9 @@ THROUGHPUT: dict[str, Curve] = {"logprob": prefill_bound, "judge": decode_bound}
 
 @dataclass
 class BatchingParams:
-    max_batch: int = field(default=8, metadata=src(
-        "lanes per replica: concurrent calls one replica serves (SGLang --max-running-requests "
-        "is far larger; 8 covers the bursts here)", 4, 16))
+    max_batch: int = field(default=8, metadata=assumed(
+        "concurrent calls one static replica serves (SGLang's --max-running-requests is far "
+        "larger; 8 covers the bursts here)", 4, 16))
 
 
 def lanes(w: Workload, max_batch: int) -> Workload:
