@@ -64,7 +64,7 @@ def run(quick: bool, names: list[str] | None = None) -> dict[str, Any]:
 
 def parameters() -> list[dict[str, Any]]:
     seen, out = set(), []
-    for k in knobs(("coding", "k8s", "search", "api-retry", "mopd")):
+    for k in knobs(tuple(TARGETS)):
         if k.label not in seen:
             seen.add(k.label)
             out.append({"parameter": k.label, "kind": k.kind, "default": _js(k.default),
