@@ -36,7 +36,8 @@ class LearnedLimits:
 
     def attach(self, pools, executors) -> None:
         self.life.attach(pools, executors)
-        self.windows = {r: AimdWindow(k, self.probe_after) for r, k in self.limits.items()}
+        self.windows = {r: AimdWindow(k, self.probe_after, most=pools[r].capacity())
+                        for r, k in self.limits.items() if r in pools}
         for up in {id(e): e for e in executors.values() if isinstance(e, ApiUpstream)}.values():
             up.listeners.append(self._hear)
 

@@ -97,8 +97,8 @@ class ApiManager(BasicManager):
         if len(self.apis) != len(apis):
             raise ValidationError("apis", [a.name for a in apis], "names must be distinct")
         super().__init__({r: a.limits for r, a in self.apis.items()})
-        self.windows = {r: WindowGate(AimdWindow(a.limits.slots)) for r, a in self.apis.items()
-                        if a.learn}
+        self.windows = {r: WindowGate(AimdWindow(a.limits.slots, most=a.limits.slots))
+                        for r, a in self.apis.items() if a.learn}
         self._client = client
         self._own_client = client is None
 

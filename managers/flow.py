@@ -31,12 +31,13 @@ from tangram.errors import ValidationError
 class AimdWindow:
     """The learned concurrency window of one upstream.
 
-    `initial`: the window to start with (the configured limit: it may be wrong). `ceiling_at`
-    records where the last 429 put the ceiling (None: no ceiling, probing)."""
+    `initial`: the window to start with (the configured limit: it may be wrong). `ceiling`
+    records where the last 429 put the limit (None: no ceiling, probing up to `most`)."""
 
     initial: int
     probe_after: int = 64
     floor: int = 1
+    most: int | None = None  # never above this (what the caller can put in flight anyway)
     window: float = field(init=False)
     ceiling: int | None = field(default=None, init=False)
     paused_until: float = field(default=-math.inf, init=False)
@@ -48,8 +49,10 @@ class AimdWindow:
     _probing: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        for name in ("initial", "probe_after", "floor"):
+        for name in ("initial", "probe_after", "floor", "most"):
             v = getattr(self, name)
+            if v is None and name == "most":
+                continue
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValidationError(f"flow.{name}", v, "must be a positive integer")
         self.window = float(self.initial)
@@ -63,7 +66,8 @@ class AimdWindow:
 
     def answered(self, now: float) -> None:
         """A call was answered without 429: grow the window (up to the ceiling)."""
-        top = math.inf if self.ceiling is None else self.ceiling
+        top = min(math.inf if self.ceiling is None else self.ceiling,
+                  math.inf if self.most is None else self.most)
         if self.window < top:
             self.window = min(top, self.window + 1.0 / self.window)
             return

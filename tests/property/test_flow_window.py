@@ -47,3 +47,11 @@ def test_window_finds_the_limit_and_429s_thin_out(limit, initial):
     assert sum(late) <= math.log2(steps * limit / 16) + 2, (sum(refused), sum(late))
     assert w.allowed(float(steps)) <= limit + 1  # at most one over: a probe in progress
     assert w.allowed(float(steps)) >= max(1, limit // 2)  # and not stuck far below it
+
+
+@settings(max_examples=40, deadline=None)
+@given(limit=st.integers(1, 32), most=st.integers(1, 32))
+def test_window_never_exceeds_what_the_caller_can_send(limit, most):
+    w = AimdWindow(most, probe_after=8, most=most)
+    drive(w, limit, 400)
+    assert w.window <= most and w.allowed(400.0) <= most
