@@ -265,6 +265,9 @@ class ClosedLoopSimulator:
         counters = out.counters
         ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
         counters["api_429"] = float(sum(u.total for u in ups.values()))
+        half = max((e for _, e in driver.spans.values()), default=0.0) / 2  # 429s after it: late
+        counters["api_429_late"] = float(sum(t > half for u in ups.values()
+                                             for t in u.refused_at))
         return LoopResult(out.records, driver.kinds, driver.setups, driver.spans, counters,
                           out.decision_cpu_s)
 

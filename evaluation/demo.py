@@ -248,8 +248,10 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
                                      **{"cpu_backend": ns.cpu_backend, **opts})
                 else:
                     session = None
+                    # the judge is a modelled stand-in (no weights): simulated, also on a
+                    # machine with GPUs (where the default would be the torch backend)
                     tg = Tangram.local(cpu_backend=ns.cpu_backend, services=services,
-                                       apis=apis)
+                                       apis=apis, gpu={"backend": "sim"})
                 try:
                     async with tg:
                         cores = tg.cpu.pool.capacity()

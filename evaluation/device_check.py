@@ -4,8 +4,11 @@ Run with `python -m evaluation.device_check [--size-mb 2048] [--repeats 5] [--js
 Measures (1) a raw copy of one pinned host buffer of the same size to GPU 0 (the reference
 limit of this link), (2) the torch backend's restore of a TinyLM service of that size (many
 tensors, pinned, non-blocking, one synchronise), and its evict, checking that
-`torch.cuda.memory_allocated` rises by the service's bytes and falls back. Exits 2 when no
-CUDA device is present, 1 when a check fails.
+`torch.cuda.memory_allocated` rises by the service's bytes and falls back, and (3) the
+production path: `Tangram.local()` with nothing configured sizes its GPU pool from NVML (the
+largest power-of-two prefix of the GPUs inside one NVLink group) on the torch backend, not
+simulated, and a 1-GPU call restores the model and runs it on a real GPU. Exits 2 when no CUDA
+device is present, 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import statistics
 import sys
 import time
 from typing import Any
+
+from tangram import Tangram
 
 
 def raw_copy_gbps(nbytes: int, repeats: int) -> float:
@@ -79,6 +84,32 @@ def backend_check(size_mb: int, repeats: int) -> dict:
     return asyncio.run(go())
 
 
+def pool_check() -> dict:
+    """`Tangram.local()` on this machine's GPUs: pool size, backend, and one real call."""
+    import torch
+
+    model = {"vocab": 256, "dim": 256, "layers": 2, "heads": 4, "max_len": 64}
+    services = {"lm": {"memory_gb": 1, "dops": [1], "model": model}}
+    tg = Tangram.local(cpu_backend="sim", services=services)
+
+    async def go() -> dict:
+        async with tg:
+            st = tg.status()
+            r = await tg.invoke("lm", {"tokens": [[1, 2, 3, 4]]}, gpus=1)
+            return {"pool_gpus": tg.gpu.pool.capacity(), "cuda_devices": torch.cuda.device_count(),
+                    "gpu_backend": st["gpu_backend"], "gpu_simulated": st["gpu_simulated"],
+                    "gpu_pool": st["gpu_pool"], "call_status": str(r.status),
+                    "call_restore_s": r.restore_s,
+                    "call_logprobs": len(r.output["logprobs"][0]) if r.output else 0}
+
+    out = asyncio.run(go())
+    n = out["cuda_devices"]
+    out["pool_ok"] = (out["gpu_backend"] == "torch" and out["gpu_simulated"] is False
+                      and 1 <= out["pool_gpus"] <= n and out["pool_gpus"] & (out["pool_gpus"] - 1)
+                      == 0 and out["call_status"] == "ok" and out["call_logprobs"] == 3)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m evaluation.device_check", description=__doc__)
     p.add_argument("--size-mb", type=int, default=2048)
@@ -94,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
               "raw_pinned_h2d_gbps": raw_copy_gbps(ns.size_mb * 10**6, ns.repeats)}
     result.update(backend_check(ns.size_mb, ns.repeats))
     result["restore_vs_raw"] = result["restore_gbps"] / result["raw_pinned_h2d_gbps"]
+    result["production_path"] = pool_check()
     ok = (all(g >= result["bytes"] for g in result["allocated_after_restore"])
           and all(f == 0 for f in result["allocated_after_evict"])
-          and result["logprobs_finite"])
+          and result["logprobs_finite"] and result["production_path"]["pool_ok"])
     result["checks_pass"] = ok
     if ns.json:
         print(json.dumps(result, indent=2))
@@ -110,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memory counters: +{result['allocated_after_restore']} after restore, "
               f"{result['allocated_after_evict']} after evict -> "
               f"{'ok' if ok else 'FAILED'}")
+        pp = result["production_path"]
+        print(f"Tangram.local(): {pp['pool_gpus']} of {pp['cuda_devices']} GPUs on "
+              f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
+              f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}")
     return 0 if ok else 1
 
 

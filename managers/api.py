@@ -3,16 +3,21 @@
 An API is configured by name (`ApiConfig`: base URL, method, headers, limits, timeout,
 retries); an action demanding `api:<name>` performs one HTTP request built from its `ApiRequest`
 payload. Flow control (concurrency slots, sliding-window quota held until a period after each
-response) keeps the upstream under its limit, so it never answers 429 because of us. Errors and
-timeouts come back as outcomes saying what happened; retries back off and each attempt counts
-against the quota.
+response) keeps the upstream under its configured limit; with `learn` (the default) it also
+finds the upstream's real limit from its answers (`managers.flow`: a window cut in half on a
+429, paused for its `Retry-After`, grown one call per window of answers, capped where the last
+429 put the limit), so a wrong or changing limit costs a few 429s at first, then none. An answer
+of 429 while learning is retried (at most `MAX_REFUSED` times a call) without using `retries`.
+Errors and timeouts come back as outcomes saying what happened; retries back off and each
+attempt counts against the quota.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -20,11 +25,13 @@ from typing import Any
 import httpx
 
 from managers.basic import BasicManager, Gate, Limits
+from managers.flow import AimdWindow, WindowGate
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.results import Result
 
 RETRYABLE = frozenset({429, 502, 503, 504})
+MAX_REFUSED = 16  # answers of 429 one call may draw while the window learns
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,7 @@ class ApiConfig:
     timeout_s: float = 30.0
     retries: int = 0
     backoff_s: float = 0.1
+    learn: bool = True  # learn the upstream's limit from its 429s; `limits` is the start
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or ":" in self.name:
@@ -53,6 +61,8 @@ class ApiConfig:
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
             raise ValidationError(f"api[{self.name}].retries", self.retries,
                                   "must be a non-negative integer")
+        if not isinstance(self.learn, bool):
+            raise ValidationError(f"api[{self.name}].learn", self.learn, "must be true or false")
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
 
     @property
@@ -87,6 +97,8 @@ class ApiManager(BasicManager):
         if len(self.apis) != len(apis):
             raise ValidationError("apis", [a.name for a in apis], "names must be distinct")
         super().__init__({r: a.limits for r, a in self.apis.items()})
+        self.windows = {r: WindowGate(AimdWindow(a.limits.slots, most=a.limits.slots))
+                        for r, a in self.apis.items() if a.learn}
         self._client = client
         self._own_client = client is None
 
@@ -108,15 +120,24 @@ class ApiManager(BasicManager):
         gate = self.gates[api.resource]
         url = api.base_url.rstrip("/") + "/" + req.path.lstrip("/") if req.path else api.base_url
         method = req.method or api.method
+        learning = self.windows.get(api.resource)
         last = ""
-        for attempt in range(1, api.retries + 2):
-            if attempt > 1:
+        attempt = refused = 0
+        while attempt < api.retries + 1:
+            attempt += 1
+            if attempt > 1 and not (learning and refused):
                 await asyncio.sleep(api.backoff_s * 2 ** (attempt - 2))
             try:
-                async with gate.use():
+                async with _attempt(learning) as (sent_at, before), gate.use():
                     resp = await self.client.request(method, url, json=req.json,
                                                      params=req.params, headers=dict(api.headers),
                                                      timeout=api.timeout_s)
+                if learning is not None:
+                    await self._learn(learning, resp, sent_at, before)
+                    if resp.status_code == 429 and refused < MAX_REFUSED:
+                        refused += 1
+                        attempt -= 1  # the window waits Retry-After; not one of `retries`
+                        continue
             except httpx.TimeoutException:
                 last = f"{method} {url}: no answer within {api.timeout_s:g} s"
                 status = "timeout"
@@ -126,7 +147,7 @@ class ApiManager(BasicManager):
                 status = "failed"
                 continue
             body = _body(resp)
-            out = ApiResponse(resp.status_code, body, attempt)
+            out = ApiResponse(resp.status_code, body, attempt + refused)
             if resp.is_success:
                 return Result("ok", output=out, detail=f"HTTP {resp.status_code}")
             last = f"{method} {url}: HTTP {resp.status_code}"
@@ -135,6 +156,20 @@ class ApiManager(BasicManager):
                 return Result("error", output=out, detail=last + f" after {attempt} attempt(s)")
             await asyncio.sleep(_retry_after(resp))
         return Result(status, detail=f"{last} after {api.retries + 1} attempt(s)")
+
+    async def _learn(self, learning: WindowGate, resp: httpx.Response, sent_at: float,
+                     before: int) -> None:
+        now = learning.clock()
+        if resp.status_code == 429:
+            learning.window.refused_answer(sent_at, before, _retry_after(resp), now)
+        else:
+            learning.window.answered(now)
+        await learning.tell()
+
+    def window(self, name: str) -> AimdWindow | None:
+        """The learned window of API `name` (None when it does not learn)."""
+        w = self.windows.get(f"api:{name}")
+        return None if w is None else w.window
 
     def throttled(self, name: str) -> int:
         """Calls to API `name` that flow control held back to keep it under its quota."""
@@ -145,6 +180,15 @@ class ApiManager(BasicManager):
         if self._client is not None and self._own_client:
             await self._client.aclose()
             self._client = None
+
+
+@asynccontextmanager
+async def _attempt(learning: WindowGate | None) -> AsyncIterator[tuple[float, int]]:
+    if learning is None:
+        yield 0.0, 0
+        return
+    async with learning.attempt() as held:
+        yield held
 
 
 def _retry_after(resp: httpx.Response, most: float = 60.0) -> float:

@@ -3,8 +3,8 @@ baseline). A call that finds the API at its limit is answered 429 after `reject_
 with exponential backoff and jitter; calls are never queued in order, so a freed slot goes to
 whichever client retries first. `rejections` counts the 429 answers.
 
-The limit is the API pool's capacity (its concurrency); Tangram's basic manager queues calls
-below it instead, so it never gets a 429.
+The limit is the API pool's capacity (its concurrency); every refused attempt is also counted
+at the simulated API server (`evaluation.upstream`), where Tangram's calls are counted too.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from evaluation.baselines.common import NoLifecycle
 from evaluation.params import assumed, setting
+from evaluation.upstream import ApiUpstream
 from solvers.fcfs import ScratchPools
 from solvers.registry import register
 from tangram.actions import Action
@@ -37,9 +38,14 @@ class ApiRetry(NoLifecycle):
     _next: dict[str, float] = field(default_factory=dict, init=False)
     _tries: dict[str, int] = field(default_factory=dict, init=False)
     _rng: random.Random = field(init=False)
+    _servers: dict[str, ApiUpstream] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.seed)
+
+    def attach(self, pools, executors) -> None:
+        """Each refused attempt reached its API server: the server counts it too."""
+        self._servers = {r: e for r, e in executors.items() if isinstance(e, ApiUpstream)}
 
     def allocate(self, view: ClusterView, queue: Collection[Action],
                  now: float) -> list[Assignment]:
@@ -58,6 +64,9 @@ class ApiRetry(NoLifecycle):
                 for r, p in placed.items():
                     pools[r].release(p, units[r])
                 self.rejections += 1
+                for r in units:
+                    if r in self._servers:
+                        self._servers[r].refuse(r, now)
                 n = self._tries.get(a.id, 0)
                 self._tries[a.id] = n + 1
                 wait = min(self.backoff_cap_s, self.backoff_s * 2 ** n)

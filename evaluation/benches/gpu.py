@@ -37,7 +37,7 @@ def bench_torch(size_mb: int, repeats: int) -> dict:
     except ImportError as exc:
         return {"skipped": f"torch is not installed ({exc}); pip install 'arl-tangram[gpu]'"}
     cfg = TinyLMConfig.of_size(size_mb * 10**6)
-    backend = TorchBackend({"svc": cfg})
+    backend = TorchBackend({"svc": cfg}, cpu_stand_in=True)  # CUDA when present, else the CPU
     service = torch_service("svc", cfg)
 
     async def go():

@@ -13,6 +13,8 @@ from evaluation.experiments.common import (
     Compare,
     Outcome,
     Runner,
+    act_columns,
+    batching_static,
     overrides,
     overriding,
     static_gpu,
@@ -26,9 +28,11 @@ FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "at": 2048, "nodes": 
 
 
 def _systems(w):
+    """(workload, policy) of each system; the batching SGLang baseline runs on lanes."""
     teachers = sorted(w.gpu.services)
-    return [tangram(), static_policy("sglang-static", static_gpu(teachers, w, 4)),
-            Policy("serverless", Serverless(dop=4), executors=serverless_executors())]
+    return [(w, tangram()), batching_static("sglang-static", teachers, w, 4),
+            (w, static_policy("sglang-no-batching", static_gpu(teachers, w, 4))),
+            (w, Policy("serverless", Serverless(dop=4), executors=serverless_executors()))]
 
 
 def plot(rows, fig) -> None:
@@ -39,7 +43,7 @@ def plot(rows, fig) -> None:
     batch = [r for r in rows if r["sweep"] == "batch"]
     xs = sorted({r["x"] for r in batch})
     at = lambda x, s: next(r["mean_act_s"] for r in batch if r["x"] == x and r["system"] == s)
-    for system in ("sglang-static", "serverless"):
+    for system in ("sglang-static", "sglang-no-batching", "serverless"):
         ax.plot(xs, [at(x, system) / at(x, "tangram") for x in xs], marker="o",
                 label=f"{system} / Tangram")
     ax.plot([2048], [18.1], "x", color="tab:red", ms=9, label="paper, batch 2048")
@@ -62,9 +66,18 @@ def plot(rows, fig) -> None:
     ax2.legend(fontsize=7)
 
 
-TARGETS = ("mopd",)
+TARGETS = ("mopd", "batching")
 NEED = "GPUs Tangram needs for the static ACT"
 STATIC = "static / Tangram mean ACT, batch {}"
+
+
+def exact_nodes(batch: int, nodes: int):
+    """The MOPD workload on exactly `nodes` GPU nodes: the size sweep's GPU factor
+    (`gpu_capacity`, the one MOPD is scaled by) is undone for the node count, so the search
+    runs the counts it reports."""
+    unscale = {"size": {"gpu_capacity": 1.0 / overrides("size").get("gpu_capacity", 1.0)}}
+    with overriding(unscale):
+        return workload("mopd", batch=batch, gpu_nodes=nodes)
 
 
 def _need(cfg, runner: Runner, base: float,
@@ -73,14 +86,12 @@ def _need(cfg, runner: Runner, base: float,
     (`first_only`: stop there; the plot wants every node count)."""
     rows, need = [], None
     nodes_total = workload("mopd", batch=cfg["at"], gpu_nodes=cfg["nodes"]).gpu.nodes
-    unscale = {"size": {"capacity": 1.0 / overrides("size").get("capacity", 1.0)}}
     for nodes in range(1, nodes_total + 1):
-        with overriding(unscale):  # these node counts are exact, not scaled
-            w = workload("mopd", batch=cfg["at"], gpu_nodes=nodes)
+        w = exact_nodes(cfg["at"], nodes)
         r = runner.run(f"gpus={8 * nodes}", w, tangram())
-        rows.append({"sweep": "gpus", "x": 8 * nodes, "system": "tangram",
+        rows.append({"sweep": "gpus", "x": 8 * w.gpu.nodes, "system": "tangram",
                      "mean_act_s": round(r.mean_act(), 4),
-                     "restores": int(r.counters["restores"])})
+                     "restores": int(r.counters["restores"]), **act_columns(r)})
         if need is None and r.mean_act() <= base:
             need = 8 * nodes
             if first_only:
@@ -93,7 +104,7 @@ def measure(quick: bool) -> dict[str, float | None]:
     cfg = QUICK if quick else FULL
     w = workload("mopd", batch=cfg["at"], gpu_nodes=cfg["nodes"])
     with Runner(8, quiet=True) as runner:
-        static = runner.run("at", w, _systems(w)[1]).mean_act()
+        static = runner.run("at", *_systems(w)[1]).mean_act()
         ours = runner.run("at", w, tangram()).mean_act()
         share, _ = _need(cfg, runner, static, first_only=True)
     out: dict[str, float | None] = {NEED: share}
@@ -105,21 +116,20 @@ def measure(quick: bool) -> dict[str, float | None]:
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     rows: list[dict[str, Any]] = []
-    with Runner(3 * len(cfg["batches"]) + cfg["nodes"], quiet) as runner:
+    with Runner(4 * len(cfg["batches"]) + cfg["nodes"], quiet) as runner:
         for b in cfg["batches"]:
             w = workload("mopd", batch=b, gpu_nodes=cfg["nodes"])
-            for p in _systems(w):
-                r = runner.run(f"batch={b}", w, p)
+            for x, p in _systems(w):
+                r = runner.run(f"batch={b}", x, p)
                 rows.append({"sweep": "batch", "x": b, "system": p.name,
                              "mean_act_s": round(r.mean_act(), 4),
-                             "restores": int(r.counters["restores"])})
+                             "restores": int(r.counters["restores"]), **act_columns(r)})
         base = next(r["mean_act_s"] for r in rows if r["x"] == cfg["at"]
                     and r["system"] == "sglang-static")
         rows.append({"sweep": "gpus-baseline", "x": 8 * cfg["nodes"], "system": "sglang-static",
                      "mean_act_s": base, "restores": 0})
-        base_exact = next(runner.run("at", w, p).mean_act() for w in
-                          [workload("mopd", batch=cfg["at"], gpu_nodes=cfg["nodes"])]
-                          for p in _systems(w)[1:2])
+        base_exact = runner.run("at", *_systems(workload("mopd", batch=cfg["at"],
+                                                          gpu_nodes=cfg["nodes"]))[1]).mean_act()
         share, more = _need(cfg, runner, base_exact)
         rows.extend(more)
     at = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch"
@@ -127,6 +137,9 @@ def main(quick: bool, quiet: bool) -> Outcome:
     return Outcome("fig8-gpu", title="GPU scalability (MOPD teachers)", rows=rows, compares=[
         Compare(STATIC.format(cfg["at"]),
                 at["sglang-static"] / at["tangram"], 18.1 if cfg["at"] == 2048 else None),
+        Compare(f"static without batching / Tangram mean ACT, batch {cfg['at']}",
+                at["sglang-no-batching"] / at["tangram"], None,
+                note="each replica serves one call at a time (the first pass)"),
         Compare(f"serverless / Tangram mean ACT, batch {cfg['at']}",
                 at["serverless"] / at["tangram"], None,
                 note="paper: ServerlessLLM could not serve at batch 2048"),

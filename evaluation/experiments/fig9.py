@@ -6,7 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from evaluation.experiments.common import Compare, Outcome, Runner, plain, tangram, workload
+from evaluation.experiments.common import (
+    Compare,
+    Outcome,
+    Runner,
+    act_columns,
+    plain,
+    tangram,
+    workload,
+)
 from evaluation.experiments.exactpol import SMALL, exact_policy
 
 QUICK: dict[str, Any] = {"batches": (32, 64, 128), "nodes": 1, "cores": 128, "at": 128}
@@ -72,13 +80,13 @@ def main(quick: bool, quiet: bool) -> Outcome:
                 r = runner.run(f"batch={b}", w, p)
                 rows.append({"sweep": "batch", "batch": b, "system": p.name,
                              "mean_act_s": round(r.mean_act(), 4),
-                             "reward_act_s": round(r.mean_act("reward"), 3)})
+                             "reward_act_s": round(r.mean_act("reward"), 3), **act_columns(r)})
         w = workload("coding", **SMALL)
         for p in _policies() + ([exact] if exact is not None else []):
             r = runner.run("small", w, p)
             rows.append({"sweep": "small", "batch": SMALL["batch"], "system": p.name,
                          "mean_act_s": round(r.mean_act(), 4),
-                         "reward_act_s": round(r.mean_act("reward"), 3)})
+                         "reward_act_s": round(r.mean_act("reward"), 3), **act_columns(r)})
     at = {r["system"]: r["mean_act_s"] for r in rows
           if r["sweep"] == "batch" and r["batch"] == cfg["at"]}
     compares = [Compare(f"fixed DoP={d} / elastic, batch {cfg['at']}",

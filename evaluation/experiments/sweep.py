@@ -15,13 +15,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from evaluation.baselines import ApiRetry, Kubernetes
+from evaluation.baselines.batching import BatchingParams
 from evaluation.experiments.common import Compare, Outcome, overriding
 from evaluation.params import ASSUMED, sources
 from evaluation.workloads.coding import CodingParams
 from evaluation.workloads.gpu import MopdParams, SearchParams
 
 TARGETS: dict[str, type] = {"coding": CodingParams, "search": SearchParams, "mopd": MopdParams,
-                            "k8s": Kubernetes, "api-retry": ApiRetry}
+                            "k8s": Kubernetes, "api-retry": ApiRetry,
+                            "batching": BatchingParams}
 SIZE_FACTORS = (0.75, 1.25)
 SIZES = ("batch", "nodes", "seed")  # swept as sizes (size.batch, size.capacity), or not at all
 

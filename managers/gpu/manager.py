@@ -40,12 +40,18 @@ class GpuManager(Manager):
         self.residency = residency
         self.backend = backend
         self.clock = clock
+        self.origin = ""  # how the pool was sized and why this backend (`/v1/status`)
         self._started = False
         self.advisor = pool.advisor = ResidencyAdvisor(residency)  # this pool's advice
 
     @property
     def backend_name(self) -> str | None:
         return self.backend.name
+
+    @property
+    def simulated(self) -> bool:
+        """True when no real GPU runs the calls (the `sim` backend)."""
+        return self.backend.name == "sim"
 
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}

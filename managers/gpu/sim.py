@@ -80,7 +80,8 @@ class SimBackend(GpuBackend):
     """Sleeps the modelled time: restores bytes/bandwidth, invokes the profiled inference time.
 
     `time_scale` shrinks every sleep (0 makes the backend instant, for tests). The response
-    echoes the request with the service, chunk and modelled seconds.
+    says it is simulated (`"simulated": true`, no model ran) and echoes the request with the
+    service, chunk and modelled seconds.
     """
 
     name = "sim"
@@ -114,8 +115,9 @@ class SimBackend(GpuBackend):
         seconds = service.infer_seconds(chunk[1] - chunk[0], self.default_infer_s)
         await asyncio.sleep(seconds * self.time_scale)
         self.calls.append(("invoke", service.name, node, chunk))
-        return {"service": service.name, "node": node, "chunk": list(chunk),
-                "infer_s": seconds, "request": payload}
+        return {"simulated": True, "service": service.name, "node": node, "chunk": list(chunk),
+                "infer_s": seconds, "request": payload,
+                "note": "simulated GPU backend: no model ran; the time is the profile's"}
 
 
 register("sim", SimBackend)

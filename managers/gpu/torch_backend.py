@@ -6,8 +6,20 @@ A restore on a k-GPU chunk copies the weights to each GPU of the chunk (k data-p
 replicas, so every GPU holds the full footprint, as `Service.uniform` accounts it); evict
 drops those device copies (nothing is written back); invoke runs the forward pass with the
 device copies through `torch.func.functional_call`, splitting the request's sequences over the
-replicas. Without CUDA the "device" is the CPU: a restore still makes a separate copy of every
-tensor and an evict frees it, so tests can check that copies really happen and really go.
+replicas. Without CUDA it refuses to start, unless asked to stand in on the CPU
+(`cpu_stand_in=True`): the "device" is then the CPU, a restore still makes a separate copy of
+every tensor and an evict frees it, so tests can check that copies really happen and really go.
+
+What a copy holds per GPU: the full weights (data-parallel replicas), declared so
+(`Service.uniform`, `torch_service`), so the residency cache accounts this backend's copies as
+it holds them. Why not tensor-parallel shards, as the simulator's workloads and the inference
+servers behind the `http` backend (SGLang, vLLM) hold them (`Service.sharded`: weights / k plus
+a KV cache per GPU): a shard group needs collective communication inside every layer's forward
+pass (an all-reduce per layer over NCCL), which a plain PyTorch module does not do; splitting a
+request's sequences over full replicas gives a k-GPU chunk real k-way speed without it.
+
+A model is a `TinyLMConfig`, a mapping of its fields (as YAML gives it: `model: {dim: 64}`),
+or a factory returning an `nn.Module`.
 
 One backend object serves one machine; `node` only keys the resident copies (a multi-node
 deployment runs one backend per node agent).
@@ -26,7 +38,7 @@ from torch import nn
 from managers.gpu.backend import Chunk, GpuBackend, register
 from managers.gpu.services import Service
 from managers.gpu.tinylm import TinyLM, TinyLMConfig
-from tangram.errors import ValidationError
+from tangram.errors import BackendUnavailable, ValidationError
 
 ModelSource = TinyLMConfig | Callable[[], nn.Module]
 Key = tuple[str, str, Chunk]
@@ -45,18 +57,26 @@ def tensors_nbytes(tensors: Mapping[str, torch.Tensor]) -> int:
 class TorchBackend(GpuBackend):
     """Services are modules built from `models[name]` (a `TinyLMConfig` or a factory).
 
-    `use_cuda=None` uses CUDA when it is available. `release_cached` returns freed device
-    memory to the driver after each evict (`torch.cuda.empty_cache`), so other processes on the
-    GPU see it; within this process the caching allocator would reuse it either way.
+    The backend runs on CUDA. Without a CUDA device it raises `BackendUnavailable` unless
+    `cpu_stand_in=True` asks it to stand in on the CPU (tests, machines without a GPU);
+    `use_cuda=False` also asks for the CPU. `release_cached` returns freed device memory to the
+    driver after each evict (`torch.cuda.empty_cache`), so other processes on the GPU see it;
+    within this process the caching allocator would reuse it either way.
     """
 
     name = "torch"
 
-    def __init__(self, models: Mapping[str, ModelSource], use_cuda: bool | None = None,
-                 release_cached: bool = True) -> None:
-        self.models = dict(models)
-        self.cuda = torch.cuda.is_available() if use_cuda is None else use_cuda
-        if self.cuda and not torch.cuda.is_available():
+    def __init__(self, models: Mapping[str, ModelSource | Mapping[str, Any]],
+                 use_cuda: bool | None = None, release_cached: bool = True,
+                 cpu_stand_in: bool = False) -> None:
+        self.models = {n: _source(n, m) for n, m in models.items()}
+        have = torch.cuda.is_available()
+        if use_cuda is None and not have and not cpu_stand_in:
+            raise BackendUnavailable("GPU backend 'torch': no CUDA device (torch "
+                                     f"{torch.__version__}); set gpu.options.cpu_stand_in: true "
+                                     "to run it on the CPU as a stand-in, or gpu.backend: sim")
+        self.cuda = have if use_cuda is None else use_cuda
+        if self.cuda and not have:
             raise ValidationError("gpu.torch.use_cuda", use_cuda, "CUDA is not available")
         self.release_cached = release_cached
         self._modules: dict[str, nn.Module] = {}
@@ -142,6 +162,24 @@ class TorchBackend(GpuBackend):
         self._modules.clear()
         if self.cuda and self.release_cached:
             torch.cuda.empty_cache()
+
+
+def _source(name: str, model: Any) -> ModelSource:
+    """A model as given: a config, a factory, or a mapping of `TinyLMConfig` fields."""
+    if isinstance(model, TinyLMConfig) or callable(model):
+        return model
+    if isinstance(model, Mapping):
+        known = set(TinyLMConfig.__dataclass_fields__)
+        bad = sorted(set(model) - known)
+        if bad:
+            raise ValidationError(f"gpu.services.{name}.model.{bad[0]}", model[bad[0]],
+                                  f"not a TinyLM size (known: {sorted(known)})")
+        try:
+            return TinyLMConfig(**model)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(f"gpu.services.{name}.model", dict(model), str(exc)) from None
+    raise ValidationError(f"gpu.services.{name}.model", model,
+                          "must be TinyLM sizes (a mapping), a TinyLMConfig or a factory")
 
 
 def _tokens(payload: Any) -> list[list[int]]:

@@ -331,11 +331,15 @@ class Tangram:
                                   for n in p.nodes()}}
         throttled = {name: m.throttled(name) if isinstance(m, ApiManager) else 0
                      for name, m in self.apis.items()}
+        learned = {name: w.allowed(time.monotonic()) for name, m in self.apis.items()
+                   if isinstance(m, ApiManager) and (w := m.window(name)) is not None}
         return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
                 "running": len(self.scheduler.running), "envs": len(self._envs),
                 "cpu_backend": None if self.cpu is None else self.cpu.backend_name,
                 "gpu_backend": None if self.gpu is None else self.gpu.backend_name,
-                "api_throttled": throttled, "closing": self._closing}
+                "gpu_simulated": None if self.gpu is None else self.gpu.simulated,
+                "gpu_pool": None if self.gpu is None else self.gpu.origin,
+                "api_throttled": throttled, "api_window": learned, "closing": self._closing}
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _reap_idle(self) -> None:

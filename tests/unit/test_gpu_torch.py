@@ -26,7 +26,8 @@ REQ = {"tokens": [[1, 5, 9, 2], [7, 7, 3]]}
 
 def backend() -> TorchBackend:
     b = create_backend("torch", models={"lm": CFG, "lm2": TinyLMConfig(vocab=64, dim=32,
-                                                                       layers=1, seed=4)})
+                                                                       layers=1, seed=4)},
+                       cpu_stand_in=True)  # CUDA where there is one, else the CPU stands in
     assert isinstance(b, TorchBackend)
     return b
 

@@ -5,6 +5,7 @@ import dataclasses
 
 from evaluation.closedloop import Policy, blind, run
 from evaluation.experiments.common import tangram
+from evaluation.flowcontrol import LearnedLimits, misconfigured
 from evaluation.workloads import get_workload
 from tangram.actions import Action, Elasticity
 from tangram.pools import FlatPool
@@ -49,3 +50,19 @@ def test_api_server_counts_429_for_tangram_when_its_limit_is_exceeded():
 
     over = dataclasses.replace(w, make_pools=too_many)
     assert run(over, Policy("tangram-over", tangram().allocator)).counters["api_429"] > 0
+
+
+def test_a_tangram_told_a_wrong_limit_learns_it_from_the_servers_429s():
+    w = get_workload("deepsearch", batch=64, seed=1)
+    limits = w.extra["api_limits"]
+    over = misconfigured(w, 4)  # told four times the server's limit
+    blind_run = run(over, Policy("tangram-4x", tangram().allocator))
+    learner = LearnedLimits(tangram().allocator, {r: 4 * k for r, k in limits.items()})
+    learned = run(over, Policy("tangram-4x-learning", learner, learner))
+    assert sorted(learner.windows) == sorted(limits)
+    assert 0 < learned.counters["api_429"] < blind_run.counters["api_429"] / 10
+    for r, k in limits.items():  # it settled at the server's limit
+        assert learner.windows[r].allowed(learned.makespan) <= k + 1
+    # 429s thin out: probes above the learned limit, ever rarer; at most one in the second
+    # half of the rollout
+    assert learned.counters["api_429_late"] <= 1
