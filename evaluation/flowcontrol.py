@@ -68,6 +68,9 @@ class LearnedLimits:
     def start(self, traj: Any, now: float) -> float | None:
         return self.life.start(traj, now)
 
+    def nodes(self, traj: Any, now: float) -> dict[str, str]:
+        return self.life.nodes(traj, now)
+
     def end(self, traj: Any, now: float) -> None:
         self.life.end(traj, now)
 
