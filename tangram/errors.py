@@ -40,3 +40,8 @@ class ActionFailed(TangramError):
 class QueueFull(TangramError):
     """The scheduler's queue holds its documented maximum: the caller should retry later
     (HTTP 429)."""
+
+
+class LimitReached(TangramError):
+    """A limit of the host (open files, processes) keeps the server from taking this request
+    now; the message names the limit and its value (HTTP 503)."""

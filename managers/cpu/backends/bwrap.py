@@ -42,11 +42,15 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu import seccomp
+from managers.cpu.backends import holder as hold
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
+from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
+from managers.cpu.uids import UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
@@ -55,10 +59,11 @@ INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /w
 INSIDE_SUPPORT = "/opt/tangram"
 ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
 NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup")
-NSENTER_FLAG = {"mnt": "--mount", "pid": "--pid", "net": "--net", "ipc": "--ipc", "uts": "--uts",
-                "cgroup": "--cgroup"}
 HOLDER_START_S = 10.0
+HOLDER_SCRIPT = "echo ready; exec sleep infinity"
 SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+# runs the seccomp loader inside (always visible: /usr is bound); else the server's own
+LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
 def server_python() -> tuple[str, ...]:
@@ -113,7 +118,8 @@ class _Holder:
     """An environment's long-lived sandbox: the bwrap process and its namespaces, held open."""
 
     proc: subprocess.Popen
-    fds: dict[str, int]  # namespace -> an open fd of /proc/<sandbox init>/ns/<namespace>
+    pid: int  # the sandbox's init, whose namespaces each exec enters (see `holder`)
+    started: int  # its start time: a recycled PID never passes for it
     slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
 
     def alive(self) -> bool:
@@ -124,10 +130,6 @@ class _Holder:
             self.proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(5)
-        for fd in self.fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds.clear()
 
 
 class BwrapBackend(CgroupBackend):
@@ -153,7 +155,9 @@ class BwrapBackend(CgroupBackend):
             raise BackendUnavailable(why)
         super().__init__(parent, pids_max)
         self.uid_base = uid_base
+        self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
         self._uids: dict[str, int] = {}
+        self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
         self._holders: dict[str, _Holder] = {}
         self._system = _system_binds(())
         self._extra = _extra_binds(tuple(ro_paths))
@@ -161,7 +165,7 @@ class BwrapBackend(CgroupBackend):
 
     @classmethod
     def probe(cls) -> str | None:
-        why = CgroupBackend.probe()
+        why = CgroupBackend.probe() or seccomp.unavailable()
         if why is not None:
             return why
         missing = [t for t in ("bwrap", "setpriv") if shutil.which(t) is None]
@@ -186,9 +190,11 @@ class BwrapBackend(CgroupBackend):
 
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         await super().open(env, cores)
-        taken = set(self._uids.values())
-        uid = next(self.uid_base + i for i in range(len(taken) + 1)
-                   if self.uid_base + i not in taken)
+        try:
+            uid = self._uid_source.take()  # never an earlier environment's, never another's
+        except BaseException:
+            await super().close(env)
+            raise
         try:
             os.chown(env.workdir, uid, uid)
             os.chmod(env.workdir, 0o700)
@@ -213,26 +219,44 @@ class BwrapBackend(CgroupBackend):
         proc, info_r = self._spawn_holder(env, slot)
         self._holders[env.id] = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
 
+    def _ensure_bases(self) -> None:
+        fresh = not self._made_bases
+        super()._ensure_bases()
+        if fresh:
+            self._filter = seccomp.install(self.support)
+
     def _spawn_holder(self, env: Environment, slot: Slot) -> tuple[subprocess.Popen, int]:
-        info_r, info_w = os.pipe()
-        sandbox = (self._bwrap, *ISOLATE, *([] if env.network else ["--unshare-net"]),
-                   "--hostname", "tangram", "--die-with-parent", "--cap-drop", "ALL",
-                   "--info-fd", str(info_w),
-                   *self._system, "--proc", "/proc", "--dev", "/dev",
-                   "--perms", "1777", "--tmpfs", "/tmp",
-                   "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                   "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra, "--chdir", "/",
-                   "--", "sh", "-c", "echo ready; exec sleep infinity")
+        fds: list[int] = []
         try:
-            proc = subprocess.Popen(joined(slot.join, sandbox), cwd="/", env={"PATH": SAFE_PATH},
+            info_r, info_w = os.pipe()
+            fds += [info_w]
+            filter_fd = hold.data_fd(self._filter.read_bytes())
+            fds.append(filter_fd)
+            sandbox = [*ISOLATE, *([] if env.network else ["--unshare-net"]),
+                       "--hostname", "tangram", "--die-with-parent", "--cap-drop", "ALL",
+                       "--info-fd", str(info_w), "--seccomp", str(filter_fd),
+                       *self._system, "--proc", "/proc", "--dev", "/dev",
+                       "--perms", "1777", "--tmpfs", "/dev/shm",  # private, charged to the env
+                       "--perms", "1777", "--tmpfs", "/tmp",
+                       "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
+                       "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra,
+                       "--chdir", "/"]
+            args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
+            fds.append(args)
+            proc = subprocess.Popen(joined(slot.join, (self._bwrap, "--args", str(args), "--",
+                                                       "sh", "-c", HOLDER_SCRIPT)),
+                                    cwd="/", env={"PATH": SAFE_PATH},
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=(info_w,),
+                                    stderr=subprocess.PIPE, pass_fds=tuple(fds),
                                     start_new_session=True)
-        except OSError:
-            os.close(info_r)
+        except OSError as exc:
+            if fds:
+                os.close(info_r)
+            raise_if_out_of_files(exc)
             raise
         finally:
-            os.close(info_w)
+            for fd in fds:
+                os.close(fd)
         return proc, info_r
 
     def _hold(self, env: Environment, slot: Slot, proc: subprocess.Popen,
@@ -247,7 +271,9 @@ class BwrapBackend(CgroupBackend):
             ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
             if not ready or proc.stdout.readline() != b"ready\n":
                 raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
-            fds = {ns: os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY) for ns in NAMESPACES}
+            started = hold.start_time(pid)
+            if started is None:
+                raise OSError("the sandbox's init exited")
         except (ValueError, KeyError, OSError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -260,7 +286,7 @@ class BwrapBackend(CgroupBackend):
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
-        return _Holder(proc, fds, slot)
+        return _Holder(proc, pid, started, slot)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
@@ -275,16 +301,25 @@ class BwrapBackend(CgroupBackend):
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
+        """Open the holder's /proc directory for this exec (closed in `_fds_done`); `_launch`,
+        called right after with no await between, names it."""
         holder = self._holders.get(env.id)
-        return tuple(holder.fds.values()) if holder is not None else ()
+        self._entering = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        return () if self._entering is None else (self._entering,)
+
+    def _fds_done(self, fds: tuple[int, ...]) -> None:
+        for fd in fds:
+            hold.close_quietly(fd)
 
     def _launch(self, env: Environment, join: str, command: Command) -> list[str]:
-        holder = self._holders.get(env.id)
-        if holder is None or not holder.fds:
+        dirfd, self._entering = self._entering, None
+        if dirfd is None:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        enter = [f"{NSENTER_FLAG[ns]}=/proc/self/fd/{fd}" for ns, fd in holder.fds.items()]
-        return joined(join, ("nsenter", *enter, f"--wdns={INSIDE_WORK}", "--",
-                             *_drop_to(self._uids[env.id]), *argv_of(command)))
+        loader = (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}",
+                  f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}")
+        return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
+                             f"--wdns={INSIDE_WORK}", "--", *_drop_to(self._uids[env.id]),
+                             *loader, *argv_of(command)))
 
     def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
         return command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,

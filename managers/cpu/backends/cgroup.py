@@ -212,8 +212,11 @@ class CgroupBackend(Backend):
                            plugin_dir=str(self.support))
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
-        """File descriptors the exec's launcher needs open (none here)."""
+        """File descriptors the exec's launcher needs open (none here), opened per exec."""
         return ()
+
+    def _fds_done(self, fds: tuple[int, ...]) -> None:
+        """Close what `_fds` opened, once the exec is over."""
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
@@ -230,13 +233,14 @@ class CgroupBackend(Backend):
         leaf = slot.folders["cpu"]
         ooms = fs.oom_kills(self.h.version, e.folders["memory"])
         forks = self._pids_refused(e)
+        fds = self._fds(env)  # before `_launch`, which may name them
         try:
             outcome = await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
                                       env=self._environ(env, cores, elastic),
                                       timeout=timeout, output_cap=output_cap,
-                                      kill_rest=lambda: fs.kill_all(leaf),
-                                      pass_fds=self._fds(env))
+                                      kill_rest=lambda: fs.kill_all(leaf), pass_fds=fds)
         finally:
+            self._fds_done(fds)
             e.free.append(slot)
         if self._envs.get(env.id) is not e:
             return dataclasses.replace(outcome, status="cancelled", detail=(

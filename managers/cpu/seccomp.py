@@ -1,0 +1,140 @@
+"""The seccomp filter of every sandboxed command: what the kernel refuses to an environment.
+
+Modelled on Docker's default profile, as a deny list over an otherwise open system call table
+(the sandbox's namespaces, its own uid, no capabilities and `no_new_privs` already confine the
+rest). Built with libseccomp (through `pyseccomp`, ctypes bindings of the system's
+libseccomp2) into a compiled BPF program that bwrap loads with `--seccomp FD` for the holder and
+`LOADER` loads before each exec's command. Each refused call answers EPERM (clone3: ENOSYS, so
+libc falls back to clone, whose flags the filter can read); a system call of another
+architecture (i386 `int 0x80`, x32) kills the process, since the filter covers the native table
+only.
+
+Why each group is refused:
+
+- keyrings (`add_key`, `keyctl`, `request_key`): the kernel's keyrings are per uid and global to
+  the host, a channel between environments and servers outside every namespace;
+- `io_uring_*`: a second system call interface that seccomp cannot see into, and a large
+  share of recent kernel privilege escalations;
+- `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface (verifier, perf), and
+  `userfaultfd` makes kernel races easy to win;
+- kernel modules, `kexec`, clock setting: host-wide state (the missing capabilities refuse them
+  too; refused here as well so a kernel bug in a capability check is not enough);
+- new namespaces and mounts (`unshare`, `clone`/`clone3` with any `CLONE_NEW*` flag, `setns`,
+  `mount`, `umount2`, `pivot_root` and the new mount API): a user namespace would give the
+  command capabilities over namespaces of its own, and with them the mount and network code of
+  the kernel; the sandbox's own namespaces are made before the filter is loaded.
+
+`ptrace` stays open: every environment has its own uid and PID namespace, so a command can
+trace only its own processes (debuggers and `strace` keep working); tracing anything else (the
+sandbox's init, another environment) fails on the kernel's own checks, and a test tries it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+BLOCKED: dict[str, str] = {
+    "add_key": "keyrings are shared by uid across the host",
+    "keyctl": "keyrings are shared by uid across the host",
+    "request_key": "keyrings are shared by uid across the host",
+    "io_uring_setup": "a syscall interface seccomp cannot filter",
+    "io_uring_enter": "a syscall interface seccomp cannot filter",
+    "io_uring_register": "a syscall interface seccomp cannot filter",
+    "bpf": "kernel attack surface (the BPF verifier)",
+    "perf_event_open": "kernel attack surface, host-wide performance data",
+    "userfaultfd": "makes kernel races easy to win",
+    "init_module": "kernel modules",
+    "finit_module": "kernel modules",
+    "delete_module": "kernel modules",
+    "kexec_load": "replacing the kernel",
+    "kexec_file_load": "replacing the kernel",
+    "clock_settime": "the host's clock",
+    "clock_adjtime": "the host's clock",
+    "settimeofday": "the host's clock",
+    "unshare": "new namespaces (a user namespace gives capabilities over them)",
+    "setns": "joining namespaces",
+    "mount": "mounts belong to the sandbox's setup",
+    "umount2": "mounts belong to the sandbox's setup",
+    "pivot_root": "mounts belong to the sandbox's setup",
+    "open_tree": "the new mount API",
+    "move_mount": "the new mount API",
+    "fsopen": "the new mount API",
+    "fsconfig": "the new mount API",
+    "fsmount": "the new mount API",
+    "fspick": "the new mount API",
+    "mount_setattr": "the new mount API",
+}
+CLONE_NEW = {  # clone(2) flags that make a namespace: refused like unshare
+    "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000}
+FILTER_NAME = "seccomp.bpf"
+LOADER_NAME = "seccomp_exec.py"
+
+# Run inside the sandbox after setpriv (no_new_privs is set, so no capability is needed):
+# load the compiled filter, then exec the command. The standard library only, no site.
+LOADER = '''\
+"""tangram: load the sandbox's seccomp filter (argv[1]), then exec the command (argv[2:])."""
+import ctypes, os, sys
+prog = open(sys.argv[1], "rb").read()
+class Fprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+libc = ctypes.CDLL(None, use_errno=True)
+fprog = Fprog(len(prog) // 8, prog)
+# seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog); 317 on x86_64
+nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
+if libc.syscall(nr, 1, 1, ctypes.byref(fprog)) != 0:
+    sys.stderr.write("tangram: cannot load the seccomp filter (errno %d)\\n" % ctypes.get_errno())
+    sys.exit(125)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write("%s: %s\\n" % (sys.argv[2], exc.strerror))
+    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
+'''
+
+
+def unavailable() -> str | None:
+    """None when the filter can be built here, else why not and how to fix it."""
+    try:
+        import pyseccomp  # noqa: F401  (optional: ctypes bindings of libseccomp2)
+    except (ImportError, OSError) as exc:
+        return (f"cannot build the sandbox's seccomp filter ({exc}): install libseccomp2 "
+                f"(Debian: `apt-get install libseccomp2`) and `pip install pyseccomp`")
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        return f"no seccomp loader for {os.uname().machine}"
+    return None
+
+
+def compile_filter() -> bytes:
+    """The filter as a BPF program (what `--seccomp FD` and the loader take)."""
+    import pyseccomp as sc  # optional dependency, see `unavailable`
+
+    f = sc.SyscallFilter(sc.ALLOW)
+    for name in BLOCKED:
+        try:
+            f.add_rule(sc.ERRNO(errno.EPERM), name)
+        except (OSError, ValueError, RuntimeError):  # a call this kernel's table lacks
+            continue
+    for flag in CLONE_NEW.values():
+        f.add_rule(sc.ERRNO(errno.EPERM), "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
+    f.add_rule(sc.ERRNO(errno.ENOSYS), "clone3")  # flags behind a pointer: libc falls back
+    with tempfile.TemporaryFile() as out:
+        f.export_bpf(out)
+        out.seek(0)
+        return out.read()
+
+
+def install(folder: Path) -> Path:
+    """Write the compiled filter and its loader into `folder` (the sandbox's read-only support
+    folder); returns the filter's path."""
+    prog = compile_filter()
+    path = folder / FILTER_NAME
+    path.write_bytes(prog)
+    (folder / LOADER_NAME).write_text(LOADER)
+    for p in (path, folder / LOADER_NAME):
+        p.chmod(0o644)
+    return path
