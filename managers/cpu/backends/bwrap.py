@@ -327,10 +327,12 @@ class BwrapBackend(CgroupBackend):
 
     async def close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)
-        await super().close(env)  # kills everything in its cgroups, the holder too
-        if holder is not None:
-            await asyncio.to_thread(holder.release)
-        self._uids.pop(env.id, None)
+        try:
+            await super().close(env)  # kills everything in its cgroups, the holder too
+        finally:
+            if holder is not None:
+                await asyncio.to_thread(holder.release)
+            self._uids.pop(env.id, None)  # never handed out again (see `uids`)
 
     async def shutdown(self) -> None:
         for holder in self._holders.values():

@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import shutil
 import tempfile
 import uuid
 import weakref
@@ -35,6 +34,7 @@ from managers.cpu.backends.process import run_local
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
+from managers.cpu.removal import remove_tree, remove_tree_async
 from managers.cpu.request import Command
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
@@ -296,10 +296,17 @@ class CgroupBackend(Backend):
     # -- teardown ------------------------------------------------------------------------------
 
     async def close(self, env: Environment) -> None:
+        """Kill and remove the cgroups, then the work folder (in a thread: a hostile tree
+        takes long). What cannot be removed is logged and left to the next server's sweep;
+        the rest is released whatever happens."""
         self._envs.pop(env.id, None)
-        await asyncio.to_thread(self._remove, self._env_folders(env.id))
-        shutil.rmtree(env.workdir, ignore_errors=True)
-        self._workdirs.discard(env.workdir)
+        try:
+            await asyncio.to_thread(self._remove, self._env_folders(env.id))
+        finally:
+            left = await remove_tree_async(env.workdir)
+            self._workdirs.discard(env.workdir)
+            if left:
+                log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def _remove(self, folders: dict[str, Path]) -> None:
         for top in dict.fromkeys(folders.values()):
@@ -318,8 +325,10 @@ def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
     for base in bases:
         if base.is_dir():
             fs.remove_tree(base)
-    for w in workdirs:
-        shutil.rmtree(w, ignore_errors=True)
+    for w in list(workdirs):
+        left = remove_tree(w)
+        if left:
+            log.warning("could not remove %s", "; ".join(left))
 
 
 def joined(join: str, command: Command) -> list[str]:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import shutil
 import signal
@@ -32,16 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
+from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import Command, argv_of
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
+log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
 DEFAULT_USER = 65534  # nobody
 KILL_GRACE_S = 5.0
@@ -158,7 +162,8 @@ class DockerBackend(Backend):
                 name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
                                                  OWNER: self.owner},
                 network_mode=None if env.network else "none", user=f"{self.user}:{self.user}",
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=self.pids_max,
+                cap_drop=["ALL"], pids_limit=self.pids_max,
+                security_opt=["no-new-privileges", f"seccomp={seccomp.docker_profile()}"],
                 read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777"},
                 volumes={env.workdir: {"bind": INSIDE_WORK, "mode": "rw"},
                          str(self.support): {"bind": INSIDE_SUPPORT, "mode": "ro"}},
@@ -299,7 +304,9 @@ class DockerBackend(Backend):
         if c is not None:
             with contextlib.suppress(NotFound):
                 await self._call(self.api.remove_container, c.id, force=True)
-        shutil.rmtree(env.workdir, ignore_errors=True)
+        left = await remove_tree_async(env.workdir)
+        if left:
+            log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def containers(self) -> list[str]:
         """Names of the containers this backend has created and not removed (leak checks)."""
@@ -315,7 +322,7 @@ class DockerBackend(Backend):
                 await self._call(self.api.remove_container, c.id, force=True)
         self._pool.shutdown(wait=False)
         self.client.close()
-        shutil.rmtree(self.support, ignore_errors=True)
+        await remove_tree_async(self.support)
 
 
 def _descendants(pid: int) -> list[int]:
