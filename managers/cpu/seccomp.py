@@ -76,25 +76,78 @@ FILTER_NAME = "seccomp.bpf"
 LOADER_NAME = "seccomp_exec.py"
 
 # Run inside the sandbox after setpriv (no_new_privs is set, so no capability is needed):
-# load the compiled filter, then exec the command. The standard library only, no site.
+# load the compiled filter, then run the command with its stdout and stderr through this
+# process, which passes on the first CAP + 1 bytes of each and drops the rest: a flood of
+# output is drained here, on the environment's cores and memory, not in the server. It ends
+# when the command ends (leftover children holding its pipes do not keep it) and exits as the
+# command did (the same code, or the same signal). The standard library only, no site.
 LOADER = '''\
-"""tangram: load the sandbox's seccomp filter (argv[1]), then exec the command (argv[2:])."""
-import ctypes, os, sys
+"""tangram: load the seccomp filter argv[1]; run argv[3:], passing argv[2] + 1 bytes of output."""
+import ctypes, os, select, signal, sys
 prog = open(sys.argv[1], "rb").read()
 class Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 libc = ctypes.CDLL(None, use_errno=True)
 fprog = Fprog(len(prog) // 8, prog)
-# seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog); 317 on x86_64
+# seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fprog)
 nr = {"x86_64": 317, "aarch64": 277}[os.uname().machine]
 if libc.syscall(nr, 1, 1, ctypes.byref(fprog)) != 0:
     sys.stderr.write("tangram: cannot load the seccomp filter (errno %d)\\n" % ctypes.get_errno())
     sys.exit(125)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as exc:
-    sys.stderr.write("%s: %s\\n" % (sys.argv[2], exc.strerror))
-    sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
+cap, argv = int(sys.argv[2]), sys.argv[3:]
+pipes = [os.pipe(), os.pipe()]
+pid = os.fork()
+if pid == 0:
+    for target, (r, w) in zip((1, 2), pipes):
+        os.dup2(w, target)
+        os.close(r)
+        os.close(w)
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        os.write(2, ("%s: %s\\n" % (argv[0], exc.strerror)).encode())
+        os._exit(127 if isinstance(exc, FileNotFoundError) else 126)
+left = {}
+for target, (r, w) in zip((1, 2), pipes):
+    os.close(w)
+    left[r] = [target, cap + 1]
+done = os.pidfd_open(pid)
+def copy(fd, block):
+    os.set_blocking(fd, block)
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not data:
+            return False
+        target, room = left[fd]
+        if room > 0:
+            try:
+                os.write(target, data[:room])
+            except OSError:
+                left[fd][1] = 0
+            left[fd][1] = max(0, room - len(data))
+        if block:
+            return True
+while True:
+    ready, _, _ = select.select([*left, done], [], [])
+    if done in ready:
+        for fd in list(left):
+            copy(fd, False)
+        break
+    for fd in ready:
+        if not copy(fd, True):
+            del left[fd]
+            os.close(fd)
+_, status = os.waitpid(pid, 0)
+sys.stdout.flush()
+if os.WIFSIGNALED(status):
+    sig = os.WTERMSIG(status)
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+sys.exit(os.waitstatus_to_exitcode(status))
 '''
 
 

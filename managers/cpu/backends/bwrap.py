@@ -158,6 +158,7 @@ class BwrapBackend(CgroupBackend):
         self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
         self._uids: dict[str, int] = {}
         self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
+        self._entering_cap = 0  # and its output cap
         self._holders: dict[str, _Holder] = {}
         self._system = _system_binds(())
         self._extra = _extra_binds(tuple(ro_paths))
@@ -298,6 +299,7 @@ class BwrapBackend(CgroupBackend):
                 await self._start_holder(env, holder.slot)
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
+        self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
@@ -316,7 +318,7 @@ class BwrapBackend(CgroupBackend):
         if dirfd is None:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
         loader = (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}",
-                  f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}")
+                  f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
         return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
                              f"--wdns={INSIDE_WORK}", "--", *_drop_to(self._uids[env.id]),
                              *loader, *argv_of(command)))
