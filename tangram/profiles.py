@@ -4,16 +4,45 @@ Non-scalable actions: the historical mean run time of their kind. Elastic action
 `T_ori` (each observation gives `T_ori = run * E(m) * m`), and, per kind, the speedup curve
 itself: `AmdahlFit`, a least-squares fit of `duration(m) = a + b / m` to the observed
 (units, run time) pairs, so elastic grants follow what the workload does rather than a prior.
+
+Bounded, and hard to steer: a fit keeps its last `FIT_WINDOW` observations, a mean weighs the
+last ~`STAT_WINDOW` runs (older ones decay), at most `MAX_KINDS` kinds are kept (the least
+recently used go first). An action's kind is its trusted caller's name for it (`exec_kind`);
+without one, it is scoped to the trajectory, so a command that lies about what it is (`echo
+x; sleep 3`) moves only its own trajectory's estimates.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tangram.actions import Action
+from tangram.errors import ValidationError
 
 MAX_SERIAL = 4.0  # a serial fraction above 1 means more units make the run slower
+FIT_WINDOW = 256  # observations an AmdahlFit keeps (the latest)
+STAT_WINDOW = 100  # a mean is exact up to this many runs, then an exponential average
+MAX_KINDS = 4096  # kinds with a profile (least recently used dropped)
+MAX_KIND = 128  # characters of a trusted kind
+
+
+def exec_kind(trajectory: str, command: str | list[str] | tuple[str, ...],
+              kind: str | None = None) -> str:
+    """The profile key of an exec: `kind:<kind>` when the trusted caller names it (an adapter
+    from its tool's name, /run_code from its language), shared by every trajectory; else
+    `exec:<first word>@<trajectory>`, the model-written command's own word, seen by its
+    trajectory alone."""
+    if kind is not None:
+        if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND \
+                or any(ord(c) < 32 or ord(c) == 127 for c in kind):
+            raise ValidationError("exec.kind", kind, f"must be 1 to {MAX_KIND} characters "
+                                  f"without control characters")
+        return f"kind:{kind}"
+    first = (command.split() or ["?"])[0] if isinstance(command, str) else \
+        (command[0] if command else "?")
+    return f"exec:{first.rsplit('/', 1)[-1][:MAX_KIND]}@{trajectory}"
 
 
 @dataclass(slots=True)
@@ -31,7 +60,7 @@ class AmdahlFit:
     prior_t_ori: float
     key: str = "cpu"
     prior_weight: float = 1.0
-    obs: list[tuple[int, float]] = field(default_factory=list)
+    obs: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=FIT_WINDOW))
 
     def add(self, m: int, duration: float) -> None:
         if m >= 1 and duration > 0:
@@ -86,7 +115,7 @@ class _Stat:
 
     def add(self, x: float) -> None:
         self.n += 1
-        self.mean += (x - self.mean) / self.n
+        self.mean += (x - self.mean) / min(self.n, STAT_WINDOW)  # then older runs decay
 
 
 class DurationProfiles:
@@ -105,9 +134,9 @@ class DurationProfiles:
         el = action.elasticity
         if el is not None and units and el.key in units:
             m = units[el.key]
-            self._t_ori.setdefault(action.kind, _Stat()).add(run_s * el.e(m) * m)
+            _recent(self._t_ori, action.kind, _Stat).add(run_s * el.e(m) * m)
         else:
-            self._run.setdefault(action.kind, _Stat()).add(run_s)
+            _recent(self._run, action.kind, _Stat).add(run_s)
 
     def mean(self, kind: str) -> float | None:
         s = self._run.get(kind)
@@ -121,10 +150,7 @@ class DurationProfiles:
                 key: str = "cpu") -> AmdahlFit:
         """The kind's fitted speedup curve over `key` units (created with this prior on first
         use; every later completion of the kind, elastic or not, refines it)."""
-        fit = self._fits.get(kind)
-        if fit is None:
-            fit = self._fits[kind] = AmdahlFit(prior_serial, prior_t_ori, key)
-        return fit
+        return _recent(self._fits, kind, lambda: AmdahlFit(prior_serial, prior_t_ori, key))
 
     def count(self, kind: str) -> int:
         return sum(s.n for d in (self._run, self._t_ori) if (s := d.get(kind)))
@@ -136,3 +162,15 @@ class DurationProfiles:
             return d
         m = self.mean(action.kind)
         return m if m is not None else self.default
+
+
+def _recent(table: dict, kind: str, make: Callable[[], object]):
+    """`table[kind]` (made when missing), marked most recently used; the table keeps at most
+    MAX_KINDS kinds, dropping the least recently used."""
+    value = table.pop(kind, None)
+    if value is None:
+        value = make()
+        while len(table) >= MAX_KINDS:
+            del table[next(iter(table))]
+    table[kind] = value
+    return value

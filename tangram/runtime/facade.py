@@ -31,6 +31,7 @@ from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
+from tangram.profiles import exec_kind
 from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
@@ -183,7 +184,11 @@ class Tangram:
 
     # -- actions -------------------------------------------------------------------------------
     async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
-                   timeout: float = 60.0, output_cap: int | None = None) -> Result:
+                   timeout: float = 60.0, output_cap: int | None = None,
+                   kind: str | None = None) -> Result:
+        """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
+        keys the duration estimates every trajectory shares; without it, the estimates are the
+        trajectory's own (`profiles.exec_kind`)."""
         self._admitting()
         e = self._env(env)
         boolean("elastic", elastic)
@@ -191,15 +196,14 @@ class Tangram:
         req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
                           timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
                           else output_cap)
-        first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-        kind = f"exec:{first.rsplit('/', 1)[-1]}"
+        key = exec_kind(e.trajectory, command, kind)
         elasticity = None
         if elastic and not demand.is_fixed:
-            fit = self.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI,
+            fit = self.scheduler.profiles.speedup(key, SERIAL_FRACTION, DEFAULT_T_ORI,
                                                   self.cpu.resource)
             elasticity = Elasticity(self.cpu.resource, fit.t_ori, fit.efficiency())
         action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
-                        elasticity=elasticity, trajectory=e.trajectory, kind=kind,
+                        elasticity=elasticity, trajectory=e.trajectory, kind=key,
                         payload=req, submit_time=self._now())
         e.running.add(action.id)
         try:

@@ -157,6 +157,17 @@ class RunCodeRequest(BaseModel):
     env_id: str | None = Field(None, max_length=256, description="run in this open environment "
                                "(multi-turn) instead of a fresh one, which is not closed")
 
+    @field_validator("code", "stdin")
+    @classmethod
+    def _unicode(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"must be valid Unicode (a lone surrogate at character "
+                                 f"{exc.start})") from None
+        return v
+
     @field_validator("memory_limit_MB")
     @classmethod
     def _memory(cls, v: int) -> int:
@@ -355,7 +366,7 @@ async def _steps(tg: Any, env: str, runner: Runner, req: RunCodeRequest) -> RunC
     resp = RunCodeResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
     if runner.compile is not None:
         r = await tg.exec(env, staged(files, f"{runner.compile} < /dev/null"), cpu=1,
-                          timeout=req.compile_timeout)
+                          timeout=req.compile_timeout, kind=f"run_code:{req.language}:compile")
         resp.tangram.steps.append(_grant("compile", r))
         resp.compile_result = command_result(r)
         files = {}
@@ -367,13 +378,14 @@ async def _steps(tg: Any, env: str, runner: Runner, req: RunCodeRequest) -> RunC
         workers = _WORKERS if req.is_elastic() else "workers=; "
         r = await tg.exec(env, staged(files, f"{workers}exec {runner.run}{extra} {stdin}"),
                           cpu=req.cpu_demand(), elastic=req.is_elastic(),
-                          timeout=req.run_timeout)
+                          timeout=req.run_timeout, kind=f"run_code:{req.language}")
         resp.tangram.steps.append(_grant("run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
         paths = [_sandbox_path(p) for p in req.fetch_files]
         r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *("./" + p for p in paths)],
-                          cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP)
+                          cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP,
+                          kind="run_code:fetch")
         resp.tangram.steps.append(_grant("fetch", r))
         resp.files = {req.fetch_files[paths.index(p)]: data
                       for p, data in fetched(paths, r.stdout).items()}

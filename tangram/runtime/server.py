@@ -127,6 +127,7 @@ class Exec(_Body):
     cpu: Demand = 1
     elastic: bool = False
     timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)] = 60.0
+    kind: Name | None = None  # the caller's name for the action (keys shared estimates)
 
     @field_validator("command")
     @classmethod
@@ -446,7 +447,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
         command = body.command if isinstance(body.command, str) else list(body.command)
         return await _unless_disconnected(request, tg.exec(
             env_id, command, cpu=demand_arg(body.cpu), elastic=body.elastic,
-            timeout=body.timeout))
+            timeout=body.timeout, kind=body.kind))
 
     @app.post("/v1/services/{name}/invoke", dependencies=guarded, response_model=None,
               responses={200: {"model": Result}, **ERRORS})
