@@ -93,7 +93,10 @@ def remove_tree(path: str | Path) -> list[str]:
     except OSError as exc:
         return [f"{path}: {exc.strerror}"]
     if not stat.S_ISDIR(st.st_mode):
-        parent = os.open(os.path.dirname(path) or ".", _DIR_FLAGS)
+        try:
+            parent = os.open(os.path.dirname(path) or ".", _DIR_FLAGS)
+        except OSError as exc:
+            return [f"{path}: {exc.strerror}"]
         try:
             _retrying(os.unlink, os.path.basename(path), parent)
         except OSError as exc:
@@ -103,10 +106,13 @@ def remove_tree(path: str | Path) -> list[str]:
         return problems
     try:
         fd = os.open(path, _DIR_FLAGS)
+        _walk(path, fd, problems)
+    except OSError as exc:  # out of descriptors, a folder gone mid-walk: say so, never raise
+        return [*problems, f"{path}: {exc.strerror or exc}"]
+    try:
+        parent = os.open(os.path.dirname(path.rstrip("/")) or "/", _DIR_FLAGS)
     except OSError as exc:
-        return [f"{path}: {exc.strerror}"]
-    _walk(path, fd, problems)
-    parent = os.open(os.path.dirname(path.rstrip("/")) or "/", _DIR_FLAGS)
+        return [*problems, f"{path}: {exc.strerror}"]
     try:
         _retrying(os.rmdir, os.path.basename(path.rstrip("/")), parent)
     except OSError as exc:

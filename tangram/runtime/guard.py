@@ -320,7 +320,8 @@ class RateLimitedLog(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
-        key = f"{record.name}:{record.msg}"
+        first = str(record.msg).split("\n", 1)[0]
+        key = f"{record.name}:{_NUMBERS.sub('#', first)}"  # addresses, times, fds vary
         now = time.monotonic()
         if now - self.last.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
             self.dropped[key] += 1
@@ -333,6 +334,7 @@ class RateLimitedLog(logging.Filter):
 
 
 FLOOD_LOGGERS = ("asyncio", "uvicorn.error")
+_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?")
 
 
 def quiet_floods() -> None:

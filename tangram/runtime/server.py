@@ -70,6 +70,7 @@ from tangram.errors import (
     QueueFull,
     TangramError,
     ValidationError,
+    out_of_files,
 )
 from tangram.results import Result
 from tangram.runtime import guard, sandboxfusion
@@ -261,7 +262,11 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-def _internal(_: Request, exc: Exception) -> JSONResponse:
+def _internal(request: Request, exc: Exception) -> JSONResponse:
+    limit = out_of_files(exc)  # wherever it was met: a 503 naming the limit, not a 500
+    if limit is not None:
+        log.warning("%s %s: %s", request.method, request.url.path, limit)
+        return _limit_reached(request, limit)
     log.exception("internal error", exc_info=exc)
     return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
