@@ -2,8 +2,9 @@
 token before the body, log floods and leaked tokens.
 
 - **Header deadline** (`Limits.header_timeout_s`): a connection has this long from its start
-  (or from the end of its previous response) to deliver a whole request head; a trickle of
-  header lines does not extend it. Past it the server closes the connection.
+  (plus the keep-alive time, `KEEP_ALIVE_S`, after a response) to deliver a whole request
+  head; a trickle of header lines does not extend it. Past it the server closes the
+  connection.
 - **Whole-body deadline**: the body must be in within `server.BODY_TIMEOUT_S` of the app's
   first read, however it trickles (`BodyLimit`), else 408.
 - **Token before body** (`TokenFirst`): on every path that needs the token, a request without
@@ -11,10 +12,13 @@ token before the body, log floods and leaked tokens.
   without the token is read or buffered. Query tokens are accepted only on SandboxFusion's
   paths (`QUERY_TOKEN_PATHS`), whose clients cannot send headers.
 - **Connection bounds** (`Limits.max_connections`, `Limits.per_client`): at a bound, the new
-  connection takes the place of the oldest one that has not delivered a request head (slow
-  and idle connections go first, a request in progress never); where there is none, the new
-  one is refused (closed at once). A healthy client, which sends its head at once, is
-  therefore served while thousands of slow connections come and go.
+  connection takes the place of the oldest connection without a request head of the client
+  address holding the most connections (at the per-client bound: of its own address): first
+  those that never delivered a head (slow clients), then idle keep-alive ones (which served a
+  request with the token: a request without it closes its connection); a request in progress
+  is never cut. Where there is none, the new one is refused (closed at once). A healthy
+  client, with a few connections of its own, is therefore served while thousands of slow
+  connections from other addresses come and go.
 - **Descriptors**: `raise_nofile` lifts the soft open-file limit to the hard one at start, and
   the connection bound is derived from it, so accepting never fails for want of descriptors.
 - **Logs**: repeated messages (accept errors, invalid requests, closed connections) are
@@ -92,11 +96,14 @@ class _Connections:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.open: dict[Any, str] = {}  # protocol -> client address
-        self.waiting: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        # connections without a request head, oldest first: never served one, and idle ones
+        self.fresh: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        self.idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self.per_client: collections.Counter[str] = collections.Counter()
-        self.refused = 0
-        self.evicted = 0
-        self.expired = 0
+        self.refused = 0  # connections closed at once: no room
+        self.evicted = 0  # head-less connections closed to make room
+        self.expired = 0  # connections closed at the header deadline
+        self.peak = 0  # the most connections open at once
 
     def admit(self, proto: Any, client: str) -> bool:
         if self.per_client[client] >= self.limits.per_client \
@@ -105,17 +112,38 @@ class _Connections:
             _flood.note("refused", "connection refused: %d from client %s (per-client bound)",
                         self.limits.per_client, client)
             return False
-        if len(self.open) >= self.limits.max_connections and not self._evict(lambda p: True):
+        if len(self.open) >= self.limits.max_connections and not self._evict_heaviest(client):
             self.refused += 1
             _flood.note("refused", "connection refused: %d open (the server's bound), none "
                         "waiting to evict", self.limits.max_connections)
             return False
         self.open[proto] = client
         self.per_client[client] += 1
+        self.peak = max(self.peak, len(self.open))
         return True
 
+    def waiting(self, proto: Any) -> bool:
+        return proto in self.fresh or proto in self.idle
+
+    def wait(self, proto: Any, served: bool) -> None:
+        (self.idle if served else self.fresh)[proto] = None
+
+    def heard(self, proto: Any) -> None:
+        self.fresh.pop(proto, None)
+        self.idle.pop(proto, None)
+
+    def _evict_heaviest(self, newcomer: str) -> bool:
+        """Evict a head-less connection of the address with the most connections (counting
+        the newcomer's)."""
+        counts = self.per_client.copy()
+        counts[newcomer] += 1
+        for client, _ in counts.most_common():
+            if self._evict(lambda p, c=client: self.open.get(p) == c):
+                return True
+        return False
+
     def _evict(self, which) -> bool:
-        for old in self.waiting:
+        for old in [*self.fresh, *self.idle]:
             if which(old):
                 self.evicted += 1
                 _flood.note("evicted", "closed a connection that sent no request head (at a "
@@ -130,7 +158,7 @@ class _Connections:
             self.per_client[client] -= 1
             if self.per_client[client] <= 0:
                 del self.per_client[client]
-        self.waiting.pop(proto, None)
+        self.heard(proto)
 
 
 def guarded_protocol(limits: Limits) -> type[H11Protocol]:
@@ -148,13 +176,15 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             if not self._admitted:
                 transport.abort()
                 return
-            self._await_head()
+            self._await_head(served=False)
 
-        def _await_head(self) -> None:
-            book.waiting[self] = None
-            book.waiting.move_to_end(self)
+        def _await_head(self, served: bool) -> None:
+            book.heard(self)
+            book.wait(self, served)
             self._cancel_head_timer()
-            self._head_timer = self.loop.call_later(limits.header_timeout_s, self._head_late)
+            # an idle keep-alive connection may first wait for its next request
+            wait = limits.header_timeout_s + (self.timeout_keep_alive if served else 0.0)
+            self._head_timer = self.loop.call_later(wait, self._head_late)
 
         def _cancel_head_timer(self) -> None:
             if self._head_timer is not None:
@@ -163,7 +193,7 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
 
         def _head_late(self) -> None:
             self._head_timer = None
-            if self in book.waiting:
+            if book.waiting(self):
                 book.expired += 1
                 _flood.note("expired", "closed a connection that sent no whole request head "
                             "within %g s", limits.header_timeout_s)
@@ -179,13 +209,13 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             super().handle_events()
             if self.cycle is not None and self.cycle is not self._seen_cycle:
                 self._seen_cycle = self.cycle  # a new request's head is in
-                book.waiting.pop(self, None)
+                book.heard(self)
                 self._cancel_head_timer()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()
             if not self.transport.is_closing() and self in book.open:
-                self._await_head()  # the next request's head has the same deadline
+                self._await_head(served=True)  # the next head has the same deadline
+            super().on_response_complete()  # (may start a pipelined request: `heard`)
 
         def connection_lost(self, exc: Exception | None) -> None:
             if getattr(self, "_admitted", False):

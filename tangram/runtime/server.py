@@ -515,8 +515,10 @@ def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
     ends, then shut it down gracefully (the app's lifespan shuts the runtime down). Yields the
     base URL; port 0 picks a free one; `limits`: the guard's (default: from this process's
     open-file limit). For tests and benchmarks."""
+    options = guard.uvicorn_options(limits)
+    app.state.connections = options["http"].connections_book  # for tests: what the guard saw
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on", **guard.uvicorn_options(limits)))
+                                           lifespan="on", **options))
     thread = threading.Thread(target=server.run, name="tangram-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
