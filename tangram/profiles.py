@@ -14,6 +14,7 @@ x; sleep 3`) moves only its own trajectory's estimates.
 
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ def exec_kind(trajectory: str, command: str | list[str] | tuple[str, ...],
               kind: str | None = None) -> str:
     """The profile key of an exec: `kind:<kind>` when the trusted caller names it (an adapter
     from its tool's name, /run_code from its language), shared by every trajectory; else
-    `exec:<first word>@<trajectory>`, the model-written command's own word, seen by its
+    `exec:["<trajectory>", "<first word>"]`, the model-written command's own word, seen by its
     trajectory alone."""
     if kind is not None:
         if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND \
@@ -42,7 +43,7 @@ def exec_kind(trajectory: str, command: str | list[str] | tuple[str, ...],
         return f"kind:{kind}"
     first = (command.split() or ["?"])[0] if isinstance(command, str) else \
         (command[0] if command else "?")
-    return f"exec:{first.rsplit('/', 1)[-1][:MAX_KIND]}@{trajectory}"
+    return "exec:" + json.dumps([trajectory, first.rsplit("/", 1)[-1][:MAX_KIND]])
 
 
 @dataclass(slots=True)
