@@ -236,3 +236,35 @@ def test_a_flood_of_output_is_dropped_in_the_sandbox_not_read_by_the_server(bwra
     assert o.status == "ok" and o.truncated and len(o.stdout) == 65536, o.detail
     assert "after" in o.stderr and "1048576000 bytes" in o.stderr
     assert cpu < 0.08  # draining it all here costs ~0.25 s (the reference printed above)
+
+
+def _namespace_fds() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.split(":", 1)[0] in ("mnt", "pid", "net", "ipc", "uts", "cgroup"):
+            found.append(target)
+    return found
+
+
+def test_the_server_holds_no_namespace_of_an_environment(bwrap_or_skip):
+    """Nothing in the server keeps a sandbox's namespaces (and so its /tmp tmpfs) alive: with
+    environments open and after they are closed, it holds no namespace descriptor."""
+    async def go():
+        m = CpuManager(BwrapBackend())
+        try:
+            envs = [await m.open_env(f"t{i}", 64) for i in range(3)]
+            for e in envs:
+                await m.execute(ExecRequest(e, "head -c 1000000 /dev/zero > /tmp/x"))
+            while_open = _namespace_fds()
+            for e in envs:
+                await m.close_env(e)
+            return while_open, _namespace_fds()
+        finally:
+            await m.close()
+
+    while_open, after = asyncio.run(go())
+    assert while_open == [] and after == []

@@ -337,9 +337,9 @@ class BwrapBackend(CgroupBackend):
             self._uids.pop(env.id, None)  # never handed out again (see `uids`)
 
     async def shutdown(self) -> None:
-        for holder in self._holders.values():
-            holder.release()
+        holders = list(self._holders.values())
         self._holders.clear()
+        await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
         await super().shutdown()
 
 
