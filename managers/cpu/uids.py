@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tangram.errors import BackendUnavailable
 
+DEFAULT_UID_BASE = 2_000_000  # far above the host's users and the usual subuid ranges
 REGISTRY = Path("/run/tangram/uid-ranges")  # lines "first count pid": every claim since boot
 RANGE_SIZE = 65_536
 MAX_UID = (1 << 32) - 2  # (uid_t)-1 is "no uid"

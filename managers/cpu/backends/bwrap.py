@@ -50,11 +50,10 @@ from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
-from managers.cpu.uids import UidAllocator
+from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
-DEFAULT_UID_BASE = 2_000_000  # far above the host's users and the usual subuid ranges
 INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
 INSIDE_SUPPORT = "/opt/tangram"
 ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
