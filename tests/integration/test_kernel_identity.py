@@ -268,3 +268,38 @@ def test_the_server_holds_no_namespace_of_an_environment(bwrap_or_skip):
 
     while_open, after = asyncio.run(go())
     assert while_open == [] and after == []
+
+
+def test_one_servers_environment_exhausting_inotify_leaves_anothers_unharmed(bwrap_or_skip):
+    """Per-uid kernel limits are per environment, across servers too: A (of one server)
+    holds every inotify instance its uid may have (fs.inotify.max_user_instances) while B (of
+    a second server on this host, same default uid base), concurrently, still gets one."""
+    hog = ("import ctypes, time\n"
+           "l = ctypes.CDLL(None, use_errno=True)\n"
+           "n = 0\n"
+           "while l.inotify_init() >= 0:\n"
+           "    n += 1\n"
+           "print(n, ctypes.get_errno(), flush=True)\n"
+           "time.sleep(3)\n")
+    probe = ("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+             "print(l.inotify_init(), ctypes.get_errno())")
+
+    async def go():
+        m, n = CpuManager(BwrapBackend()), CpuManager(BwrapBackend())
+        try:
+            a = await m.open_env("a", 128)
+            b = await n.open_env("b", 128)
+            held = asyncio.ensure_future(m.execute(ExecRequest(
+                a, ["/usr/bin/python3", "-c", hog], timeout=60)))
+            await asyncio.sleep(1.5)  # A holds them all by now
+            other = await n.execute(ExecRequest(b, ["/usr/bin/python3", "-c", probe]))
+            return await held, other
+        finally:
+            await m.close()
+            await n.close()
+
+    held, other = asyncio.run(go())
+    n, err = held.stdout.split()
+    assert int(n) >= 1 and err == "24", held.stdout  # EMFILE: A hit its uid's limit
+    fd, err = other.stdout.split()
+    assert int(fd) >= 0, other.stdout  # B's own uid still has its instances
