@@ -80,9 +80,10 @@ def bwrap_or_skip() -> None:
         pytest.skip(f"bwrap backend unavailable: {why}")
 
 
-@pytest.fixture(scope="module")
-def inside(bwrap_or_skip) -> dict[str, int]:
-    """The probe's errno per call, run once inside a sandbox."""
+@pytest.fixture(scope="module", params=["native", "python"])
+def inside(bwrap_or_skip, request) -> dict[str, int]:
+    """The probe's errno per call, run once inside a sandbox, with each loader (the C one,
+    and the Python one used where the host has no C compiler)."""
     async def go():
         m = CpuManager(BwrapBackend())
         try:
@@ -92,7 +93,10 @@ def inside(bwrap_or_skip) -> dict[str, int]:
         finally:
             await m.close()
 
-    o = asyncio.run(go())
+    with pytest.MonkeyPatch.context() as mp:
+        if request.param == "python":
+            mp.setattr(seccomp, "build_native", lambda folder: False)
+        o = asyncio.run(go())
     assert o.status == "ok", o
     return json.loads(o.stdout)
 

@@ -223,7 +223,9 @@ class BwrapBackend(CgroupBackend):
         fresh = not self._made_bases
         super()._ensure_bases()
         if fresh:
-            self._filter = seccomp.install(self.support)
+            self._filter, native = seccomp.install(self.support)
+            self._loader = ((f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",) if native else
+                            (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}"))
 
     def _spawn_holder(self, env: Environment, slot: Slot) -> tuple[subprocess.Popen, int]:
         fds: list[int] = []
@@ -316,8 +318,8 @@ class BwrapBackend(CgroupBackend):
         dirfd, self._entering = self._entering, None
         if dirfd is None:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        loader = (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}",
-                  f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
+        loader = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}",
+                  str(self._entering_cap))
         return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
                              f"--wdns={INSIDE_WORK}", "--", *_drop_to(self._uids[env.id]),
                              *loader, *argv_of(command)))
