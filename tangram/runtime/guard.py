@@ -20,7 +20,8 @@ token before the body, log floods and leaked tokens.
   client, with a few connections of its own, is therefore served while thousands of slow
   connections from other addresses come and go.
 - **Descriptors**: `raise_nofile` lifts the soft open-file limit to the hard one at start, and
-  the connection bound is derived from it, so accepting never fails for want of descriptors.
+  the connection bound and the listen backlog (`backlog`: how many asyncio accepts at once)
+  are derived from it, so accepting does not fail for want of descriptors.
 - **Logs**: repeated messages (accept errors, invalid requests, closed connections) are
   rate-limited (`RateLimitedLog`), and the token is shown as `***` however the query encodes
   its name or value (`RedactTokens`).
@@ -230,7 +231,13 @@ def uvicorn_options(limits: Limits | None = None) -> dict[str, Any]:
     """The options of `uvicorn.Config` that apply the guard."""
     limits = limits or Limits.for_this_process()
     return {"http": guarded_protocol(limits), "timeout_keep_alive": KEEP_ALIVE_S,
-            "h11_max_incomplete_event_size": MAX_HEAD}
+            "h11_max_incomplete_event_size": MAX_HEAD, "backlog": backlog(limits)}
+
+
+def backlog(limits: Limits) -> int:
+    """The listen backlog: asyncio accepts up to this many connections at once, each a
+    descriptor until the guard has looked at it, so it stays a fraction of the bound."""
+    return max(64, min(2048, limits.max_connections // 4))
 
 
 # -- the token, before any body ----------------------------------------------------------------
