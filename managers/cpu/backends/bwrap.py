@@ -4,11 +4,14 @@ Each environment has one long-lived sandbox: `bwrap` (as root, so it can mount w
 sees) holding the namespaces below with an idle `sleep` (the holder, in a cgroup slot of its own
 inside the environment's cgroup). What an exec runs: the cgroup backend's joining shell (as
 root, it moves itself into the exec's slot cgroup: cpuset, quota, and the environment's memory
-and pids limits), which `exec`s `nsenter` into the holder's namespaces (named by file
-descriptors this backend holds open, so a recycled PID can never redirect it), which runs
-`setpriv` to become the environment's own unprivileged uid (`uid_base` + a slot number, never 0)
-with every capability set cleared (the bounding set too) and `no_new_privs` set, which `exec`s
-the command. Entering costs a few milliseconds where building a sandbox per exec costs ~15.
+and pids limits), which `exec`s `nsenter` into the holder's namespaces (through a descriptor of
+the holder's /proc directory opened per exec and checked against its start time, so a recycled
+PID can never redirect it, and the server holds no descriptor per environment: `holder`), which
+runs `setpriv` to become the environment's own unprivileged uid (never reused, never another
+server's: `managers.cpu.uids`) with every capability set cleared (the bounding set too) and
+`no_new_privs` set, which runs the seccomp loader (`managers.cpu.seccomp`: it loads the filter,
+then runs the command with its output capped inside the sandbox), which `exec`s the command.
+Entering costs a few milliseconds where building a sandbox per exec costs ~15.
 A holder that died is restarted before the next exec. Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
@@ -24,9 +27,10 @@ A holder that died is restarted before the next exec. Inside:
 Each environment has its own host uid and its work directory is mode 0700, owned by it, so an
 environment cannot read another's files even where it could name them. There is no user
 namespace around the command (bwrap would then resolve mounts as that uid, and the server's
-Python often lives under a folder only root may enter); a command may create one of its own, as
-any unprivileged user may, which gives it no access to anything its uid lacks. The price is the
-namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
+Python often lives under a folder only root may enter), and the seccomp filter refuses the
+command one of its own. bwrap reads its arguments from a descriptor (`--args`), so the
+sandbox's init shows no host path in /proc/1/cmdline; `/dev/shm` is a private tmpfs. The price
+is the namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
 """
 
 from __future__ import annotations
@@ -114,7 +118,8 @@ def _drop_to(uid: int) -> list[str]:
 
 @dataclass(slots=True)
 class _Holder:
-    """An environment's long-lived sandbox: the bwrap process and its namespaces, held open."""
+    """An environment's long-lived sandbox: the bwrap process and its init (by PID and start
+    time), whose namespaces each exec enters."""
 
     proc: subprocess.Popen
     pid: int  # the sandbox's init, whose namespaces each exec enters (see `holder`)

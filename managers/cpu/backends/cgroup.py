@@ -233,8 +233,9 @@ class CgroupBackend(Backend):
         leaf = slot.folders["cpu"]
         ooms = fs.oom_kills(self.h.version, e.folders["memory"])
         forks = self._pids_refused(e)
-        fds = self._fds(env)  # before `_launch`, which may name them
+        fds: tuple[int, ...] = ()
         try:
+            fds = self._fds(env)  # before `_launch`, which may name them
             outcome = await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
                                       env=self._environ(env, cores, elastic),
                                       timeout=timeout, output_cap=output_cap,
