@@ -5,9 +5,10 @@ Non-scalable actions: the historical mean run time of their kind. Elastic action
 itself: `AmdahlFit`, a least-squares fit of `duration(m) = a + b / m` to the observed
 (units, run time) pairs, so elastic grants follow what the workload does rather than a prior.
 
-Bounded, and hard to steer: a fit keeps its last `FIT_WINDOW` observations, a mean weighs the
-last ~`STAT_WINDOW` runs (older ones decay), at most `MAX_KINDS` kinds are kept (the least
-recently used go first). An action's kind is its trusted caller's name for it (`exec_kind`);
+Bounded, and hard to steer: a fit keeps its last `FIT_WINDOW` observations, a mean is a running
+mean (two numbers, and independent of the order of completions, so a scoped and a global
+scheduler that see the same completions estimate alike), at most `MAX_KINDS` kinds are kept (the
+least recently used go first). An action's kind is its trusted caller's name for it (`exec_kind`);
 without one, it is scoped to the trajectory, so a command that lies about what it is (`echo
 x; sleep 3`) moves only its own trajectory's estimates.
 """
@@ -24,7 +25,6 @@ from tangram.errors import ValidationError
 
 MAX_SERIAL = 4.0  # a serial fraction above 1 means more units make the run slower
 FIT_WINDOW = 256  # observations an AmdahlFit keeps (the latest)
-STAT_WINDOW = 100  # a mean is exact up to this many runs, then an exponential average
 MAX_KINDS = 4096  # kinds with a profile (least recently used dropped)
 MAX_KIND = 128  # characters of a trusted kind
 
@@ -116,7 +116,7 @@ class _Stat:
 
     def add(self, x: float) -> None:
         self.n += 1
-        self.mean += (x - self.mean) / min(self.n, STAT_WINDOW)  # then older runs decay
+        self.mean += (x - self.mean) / self.n
 
 
 class DurationProfiles:
