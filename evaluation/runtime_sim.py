@@ -74,7 +74,8 @@ async def _run(workload: Workload, policy: str, open_s: float) -> LoopResult:
             a = s.action
             submitted = loop.time() - t0
             r = await tg.exec(env, f"{a.kind} {a.id}", cpu=a.demands["cpu"],
-                              elastic=a.is_elastic, timeout=a.timeout or 1e9)
+                              elastic=a.is_elastic, timeout=a.timeout or 1e9,
+                              kind=a.kind)
             start = submitted + r.queued_s
             records[a.id] = ActionRecord(submitted, start, start + r.run_s, dict(r.units),
                                          None, r.status)

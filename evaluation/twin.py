@@ -42,10 +42,11 @@ from evaluation.closedloop import EnvironmentStart, Policy, run
 from evaluation.runtime_sim import run_on_runtime
 from evaluation.workloads.base import Step, Trajectory, Workload, lognormal_mean
 from evaluation.workloads.coding import CodingParams
-from managers.cpu.request import Command, exec_kind
+from managers.cpu.request import Command
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
+from tangram.profiles import exec_kind
 from tangram.runtime.config import DEFAULT_POLICY
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
@@ -216,7 +217,8 @@ async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
             for s in t.steps:
                 await asyncio.sleep(s.think_s)
                 cpu = (dops[0], dops[-1]) if s.elastic and len(dops) > 1 else 1
-                r = await tg.exec(env, s.command, cpu=cpu, elastic=s.elastic, timeout=TIMEOUT_S)
+                r = await tg.exec(env, s.command, cpu=cpu, elastic=s.elastic, timeout=TIMEOUT_S,
+                                  kind=twin_kind(s.command))
                 acts.append(r.queued_s + r.run_s)
                 runs.append(r.run_s)
                 busy[0] += r.units.get(tg.cpu.resource, 0) * r.run_s
@@ -227,6 +229,12 @@ async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
     return Observed(acts, runs, busy[0], max(ends), cores)
 
 
+def twin_kind(command: Command) -> str:
+    """The trusted kind the twin gives each command (its program's name), on both sides."""
+    first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
+    return first.rsplit("/", 1)[-1]
+
+
 # -- predicting ---------------------------------------------------------------------------------
 def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
     """The same trajectories for the simulator, each action's truth its command's profile."""
@@ -234,7 +242,7 @@ def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
     for t in trajs:
         steps = []
         for j, s in enumerate(t.steps):
-            aid, kind = f"{t.id}.{j}", exec_kind(s.command)
+            aid, kind = f"{t.id}.{j}", exec_kind(t.id, s.command, twin_kind(s.command))
             if s.elastic and len(prof.dops) > 1:
                 t1 = prof.run_s[(s.command, 1)]
                 eff = {m: min(1.0, t1 / (m * prof.run_s[(s.command, m)])) for m in prof.dops}
@@ -302,7 +310,7 @@ def compare(p: TwinParams) -> dict:
                  "wall_s": {"calibrate": round(t1 - t0, 2), "measure": round(t2 - t1, 2),
                             "simulate": round(t3 - t2, 3)},
                  "profile": {"open_s": prof.open_s,
-                             "run_s": {f"{exec_kind(c)} {c if isinstance(c, str) else 'reward'}"
+                             "run_s": {f"{twin_kind(c)} {c if isinstance(c, str) else 'reward'}"
                                        f" @{m}": v for (c, m), v in prof.run_s.items()}}}
     for k in measured:
         m, pr = measured[k], predicted[k]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import resource
+
 
 class TangramError(Exception):
     """Base of every error Tangram raises on purpose."""
@@ -40,3 +43,19 @@ class ActionFailed(TangramError):
 class QueueFull(TangramError):
     """The scheduler's queue holds its documented maximum: the caller should retry later
     (HTTP 429)."""
+
+
+class LimitReached(TangramError):
+    """A limit of the host (open files, processes) keeps the server from taking this request
+    now; the message names the limit and its value (HTTP 503)."""
+
+
+def out_of_files(exc: BaseException) -> LimitReached | None:
+    """`LimitReached` naming the open-file limit when `exc` is EMFILE or ENFILE, else None."""
+    if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return LimitReached(f"the server is out of file descriptors (RLIMIT_NOFILE {soft}); "
+                            f"close environments or raise the limit")
+    if isinstance(exc, OSError) and exc.errno == errno.ENFILE:
+        return LimitReached("the host is out of file descriptors (fs.file-max)")
+    return None

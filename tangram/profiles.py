@@ -4,15 +4,25 @@ Non-scalable actions: the historical mean run time of their kind. Elastic action
 `T_ori` (each observation gives `T_ori = run * E(m) * m`), and, per kind, the speedup curve
 itself: `AmdahlFit`, a least-squares fit of `duration(m) = a + b / m` to the observed
 (units, run time) pairs, so elastic grants follow what the workload does rather than a prior.
+
+Bounded, and hard to steer: a fit keeps its last `FIT_WINDOW` observations, a mean is a running
+mean (two numbers, and independent of the order of completions, so a scoped and a global
+scheduler that see the same completions estimate alike), at most `MAX_KINDS` kinds are kept (the
+least recently used go first). An action's kind is its trusted caller's name for it (`exec_kind`);
+without one, it is scoped to the trajectory, so a command that lies about what it is (`echo
+x; sleep 3`) moves only its own trajectory's estimates.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tangram.actions import Action, Elasticity
+from tangram.errors import ValidationError
 from tangram.results import Status
 
 MAX_SERIAL = 4.0  # a serial fraction above 1 means more units make the run slower
@@ -20,9 +30,29 @@ PRIOR_T_ORI = 10.0  # s: first guess for an elastic kind's single-unit time, ref
 PRIOR_SERIAL = 0.25  # Amdahl prior for elastic test runs: pytest-xdist ~2.3x at n=4, ~2.9x
 # at n=8 (docs/calibration.md §4 reports 1.6-3.3x on 4-14 workers)
 DEFAULT_S = 1.0  # s: the estimate of a non-elastic kind before its first completion
+FIT_WINDOW = 256  # observations an AmdahlFit keeps (the latest)
+MAX_KINDS = 4096  # kinds with a profile (least recently used dropped)
+MAX_KIND = 128  # characters of a trusted kind
 
 LEARNED = frozenset({Status.OK, Status.ERROR})  # ran to its end: its time is an observation
 CENSORED = frozenset({Status.TIMEOUT})  # killed at its deadline: it would have run longer
+
+
+def exec_kind(trajectory: str, command: str | list[str] | tuple[str, ...],
+              kind: str | None = None) -> str:
+    """The profile key of an exec: `kind:<kind>` when the trusted caller names it (an adapter
+    from its tool's name, /run_code from its language), shared by every trajectory; else
+    `exec:["<trajectory>", "<first word>"]`, the model-written command's own word, seen by its
+    trajectory alone."""
+    if kind is not None:
+        if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND \
+                or any(ord(c) < 32 or ord(c) == 127 for c in kind):
+            raise ValidationError("exec.kind", kind, f"must be 1 to {MAX_KIND} characters "
+                                  f"without control characters")
+        return f"kind:{kind}"
+    first = (command.split() or ["?"])[0] if isinstance(command, str) else \
+        (command[0] if command else "?")
+    return "exec:" + json.dumps([trajectory, first.rsplit("/", 1)[-1][:MAX_KIND]])
 
 
 @dataclass(slots=True)
@@ -40,7 +70,7 @@ class AmdahlFit:
     prior_t_ori: float
     key: str = "cpu"
     prior_weight: float = 1.0
-    obs: list[tuple[int, float]] = field(default_factory=list)
+    obs: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=FIT_WINDOW))
 
     _sums: list[float] = field(default_factory=lambda: [0.0] * 6)
     """Running sums over `obs` (x = 1/m, y = duration): x, y, x^2, xy, the prior's scale
@@ -49,15 +79,26 @@ class AmdahlFit:
 
     def add(self, m: int, duration: float) -> None:
         if m >= 1 and duration > 0:
+            if self.obs.maxlen is not None and len(self.obs) == self.obs.maxlen:
+                self._count(*self.obs[0], -1.0)  # the oldest leaves the window
             self.obs.append((m, duration))
-            x = 1.0 / m
-            s = self._sums
-            s[0] += x
-            s[1] += duration
-            s[2] += x * x
-            s[3] += x * duration
-            s[4] += duration * _efficiency(self.prior_serial, m) * m
+            self._count(m, duration, 1.0)
             self._cache = None
+
+    def reset(self) -> None:
+        """Forget every observation (the prior alone decides again)."""
+        self.obs.clear()
+        self._sums[:] = [0.0] * 6
+        self._cache = None
+
+    def _count(self, m: int, duration: float, sign: float) -> None:
+        x = 1.0 / m
+        s = self._sums
+        s[0] += sign * x
+        s[1] += sign * duration
+        s[2] += sign * x * x
+        s[3] += sign * x * duration
+        s[4] += sign * duration * _efficiency(self.prior_serial, m) * m
 
     def params(self) -> tuple[float, float]:
         """(T_ori, serial fraction) of the fit."""
@@ -146,9 +187,9 @@ class DurationProfiles:
             fit.add(units[fit.key], run_s)
         if el is not None and units and el.key in units:
             m = units[el.key]
-            self._t_ori.setdefault(action.kind, _Stat()).add(run_s * el.e(m) * m)
+            _recent(self._t_ori, action.kind, _Stat).add(run_s * el.e(m) * m)
         else:
-            self._run.setdefault(action.kind, _Stat()).add(run_s)
+            _recent(self._run, action.kind, _Stat).add(run_s)
 
     def mean(self, kind: str) -> float | None:
         s = self._run.get(kind)
@@ -162,10 +203,7 @@ class DurationProfiles:
                 key: str = "cpu") -> AmdahlFit:
         """The kind's fitted speedup curve over `key` units (created with this prior on first
         use; every later completion of the kind, elastic or not, refines it)."""
-        fit = self._fits.get(kind)
-        if fit is None:
-            fit = self._fits[kind] = AmdahlFit(prior_serial, prior_t_ori, key)
-        return fit
+        return _recent(self._fits, kind, lambda: AmdahlFit(prior_serial, prior_t_ori, key))
 
     def count(self, kind: str) -> int:
         return sum(s.n for d in (self._run, self._t_ori) if (s := d.get(kind)))
@@ -197,3 +235,15 @@ class DurationProfiles:
             return dataclasses.replace(action, submit_time=now, duration=None,
                                        elasticity=self.learned_elasticity(action.kind, el.key))
         return dataclasses.replace(action, submit_time=now, duration=None, elasticity=None)
+
+
+def _recent(table: dict, kind: str, make: Callable[[], object]):
+    """`table[kind]` (made when missing), marked most recently used; the table keeps at most
+    MAX_KINDS kinds, dropping the least recently used."""
+    value = table.pop(kind, None)
+    if value is None:
+        value = make()
+        while len(table) >= MAX_KINDS:
+            del table[next(iter(table))]
+    table[kind] = value
+    return value

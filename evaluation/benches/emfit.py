@@ -16,8 +16,8 @@ import base64
 import json
 import os
 import sys
-from pathlib import Path
 
+from tangram.profiles import exec_kind
 from tangram.runtime.facade import DEFAULT_T_ORI, SERIAL_FRACTION, Tangram
 
 TEST = '''
@@ -38,20 +38,21 @@ async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
     b64 = base64.b64encode(TEST.format(n=tests, loops=loops).encode()).decode()
     async with Tangram.local() as tg:
         env = await tg.open_env("emfit", memory_mb=512)
-        kind = "exec:" + Path(sys.executable).name
+        kind = exec_kind("emfit", "", "emfit-suite")  # a trusted kind: the bench's own
         made = await tg.exec(env, f"echo {b64} | base64 -d > test_suite.py", timeout=30)
         if made.exit_code != 0:
             raise RuntimeError(f"could not write the suite: {made.stderr}")
         # this interpreter: it has pytest and pytest-xdist
         cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider test_suite.py"
-        await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300)  # warm-up
-        tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI).obs.clear()
+        await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300,
+                      kind="emfit-suite")  # warm-up
+        tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI).reset()
         for i in range(runs):
             # every third run on one core (a fixed grant of the same kind): the fit needs
             # more than one amount, and an idle machine always grants the elastic run all
             single = i % 3 == 1
             r = await tg.exec(env, cmd, cpu=1 if single else (1, cores),
-                              elastic=not single, timeout=300)
+                              elastic=not single, timeout=300, kind="emfit-suite")
             fit = tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI)
             t, s = fit.params()
             out.append({"run": i, "status": str(r.status), "cores": r.units.get("cpu"),

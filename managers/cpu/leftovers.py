@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from pathlib import Path
+
+from managers.cpu.removal import remove_tree
 
 PREFIX = "tangram-"
 _OWNED = re.compile(r"tangram-(\d+)-[0-9a-z]")
@@ -55,6 +56,7 @@ def sweep_workdirs(root: str | Path) -> list[str]:
     for p in entries:
         pid = dead_owner(p.name)
         if pid is not None and p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-            swept.append(f"{p} (server pid {pid})")
+            left = remove_tree(p)
+            swept.append(f"{p} (server pid {pid})" + (f"; left: {'; '.join(left)}" if left
+                                                      else ""))
     return swept

@@ -74,13 +74,5 @@ def argv_of(command: Command) -> list[str]:
     return ["sh", "-c", command] if isinstance(command, str) else list(command)
 
 
-def exec_kind(command: Command) -> str:
-    """The action kind of a command, whose durations are learned together: `exec:` and the
-    program's name (`pytest -q tests` -> `exec:pytest`). The runtime and the simulator both
-    name kinds so, so their histories match."""
-    first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-    return f"exec:{first.rsplit('/', 1)[-1]}"
-
-
 def describe(command: Command) -> str:
     return command if isinstance(command, str) else shlex.join(command)

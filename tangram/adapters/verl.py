@@ -227,7 +227,8 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
             return _respond(f"error: the tool needs a non-empty '{self.command_param}'"), 0.0, \
                 {"status": "invalid"}
         tg = self.runner.tangram
-        r = await self.runner.call(tg.exec(env, command, cpu=self.cpu, timeout=self.timeout))
+        r = await self.runner.call(tg.exec(env, command, cpu=self.cpu, timeout=self.timeout,
+                                           kind=f"tool:{self.name}"))
         return _respond(self._text(r)), 0.0, _metrics(r)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
@@ -277,7 +278,7 @@ async def run_tests_reward(tg: Any, command: str, *, env: str | None = None, cpu
         env = await tg.open_env(f"reward-{uuid.uuid4().hex[:12]}", memory_mb=memory_mb)
     try:
         r = await tg.exec(env, command, cpu=cpu, elastic=not isinstance(cpu, int),
-                          timeout=timeout)
+                          timeout=timeout, kind="reward:tests")
         return 1.0 if r.ok else 0.0
     finally:
         if own:

@@ -68,9 +68,10 @@ class TangramClient:
         await self._request("DELETE", f"/v1/envs/{_segment(env_id, 'env_id')}")
 
     async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
-                   timeout: float = 60.0) -> Result:
+                   timeout: float = 60.0, kind: str | None = None) -> Result:
         body = {"command": command if isinstance(command, str) else list(command),
-                "cpu": demand_json(cpu), "elastic": elastic, "timeout": timeout}
+                "cpu": demand_json(cpu), "elastic": elastic, "timeout": timeout,
+                **({"kind": kind} if kind is not None else {})}
         return _result(await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec",
                                            body))
 

@@ -25,13 +25,13 @@ from typing import Any
 
 from managers.api import ApiManager, ApiRequest
 from managers.base import EnvironmentManager, Manager
-from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest, exec_kind
+from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
 from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
-from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI
+from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
 from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
@@ -185,7 +185,11 @@ class Tangram:
 
     # -- actions -------------------------------------------------------------------------------
     async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
-                   timeout: float = 60.0, output_cap: int | None = None) -> Result:
+                   timeout: float = 60.0, output_cap: int | None = None,
+                   kind: str | None = None) -> Result:
+        """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
+        keys the duration estimates every trajectory shares; without it, the estimates are the
+        trajectory's own (`profiles.exec_kind`)."""
         self._admitting()
         e = self._env(env)
         boolean("elastic", elastic)
@@ -193,12 +197,12 @@ class Tangram:
         req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
                           timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
                           else output_cap)
-        kind = exec_kind(req.command)
+        key = exec_kind(e.trajectory, command, kind)
         elasticity = None
         if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
-            elasticity = self.scheduler.profiles.learned_elasticity(kind, self.cpu.resource)
+            elasticity = self.scheduler.profiles.learned_elasticity(key, self.cpu.resource)
         action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
-                        elasticity=elasticity, trajectory=e.trajectory, kind=kind,
+                        elasticity=elasticity, trajectory=e.trajectory, kind=key,
                         payload=req, submit_time=self._now(), timeout=timeout)
         e.running.add(action.id)
         try:

@@ -19,17 +19,19 @@ amounts. An action that ran and failed (non-zero exit, timeout) answers 200 with
 its `status` says what happened. Errors answer a JSON body
 `{"error": <message>, "field": <name>, "value": <what was given>, "problem": <why>}`:
 
-    401  missing or wrong bearer token (when the server has one; /metrics needs it too). The
-         token is also accepted as `?token=...` (SandboxFusion clients send no header); the
-         access log shows it as `token=***`.
+    401  missing or wrong bearer token (when the server has one; /metrics needs it too),
+         answered from the request head: no body is read first. On /run_code the token is
+         also accepted as `?token=...` (SandboxFusion clients send no header); logs show it
+         as `***` however it is encoded (tangram.runtime.guard).
     404  unknown environment, service or API
     409  a demand no pool can ever meet (`Infeasible`), or one over the capacity of the node
          the environment is bound to (the message names the node and its size)
-    408  a request body that stopped arriving (BODY_TIMEOUT_S)
+    408  a request body not all in within BODY_TIMEOUT_S (a trickle does not extend it)
     413  a body over MAX_BODY bytes (read and dropped up to DRAIN_BODY, then answered)
     422  a malformed body or a value the runtime rejects (`ValidationError`)
     429  the scheduler's queue is full (`QueueFull`, Retry-After: 1)
-    503  the runtime is shutting down
+    503  the runtime is shutting down, or a host limit (open files) was reached: the message
+         names it
     499  (never seen by the client) it disconnected: its queued action was cancelled
 
 A client that disconnects while its action waits in the queue cancels that action; one that
@@ -41,12 +43,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hmac
 import ipaddress
 import json
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -63,16 +63,24 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tangram.errors import Infeasible, NotFound, QueueFull, TangramError, ValidationError
+from tangram.errors import (
+    Infeasible,
+    LimitReached,
+    NotFound,
+    QueueFull,
+    TangramError,
+    ValidationError,
+    out_of_files,
+)
 from tangram.results import Result
-from tangram.runtime import sandboxfusion
+from tangram.runtime import guard, sandboxfusion
 from tangram.runtime.distributed import ray_session
 from tangram.runtime.facade import Tangram
 
 log = logging.getLogger("tangram.runtime.server")
 
 MAX_BODY = 1 << 20  # bytes of one request body
-BODY_TIMEOUT_S = 30.0  # s a request body may stall before the server answers 408
+BODY_TIMEOUT_S = 30.0  # s for a whole request body, from the app's first read, else 408
 DRAIN_BODY = 16 << 20  # bytes of an over-limit body read and dropped before the 413
 MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
 MAX_ARGV = 4096  # elements of an argv command
@@ -84,7 +92,8 @@ MAX_NAME = 256  # characters of a trajectory, env, service or API name
 # -- request bodies ----------------------------------------------------------------------------
 
 Units = Annotated[int, Field(ge=1, le=MAX_UNITS)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME,
+                            pattern=r"^[^\x00-\x1f\x7f]+$")]  # no control characters (logs)
 
 
 class _Body(BaseModel):
@@ -119,6 +128,7 @@ class Exec(_Body):
     cpu: Demand = 1
     elastic: bool = False
     timeout: Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)] = 60.0
+    kind: Name | None = None  # the caller's name for the action (keys shared estimates)
 
     @field_validator("command")
     @classmethod
@@ -153,7 +163,7 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 409, 413, 422, 429, 503)}
+    code: {"model": ErrorOut} for code in (401, 404, 408, 409, 413, 422, 429, 503)}
 
 # -- errors ------------------------------------------------------------------------------------
 
@@ -205,6 +215,12 @@ def _queue_full(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+def _limit_reached(_: Request, exc: Exception) -> JSONResponse:
+    response = error(503, str(exc), problem="a limit of the host was reached")
+    response.headers["Retry-After"] = "1"
+    return response
+
+
 def _tangram_error(_: Request, exc: Exception) -> JSONResponse:
     closing = "shutting down" in str(exc)
     return error(503 if closing else 400, str(exc))
@@ -246,7 +262,11 @@ def _http_error(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
-def _internal(_: Request, exc: Exception) -> JSONResponse:
+def _internal(request: Request, exc: Exception) -> JSONResponse:
+    limit = out_of_files(exc)  # wherever it was met: a 503 naming the limit, not a 500
+    if limit is not None:
+        log.warning("%s %s: %s", request.method, request.url.path, limit)
+        return _limit_reached(request, limit)
     log.exception("internal error", exc_info=exc)
     return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
@@ -256,11 +276,12 @@ def _internal(_: Request, exc: Exception) -> JSONResponse:
 
 class BodyLimit:
     """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
-    declared its length or streams it chunked, and a body that stops arriving for `timeout_s`
-    with 408. Before a 413 the body is read and dropped (up to `drain` bytes), so a client
-    that sends it without waiting for `Expect: 100-continue` (urllib, requests) reads the answer
-    instead of a broken pipe. The app then reads the buffered body and, after it, the
-    connection's own messages (so it still hears a disconnect)."""
+    declared its length or streams it chunked, and a body not all in within `timeout_s` with
+    408 (one deadline for the whole body: a trickle does not extend it). Before a 413 the body
+    is read and dropped (up to `drain` bytes), so a client that sends it without waiting for
+    `Expect: 100-continue` (urllib, requests) reads the answer instead of a broken pipe. The
+    app then reads the buffered body and, after it, the connection's own messages (so it still
+    hears a disconnect)."""
 
     def __init__(self, app: ASGIApp, limit: int = MAX_BODY, timeout_s: float = BODY_TIMEOUT_S,
                  drain: int = DRAIN_BODY) -> None:
@@ -279,9 +300,10 @@ class BodyLimit:
         chunks: list[bytes] = []
         size = 0
         more = True
+        deadline = time.monotonic() + self.timeout_s
         while more:
             try:
-                message = await asyncio.wait_for(receive(), self.timeout_s)
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 await self._answer(scope, send, 408, f"the request body did not arrive within "
                                    f"{self.timeout_s:g} s", f"send it within {self.timeout_s:g} s")
@@ -385,31 +407,30 @@ def create_app(tg: Tangram, token: str | None = None, *,
             await stop()
 
     async def authorized(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer":  # SandboxFusion clients take a URL: ?token=...
-            value = request.query_params.get("token", "")
-        if not hmac.compare_digest(value.encode(), token.encode()):
+        """(`guard.TokenFirst` refuses a wrong token before the body; this says so in the
+        schema and holds where the app runs without that middleware.)"""
+        if token is not None and not guard.token_ok(request.scope, token):
             raise _Unauthorized()
 
     app = FastAPI(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
                   description="Action-level resource management for agentic RL.")
     app.add_middleware(BodyLimit)
+    app.add_middleware(guard.TokenFirst, token=token, unauthorized=_unauthorized)  # outermost
     app.state.tangram = tg
     app.state.stop = stop
     app.add_exception_handler(_Unauthorized, lambda r, e: _unauthorized())
     app.add_exception_handler(ValidationError, _validation_error)
     app.add_exception_handler(Infeasible, _infeasible)
     app.add_exception_handler(QueueFull, _queue_full)
+    app.add_exception_handler(LimitReached, _limit_reached)
     app.add_exception_handler(TangramError, _tangram_error)
     app.add_exception_handler(RequestValidationError, _request_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal)
     guarded = [Depends(authorized)]
     app.include_router(sandboxfusion.router, dependencies=guarded, responses=ERRORS)
-    redact_tokens(logging.getLogger("uvicorn.access"))
+    for name in ("uvicorn.access", "uvicorn.error", log.name):
+        guard.redact_tokens(logging.getLogger(name), token)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, bool]:
@@ -431,7 +452,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
         command = body.command if isinstance(body.command, str) else list(body.command)
         return await _unless_disconnected(request, tg.exec(
             env_id, command, cpu=demand_arg(body.cpu), elastic=body.elastic,
-            timeout=body.timeout))
+            timeout=body.timeout, kind=body.kind))
 
     @app.post("/v1/services/{name}/invoke", dependencies=guarded, response_model=None,
               responses={200: {"model": Result}, **ERRORS})
@@ -460,26 +481,7 @@ class _Unauthorized(Exception):
     pass
 
 
-_TOKEN = re.compile(r"([?&]token=)[^&\s]*")
-
-
-class RedactTokens(logging.Filter):
-    """Shows a `token=` query parameter as `token=***` in every argument of a log record
-    (uvicorn's access log puts the request's path and query in one)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_TOKEN.sub(r"\1***", a) if isinstance(a, str) else a
-                                for a in record.args)
-        if isinstance(record.msg, str):
-            record.msg = _TOKEN.sub(r"\1***", record.msg)
-        return True
-
-
-def redact_tokens(logger: logging.Logger) -> None:
-    """Install `RedactTokens` on `logger` (once)."""
-    if not any(isinstance(f, RedactTokens) for f in logger.filters):
-        logger.addFilter(RedactTokens())
+RedactTokens = guard.RedactTokens  # where earlier code imported it from
 
 
 def _unauthorized() -> JSONResponse:
@@ -507,12 +509,16 @@ class DrainingServer(uvicorn.Server):
 
 @contextlib.contextmanager
 def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                    startup_timeout: float = 30.0) -> Iterator[str]:
+                    startup_timeout: float = 30.0, limits: guard.Limits | None = None
+                    ) -> Iterator[str]:
     """Serve `app` with uvicorn in a background thread (its own event loop) until the block
     ends, then shut it down gracefully (the app's lifespan shuts the runtime down). Yields the
-    base URL; port 0 picks a free one. For tests and benchmarks."""
+    base URL; port 0 picks a free one; `limits`: the guard's (default: from this process's
+    open-file limit). For tests and benchmarks."""
+    options = guard.uvicorn_options(limits)
+    app.state.connections = options["http"].connections_book  # for tests: what the guard saw
     server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on"))
+                                           lifespan="on", **options))
     thread = threading.Thread(target=server.run, name="tangram-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
@@ -555,6 +561,8 @@ def main(argv: list[str]) -> int:
                              "to start N local nodes of C cores (sim backend)")
     ns = parser.parse_args(argv)
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    guard.raise_nofile()  # before anything opens: the connection bound is derived from it
+    guard.quiet_floods()
     if not _is_loopback(ns.host) and not ns.token and not ns.insecure:
         print(f"tangram serve: refusing to serve on {ns.host} without a token: set --token (or "
               "TANGRAM_TOKEN), or pass --insecure to accept that anyone who reaches it can run "
@@ -573,8 +581,12 @@ def _serve(ns: argparse.Namespace, tg: Tangram) -> int:
         log.warning("INSECURE: serving on %s without a token: anyone who reaches it can run "
                     "commands", ns.host)
     app = create_app(tg, ns.token or None, shutdown_deadline=ns.shutdown_deadline)
-    print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs)", file=sys.stderr)
+    limits = guard.Limits.for_this_process()
+    print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs; at most "
+          f"{limits.max_connections} connections, {limits.per_client} per client)",
+          file=sys.stderr)
     DrainingServer(uvicorn.Config(app, host=ns.host, port=ns.port,
                                   log_level=ns.log_level.lower(),
-                                  timeout_graceful_shutdown=ns.shutdown_deadline + 5)).run()
+                                  timeout_graceful_shutdown=ns.shutdown_deadline + 5,
+                                  **guard.uvicorn_options(limits))).run()
     return 0

@@ -115,8 +115,11 @@ def test_cannot_kill_the_server_or_other_processes():
             # the guard keeps a broken sandbox from killing the host: it fails the test instead
             attack = await m.execute(ExecRequest(
                 b, f"if [ -e /proc/{host.pid} ] || [ $(id -u) = 0 ]; then echo NOT ISOLATED; "
-                   f"exit 99; fi; kill -9 {os.getpid()}; kill -9 {host.pid}; kill -9 $PPID; "
-                   f"pkill -9 sleep; kill -9 -1; echo still here"))
+                   f"exit 99; fi; kill -9 {os.getpid()}; kill -9 {host.pid}; "
+                   f"pkill -9 sleep; echo still here"))
+            # everything it may signal: its own processes only (its parent, the seccomp
+            # loader that carries its output, too: so this one's output is its own loss)
+            await m.execute(ExecRequest(b, "kill -9 -1"))
             return attack, await other
         finally:
             await m.close()
@@ -150,9 +153,9 @@ def test_cannot_leave_its_cgroup_or_gain_privileges():
     assert o.stdout.splitlines()[-1] != "0"  # not root inside
     assert o.stderr.count("cannot create") == 2  # no cgroup files at all
     assert "must be superuser" in o.stdout  # no mounts
-    # a user namespace of its own makes it "root" there, and still gets it nothing
-    assert "shadow: Permission denied" in o.stdout and "root:" not in o.stdout
-    assert o.stdout.count("mount:") >= 3  # neither cgroup filesystem mounts
+    # no user namespace of its own (the seccomp filter refuses unshare), so no mounts there
+    assert "unshare failed: Operation not permitted" in o.stdout and "root:" not in o.stdout
+    assert o.stdout.count("mount:") >= 1
 
 
 def test_setsid_does_not_outlive_its_exec(procs_with):

@@ -159,7 +159,9 @@ def test_known_language_without_a_runner_is_a_sandbox_error(client):
 
 
 def test_multi_turn_in_a_named_environment(client):
-    env = client.post("/v1/envs", json={"trajectory": "sf-multi", "memory_mb": 64}).json()
+    bearer = {"authorization": f"Bearer {TOKEN}"}  # query tokens count on /run_code only
+    env = client.post("/v1/envs", json={"trajectory": "sf-multi", "memory_mb": 64},
+                      headers=bearer).json()
     env_id = env["env_id"]
     try:
         run(client, language="python", code="open('state', 'w').write('41')", env_id=env_id)
@@ -167,7 +169,7 @@ def test_multi_turn_in_a_named_environment(client):
                 env_id=env_id)
         assert d["run_result"]["stdout"] == "42\n" and d["tangram"]["env_id"] == env_id
     finally:
-        assert client.delete(f"/v1/envs/{env_id}").status_code == 200
+        assert client.delete(f"/v1/envs/{env_id}", headers=bearer).status_code == 200
     r = client.post("/run_code", json={"code": "1", "language": "python", "env_id": env_id})
     assert r.status_code == 404 and r.json()["field"] == "env_id"
 

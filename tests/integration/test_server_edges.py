@@ -54,8 +54,8 @@ def test_a_json_syntax_error_names_the_body_not_an_offset(url: str):
 def test_a_half_sent_body_times_out_with_408():
     tg = Tangram(cpu=CpuManager(SimBackend()))
     app = create_app(tg)
-    app.user_middleware[0].kwargs["timeout_s"] = 0.5  # BodyLimit is the app's only middleware
-    assert app.user_middleware[0].cls is BodyLimit
+    (limit,) = [m for m in app.user_middleware if m.cls is BodyLimit]
+    limit.kwargs["timeout_s"] = 0.5
     with serve_in_thread(app) as u:
         host, port = u.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:

@@ -27,10 +27,10 @@ from evaluation.workloads import get_workload
 from evaluation.workloads.base import Step, Trajectory, Workload
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from managers.cpu.request import exec_kind
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
+from tangram.profiles import exec_kind
 from tangram.runtime.config import DEFAULT_POLICY
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
@@ -109,10 +109,10 @@ def on_simulator(trajs, nodes: int, cores: int, policy: str):
                 act = Action(aid, {"cpu": cpu_},
                              elasticity=Elasticity("cpu", t, lambda m: 1 / (m * (
                                  SERIAL + (1 - SERIAL) / m))),
-                             trajectory=tid, kind=exec_kind(cmd), timeout=TIMEOUT)
+                             trajectory=tid, kind=exec_kind(tid, cmd), timeout=TIMEOUT)
             else:
                 act = Action(aid, {"cpu": cpu_}, duration=t, trajectory=tid,
-                             kind=exec_kind(cmd), timeout=TIMEOUT)
+                             kind=exec_kind(tid, cmd), timeout=TIMEOUT)
             ss.append(Step(think, act))
         out.append(Trajectory(tid, "t", start, tuple(ss)))
 

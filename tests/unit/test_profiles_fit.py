@@ -48,5 +48,5 @@ def test_profiles_feed_the_fit_from_fixed_and_elastic_runs():
     prof.observe(Action("a", {"cpu": [1, 2]}, elasticity=el, kind="exec:pytest"), {"cpu": 2}, 6)
     prof.observe(Action("b", {"cpu": 1}, kind="exec:pytest"), {"cpu": 1}, 8.0)
     prof.observe(Action("c", {"cpu": 1}, kind="other"), {"cpu": 1}, 1.0)
-    assert fit.obs == [(2, 6.0), (1, 8.0)]
+    assert list(fit.obs) == [(2, 6.0), (1, 8.0)]
     assert prof.speedup("exec:pytest", 0.5, 1.0) is fit

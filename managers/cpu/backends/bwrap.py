@@ -4,16 +4,20 @@ Each environment has one long-lived sandbox: `bwrap` (as root, so it can mount w
 sees) holding the namespaces below with an idle `sleep` (the holder, in a cgroup slot of its own
 inside the environment's cgroup). What an exec runs: the cgroup backend's joining shell (as
 root, it moves itself into the exec's slot cgroup: cpuset, quota, and the environment's memory
-and pids limits), which `exec`s `nsenter` into the holder's namespaces (named by file
-descriptors this backend holds open, so a recycled PID can never redirect it), which runs
-`setpriv` to become the environment's own unprivileged uid (`uid_base` + a slot number, never 0)
-with every capability set cleared (the bounding set too) and `no_new_privs` set, which `exec`s
-the command. Entering costs a few milliseconds where building a sandbox per exec costs ~15.
+and pids limits), which `exec`s `nsenter` into the holder's namespaces (through a descriptor of
+the holder's /proc directory opened per exec and checked against its start time, so a recycled
+PID can never redirect it, and the server holds no descriptor per environment: `holder`), which
+runs `setpriv` to become the environment's own unprivileged uid (never reused, never another
+server's: `managers.cpu.uids`) with every capability set cleared (the bounding set too) and
+`no_new_privs` set, which runs the seccomp loader (`managers.cpu.seccomp`: it loads the filter,
+then runs the command with its output capped inside the sandbox), which `exec`s the command.
+Entering costs a few milliseconds where building a sandbox per exec costs ~15.
 The fast path (default, `spawner=True`, where the server's Python is visible inside): the
 holder is a resident spawner (`spawner.py`) that starts each command in the exec's slot from
 inside the sandbox, with the same uid, capabilities and `no_new_privs` as `setpriv` gives, and
-the nsenter path above stays as the reference. A holder (or spawner) that died is restarted
-before the next exec. Inside:
+through the same seccomp loader (the holder itself runs under the filter too); the nsenter path
+above stays as the reference. A holder (or spawner) that died is restarted before the next exec.
+Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
   the `/bin`, `/lib*`, `/sbin` links, the server's Python installation so `sys.executable` runs,
@@ -28,9 +32,10 @@ before the next exec. Inside:
 Each environment has its own host uid and its work directory is mode 0700, owned by it, so an
 environment cannot read another's files even where it could name them. There is no user
 namespace around the command (bwrap would then resolve mounts as that uid, and the server's
-Python often lives under a folder only root may enter); a command may create one of its own, as
-any unprivileged user may, which gives it no access to anything its uid lacks. The price is the
-namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
+Python often lives under a folder only root may enter), and the seccomp filter refuses the
+command one of its own. bwrap reads its arguments from a descriptor (`--args`), so the
+sandbox's init shows no host path in /proc/1/cmdline; `/dev/shm` is a private tmpfs. The price
+is the namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import contextlib
 import json
 import os
 import select
+import shlex
 import shutil
 import socket
 import subprocess
@@ -47,25 +53,30 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
+from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
+from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
+from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
-DEFAULT_UID_BASE = 2_000_000  # far above the host's users and the usual subuid ranges
 INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
 INSIDE_SUPPORT = "/opt/tangram"
 ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
 NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup")
-NSENTER_FLAG = {"mnt": "--mount", "pid": "--pid", "net": "--net", "ipc": "--ipc", "uts": "--uts",
-                "cgroup": "--cgroup"}
 HOLDER_START_S = 10.0
+HOLDER_SCRIPT = "echo ready; exec sleep infinity"
+HOLDER_LAUNCHER = "start-spawner.sh"  # in the support folder: see `_install_launcher`
 SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+# runs the seccomp loader inside (always visible: /usr is bound); else the server's own
+LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
 def server_python() -> tuple[str, ...]:
@@ -117,10 +128,12 @@ def _drop_to(uid: int) -> list[str]:
 
 @dataclass(slots=True)
 class _Holder:
-    """An environment's long-lived sandbox: the bwrap process and its namespaces, held open."""
+    """An environment's long-lived sandbox: the bwrap process and its init (by PID and start
+    time), whose namespaces each exec enters."""
 
     proc: subprocess.Popen
-    fds: dict[str, int]  # namespace -> an open fd of /proc/<sandbox init>/ns/<namespace>
+    pid: int  # the sandbox's init, whose namespaces each exec enters (see `holder`)
+    started: int  # its start time: a recycled PID never passes for it
     slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
     spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
 
@@ -138,10 +151,6 @@ class _Holder:
             self.proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(5)
-        for fd in self.fds.values():
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self.fds.clear()
 
 
 class BwrapBackend(CgroupBackend):
@@ -169,7 +178,10 @@ class BwrapBackend(CgroupBackend):
             raise BackendUnavailable(why)
         super().__init__(parent, pids_max)
         self.uid_base = uid_base
+        self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
         self._uids: dict[str, int] = {}
+        self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
+        self._entering_cap = 0  # and its output cap
         self._holders: dict[str, _Holder] = {}
         self._system = _system_binds(())
         self._extra = _extra_binds(tuple(ro_paths))
@@ -181,7 +193,7 @@ class BwrapBackend(CgroupBackend):
 
     @classmethod
     def probe(cls) -> str | None:
-        why = CgroupBackend.probe()
+        why = CgroupBackend.probe() or seccomp.unavailable()
         if why is not None:
             return why
         missing = [t for t in ("bwrap", "setpriv") if shutil.which(t) is None]
@@ -206,9 +218,11 @@ class BwrapBackend(CgroupBackend):
 
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         await super().open(env, cores)
-        taken = set(self._uids.values())
-        uid = next(self.uid_base + i for i in range(len(taken) + 1)
-                   if self.uid_base + i not in taken)
+        try:
+            uid = self._uid_source.take()  # never an earlier environment's, never another's
+        except BaseException:
+            await super().close(env)
+            raise
         try:
             os.chown(env.workdir, uid, uid)
             os.chmod(env.workdir, 0o700)
@@ -220,6 +234,7 @@ class BwrapBackend(CgroupBackend):
         try:
             if self._spawner and not self._spawner_installed:
                 fast.install(self.support)
+                self._install_launcher()
                 self._spawner_installed = True
             slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
             self._confine(slot, cores)
@@ -243,40 +258,72 @@ class BwrapBackend(CgroupBackend):
         holder.spawner = fast.Spawner(ours) if ours is not None else None
         self._holders[env.id] = holder
 
+    def _ensure_bases(self) -> None:
+        fresh = not self._made_bases
+        super()._ensure_bases()
+        if fresh:
+            self._filter, native = seccomp.install(self.support)
+            self._loader = ((f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",) if native else
+                            (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}"))
+
+    def _install_launcher(self) -> None:
+        """The spawner's start inside: a script in the support folder, so the sandbox's init
+        (bwrap's argv) names no host path. $1 is the uid, $2 the spawner's socket."""
+        drop = " ".join(_drop_to(0)).replace("=0", '="$1"')  # --reuid="$1" --regid="$1"
+        script = self.support / HOLDER_LAUNCHER
+        script.write_text(f'exec {drop} {shlex.quote(sys.executable)} -I -S '
+                          f'{INSIDE_SUPPORT}/{fast.INSIDE_NAME} "$2" {INSIDE_WORK}\n')
+        script.chmod(0o644)
+
     def _spawn_holder(self, env: Environment, slot: Slot
                       ) -> tuple[subprocess.Popen, int, socket.socket | None]:
-        info_r, info_w = os.pipe()
+        fds: list[int] = []
+        info_r = -1
         ours = theirs = None
-        if self._spawner:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            payload = (*_drop_to(self._uids[env.id]), sys.executable, "-I", "-S",
-                       f"{INSIDE_SUPPORT}/{fast.INSIDE_NAME}", str(theirs.fileno()), INSIDE_WORK)
-            # only what setpriv needs to drop to the uid and clear every set, itself included
-            caps = ["--cap-drop", "ALL", *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c))]
-        else:
-            payload = ("sh", "-c", "echo ready; exec sleep infinity")
-            caps = ["--cap-drop", "ALL"]
-        sandbox = (self._bwrap, *ISOLATE, *([] if env.network else ["--unshare-net"]),
-                   "--hostname", "tangram", "--die-with-parent", *caps,
-                   "--info-fd", str(info_w),
-                   *self._system, "--proc", "/proc", "--dev", "/dev",
-                   "--perms", "1777", "--tmpfs", "/tmp",
-                   "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                   "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra, "--chdir", "/",
-                   "--", *payload)
-        passed = (info_w,) if theirs is None else (info_w, theirs.fileno())
         try:
-            proc = subprocess.Popen(joined(slot.join, sandbox), cwd="/", env={"PATH": SAFE_PATH},
+            info_r, info_w = os.pipe()
+            fds += [info_w]
+            filter_fd = hold.data_fd(self._filter.read_bytes())
+            fds.append(filter_fd)
+            if self._spawner:
+                ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                # a script inside starts it, so the sandbox's init shows no host path
+                payload = ("/bin/sh", f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
+                           str(self._uids[env.id]), str(theirs.fileno()))
+                # only what setpriv needs to drop to the uid and clear every set, itself included
+                caps = ["--cap-drop", "ALL",
+                        *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c))]
+            else:
+                payload = ("sh", "-c", HOLDER_SCRIPT)
+                caps = ["--cap-drop", "ALL"]
+            sandbox = [*ISOLATE, *([] if env.network else ["--unshare-net"]),
+                       "--hostname", "tangram", "--die-with-parent", *caps,
+                       "--info-fd", str(info_w), "--seccomp", str(filter_fd),
+                       *self._system, "--proc", "/proc", "--dev", "/dev",
+                       "--perms", "1777", "--tmpfs", "/dev/shm",  # private, charged to the env
+                       "--perms", "1777", "--tmpfs", "/tmp",
+                       "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
+                       "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra,
+                       "--chdir", "/"]
+            args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
+            fds.append(args)
+            passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
+            proc = subprocess.Popen(joined(slot.join, (self._bwrap, "--args", str(args), "--",
+                                                       *payload)),
+                                    cwd="/", env={"PATH": SAFE_PATH},
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, pass_fds=passed,
                                     start_new_session=True)
-        except OSError:
-            os.close(info_r)
+        except OSError as exc:
+            if info_r >= 0:
+                os.close(info_r)
             if ours is not None:
                 ours.close()
+            raise_if_out_of_files(exc)
             raise
         finally:
-            os.close(info_w)
+            for fd in fds:
+                os.close(fd)
             if theirs is not None:
                 theirs.close()
         return proc, info_r, ours
@@ -293,7 +340,9 @@ class BwrapBackend(CgroupBackend):
             ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
             if not ready or proc.stdout.readline() != b"ready\n":
                 raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
-            fds = {ns: os.open(f"/proc/{pid}/ns/{ns}", os.O_RDONLY) for ns in NAMESPACES}
+            started = hold.start_time(pid)
+            if started is None:
+                raise OSError("the sandbox's init exited")
         except (ValueError, KeyError, OSError) as exc:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -306,7 +355,7 @@ class BwrapBackend(CgroupBackend):
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
                     stream.close()
-        return _Holder(proc, fds, slot)
+        return _Holder(proc, pid, started, slot)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
@@ -318,30 +367,48 @@ class BwrapBackend(CgroupBackend):
                 await self._start_holder(env, holder.slot)
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
+        self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
 
     async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
-                   command: Command, timeout: float, output_cap: int, elastic: bool) -> Result:
+                   command: Command, timeout: float, output_cap: int, elastic: bool,
+                   fds: tuple[int, ...] = ()) -> Result:
         holder = self._holders.get(env.id)
         if holder is None or holder.spawner is None:
-            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic)
+            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic,
+                                      fds)
         leaf = slot.folders["cpu"]
-        return await holder.spawner.run(argv_of(command), env=self._environ(env, cores, elastic),
+        # the same loader as the nsenter path: the filter again, and output capped inside
+        argv = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(output_cap),
+                *argv_of(command))
+        return await holder.spawner.run(argv, env=self._environ(env, cores, elastic),
                                         cgroups=slot.procs, home=holder.slot.procs,
                                         timeout=timeout, output_cap=output_cap,
                                         kill_rest=lambda: fs.kill_all(leaf))
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
+        """Open the holder's /proc directory for this exec (closed in `_fds_done`); `_launch`,
+        called right after with no await between, names it."""
         holder = self._holders.get(env.id)
-        return tuple(holder.fds.values()) if holder is not None else ()
+        if holder is not None and holder.spawner is not None:  # the spawner enters nothing
+            self._entering = None
+            return ()
+        self._entering = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        return () if self._entering is None else (self._entering,)
+
+    def _fds_done(self, fds: tuple[int, ...]) -> None:
+        for fd in fds:
+            hold.close_quietly(fd)
 
     def _launch(self, env: Environment, join: str, command: Command) -> list[str]:
-        holder = self._holders.get(env.id)
-        if holder is None or not holder.fds:
+        dirfd, self._entering = self._entering, None
+        if dirfd is None:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        enter = [f"{NSENTER_FLAG[ns]}=/proc/self/fd/{fd}" for ns, fd in holder.fds.items()]
-        return joined(join, ("nsenter", *enter, f"--wdns={INSIDE_WORK}", "--",
-                             *_drop_to(self._uids[env.id]), *argv_of(command)))
+        loader = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}",
+                  str(self._entering_cap))
+        return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
+                             f"--wdns={INSIDE_WORK}", "--", *_drop_to(self._uids[env.id]),
+                             *loader, *argv_of(command)))
 
     def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
         return command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
@@ -349,15 +416,17 @@ class BwrapBackend(CgroupBackend):
 
     async def close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)
-        await super().close(env)  # kills everything in its cgroups, the holder too
-        if holder is not None:
-            await asyncio.to_thread(holder.release)
-        self._uids.pop(env.id, None)
+        try:
+            await super().close(env)  # kills everything in its cgroups, the holder too
+        finally:
+            if holder is not None:
+                await asyncio.to_thread(holder.release)
+            self._uids.pop(env.id, None)  # never handed out again (see `uids`)
 
     async def shutdown(self) -> None:
-        for holder in self._holders.values():
-            holder.release()
+        holders = list(self._holders.values())
         self._holders.clear()
+        await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
         await super().shutdown()
 
 

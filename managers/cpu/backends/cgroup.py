@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import shutil
 import tempfile
 import uuid
 import weakref
@@ -35,6 +34,7 @@ from managers.cpu.backends.process import run_local
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
+from managers.cpu.removal import remove_tree, remove_tree_async
 from managers.cpu.request import Command
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
@@ -213,8 +213,11 @@ class CgroupBackend(Backend):
                            plugin_dir=str(self.support))
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
-        """File descriptors the exec's launcher needs open (none here)."""
+        """File descriptors the exec's launcher needs open (none here), opened per exec."""
         return ()
+
+    def _fds_done(self, fds: tuple[int, ...]) -> None:
+        """Close what `_fds` opened, once the exec is over."""
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
@@ -231,9 +234,13 @@ class CgroupBackend(Backend):
         leaf = slot.folders["cpu"]
         ooms = fs.oom_kills(self.h.version, e.folders["memory"])
         forks = self._pids_refused(e)
+        fds: tuple[int, ...] = ()
         try:
-            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic)
+            fds = self._fds(env)  # before `_run`, whose `_launch` may name them
+            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic,
+                                      fds)
         finally:
+            self._fds_done(fds)
             e.free.append(slot)
         if self._envs.get(env.id) is not e:
             return dataclasses.replace(outcome, status="cancelled", detail=(
@@ -244,13 +251,15 @@ class CgroupBackend(Backend):
         return self._named_limits(env, e, outcome, ooms, forks)
 
     async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
-                   command: Command, timeout: float, output_cap: int, elastic: bool) -> Result:
-        """Run one command in `slot` (joined before it starts), its leftovers killed."""
+                   command: Command, timeout: float, output_cap: int, elastic: bool,
+                   fds: tuple[int, ...] = ()) -> Result:
+        """Run one command in `slot` (joined before it starts), its leftovers killed; `fds`
+        (from `_fds`) are passed to it."""
         leaf = slot.folders["cpu"]
         return await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
                                env=self._environ(env, cores, elastic), timeout=timeout,
                                output_cap=output_cap, kill_rest=lambda: fs.kill_all(leaf),
-                               pass_fds=self._fds(env))
+                               pass_fds=fds)
 
     def _pids_refused(self, e: _Env) -> int:
         """How often the environment's pids limit refused a fork so far."""
@@ -298,10 +307,17 @@ class CgroupBackend(Backend):
     # -- teardown ------------------------------------------------------------------------------
 
     async def close(self, env: Environment) -> None:
+        """Kill and remove the cgroups, then the work folder (in a thread: a hostile tree
+        takes long). What cannot be removed is logged and left to the next server's sweep;
+        the rest is released whatever happens."""
         self._envs.pop(env.id, None)
-        await asyncio.to_thread(self._remove, self._env_folders(env.id))
-        shutil.rmtree(env.workdir, ignore_errors=True)
-        self._workdirs.discard(env.workdir)
+        try:
+            await asyncio.to_thread(self._remove, self._env_folders(env.id))
+        finally:
+            left = await remove_tree_async(env.workdir)
+            self._workdirs.discard(env.workdir)
+            if left:
+                log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def _remove(self, folders: dict[str, Path]) -> None:
         for top in dict.fromkeys(folders.values()):
@@ -320,8 +336,10 @@ def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
     for base in bases:
         if base.is_dir():
             fs.remove_tree(base)
-    for w in workdirs:
-        shutil.rmtree(w, ignore_errors=True)
+    for w in list(workdirs):
+        left = remove_tree(w)
+        if left:
+            log.warning("could not remove %s", "; ".join(left))
 
 
 def joined(join: str, command: Command) -> list[str]:

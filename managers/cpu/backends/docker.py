@@ -8,7 +8,8 @@ the processes left in the container's cgroup (all but its init) are killed from 
 A container that died makes every later exec fail with `EnvironmentBroken`.
 
 Hardened like the `bwrap` sandbox: every capability dropped, `no-new-privileges`, a pids limit
-(`pids_max`), a non-root user (`user`, default nobody), no network unless the environment was
+(`pids_max`), a non-root user (`user`; by default a uid of its own per environment, from the
+host-wide ranges of `managers.cpu.uids`, never reused), no network unless the environment was
 opened with `network=True`, a read-only root filesystem with a private `/tmp` (tmpfs) and the
 environment's work directory (a host folder, mode 0700, owned by that user) bound writable at
 `/work`; memory without swap. Commands see only `grant.command_env`. Containers carry the
@@ -21,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import logging
 import os
 import shutil
 import signal
@@ -32,18 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
+from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import Command, argv_of
+from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
+log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
-DEFAULT_USER = 65534  # nobody
 KILL_GRACE_S = 5.0
 LABEL = "tangram.backend"
 OWNER = "tangram.server"  # label: <host name>/<server pid>, for the sweep after a crash
@@ -67,11 +72,12 @@ class DockerBackend(Backend):
 
     def __init__(self, image: str | None = None, base_url: str | None = None,
                  max_concurrent: int = 64, direct: bool = True,
-                 pids_max: int = DEFAULT_PIDS_MAX, user: int = DEFAULT_USER) -> None:
+                 pids_max: int = DEFAULT_PIDS_MAX, user: int | None = None) -> None:
         """`direct`: when the engine is local and we are root, write the container's cgroup
         files (cpuset, quota) instead of calling `container.update` (same effect, ~1000x
         cheaper); otherwise every change goes through the API. `pids_max`: processes per
-        environment; `user`: the uid (and gid) commands run as, never 0. The engine must be
+        environment; `user`: the uid (and gid) commands of every environment run as, never 0
+        (default: one of its own per environment, shared with nothing). The engine must be
         local: the work directory is a host folder bound into the container."""
         import docker  # type: ignore[import-untyped]
         from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
@@ -79,9 +85,11 @@ class DockerBackend(Backend):
         if isinstance(pids_max, bool) or not isinstance(pids_max, int) or pids_max < 1:
             raise ValidationError("cpu.pids_max", pids_max,
                                   "must be a positive integer (processes per environment)")
-        if isinstance(user, bool) or not isinstance(user, int) or user < 1:
+        if user is not None and (isinstance(user, bool) or not isinstance(user, int)
+                                 or user < 1):
             raise ValidationError("cpu.user", user, "must be a positive uid (never root)")
         self.pids_max, self.user = pids_max, user
+        self._uid_source = UidAllocator(DEFAULT_UID_BASE)
 
         self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
         where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
@@ -141,24 +149,26 @@ class DockerBackend(Backend):
                     swept.append(f"container {c.name} (server pid {pid})")
         return swept + sweep_workdirs(self.support.parent)
 
-    def _workdir(self, env: Environment) -> None:
+    def _workdir(self, env: Environment, uid: int) -> None:
         install_plugin(self.support)
         os.makedirs(env.workdir, mode=0o700, exist_ok=True)
-        os.chown(env.workdir, self.user, self.user)
+        os.chown(env.workdir, uid, uid)
         os.chmod(env.workdir, 0o700)
 
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         from docker.errors import DockerException
 
         cpus = fs.cpulist(cores)
+        uid = self.user if self.user is not None else self._uid_source.take()
         try:
-            self._workdir(env)
+            self._workdir(env, uid)
             c = await self._call(
                 self.client.containers.run, self.image, ["sleep", "1000000000"], detach=True,
                 name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
                                                  OWNER: self.owner},
-                network_mode=None if env.network else "none", user=f"{self.user}:{self.user}",
-                cap_drop=["ALL"], security_opt=["no-new-privileges"], pids_limit=self.pids_max,
+                network_mode=None if env.network else "none", user=f"{uid}:{uid}",
+                cap_drop=["ALL"], pids_limit=self.pids_max,
+                security_opt=["no-new-privileges", f"seccomp={seccomp.docker_profile()}"],
                 read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777"},
                 volumes={env.workdir: {"bind": INSIDE_WORK, "mode": "rw"},
                          str(self.support): {"bind": INSIDE_SUPPORT, "mode": "ro"}},
@@ -299,7 +309,9 @@ class DockerBackend(Backend):
         if c is not None:
             with contextlib.suppress(NotFound):
                 await self._call(self.api.remove_container, c.id, force=True)
-        shutil.rmtree(env.workdir, ignore_errors=True)
+        left = await remove_tree_async(env.workdir)
+        if left:
+            log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def containers(self) -> list[str]:
         """Names of the containers this backend has created and not removed (leak checks)."""
@@ -315,7 +327,7 @@ class DockerBackend(Backend):
                 await self._call(self.api.remove_container, c.id, force=True)
         self._pool.shutdown(wait=False)
         self.client.close()
-        shutil.rmtree(self.support, ignore_errors=True)
+        await remove_tree_async(self.support)
 
 
 def _descendants(pid: int) -> list[int]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 
 from managers.cpu.backends.base import not_found, outcome_of
+from managers.cpu.backends.limits import raise_if_out_of_files
 from tangram.results import Result
 
 READ_CHUNK = 1 << 16
@@ -117,6 +118,11 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
         if kill_rest is not None:
             kill_rest()
         return not_found(argv[0], exc)
+    except OSError as exc:  # out of descriptors: a 503 naming the limit, not a 500
+        if kill_rest is not None:
+            kill_rest()
+        raise_if_out_of_files(exc)
+        raise
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
     proc.stdout.close()

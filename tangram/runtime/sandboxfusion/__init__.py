@@ -142,6 +142,17 @@ class RunCodeRequest(BaseModel):
     env_id: str | None = Field(None, max_length=256, description="run in this open environment "
                                "(multi-turn) instead of a fresh one, which is not closed")
 
+    @field_validator("code", "stdin")
+    @classmethod
+    def _unicode(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"must be valid Unicode (a lone surrogate at character "
+                                 f"{exc.start})") from None
+        return v
+
     @field_validator("memory_limit_MB")
     @classmethod
     def _memory(cls, v: int) -> int:
@@ -380,7 +391,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
     resp = RunCodeResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
     if plan.compile is not None:
         r = await tg.exec(env, staged(files, f"{guard}{plan.compile} < /dev/null"), cpu=1,
-                          timeout=req.compile_timeout)
+                          timeout=req.compile_timeout, kind=f"run_code:{req.language}:compile")
         resp.tangram.steps.append(_grant("compile", r))
         resp.compile_result = command_result(r)
         files, guard = {}, ""
@@ -391,13 +402,15 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
         elastic = req.language == "pytest" and req.is_elastic()
         workers = _WORKERS if elastic else "workers=; "
         r = await tg.exec(env, staged(files, f"{guard}{workers}exec {plan.run} {stdin}"),
-                          cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout)
+                          cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout,
+                          kind=f"run_code:{req.language}")
         resp.tangram.steps.append(_grant("run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
         paths = [_sandbox_path(p) for p in req.fetch_files]
         r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
-                          cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP)
+                          cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP,
+                          kind="run_code:fetch")
         resp.tangram.steps.append(_grant("fetch", r))
         resp.files = {req.fetch_files[paths.index(p)]: data
                       for p, data in fetched(paths, r.stdout).items()}
@@ -435,7 +448,8 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
                  if c is not None and IGNORED_FILE not in p}
         files.update(jupyter.driver_files(req))
         r = await tg.exec(env, staged(files, jupyter.driver_command()), cpu=1,
-                          timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP)
+                          timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP,
+                          kind="run_jupyter")
         resp = RunJupyterResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
         resp.tangram.steps.append(_grant("jupyter", r))
         cells, timed_out, stdout = jupyter.parse(r)
@@ -455,7 +469,8 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
         if req.fetch_files:
             paths = [_sandbox_path(p) for p in req.fetch_files]
             f = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
-                              cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP)
+                              cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP,
+                              kind="run_jupyter:fetch")
             resp.files = {req.fetch_files[paths.index(p)]: data
                           for p, data in fetched(paths, f.stdout).items()}
         return resp
