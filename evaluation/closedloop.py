@@ -76,6 +76,7 @@ class Policy:
     lifecycle: Lifecycle = field(default_factory=EnvironmentStart)
     executors: Callable[[Workload], dict[str, SimExecutor]] | None = None
     scoped: bool = False  # `Scheduler(scoped=True)`: decide only what an event touched
+    make_scheduler: Callable[..., Scheduler] = Scheduler  # or one with `Scheduler`'s methods
 
 
 @dataclass
@@ -156,8 +157,8 @@ class ClosedLoopSimulator:
         for ex in self.executors.values():
             prefer = getattr(ex, "prefer", prefer)
             defer = getattr(ex, "defer", defer)
-        self.scheduler = Scheduler(pools, policy.allocator, prefer=prefer, defer=defer,
-                                   scoped=policy.scoped)
+        self.scheduler = policy.make_scheduler(pools, policy.allocator, prefer=prefer,
+                                               defer=defer, scoped=policy.scoped)
         self.core_pools = {r for r, p in pools.items() if isinstance(p, CorePool)}
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)
