@@ -32,6 +32,7 @@ import gc
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -39,11 +40,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from tangram.actions import Action
+import numpy as np
+
+from tangram.actions import Action, Elasticity
 from tangram.allocation import Allocator, Assignment, RunningAction
 from tangram.errors import Infeasible, InvariantError, QueueFull, TangramError, ValidationError
-from tangram.pools import CorePool, Pool
+from tangram.pools import CorePool, Placement, Pool
 from tangram.profiles import DurationProfiles
+from tangram.resources import Demand
 from tangram.scheduler import DEFAULT_MAX_QUEUE, Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
 
@@ -51,16 +55,63 @@ log = logging.getLogger("tangram.shards")
 
 
 
+# -- the wire: actions go to shards, grants come back, pickled. The reducers below send what a
+# value is made of and rebuild it without the dataclass machinery (`fields()` on every object)
+# and without validating again what the router validated.
+_ACTION_FIELDS = ("id", "elasticity", "duration", "trajectory", "task", "kind", "service",
+                  "payload", "submit_time", "options")
+
+
 def _read_only(d: dict) -> MappingProxyType:
     return MappingProxyType(d)
 
 
-# an elasticity table is a read-only mapping; actions cross the pipe pickled
+def _action(demands: dict, mins: dict, values: tuple) -> Action:
+    a = object.__new__(Action)
+    put = object.__setattr__
+    put(a, "demands", MappingProxyType(demands))
+    put(a, "mins", MappingProxyType(mins))
+    for name, v in zip(_ACTION_FIELDS, values):
+        put(a, name, v)
+    options = a.options
+    put(a, "option_arrays", (np.array([m for m, _ in options], dtype=np.int64),
+                             np.array([d for _, d in options], dtype=np.float64))
+        if options else None)
+    return a
+
+
+def _reduce_action(a: Action):
+    return _action, (dict(a.demands), dict(a.mins),
+                     tuple(getattr(a, name) for name in _ACTION_FIELDS))
+
+
+def _elasticity(key: str, t_ori: float, efficiency) -> Elasticity:
+    e = object.__new__(Elasticity)
+    object.__setattr__(e, "key", key)
+    object.__setattr__(e, "t_ori", t_ori)
+    object.__setattr__(e, "efficiency", efficiency)
+    return e
+
+
 copyreg.pickle(MappingProxyType, lambda m: (_read_only, (dict(m),)))
+copyreg.pickle(Action, _reduce_action)
+copyreg.pickle(Elasticity, lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)))
+copyreg.pickle(Demand, lambda d: (Demand, (d.amounts,)))
+copyreg.pickle(Placement, lambda p: (Placement, (p.node, p.cores, p.chunk)))
 
 _PR_SET_PDEATHSIG = 1
 TICK, STATE, STOP = "tick", "state", "stop"
 PENDING = -2  # `_where` of an action waiting for its trajectory's node
+
+
+def _send(conn, msg) -> None:
+    """Plain `pickle` (the reducers above) rather than `Connection.send`'s ForkingPickler,
+    which copies the whole dispatch table for every message."""
+    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())
 
 
 class ShardLost(TangramError):
@@ -136,7 +187,7 @@ def _shard_main(conn, parent: int, inherited: list, pools: dict[str, Pool], allo
         sched.enqueue(act)
     while True:
         try:
-            msg = conn.recv()
+            msg = _recv(conn)
         except (EOFError, OSError):
             return
         op = msg[0]
@@ -155,14 +206,14 @@ def _shard_main(conn, parent: int, inherited: list, pools: dict[str, Pool], allo
                 for act in box.arrivals:
                     sched.enqueue(act)
                 out = sched.decide(now)
-                conn.send([(a.action.id, dict(a.units), dict(a.placement)) for a in out])
+                _send(conn, [(a.action.id, dict(a.units), dict(a.placement)) for a in out])
             elif op == STATE:
-                conn.send((list(sched.queue.keys()), sorted(sched.running)))
+                _send(conn, (list(sched.queue.keys()), sorted(sched.running)))
             else:
-                conn.send(None)
+                _send(conn, None)
                 return
         except Exception as exc:  # the router names the shard and fails loudly
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            _send(conn, ("error", f"{type(exc).__name__}: {exc}"))
             return
 
 
@@ -262,7 +313,7 @@ class ShardedScheduler:
     def close(self) -> None:
         for s in self._shards:
             try:
-                s.conn.send((STOP,))
+                _send(s.conn, (STOP,))
             except OSError:
                 pass
         for s in self._shards:
@@ -417,14 +468,14 @@ class ShardedScheduler:
     def _send_tick(self, i: int, now: float) -> None:
         box, self._out[i] = self._out[i], _Outbox()
         try:
-            self._shards[i].conn.send((TICK, now, self._means_for(i), box))
+            _send(self._shards[i].conn, (TICK, now, self._means_for(i), box))
         except OSError:
             pass  # dead: `_receive` notices and recovers
 
     def _receive(self, i: int, now: float) -> list[Assignment]:
         while True:
             try:
-                reply = self._shards[i].conn.recv()
+                reply = _recv(self._shards[i].conn)
             except (EOFError, OSError):
                 reply = None
             if isinstance(reply, list):
@@ -510,8 +561,8 @@ class ShardedScheduler:
     def state(self, i: int) -> tuple[list[str], list[str]]:
         """(queued ids, running ids) as shard i itself holds them (tests)."""
         s = self._shards[i]
-        s.conn.send((STATE,))
-        return s.conn.recv()
+        _send(s.conn, (STATE,))
+        return _recv(s.conn)
 
     def _log(self, *event) -> None:
         if self.stream is not None:
