@@ -13,11 +13,12 @@ proportion), on the virtual clock, in three configurations, each in a fresh proc
 
 Only a bounded window is measured: after `--warmup` simulated seconds, `--slices` slices of
 `--window / --slices` simulated seconds each; the run stops at the window's end. Per slice:
-the scheduler's CPU seconds per simulated second (one process: this thread's CPU in `decide`;
-sharded: each shard process's own user + system CPU from /proc/PID/stat, and the router's CPU
-in `decide` apart). The window's figure is its total over its length, the spread the slices'
-range. End-to-end decision latency: wall time from an action's submission to its grant, for
-actions granted at the virtual instant they arrived (both configurations, same run).
+the scheduler's CPU seconds per simulated second (one process: this thread's CPU in the
+scheduler's `decide`, `enqueue` and `complete`; sharded: each shard process's own user + system
+CPU from /proc/PID/stat, and the router's CPU in those calls apart). The window's figure is
+its total over its length, the spread the slices' range. End-to-end decision latency: wall
+time from an action's submission to its grant, for actions granted at the virtual instant they
+arrived (both configurations, same run).
 
 Worker processes (each run, each shard) die with the bench, however it ends (PR_SET_PDEATHSIG).
 
@@ -68,7 +69,8 @@ class Slice:
     t0: float
     t1: float
     decisions: int
-    share: float  # one process: its decide CPU; sharded: the router's decide CPU
+    share: float  # one process: its scheduler CPU; sharded: the router's (decide, queueing,
+    # completions: this thread's CPU in those calls)
     shard_max: float = 0.0  # sharded: the busiest shard process's CPU per simulated second
 
 
@@ -110,18 +112,29 @@ def workload_for(name: str, batch: int):
 
 
 class _Timed:
-    """Submit-to-grant wall latency and the virtual clock, on either scheduler."""
+    """Submit-to-grant wall latency, the virtual clock, and the CPU of the scheduler's
+    bookkeeping outside `decide` (queueing an arrival, returning a completion's units), on
+    either scheduler: a shard process's CPU holds its share of that work too."""
 
     clock = 0.0
     measuring = False
+    book_cpu = 0.0
 
     def _timed_init(self) -> None:
         self._t_in: dict[str, float] = {}
         self.latency = array("d")
 
     def enqueue(self, action) -> None:
+        c0 = time.thread_time()
         self._t_in[action.id] = time.perf_counter()
         super().enqueue(action)  # type: ignore[misc]
+        self.book_cpu += time.thread_time() - c0
+
+    def complete(self, *args, **kw):
+        c0 = time.thread_time()
+        out = super().complete(*args, **kw)  # type: ignore[misc]
+        self.book_cpu += time.thread_time() - c0
+        return out
 
     def decide(self, now: float):
         self.clock = now
@@ -171,7 +184,8 @@ class _Probe:
 
     def mark(self, now: float) -> None:
         shards = self.sched.shard_cpu_s() if isinstance(self.sched, ShardedScheduler) else []
-        self.marks.append((now, self.cpu, shards, self.sched.decisions, time.perf_counter()))
+        self.marks.append((now, self.cpu + self.sched.book_cpu, shards, self.sched.decisions,
+                           time.perf_counter()))
 
 
 def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
@@ -348,9 +362,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workloads", nargs="*", choices=["coding", "mixed"],
                    help="default: coding (and mixed with --quick)")
     p.add_argument("--configs", nargs="*", default=list(LABELS), choices=LABELS)
-    p.add_argument("--nodes-per-shard", type=int, help="default 8 (1 with --quick)")
+    p.add_argument("--nodes-per-shard", type=int, help="default 4 (1 with --quick)")
     p.add_argument("--warmup", type=float, help="simulated seconds before the window "
-                   "(default 40; 10 with --quick)")
+                   "(default 60; 10 with --quick)")
     p.add_argument("--window", type=float, help="simulated seconds measured (default 60; 20 "
                    "with --quick)")
     p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
@@ -359,12 +373,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
     if ns.nodes_per_shard is None:
-        ns.nodes_per_shard = 1 if ns.quick else 8
+        ns.nodes_per_shard = 1 if ns.quick else 4
     if ns.nodes_per_shard < 1 or ns.slices < 1 or ns.jobs < 1:
         p.error("--nodes-per-shard, --slices and --jobs must be >= 1")
     sizes = ns.sizes or (QUICK if ns.quick else FULL)
     workloads = ns.workloads or (["coding", "mixed"] if ns.quick else ["coding"])
-    ns.warmup = ns.warmup if ns.warmup is not None else (10.0 if ns.quick else 40.0)
+    ns.warmup = ns.warmup if ns.warmup is not None else (10.0 if ns.quick else 60.0)
     ns.window = ns.window if ns.window is not None else (20.0 if ns.quick else 60.0)
     if ns.warmup < 0 or ns.window <= 0:
         p.error("--warmup must be >= 0 and --window > 0")

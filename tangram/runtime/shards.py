@@ -236,10 +236,11 @@ class ShardedScheduler:
         self.pools = dict(pools)
         self.allocator = allocator
         sharded = [r for r, p in self.pools.items() if isinstance(p, CorePool)]
-        if not sharded:
-            raise ValidationError("shards", shards, "no per-node core pool to shard")
         nodes = list(dict.fromkeys(n for r in sharded for n in self.pools[r].nodes()))
-        self.layout = ShardLayout.contiguous(sharded, nodes, shards)
+        # no core pool (a GPU-only cluster): everything is the global shard's
+        self.layout = (ShardLayout.contiguous(sharded, nodes, shards) if sharded
+                       else ShardLayout((), ()))
+        shards = len(self.layout.groups)
         # the global shard: every pooled resource, in this process (scoped as asked)
         self._global = Scheduler(self.pools, allocator, profiles=profiles, prefer=prefer,
                                  defer=defer, max_queue=max_queue, scoped=scoped)
