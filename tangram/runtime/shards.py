@@ -81,8 +81,14 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
 
 
 def _reduce_action(a: Action):
-    return _action, (dict(a.demands), dict(a.mins),
-                     tuple(getattr(a, name) for name in _ACTION_FIELDS))
+    values = tuple(getattr(a, name) for name in _ACTION_FIELDS)
+    el = a.elasticity
+    if el is not None and not isinstance(el.efficiency, Mapping):
+        # E(m) as a function (a learned fit's closure) goes as its table over the allowed
+        # amounts, the only ones a decision or a completion reads
+        table = MappingProxyType({m: el.e(m) for m in a.demands[el.key].amounts})
+        values = (values[0], _elasticity(el.key, el.t_ori, table)) + values[2:]
+    return _action, (dict(a.demands), dict(a.mins), values)
 
 
 def _elasticity(key: str, t_ori: float, efficiency) -> Elasticity:
@@ -112,6 +118,38 @@ def _send(conn, msg) -> None:
 
 def _recv(conn):
     return pickle.loads(conn.recv_bytes())
+
+
+class QueueView:
+    """The queued actions of every shard, read-only, as `ActionQueue` reads: in arrival order
+    per shard when iterated, by id through `keys`, `values`, `items`, `get` and `in`."""
+
+    def __init__(self, actions: dict[str, Action]) -> None:
+        self._all = actions
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __bool__(self) -> bool:
+        return bool(self._all)
+
+    def __iter__(self):
+        return iter(self._all.values())
+
+    def __contains__(self, item: object) -> bool:
+        return (self._all.get(item.id) is item) if isinstance(item, Action) else item in self._all
+
+    def get(self, action_id: str) -> Action | None:
+        return self._all.get(action_id)
+
+    def keys(self):
+        return self._all.keys()
+
+    def values(self):
+        return self._all.values()
+
+    def items(self):
+        return self._all.items()
 
 
 class ShardLost(TangramError):
@@ -332,12 +370,21 @@ class ShardedScheduler:
 
     # -- admission --------------------------------------------------------------------------------
     @property
-    def queue(self) -> tuple[Action, ...]:
+    def queue(self) -> QueueView:
         """Every queued action (the global shard's, the pending, each node shard's)."""
-        out = list(self._global.queue) + list(self._pending)
+        out = dict(self._global.queue.items())
+        out.update((a.id, a) for a in self._pending)
         for q in self._queued:
-            out.extend(q.values())
-        return tuple(out)
+            out.update(q)
+        return QueueView(out)
+
+    @property
+    def running(self) -> dict[str, RunningAction]:
+        """Every running action by id, as the router holds them."""
+        out = dict(self._global.running)
+        for r in self._running:
+            out.update(r)
+        return out
 
     def queued(self) -> int:
         return len(self._global.queue) + len(self._pending) + sum(map(len, self._queued))
@@ -360,7 +407,8 @@ class ShardedScheduler:
 
     def enqueue(self, action: Action) -> None:
         i = self.layout.route(action, self.bindings)
-        if i is None:
+        if i is None or (self._pending and i != GLOBAL):
+            # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
             self._where[action.id] = PENDING
             self._pending.append(action)
             return
@@ -441,22 +489,35 @@ class ShardedScheduler:
         return out
 
     def _place_pending(self) -> None:
-        """A trajectory's first CPU action goes to the node the pool would place it on now
-        (most free units, first in order); the first that fits nowhere waits, with every one
-        behind it (FCFS among them)."""
+        """Route the actions waiting for a node, in arrival order, as the FCFS scan would see
+        them: a trajectory's first CPU action goes to the node with the most free units that
+        holds it (not counting what the shards still queue), a bound one to its shard; the
+        first unbound one that fits nowhere blocks every one behind it, bound or not."""
         scratch = {r: self.pools[r].copy() for r in self.layout.resources}
+        blocked: dict[str, set[str]] = {}
         while self._pending:
             act = self._pending[0]
-            nodes = {}
-            for r, k in act.mins.items():
-                try:
-                    nodes[r] = scratch[r].place(k).node
-                except Infeasible:
-                    return
+            i = self.layout.route(act, self.bindings)
+            if i is not None:  # bound: its shard decides; it holds its node for those behind
+                for r, k in act.mins.items():
+                    node = self.bindings[(act.trajectory, r)]
+                    if node in blocked.get(r, ()) or scratch[r].fits(k, node) is None:
+                        blocked.setdefault(r, set()).add(node)
+                    else:
+                        scratch[r].place(k, node)
+            else:
+                nodes = {}
+                for r, k in act.mins.items():
+                    try:
+                        nodes[r] = scratch[r].place(k, None, blocked.get(r, ())).node
+                    except Infeasible:
+                        return
+                if act.trajectory is not None:  # else the shard places it on any of its nodes
+                    for r, n in nodes.items():
+                        self.bind(act.trajectory, r, n)
+                i = self.layout.shard_of(next(iter(nodes.values())))
             self._pending.popleft()
-            for r, n in nodes.items():
-                self.bind(act.trajectory, r, n)
-            self._to_shard(self.layout.shard_of(next(iter(nodes.values()))), act)
+            self._to_shard(i, act)
 
     def _means_for(self, i: int) -> dict[str, float]:
         sent = self._sent[i]
