@@ -29,6 +29,7 @@ from __future__ import annotations
 import copyreg
 import ctypes
 import gc
+import io
 import logging
 import multiprocessing
 import os
@@ -55,11 +56,13 @@ log = logging.getLogger("tangram.shards")
 
 
 
-# -- the wire: actions go to shards, grants come back, pickled. The reducers below send what a
-# value is made of and rebuild it without the dataclass machinery (`fields()` on every object)
-# and without validating again what the router validated.
+# -- the wire: actions go to shards, grants come back, pickled with the reducers below (for
+# this pipe only: other pickling of these types is untouched). They send what a value is made
+# of and rebuild it without the dataclass machinery (`fields()` on every object) and without
+# validating again what the router validated. An action's payload stays in the router: a
+# shard decides, it never runs anything.
 _ACTION_FIELDS = ("id", "elasticity", "duration", "trajectory", "task", "kind", "service",
-                  "payload", "submit_time", "options")
+                  "submit_time", "options")
 
 
 def _read_only(d: dict) -> MappingProxyType:
@@ -71,6 +74,7 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
     put = object.__setattr__
     put(a, "demands", MappingProxyType(demands))
     put(a, "mins", MappingProxyType(mins))
+    put(a, "payload", None)
     for name, v in zip(_ACTION_FIELDS, values):
         put(a, name, v)
     options = a.options
@@ -99,25 +103,33 @@ def _elasticity(key: str, t_ori: float, efficiency) -> Elasticity:
     return e
 
 
-copyreg.pickle(MappingProxyType, lambda m: (_read_only, (dict(m),)))
-copyreg.pickle(Action, _reduce_action)
-copyreg.pickle(Elasticity, lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)))
-copyreg.pickle(Demand, lambda d: (Demand, (d.amounts,)))
-copyreg.pickle(Placement, lambda p: (Placement, (p.node, p.cores, p.chunk)))
+_WIRE = {**copyreg.dispatch_table,
+         MappingProxyType: lambda m: (_read_only, (dict(m),)),
+         Action: _reduce_action,
+         Elasticity: lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)),
+         Demand: lambda d: (Demand, (d.amounts,)),
+         Placement: lambda p: (Placement, (p.node, p.cores, p.chunk))}
 
-_PR_SET_PDEATHSIG = 1
-TICK, STATE, STOP = "tick", "state", "stop"
-PENDING = -2  # `_where` of an action waiting for its trajectory's node
+
+def wire_dumps(msg: Any) -> bytes:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    p.dispatch_table = _WIRE
+    p.dump(msg)
+    return buf.getvalue()
 
 
 def _send(conn, msg) -> None:
-    """Plain `pickle` (the reducers above) rather than `Connection.send`'s ForkingPickler,
-    which copies the whole dispatch table for every message."""
-    conn.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
+    conn.send_bytes(wire_dumps(msg))
 
 
 def _recv(conn):
     return pickle.loads(conn.recv_bytes())
+
+
+_PR_SET_PDEATHSIG = 1
+TICK, STATE, STOP = "tick", "state", "stop"
+PENDING = -2  # `_where` of an action waiting for its trajectory's node
 
 
 class QueueView:
@@ -619,6 +631,12 @@ class ShardedScheduler:
             self._kind_at[ra.assignment.action.kind] = self._version
         self._log("complete", action_id, now, run_s, learn)
         return ra
+
+    def take_failed(self) -> list[tuple[str, ShardLost]]:
+        """The actions failed since the last call (a lost shard's queue), to report."""
+        out = list(self.failed.items())
+        self.failed.clear()
+        return out
 
     def state(self, i: int) -> tuple[list[str], list[str]]:
         """(queued ids, running ids) as shard i itself holds them (tests)."""

@@ -23,7 +23,8 @@ from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, CorePool
-from tangram.runtime.shards import ShardedScheduler, ShardLost
+from tangram.runtime.facade import Tangram
+from tangram.runtime.shards import ShardedScheduler, ShardLost, wire_dumps
 from tangram.scheduler import Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
 from topology import ChunkTree, CpuNode
@@ -53,10 +54,12 @@ def test_contiguous_layout_and_routes():
         ShardLayout.contiguous(["cpu"], ["n0"], 2)
 
 
-def test_actions_cross_the_pipe_whole():
-    a = Action("r", {"cpu": [1, 2, 4]}, elasticity=Elasticity("cpu", 3.0, {1: 1, 2: .9, 4: .7}),
-               trajectory="t", kind="reward", submit_time=2.5)
-    b = pickle.loads(pickle.dumps(a))
+@pytest.mark.parametrize("efficiency", [{1: 1, 2: .9, 4: .7}, lambda m: {1: 1, 2: .9, 4: .7}[m]])
+def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
+    a = Action("r", {"cpu": [1, 2, 4]}, elasticity=Elasticity("cpu", 3.0, efficiency),
+               trajectory="t", kind="reward", submit_time=2.5, payload=object())
+    b = pickle.loads(wire_dumps(a))
+    assert b.payload is None  # a shard decides; the router keeps what runs
     assert (b.id, b.trajectory, b.kind, b.submit_time, dict(b.mins)) == ("r", "t", "reward",
                                                                          2.5, {"cpu": 1})
     assert b.options == a.options and b.duration_at(4) == a.duration_at(4)
@@ -207,3 +210,35 @@ def test_a_pooled_resource_stays_on_the_global_shard():
         got = {a.action.id: a.placement for a in s.decide(0.0)}
         assert set(got) == {"j", "c"} and got["j"]["gpu"].node == "g0"
         assert s.bindings[("t", "cpu")] == got["c"]["cpu"].node == "n0"
+
+
+def test_tangram_runs_on_shards_and_closes_them():
+    """`Tangram(shards=2)`: environments on both nodes, execs granted by their node's shard,
+    the shard processes gone after shutdown."""
+    import asyncio
+
+    from managers.cpu import CpuManager
+    from managers.cpu.backends.sim import SimBackend
+
+    def duration(command, cores: int) -> float:
+        return 0.01
+
+    async def main():
+        cpu = CpuManager(SimBackend(duration, time_scale=1.0),
+                         nodes={n: CpuNode.flat(n, 2) for n in ("n0", "n1")},
+                         memory_mb={"n0": 4096, "n1": 4096})
+        tg = Tangram(cpu=cpu, shards=2)
+        await tg.start()
+        pids = tg.scheduler.shard_pids()
+        envs = [await tg.open_env(f"t{i}", 1024) for i in range(4)]
+        results = await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 2), elastic=True,
+                                                 timeout=10) for e in envs for _ in range(3)))
+        await tg.shutdown()
+        return pids, results
+
+    pids, results = asyncio.run(main())
+    assert all(r.ok for r in results), [r.detail for r in results if not r.ok]
+    assert {r.placement["cpu"]["node"] for r in results} == {"n0", "n1"}
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
