@@ -31,6 +31,7 @@ Worker processes (each run, each shard) die with the bench, however it ends (PR_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import multiprocessing
@@ -95,6 +96,7 @@ class RunFigures:
     generate_s: float
     wall_s: float  # the simulation up to the window's end
     shard_pids: tuple[int, ...] = ()
+    run_cpu_s: float = 0.0  # CPU of the whole run (generation, simulation, shard processes)
 
     @property
     def busiest(self) -> float:
@@ -191,6 +193,7 @@ class _Probe:
 def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
     name, batch, label, per_shard, warmup, window, slices = job
     policy, _, mode = label.partition("/")
+    c0 = os.times()
     t0 = time.perf_counter()
     w = workload_for(name, batch)
     gen = time.perf_counter() - t0
@@ -215,9 +218,13 @@ def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
         pids = tuple(sched.shard_pids()) if isinstance(sched, ShardedScheduler) else ()
         layout = sched.describe() if isinstance(sched, ShardedScheduler) else "one process"
         if isinstance(sched, ShardedScheduler):
-            sched.close()
-    return _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall,
-                    pids)
+            sched.close()  # joined: their CPU is in this process's children times now
+        c1 = os.times()
+    cpu = c1.user + c1.system + c1.children_user + c1.children_system - (
+        c0.user + c0.system + c0.children_user + c0.children_system)
+    f = _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall,
+                 pids)
+    return dataclasses.replace(f, run_cpu_s=cpu)
 
 
 def _figures(name, batch, label, nodes, layout, actions, probe, sched, gen, wall,
@@ -295,14 +302,16 @@ def _done_line(f: RunFigures) -> str:
             if f.shard_shares else f"share {f.share:.4f} (slices {lo:.4f}-{hi:.4f})")
     return (f"  done: {f.workload} {f.batch} {f.policy}: window {f.window[0]:.1f}-"
             f"{f.window[1]:.1f} sim s, {f.decisions:,} decisions, {head}, latency p50/p99 "
-            f"{f.latency_ms[0]:.3f}/{f.latency_ms[1]:.3f} ms, wall {f.wall_s:.0f} s")
+            f"{f.latency_ms[0]:.3f}/{f.latency_ms[1]:.3f} ms, wall {f.wall_s:.0f} s, CPU "
+            f"{f.run_cpu_s:.0f} s")
 
 
 def _table(figs: list[RunFigures], ref_ms: float) -> Table:
     t = Table(title=f"scheduler CPU per simulated second over the window (plain numpy DP "
                     f"64x16x256 in the same run: {ref_ms:.3f} ms CPU; min: same-run reference)")
     for c in ("workload", "batch", "config", "window sim s", "decisions", "one process / router",
-              "busiest shard (slices)", "shards", "latency p50 / p99 ms", "RSS MB", "wall s"):
+              "busiest shard (slices)", "shards", "latency p50 / p99 ms", "RSS MB", "wall s",
+              "run CPU s"):
         t.add_column(c)
     for f in figs:
         lo, hi = f.spread("shard_max" if f.shard_shares else "share")
@@ -312,7 +321,7 @@ def _table(figs: list[RunFigures], ref_ms: float) -> Table:
                   f"{f.busiest:.4f} ({lo:.4f}-{hi:.4f})" if f.shard_shares else "-",
                   f"{len(f.shard_shares)}" if f.shard_shares else "-",
                   f"{f.latency_ms[0]:.3f} / {f.latency_ms[1]:.3f}", f"{f.peak_rss_mb:,.0f}",
-                  f"{f.wall_s:.0f}")
+                  f"{f.wall_s:.0f}", f"{f.run_cpu_s:.0f}")
     return t
 
 

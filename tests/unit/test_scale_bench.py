@@ -33,7 +33,7 @@ def test_quick_scale_bench_json_on_stdout_and_files(tmp_path, capsys):
         assert doc["warmup_s"] <= t0 < t1 <= doc["warmup_s"] + doc["window_s"] + 5
         assert len(r["slices"]) == doc["slices"]
         assert r["decisions"] == sum(s["decisions"] for s in r["slices"]) > 0
-        assert r["share"] > 0 and r["latency_n"] > 0
+        assert r["share"] > 0 and r["latency_n"] > 0 and r["run_cpu_s"] > 0
         lo, hi = r["spread"]
         assert lo <= hi
         if c.endswith("/sharded"):  # 4 nodes, one per shard, each a process of its own
