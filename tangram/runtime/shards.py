@@ -321,8 +321,11 @@ class ShardedScheduler:
     def _spawn(self, i: int, running: list, queued: list[Action]) -> _Shard:
         nodes = self.layout.groups[i]
         mine = set(nodes)
-        pools = {r: CorePool(r, {n: self.pools[r].cpu_node(n) for n in nodes})
-                 for r in self.layout.resources}
+        pools = {}
+        for r in self.layout.resources:
+            pool = self.pools[r]
+            have = set(pool.nodes())
+            pools[r] = CorePool(r, {n: pool.cpu_node(n) for n in nodes if n in have})
         bindings = [(k, n) for k, n in self.bindings.items() if n in mine]
         means = {k: m for k in self._kind_at if (m := self.profiles.mean(k)) is not None}
         ctx = multiprocessing.get_context("fork")
