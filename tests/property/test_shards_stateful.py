@@ -9,11 +9,11 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
+from test_liveness_stateful import SchedulerMachine
 
 from solvers import get_allocator
 from tangram.pools import CorePool
 from tangram.runtime.shards import ShardedScheduler
-from test_liveness_stateful import SchedulerMachine
 from topology import CpuNode
 
 
