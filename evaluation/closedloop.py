@@ -102,6 +102,7 @@ class Policy:
     lifecycle: Lifecycle = field(default_factory=EnvironmentStart)
     executors: Callable[[Workload], dict[str, SimExecutor]] | None = None
     scoped: bool = False  # `Scheduler(scoped=True)`: decide only what an event touched
+    make_scheduler: Callable[..., Scheduler] = Scheduler  # or one with `Scheduler`'s methods
 
 
 @dataclass
@@ -244,7 +245,7 @@ class ClosedLoopSimulator:
         for r, ex in self.executors.items():
             if isinstance(ex, SimServiceModel) and r in pools:
                 pools[r].advisor = ex.advisor  # the pool's own residency advice
-        self.scheduler = Scheduler(pools, policy.allocator, scoped=policy.scoped)
+        self.scheduler = policy.make_scheduler(pools, policy.allocator, scoped=policy.scoped)
         self.core_pools = {r for r, p in pools.items() if isinstance(p, CorePool)}
         self.progress = progress
         policy.lifecycle.attach(self.scheduler.pools, self.executors)

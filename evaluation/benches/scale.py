@@ -1,138 +1,252 @@
-"""`tangram bench scale`: can one scheduler process keep up with a frontier-size rollout?
+"""`tangram bench scale`: the scheduler's share of a core at frontier batch sizes, one process
+against node shards (docs/scale.md).
 
-Per batch size, the workload runs closed-loop on a cluster sized with it (one core per
-trajectory: batch / 128 nodes of 128 cores; the mixed workload adds one 8-GPU node per 256
-trajectories and API slots in proportion), through the real scheduler on the virtual clock,
-once with `heuristic` and once with `min` (FCFS at minimum amounts, the cheapest policy) as the
-same-run reference. Each run is a fresh process, so its peak RSS is its own.
+Per batch size the workload runs closed-loop on a cluster sized with it (one core per
+trajectory: batch / 128 nodes of 128 cores; the mixed workload adds GPU nodes and API slots in
+proportion), on the virtual clock, in three configurations, each in a fresh process:
 
-Reported per size: the scheduler's CPU seconds per simulated second (the share of one core it
-needs to keep up in real time), decisions per simulated second and per CPU second, p50/p99
-decision CPU time, and peak RSS; beside them the CPU time of one plain numpy DP of
-64 tasks x 16 amounts x 256 units in the same run (the issue-18 goal: share <= 0.10 and decision
-p99 under that DP, at batch 16,384). CPU times are this thread's (`time.thread_time`), so a
-loaded machine slows them less than wall time.
+- `heuristic/scoped`: one scheduler process (`Scheduler(scoped=True)`);
+- `heuristic/sharded`: `ShardedScheduler`, one worker process per `--nodes-per-shard` nodes and
+  the global shard (GPU, APIs) in the router;
+- `min`: FCFS at minimum amounts in one process, the cheapest policy, as the same-run reference;
+  beside it one plain numpy DP of 64 tasks x 16 amounts x 256 units, timed in the same run.
 
-    tangram bench scale                    # 2,048 .. 16,384 (long: run it with a few cores)
-    tangram bench scale --quick            # batch 64 and 128, well under a minute
-    tangram bench scale --jobs 8 --json out.json --plot scale.png
+Only a bounded window is measured: after `--warmup` simulated seconds, `--slices` slices of
+`--window / --slices` simulated seconds each; the run stops at the window's end. Per slice:
+the scheduler's CPU seconds per simulated second (one process: this thread's CPU in the
+scheduler's `decide`, `enqueue` and `complete`; sharded: each shard process's own user + system
+CPU from /proc/PID/stat, and the router's CPU in those calls apart). The window's figure is
+its total over its length, the spread the slices' range. End-to-end decision latency: wall
+time from an action's submission to its grant, for actions granted at the virtual instant they
+arrived (both configurations, same run).
+
+Worker processes (each run, each shard) die with the bench, however it ends (PR_SET_PDEATHSIG).
+
+    tangram bench scale --sizes 2048 16384 --workloads coding     # minutes on 2 cores
+    tangram bench scale --quick                                   # batch 256 and 512, seconds
+    tangram bench scale --json                                    # the figures on stdout
+    tangram bench scale --out results/                            # scale.json and scale.png
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
+import functools
 import json
 import multiprocessing
+import os
 import random
 import resource
 import statistics
+import sys
 import time
-from dataclasses import asdict, dataclass
+from array import array
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import wait
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from evaluation.benches.heuristic import plain_numpy_dp, reference_tasks
-from evaluation.closedloop import Policy, run
+from evaluation.closedloop import ClosedLoopSimulator, Policy
 from evaluation.workloads import get_workload
 from solvers import get_allocator
+from tangram.runtime.shards import ShardedScheduler, die_with_parent
 from tangram.scheduler import Scheduler
 
 FULL = (2048, 4096, 8192, 16384)
-QUICK = (64, 128)
+QUICK = (256, 512)
 CORES_PER_NODE = 128
 GOAL_SHARE = 0.10
+LABELS = ("heuristic/scoped", "heuristic/sharded", "min")
 
 
 @dataclass(frozen=True, slots=True)
+class Slice:
+    """One slice of the window: [t0, t1) simulated seconds."""
+
+    t0: float
+    t1: float
+    decisions: int
+    share: float  # one process: its scheduler CPU; sharded: the router's (decide, queueing,
+    # completions: this thread's CPU in those calls)
+    shard_max: float = 0.0  # sharded: the busiest shard process's CPU per simulated second
+
+
+@dataclass(frozen=True)
 class RunFigures:
-    """One (workload, batch, policy) run."""
+    """One (workload, batch, configuration) run over its window."""
 
     workload: str
     batch: int
     policy: str
     nodes: int
-    actions: int
-    decisions: int
-    simulated_s: float  # the rollout's makespan on the virtual clock
-    cpu_s: float  # scheduler CPU seconds over all decisions
-    p50_ms: float
-    p99_ms: float
-    peak_rss_mb: float
-    wall_s: float  # the whole simulation, generator excluded
-    # scoped runs only: the decisions' CPU split as if each of SHARDS processes decided for its
-    # own nodes and a coordinator for the rest (docs/scale.md)
-    shard_max_cpu_s: float = 0.0  # the busiest shard
-    coordinator_cpu_s: float = 0.0  # decisions touching pooled classes or several shards
-    cross_decisions: int = 0  # of those, the ones a shard could not have made alone
+    layout: str
+    actions: int  # in the whole workload (the run stops at the window's end)
+    window: tuple[float, float]  # simulated seconds measured
+    decisions: int  # in the window
+    share: float  # CPU s per simulated s over the window (one process, or the router)
+    shard_shares: tuple[float, ...]  # sharded: each shard process over the window
+    slices: tuple[Slice, ...]
+    latency_ms: tuple[float, float, float]  # submit to grant, wall: p50, p99, max
+    latency_n: int
+    peak_rss_mb: float  # the run's process (sharded: the router's)
+    generate_s: float
+    wall_s: float  # the simulation up to the window's end
+    shard_pids: tuple[int, ...] = ()
+    run_cpu_s: float = 0.0  # CPU of the whole run (generation, simulation, shard processes)
 
     @property
-    def share(self) -> float:
-        """CPU seconds per simulated second: the share of one core needed in real time."""
-        return self.cpu_s / self.simulated_s if self.simulated_s else 0.0
+    def busiest(self) -> float:
+        return max(self.shard_shares, default=0.0)
+
+    def spread(self, field_name: str = "share") -> tuple[float, float]:
+        xs = [getattr(s, field_name) for s in self.slices]
+        return (min(xs), max(xs)) if xs else (0.0, 0.0)
 
 
 def workload_for(name: str, batch: int):
     nodes = max(1, batch // CORES_PER_NODE)
-    if name == "coding":
-        return get_workload("coding", batch=batch, nodes=nodes, cores_per_node=CORES_PER_NODE)
-    return get_workload("mixed", batch=batch, nodes=nodes, cores_per_node=CORES_PER_NODE)
+    return get_workload("coding" if name == "coding" else "mixed", batch=batch, nodes=nodes,
+                        cores_per_node=CORES_PER_NODE)
 
 
-SHARDS = 8
+class _Timed:
+    """Submit-to-grant wall latency, the virtual clock, and the CPU of the scheduler's
+    bookkeeping outside `decide` (queueing an arrival, returning a completion's units), on
+    either scheduler: a shard process's CPU holds its share of that work too."""
+
+    clock = 0.0
+    measuring = False
+    book_cpu = 0.0
+
+    def _timed_init(self) -> None:
+        self._t_in: dict[str, float] = {}
+        self.latency = array("d")
+
+    def enqueue(self, action) -> None:
+        c0 = time.thread_time()
+        self._t_in[action.id] = time.perf_counter()
+        super().enqueue(action)  # type: ignore[misc]
+        self.book_cpu += time.thread_time() - c0
+
+    def complete(self, *args, **kw):
+        c0 = time.thread_time()
+        out = super().complete(*args, **kw)  # type: ignore[misc]
+        self.book_cpu += time.thread_time() - c0
+        return out
+
+    def decide(self, now: float):
+        self.clock = now
+        out = super().decide(now)  # type: ignore[misc]
+        t = time.perf_counter()
+        t_in = self._t_in
+        for a in out:
+            t0 = t_in.pop(a.action.id)
+            if self.measuring and a.action.submit_time == now:
+                self.latency.append(t - t0)
+        return out
 
 
-class ShardAccount:
-    """Attributes each scoped decision's CPU to the shard owning the nodes it touched (node i
-    of a pool to shard i mod SHARDS); a decision touching a pooled class (an unbound action,
-    a GPU or API pool) or nodes of two shards goes to the coordinator."""
+class TimedScheduler(_Timed, Scheduler):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._timed_init()
 
-    def __init__(self, shards: int = SHARDS) -> None:
-        self.cpu = [0.0] * shards
-        self.coordinator = 0.0
-        self.cross = 0
-        self._shard: dict[str, int] = {}
 
-    def __call__(self, sched: Scheduler, cpu_s: float) -> None:
-        scope = sched.last_scope or ()
-        owners = set()
-        pooled = False
-        for r, node in scope:
-            if node is None:
-                pooled = True
-                continue
-            i = self._shard.get(node)
-            if i is None:
-                nodes = sched.pools[r].nodes()
-                i = self._shard[node] = nodes.index(node) % len(self.cpu)
-            owners.add(i)
-        if len(owners) == 1 and not pooled:
-            self.cpu[owners.pop()] += cpu_s
+class TimedSharded(_Timed, ShardedScheduler):
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._timed_init()
+
+
+class WindowDone(Exception):
+    """Raised from the decision hook once the window is measured: the run stops there."""
+
+
+@dataclass
+class _Probe:
+    """Samples CPU at the slice boundaries of the window (simulated time)."""
+
+    sched: _Timed
+    bounds: list[float]
+    cpu: float = 0.0  # decide CPU of this process so far
+    marks: list[tuple[float, float, list[float], int, float]] = field(default_factory=list)
+
+    def __call__(self, sched, cpu_s: float) -> None:
+        self.cpu += cpu_s
+        if sched.clock < self.bounds[len(self.marks)]:
             return
-        self.coordinator += cpu_s
-        self.cross += bool(owners)
+        self.mark(sched.clock)
+        sched.measuring = True
+        if len(self.marks) == len(self.bounds):
+            raise WindowDone
+
+    def mark(self, now: float) -> None:
+        shards = self.sched.shard_cpu_s() if isinstance(self.sched, ShardedScheduler) else []
+        self.marks.append((now, self.cpu + self.sched.book_cpu, shards, self.sched.decisions,
+                           time.perf_counter()))
 
 
-def run_one(job: tuple[str, int, str]) -> RunFigures:
-    """One run, meant for a fresh process (its peak RSS is then this run's). A policy name
-    ending in `/scoped` runs with `Scheduler(scoped=True)` (decide only what events touched)."""
-    name, batch, label = job
+def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
+    name, batch, label, per_shard, warmup, window, slices = job
     policy, _, mode = label.partition("/")
-    w = workload_for(name, batch)
+    c0 = os.times()
     t0 = time.perf_counter()
-    account = ShardAccount() if mode == "scoped" else None
-    r = run(w, Policy(label, get_allocator(policy), scoped=account is not None),
-            on_decision=account)
-    wall = time.perf_counter() - t0
-    times = sorted(r.decision_cpu_s)
-    pick = lambda q: times[int(q * (len(times) - 1))] * 1e3 if times else 0.0
-    return RunFigures(name, batch, label, max(1, batch // CORES_PER_NODE), len(r.records),
-                      len(times), r.makespan, sum(times), pick(0.5), pick(0.99),
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, wall,
-                      max(account.cpu) if account else 0.0,
-                      account.coordinator if account else 0.0, account.cross if account else 0)
+    w = workload_for(name, batch)
+    gen = time.perf_counter() - t0
+    nodes = max(1, batch // CORES_PER_NODE)
+    make = TimedScheduler
+    if mode == "sharded":
+        make = functools.partial(TimedSharded, shards=max(1, nodes // per_shard))
+    sim = ClosedLoopSimulator(w, Policy(label, get_allocator(policy), scoped=bool(mode),
+                                        make_scheduler=make))
+    sched = sim.scheduler
+    bounds = [warmup + window * i / slices for i in range(slices + 1)]
+    probe = _Probe(sched, bounds)
+    sim.on_decision = probe
+    t1 = time.perf_counter()
+    try:
+        sim.run()
+        probe.mark(sched.clock)  # the run ended inside the window: measure what there was
+    except WindowDone:
+        pass
+    finally:
+        wall = time.perf_counter() - t1
+        pids = tuple(sched.shard_pids()) if isinstance(sched, ShardedScheduler) else ()
+        layout = sched.describe() if isinstance(sched, ShardedScheduler) else "one process"
+        if isinstance(sched, ShardedScheduler):
+            sched.close()  # joined: their CPU is in this process's children times now
+        c1 = os.times()
+    cpu = c1.user + c1.system + c1.children_user + c1.children_system - (
+        c0.user + c0.system + c0.children_user + c0.children_system)
+    f = _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall,
+                 pids)
+    return dataclasses.replace(f, run_cpu_s=cpu)
+
+
+def _figures(name, batch, label, nodes, layout, actions, probe, sched, gen, wall,
+             pids) -> RunFigures:
+    marks = probe.marks
+    if len(marks) < 2:
+        raise RuntimeError(f"{name} {batch} {label}: the run ended before the window "
+                           f"({probe.bounds[0]} s of warm-up)")
+    out = []
+    for (a, ca, sa, da, _), (b, cb, sb, db, _) in zip(marks, marks[1:]):
+        dt = max(b - a, 1e-9)
+        out.append(Slice(a, b, db - da, (cb - ca) / dt,
+                         max((y - x for x, y in zip(sa, sb)), default=0.0) / dt))
+    (t0, c0, s0, d0, _), (t1, c1, s1, d1, _) = marks[0], marks[-1]
+    span = max(t1 - t0, 1e-9)
+    lat = sorted(sched.latency)
+    pick = (lambda q: lat[int(q * (len(lat) - 1))] * 1e3) if lat else (lambda q: 0.0)
+    return RunFigures(name, batch, label, nodes, layout, actions, (t0, t1), d1 - d0,
+                      (c1 - c0) / span, tuple((y - x) / span for x, y in zip(s0, s1)),
+                      tuple(out), (pick(0.5), pick(0.99), pick(1.0)), len(lat),
+                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, gen, wall,
+                      pids)
 
 
 def reference_dp_ms(reps: int = 30) -> float:
@@ -147,62 +261,103 @@ def reference_dp_ms(reps: int = 30) -> float:
     return statistics.median(out) * 1e3
 
 
-def run_all(jobs: list[tuple[str, int, str]], parallel: int) -> list[RunFigures]:
+def _job_main(conn, parent: int, job) -> None:
+    die_with_parent(parent)
+    try:
+        conn.send(run_one(job))
+    except BaseException as exc:  # the bench reports it with the job's name
+        conn.send(f"{type(exc).__name__}: {exc}")
+
+
+def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
+    """Each job in a fresh process forked from this thread (so a killed bench kills it)."""
     ctx = multiprocessing.get_context("fork")
-    out = []
-    with ctx.Pool(parallel, maxtasksperchild=1) as pool:
-        for f in pool.imap_unordered(run_one, jobs, chunksize=1):
-            print(f"  done: {f.workload} {f.batch} {f.policy}: {f.decisions:,} decisions, "
-                  f"{f.cpu_s:.1f} CPU s over {f.simulated_s:,.0f} simulated s = "
-                  f"{f.share:.4f}, p99 {f.p99_ms:.3f} ms, wall {f.wall_s:.0f} s", flush=True)
+    todo, live, out = list(jobs), {}, []
+    while todo or live:
+        while todo and len(live) < parallel:
+            job = todo.pop(0)
+            ours, theirs = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_job_main, args=(theirs, os.getpid(), job),
+                            name=f"scale-{job[0]}-{job[1]}-{job[2]}")
+            p.start()
+            theirs.close()
+            live[ours] = (p, job)
+        for conn in wait(list(live)):
+            p, job = live.pop(conn)
+            try:
+                f = conn.recv()
+            except EOFError:
+                f = f"the run's process died (exit {p.exitcode})"
+            p.join()
+            if isinstance(f, str):
+                raise RuntimeError(f"{job[0]} {job[1]} {job[2]}: {f}")
+            log(_done_line(f))
             out.append(f)
     return sorted(out, key=lambda f: (f.workload, f.batch, f.policy))
 
 
-def _table(figs: list[RunFigures], ref_ms: float, policy: str, baseline: str) -> Table:
-    t = Table(title=f"scheduler at scale: {policy} (reference: {baseline} in the same run; "
-                    f"plain numpy DP 64x16x256 = {ref_ms:.3f} ms CPU)")
-    for c in ("workload", "batch", "cluster", "actions", "decisions", "sim s",
-              "CPU s/sim s", f"{baseline} CPU s/sim s", "dec/sim s", "dec/CPU s", "p50 ms",
-              "p99 ms (x DP)", "RSS MB", f"split {SHARDS}: shard/coord CPU s/sim s"):
+def _done_line(f: RunFigures) -> str:
+    lo, hi = f.spread("shard_max" if f.shard_shares else "share")
+    head = (f"busiest shard {f.busiest:.4f} (slices {lo:.4f}-{hi:.4f}), router {f.share:.4f}"
+            if f.shard_shares else f"share {f.share:.4f} (slices {lo:.4f}-{hi:.4f})")
+    return (f"  done: {f.workload} {f.batch} {f.policy}: window {f.window[0]:.1f}-"
+            f"{f.window[1]:.1f} sim s, {f.decisions:,} decisions, {head}, latency p50/p99 "
+            f"{f.latency_ms[0]:.3f}/{f.latency_ms[1]:.3f} ms, wall {f.wall_s:.0f} s, CPU "
+            f"{f.run_cpu_s:.0f} s")
+
+
+def _table(figs: list[RunFigures], ref_ms: float) -> Table:
+    t = Table(title=f"scheduler CPU per simulated second over the window (plain numpy DP "
+                    f"64x16x256 in the same run: {ref_ms:.3f} ms CPU; min: same-run reference)")
+    for c in ("workload", "batch", "config", "window sim s", "decisions", "one process / router",
+              "busiest shard (slices)", "shards", "latency p50 / p99 ms", "RSS MB", "wall s",
+              "run CPU s"):
         t.add_column(c)
-    ref = {(f.workload, f.batch): f for f in figs if f.policy == baseline}
     for f in figs:
-        if f.policy != policy:
-            continue
-        b = ref.get((f.workload, f.batch))
-        t.add_row(f.workload, f"{f.batch:,}", f"{f.nodes} x {CORES_PER_NODE}", f"{f.actions:,}",
-                  f"{f.decisions:,}", f"{f.simulated_s:,.0f}", f"{f.share:.4f}",
-                  f"{b.share:.4f}" if b else "-",
-                  f"{f.decisions / max(f.simulated_s, 1e-9):,.1f}",
-                  f"{f.decisions / max(f.cpu_s, 1e-9):,.0f}", f"{f.p50_ms:.3f}",
-                  f"{f.p99_ms:.3f} ({f.p99_ms / ref_ms:.2f}x)", f"{f.peak_rss_mb:,.0f}",
-                  f"{f.shard_max_cpu_s / f.simulated_s:.4f} / "
-                  f"{f.coordinator_cpu_s / f.simulated_s:.4f} ({f.cross_decisions} cross)"
-                  if f.policy.endswith("/scoped") and f.simulated_s else "-")
+        lo, hi = f.spread("shard_max" if f.shard_shares else "share")
+        t.add_row(f.workload, f"{f.batch:,}", f.policy, f"{f.window[0]:.0f}-{f.window[1]:.0f}",
+                  f"{f.decisions:,}",
+                  f"{f.share:.4f}" + ("" if f.shard_shares else f" ({lo:.4f}-{hi:.4f})"),
+                  f"{f.busiest:.4f} ({lo:.4f}-{hi:.4f})" if f.shard_shares else "-",
+                  f"{len(f.shard_shares)}" if f.shard_shares else "-",
+                  f"{f.latency_ms[0]:.3f} / {f.latency_ms[1]:.3f}", f"{f.peak_rss_mb:,.0f}",
+                  f"{f.wall_s:.0f}", f"{f.run_cpu_s:.0f}")
     return t
 
 
-def plot(figs: list[RunFigures], path: Path, ref_ms: float) -> None:
+def _doc(figs: list[RunFigures], ref_ms: float, ns) -> dict:
+    runs = []
+    for f in figs:
+        d = asdict(f)
+        d["busiest_shard"] = f.busiest
+        d["spread"] = f.spread("shard_max" if f.shard_shares else "share")
+        runs.append(d)
+    return {"reference_dp_ms": ref_ms, "goal_share": GOAL_SHARE, "warmup_s": ns.warmup,
+            "window_s": ns.window, "slices": ns.slices, "nodes_per_shard": ns.nodes_per_shard,
+            "runs": runs}
+
+
+def plot(figs: list[RunFigures], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
-    styles = itertools.cycle(("o-", "s--", "^-", "v--", "D-", "x--"))
-    for (w, pol), style in zip(sorted({(f.workload, f.policy) for f in figs}), styles):
-        xs = [f for f in figs if (f.workload, f.policy) == (w, pol)]
-        ax.plot([f.batch for f in xs], [f.share for f in xs], style, label=f"{w} / {pol}")
-        bx.plot([f.batch for f in xs], [f.p99_ms for f in xs], style, label=f"{w} / {pol}")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for w in sorted({f.workload for f in figs}):
+        for pol in sorted({f.policy for f in figs}):
+            xs = [f for f in figs if (f.workload, f.policy) == (w, pol)]
+            if not xs:
+                continue
+            ys = [f.busiest if f.shard_shares else f.share for f in xs]
+            label = f"{w} / {pol}" + (" (busiest shard)" if xs[0].shard_shares else "")
+            ax.plot([f.batch for f in xs], ys, "o-", label=label)
     ax.axhline(GOAL_SHARE, color="grey", lw=0.8, ls=":", label="goal 0.10")
-    bx.axhline(ref_ms, color="grey", lw=0.8, ls=":", label="plain numpy DP 64x16x256")
-    for a, yl in ((ax, "scheduler CPU s per simulated s"), (bx, "decision p99 (ms CPU)")):
-        a.set_xscale("log", base=2)
-        a.set_yscale("log")
-        a.set_xlabel("batch (trajectories)")
-        a.set_ylabel(yl)
-        a.legend(fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("batch (trajectories)")
+    ax.set_ylabel("scheduler CPU s per simulated s (window)")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -211,37 +366,54 @@ def plot(figs: list[RunFigures], path: Path, ref_ms: float) -> None:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram bench scale", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help=f"batch {QUICK} only (CI)")
+    p.add_argument("--quick", action="store_true", help=f"batch {QUICK}, a short window (CI)")
     p.add_argument("--sizes", type=int, nargs="*", help="batch sizes (overrides --quick)")
-    p.add_argument("--workloads", nargs="*", default=["coding", "mixed"],
-                   choices=["coding", "mixed"])
-    p.add_argument("--policy", default="heuristic")
-    p.add_argument("--no-scoped", action="store_true",
-                   help="skip the policy's scoped run (Scheduler(scoped=True), docs/scale.md)")
-    p.add_argument("--baseline", default="min", help="same-run reference policy")
+    p.add_argument("--workloads", nargs="*", choices=["coding", "mixed"],
+                   help="default: coding (and mixed with --quick)")
+    p.add_argument("--configs", nargs="*", default=list(LABELS), choices=LABELS)
+    p.add_argument("--nodes-per-shard", type=int, help="default 4 (1 with --quick)")
+    p.add_argument("--warmup", type=float, help="simulated seconds before the window "
+                   "(default 60; 10 with --quick)")
+    p.add_argument("--window", type=float, help="simulated seconds measured (default 60; 20 "
+                   "with --quick)")
+    p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one process each)")
-    p.add_argument("--json", type=Path, help="write the figures here")
-    p.add_argument("--plot", type=Path, default=Path("scale.png"), help="PNG of share vs batch")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+    p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
+    if ns.nodes_per_shard is None:
+        ns.nodes_per_shard = 1 if ns.quick else 4
+    if ns.nodes_per_shard < 1 or ns.slices < 1 or ns.jobs < 1:
+        p.error("--nodes-per-shard, --slices and --jobs must be >= 1")
     sizes = ns.sizes or (QUICK if ns.quick else FULL)
-    labels = [ns.policy, ns.baseline] + ([] if ns.no_scoped else [f"{ns.policy}/scoped"])
-    jobs = [(w, b, pol) for w in ns.workloads for b in sizes for pol in labels]
+    workloads = ns.workloads or (["coding", "mixed"] if ns.quick else ["coding"])
+    ns.warmup = ns.warmup if ns.warmup is not None else (10.0 if ns.quick else 60.0)
+    ns.window = ns.window if ns.window is not None else (20.0 if ns.quick else 60.0)
+    if ns.warmup < 0 or ns.window <= 0:
+        p.error("--warmup must be >= 0 and --window > 0")
+    log = functools.partial(print, file=sys.stderr if ns.json else sys.stdout, flush=True)
+    jobs = [(w, b, c, ns.nodes_per_shard, ns.warmup, ns.window, ns.slices)
+            for w in workloads for b in sizes for c in ns.configs]
     ref_before = reference_dp_ms()
-    figs = run_all(jobs, max(1, ns.jobs))
+    figs = run_all(jobs, ns.jobs, log)
     ref_ms = statistics.median([ref_before, reference_dp_ms()])
-    for label in labels:
-        if label != ns.baseline:
-            Console(width=180).print(_table(figs, ref_ms, label, ns.baseline))
-    top = [f for f in figs if f.policy != ns.baseline and f.batch == max(sizes)]
-    for f in top:
-        ok = f.share <= GOAL_SHARE and f.p99_ms <= ref_ms
-        print(f"{f.workload} {f.policy} at batch {f.batch:,}: share {f.share:.4f} "
-              f"(goal <= {GOAL_SHARE}), p99 {f.p99_ms:.3f} ms vs DP {ref_ms:.3f} ms: "
-              f"{'met' if ok else 'NOT met'}")
+    doc = _doc(figs, ref_ms, ns)
     if ns.json:
-        ns.json.write_text(json.dumps({"reference_dp_ms": ref_ms, "runs": [
-            {**asdict(f), "share": f.share} for f in figs]}, indent=2))
-    if ns.plot:
-        plot(figs, ns.plot, ref_ms)
-        print(f"plot: {ns.plot}")
+        print(json.dumps(doc, indent=2))
+    else:
+        Console(width=200).print(_table(figs, ref_ms))
+        for f in figs:
+            if f.shard_shares and f.batch == max(sizes):
+                print(f"{f.workload} {f.policy} at batch {f.batch:,}: busiest shard "
+                      f"{f.busiest:.4f} of a core (goal <= {GOAL_SHARE}): "
+                      f"{'met' if f.busiest <= GOAL_SHARE else 'NOT met'}; {f.layout}")
+    if ns.out:
+        ns.out.mkdir(parents=True, exist_ok=True)
+        (ns.out / "scale.json").write_text(json.dumps(doc, indent=2))
+        plot(figs, ns.out / "scale.png")
+        log(f"wrote {ns.out / 'scale.json'} and {ns.out / 'scale.png'}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -16,6 +16,7 @@ completion; the manager of the action's pool runs it with exactly the granted un
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -37,6 +38,7 @@ from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.distributed import build_ray
 from tangram.runtime.metrics import Metrics
+from tangram.runtime.shards import ShardedScheduler
 from tangram.scheduler import Scheduler
 from tangram.validation import boolean, pos_int
 
@@ -79,9 +81,11 @@ class Tangram:
                  apis: Mapping[str, Manager] | None = None, policy: str = DEFAULT_POLICY,
                  policy_options: Mapping[str, Any] | None = None,
                  idle_env_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, shards: int = 0) -> None:
         """`clock`: the time source of every timing and decision (a virtual-time loop's
-        `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`)."""
+        `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`).
+        `shards` > 0: the scheduler split into that many node-shard processes plus the
+        global shard here (`tangram.runtime.shards`, docs/scale.md)."""
         self.cpu = cpu
         self.gpu = gpu
         self.apis = dict(apis or {})
@@ -93,7 +97,8 @@ class Tangram:
                 if r in pools:
                     raise ValidationError("pools", r, "two managers own the same resource")
                 pools[r] = p
-        self.scheduler = Scheduler(pools, get_allocator(policy, **dict(policy_options or {})))
+        make = functools.partial(ShardedScheduler, shards=shards) if shards else Scheduler
+        self.scheduler = make(pools, get_allocator(policy, **dict(policy_options or {})))
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
@@ -280,7 +285,11 @@ class Tangram:
 
     def _kick(self) -> None:
         """Run the policy now and start whatever it granted."""
-        for a in self.scheduler.decide(self._now()):
+        granted = self.scheduler.decide(self._now())
+        if isinstance(self.scheduler, ShardedScheduler):  # a lost shard's queue fails
+            for aid, err in self.scheduler.take_failed():
+                self._finish_cancelled(aid, str(err), Status.FAILED)
+        for a in granted:
             p = self._pending[a.action.id]
             p.started = self._clock()
             task = asyncio.create_task(self._run(p, a))
@@ -318,10 +327,11 @@ class Tangram:
         if not self._closed:
             self._kick()
 
-    def _finish_cancelled(self, action_id: str, why: str) -> None:
+    def _finish_cancelled(self, action_id: str, why: str,
+                          status: Status = Status.CANCELLED) -> None:
         p = self._pending.pop(action_id, None)
         if p is not None and not p.future.done():
-            p.future.set_result(Result(Status.CANCELLED, detail=why, action_id=action_id,
+            p.future.set_result(Result(status, detail=why, action_id=action_id,
                                        queued_s=self._clock() - p.submitted))
 
     # -- observability -------------------------------------------------------------------------
@@ -388,6 +398,8 @@ class Tangram:
                 log.exception("closing env %s", env_id)
         for m in self._managers:
             await m.close()
+        if isinstance(self.scheduler, ShardedScheduler):
+            self.scheduler.close()
         log.info("tangram: shut down")
 
 

@@ -1,0 +1,58 @@
+"""Stateful liveness of the sharded scheduler (`tangram.runtime.shards`): the machine of
+tests/property/test_liveness_stateful.py (random arrivals, completions, cancels, bindings; the
+wait bound; every unit back at the end) drives `ShardedScheduler` with one shard process per
+node, and after every step, per shard: no shard process runs nothing while actions wait in it
+(liveness per shard, stronger than the single scheduler's rule for the whole cluster)."""
+
+from __future__ import annotations
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, invariant
+from test_liveness_stateful import SchedulerMachine
+
+from solvers import get_allocator
+from tangram.pools import CorePool
+from tangram.runtime.shards import ShardedScheduler
+from topology import CpuNode
+
+
+class ShardedMachine(SchedulerMachine):
+    @initialize(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+                policy=st.sampled_from(["heuristic", "min"]), scoped=st.just(True))
+    def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
+        nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
+        self.pool = CorePool("cpu", nodes)
+        self.capacity = self.pool.capacity()
+        self.s = ShardedScheduler({"cpu": self.pool}, get_allocator(policy), shards=len(sizes))
+        self.sizes = dict(zip(nodes, sizes))
+        self.now = 0.0
+        self.n = 0
+        self.ends: dict[str, float] = {}
+        self.arrived: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        for i, n in enumerate(nodes):
+            self.s.bind(f"t{i}", "cpu", n)
+
+    @invariant()
+    def no_shard_idle_with_work(self) -> None:
+        """Asked of each shard process itself: actions queued there mean one runs there. (An
+        action waiting behind a first action that fits on no node is held by the router, as
+        one scheduler holds it behind that action: FCFS on the cores.)"""
+        if not hasattr(self, "s"):
+            return
+        for i in range(len(self.sizes)):
+            queued, running = self.s.state(i)
+            assert running or not queued, f"shard {i} runs nothing, queues {queued}"
+
+    def teardown(self) -> None:
+        try:
+            super().teardown()
+        finally:
+            if hasattr(self, "s"):
+                self.s.close()
+
+
+ShardedMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=30,
+                                            deadline=None)
+TestShardedScheduler = ShardedMachine.TestCase

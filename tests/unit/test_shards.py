@@ -1,0 +1,244 @@
+"""The scheduler sharded over processes (`tangram.runtime.shards`, docs/scale.md "Shards"):
+routing, grants equal to the single scheduler's on the same stream (the golden cases and
+random closed-loop workloads), and a shard that dies losing no queued action."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pickle
+import signal
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from evaluation.closedloop import ClosedLoopSimulator, Policy
+from evaluation.decisions import CASES, Recording, describe
+from evaluation.shardcheck import compare
+from evaluation.workloads import get_workload
+from solvers import get_allocator
+from tangram.actions import Action, Elasticity
+from tangram.errors import ValidationError
+from tangram.pools import ChunkPool, CorePool
+from tangram.runtime.facade import Tangram
+from tangram.runtime.shards import ShardedScheduler, ShardLost, wire_dumps
+from tangram.scheduler import Scheduler
+from tangram.sharding import GLOBAL, ShardLayout
+from topology import ChunkTree, CpuNode
+
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "decisions.json").read_text())
+
+
+def cores(n: int, c: int) -> CorePool:
+    return CorePool("cpu", {f"n{i}": CpuNode.flat(f"n{i}", c) for i in range(n)})
+
+
+def fixed(aid: str, k: int, traj: str, d: float = 1.0) -> Action:
+    return Action(aid, {"cpu": k}, duration=d, trajectory=traj)
+
+
+# -- routing (the pure layer) -----------------------------------------------------------------
+def test_contiguous_layout_and_routes():
+    lay = ShardLayout.contiguous(["cpu"], [f"n{i}" for i in range(5)], 2)
+    assert lay.groups == (("n0", "n1", "n2"), ("n3", "n4"))
+    bound = {("t", "cpu"): "n3"}
+    assert lay.route(fixed("a", 1, "t"), bound) == 1
+    assert lay.route(fixed("b", 1, "u"), bound) is None  # not bound yet: the router binds it
+    assert lay.route(Action("g", {"gpu": 1}, duration=1.0), bound) == GLOBAL
+    with pytest.raises(ValidationError, match="cannot go with the rest"):
+        lay.route(Action("m", {"cpu": 1, "gpu": 1}, duration=1.0, trajectory="t"), bound)
+    with pytest.raises(ValidationError, match="shards"):
+        ShardLayout.contiguous(["cpu"], ["n0"], 2)
+
+
+@pytest.mark.parametrize("efficiency", [{1: 1, 2: .9, 4: .7}, lambda m: {1: 1, 2: .9, 4: .7}[m]])
+def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
+    a = Action("r", {"cpu": [1, 2, 4]}, elasticity=Elasticity("cpu", 3.0, efficiency),
+               trajectory="t", kind="reward", submit_time=2.5, payload=object())
+    b = pickle.loads(wire_dumps(a))
+    assert b.payload is None  # a shard decides; the router keeps what runs
+    assert (b.id, b.trajectory, b.kind, b.submit_time, dict(b.mins)) == ("r", "t", "reward",
+                                                                         2.5, {"cpu": 1})
+    assert b.options == a.options and b.duration_at(4) == a.duration_at(4)
+    assert list(b.option_arrays[0]) == [1, 2, 4] and dict(b.elasticity.efficiency) == {
+        1: 1, 2: .9, 4: .7}
+
+
+# -- the same grants ----------------------------------------------------------------------------
+class Logged(Scheduler):
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.log: list[str] = []
+
+    def decide(self, now):
+        out = super().decide(now)
+        if out:
+            self.log.append(f"{now:.9g} " + " ".join(describe(a) for a in out))
+        return out
+
+
+@pytest.mark.parametrize("name", ["coding-heuristic", "mopd+search-heuristic"])
+def test_one_shard_grants_what_the_golden_scheduler_grants(name):
+    """With one node shard owning every node (and the GPU on the global shard) every grant,
+    in order, is the single scheduler's; that scheduler's policy answers are the golden's."""
+    _, drive = CASES[name]
+    workload, params = {"coding-heuristic": ("coding", dict(batch=48, nodes=2, cores_per_node=8,
+                                                               seed=3)),
+                        "mopd+search-heuristic": ("mopd+search", dict(batch=24, gpu_nodes=1,
+                                                                      seed=5))}[name]
+    rec = Recording(get_allocator("heuristic"))
+    single = ClosedLoopSimulator(get_workload(workload, **params),
+                                 Policy(workload, rec, scoped=True, make_scheduler=Logged))
+    single.run()
+    assert rec.lines == GOLDEN[name]
+
+    class LoggedSharded(ShardedScheduler):
+        log: list[str] = []
+
+        def decide(self, now):
+            out = super().decide(now)
+            if out:
+                self.log.append(f"{now:.9g} " + " ".join(describe(a) for a in out))
+            return out
+
+    make = functools.partial(LoggedSharded, shards=1)
+    sharded = ClosedLoopSimulator(get_workload(workload, **params),
+                                  Policy(workload, get_allocator("heuristic"), scoped=True,
+                                         make_scheduler=make))
+    try:
+        sharded.run()
+    finally:
+        sharded.scheduler.close()
+    assert sharded.scheduler.log == single.scheduler.log
+
+
+def test_grants_equal_on_an_uncontended_cluster():
+    """Nodes with room for their trajectories (as in the scale bench): the same grants,
+    decision by decision, for the whole run."""
+    c = compare(get_workload("coding", batch=40, nodes=4, cores_per_node=24, seed=2),
+                "heuristic", 4)
+    assert c.first_difference is None, c.detail
+    assert c.decisions > 500 and c.grants > 300
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=st.integers(2, 4), cores_per_node=st.sampled_from([8, 16, 32]),
+       per_node=st.integers(2, 12), shards=st.integers(2, 4), seed=st.integers(0, 10_000))
+@example(nodes=4, cores_per_node=16, per_node=16, shards=4, seed=1)  # differs at 63.5 s
+def test_grants_equal_until_the_single_scheduler_strands_a_shard(nodes, cores_per_node,
+                                                                  per_node, shards, seed):
+    """On any closed-loop stream the router's grants equal one scoped scheduler's, decision by
+    decision, up to where the single scheduler leaves a shard's nodes idle while actions bound
+    there wait (its liveness rule is global; a shard's is per shard)."""
+    shards = min(shards, nodes)
+    c = compare(get_workload("coding", batch=nodes * per_node, nodes=nodes,
+                             cores_per_node=cores_per_node, seed=seed), "heuristic", shards)
+    assert c.first_difference is None or c.stranded, c.detail
+    assert c.decisions > 0
+
+
+# -- a shard that dies -----------------------------------------------------------------------
+def _three_waiting(max_restarts: int) -> ShardedScheduler:
+    s = ShardedScheduler({"cpu": cores(2, 4)}, get_allocator("heuristic"), shards=2,
+                         max_restarts=max_restarts)
+    s.bind("t", "cpu", "n1")
+    for i in range(3):
+        s.submit(fixed(f"a{i}", 4, "t"))
+    assert [a.action.id for a in s.decide(0.0)] == ["a0"]
+    assert s.state(1) == (["a1", "a2"], ["a0"])
+    return s
+
+
+def test_a_killed_shard_is_replaced_and_its_queue_resubmitted():
+    with _three_waiting(max_restarts=1) as s:
+        old = s.shard_pids()[1]
+        os.kill(old, signal.SIGKILL)
+        s.complete("a0", 1.0)
+        assert [a.action.id for a in s.decide(1.0)] == ["a1"]
+        assert s.restarts == [0, 1] and s.shard_pids()[1] != old
+        assert s.state(1) == (["a2"], ["a1"])  # the replacement holds the running one too
+        s.complete("a1", 2.0)
+        assert [a.action.id for a in s.decide(2.0)] == ["a2"]
+        assert not s.failed
+
+
+def test_a_shard_that_cannot_be_replaced_fails_its_queue_naming_it():
+    with _three_waiting(max_restarts=0) as s:
+        os.kill(s.shard_pids()[1], signal.SIGKILL)
+        s.complete("a0", 1.0)
+        assert s.decide(1.0) == []
+        assert set(s.failed) == {"a1", "a2"}
+        assert "shard 1 (node n1)" in str(s.failed["a1"])
+        assert not s.queue
+        with pytest.raises(ShardLost, match="shard 1"):
+            s.submit(fixed("late", 1, "t"))
+        s.bind("u", "cpu", "n0")  # the other shard still serves
+        s.submit(fixed("b", 1, "u"))
+        assert [a.action.id for a in s.decide(1.0)] == ["b"]
+
+
+def test_a_closed_loop_run_survives_a_killed_shard():
+    """Mid-run, a shard is SIGKILLed: every action still runs exactly once."""
+    w = get_workload("coding", batch=32, nodes=4, cores_per_node=8, seed=7)
+    sim = ClosedLoopSimulator(w, Policy("coding", get_allocator("heuristic"), scoped=True,
+                                        make_scheduler=functools.partial(ShardedScheduler,
+                                                                         shards=2)))
+    killed = []
+
+    def kill_once(sched, _cpu):
+        if sched.decisions == 300 and not killed:
+            killed.append(sched.shard_pids()[0])
+            os.kill(killed[0], signal.SIGKILL)
+
+    sim.on_decision = kill_once
+    try:
+        r = sim.run()
+    finally:
+        sim.scheduler.close()
+    assert killed and sim.scheduler.restarts[0] == 1
+    assert len(r.records) == w.num_actions
+
+
+def test_a_pooled_resource_stays_on_the_global_shard():
+    pools = {"cpu": cores(2, 2), "gpu": ChunkPool("gpu", {"g0": ChunkTree(8)})}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=2) as s:
+        s.submit(Action("j", {"gpu": [1, 2]}, duration=1.0, trajectory="t"))
+        s.submit(fixed("c", 1, "t"))
+        got = {a.action.id: a.placement for a in s.decide(0.0)}
+        assert set(got) == {"j", "c"} and got["j"]["gpu"].node == "g0"
+        assert s.bindings[("t", "cpu")] == got["c"]["cpu"].node == "n0"
+
+
+def test_tangram_runs_on_shards_and_closes_them():
+    """`Tangram(shards=2)`: environments on both nodes, execs granted by their node's shard,
+    the shard processes gone after shutdown."""
+    import asyncio
+
+    from managers.cpu import CpuManager
+    from managers.cpu.backends.sim import SimBackend
+
+    def duration(command, cores: int) -> float:
+        return 0.01
+
+    async def main():
+        cpu = CpuManager(SimBackend(duration, time_scale=1.0),
+                         nodes={n: CpuNode.flat(n, 2) for n in ("n0", "n1")},
+                         memory_mb={"n0": 4096, "n1": 4096})
+        tg = Tangram(cpu=cpu, shards=2)
+        await tg.start()
+        pids = tg.scheduler.shard_pids()
+        envs = [await tg.open_env(f"t{i}", 1024) for i in range(4)]
+        results = await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 2), elastic=True,
+                                                 timeout=10) for e in envs for _ in range(3)))
+        await tg.shutdown()
+        return pids, results
+
+    pids, results = asyncio.run(main())
+    assert all(r.ok for r in results), [r.detail for r in results if not r.ok]
+    assert {r.placement["cpu"]["node"] for r in results} == {"n0", "n1"}
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
