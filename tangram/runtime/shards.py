@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copyreg
 import ctypes
+import dataclasses
 import gc
 import io
 import logging
@@ -36,7 +37,7 @@ import os
 import pickle
 import signal
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -62,8 +63,10 @@ log = logging.getLogger("tangram.shards")
 # of and rebuild it without the dataclass machinery (`fields()` on every object) and without
 # validating again what the router validated. An action's payload stays in the router: a
 # shard decides, it never runs anything.
-_ACTION_FIELDS = ("id", "elasticity", "duration", "trajectory", "task", "kind", "service",
-                  "submit_time", "options")
+# every field of `Action` but those rebuilt here (so a new field crosses the pipe unasked)
+_ACTION_FIELDS = tuple(f.name for f in dataclasses.fields(Action)
+                       if f.name not in ("demands", "mins", "payload", "option_arrays"))
+assert _ACTION_FIELDS[0] == "id" and _ACTION_FIELDS[1] == "elasticity"  # `_reduce_action`
 
 
 def _read_only(d: dict) -> MappingProxyType:
