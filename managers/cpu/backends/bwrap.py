@@ -42,6 +42,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.grant import SAFE_PATH, command_env
@@ -108,6 +109,14 @@ def _drop_to(uid: int) -> list[str]:
             "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
 
 
+def _idle(env: Environment) -> list[str]:
+    """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
+    if env.root is None:
+        return ["sh", "-c", "echo ready; exec sleep infinity"]
+    return [*toolkit.run(INSIDE_SUPPORT, "sh"), "-c", 'echo ready; exec "$@"', "sh",
+            *toolkit.run(INSIDE_SUPPORT, "sleep"), "infinity"]
+
+
 @dataclass(slots=True)
 class _Holder:
     """An environment's long-lived sandbox: the bwrap process and its namespaces, held open."""
@@ -132,6 +141,7 @@ class _Holder:
 
 class BwrapBackend(CgroupBackend):
     name = "bwrap"
+    roots = True
 
     def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX,
                  uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None
@@ -187,8 +197,10 @@ class BwrapBackend(CgroupBackend):
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         await super().open(env, cores)
         taken = set(self._uids.values())
-        uid = next(self.uid_base + i for i in range(len(taken) + 1)
-                   if self.uid_base + i not in taken)
+        uid = env.uid if env.uid is not None else next(
+            self.uid_base + i for i in range(len(taken) + 1) if self.uid_base + i not in taken)
+        if env.root is not None:
+            toolkit.install(self.support)
         try:
             os.chown(env.workdir, uid, uid)
             os.chmod(env.workdir, 0o700)
@@ -218,11 +230,13 @@ class BwrapBackend(CgroupBackend):
         sandbox = (self._bwrap, *ISOLATE, *([] if env.network else ["--unshare-net"]),
                    "--hostname", "tangram", "--die-with-parent", "--cap-drop", "ALL",
                    "--info-fd", str(info_w),
-                   *self._system, "--proc", "/proc", "--dev", "/dev",
-                   "--perms", "1777", "--tmpfs", "/tmp",
+                   *(self._system if env.root is None else ["--bind", env.root, "/"]),
+                   "--proc", "/proc", "--dev", "/dev",
+                   *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
                    "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                   "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra, "--chdir", "/",
-                   "--", "sh", "-c", "echo ready; exec sleep infinity")
+                   "--ro-bind", str(self.support), INSIDE_SUPPORT,
+                   *(self._extra if env.root is None else []), "--chdir", "/",
+                   "--", *_idle(env))
         try:
             proc = subprocess.Popen(joined(slot.join, sandbox), cwd="/", env={"PATH": SAFE_PATH},
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -283,8 +297,11 @@ class BwrapBackend(CgroupBackend):
         if holder is None or not holder.fds:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
         enter = [f"{NSENTER_FLAG[ns]}=/proc/self/fd/{fd}" for ns, fd in holder.fds.items()]
-        return joined(join, ("nsenter", *enter, f"--wdns={INSIDE_WORK}", "--",
-                             *_drop_to(self._uids[env.id]), *argv_of(command)))
+        drop = _drop_to(self._uids[env.id])
+        if env.root is not None:  # the image has no setpriv of its own: the host's, copied
+            drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
+        return joined(join, ("nsenter", *enter, f"--wdns={INSIDE_WORK}", "--", *drop,
+                             *argv_of(command)))
 
     def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
         return command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
@@ -296,6 +313,20 @@ class BwrapBackend(CgroupBackend):
         if holder is not None:
             await asyncio.to_thread(holder.release)
         self._uids.pop(env.id, None)
+
+    def owner(self, env: Environment) -> int | None:
+        return self._uids.get(env.id)
+
+    async def suspend(self, env: Environment) -> None:
+        holder = self._holders.get(env.id)
+        if holder is not None:
+            await asyncio.to_thread(holder.release)
+        await super().suspend(env)
+
+    async def resume(self, env: Environment) -> None:
+        holder = self._holders.pop(env.id, None)
+        if holder is not None:
+            await self._start_holder(env, holder.slot)
 
     async def shutdown(self) -> None:
         for holder in self._holders.values():
