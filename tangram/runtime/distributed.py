@@ -210,8 +210,11 @@ class RayCpuManager(EnvironmentManager):
                                          -self.pool.free(n), n))
 
     async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
-                       network: bool = False) -> str:
+                       network: bool = False, *, image: str | None = None,
+                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
         self._ensure_watcher()
+        if image is not None or disk_mb is not None or snapshot is not None:
+            raise self._no_layers("env.image", image or disk_mb or snapshot)
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
         if trajectory in self._by_trajectory or trajectory in self._opening:
