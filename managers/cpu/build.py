@@ -70,7 +70,7 @@ def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
             elif kind not in ("debian", "host"):
                 _minimal(tree)
             STEPS[kind](tree, step[kind])
-            image = store.commit_tree(f"build-{key[:12]}", staging, f"build:{kind}")
+            image = store.commit_tree(None, staging, f"build:{kind}")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         digest = image.digest
@@ -129,7 +129,7 @@ def _minimal(tree: Path) -> None:
 
 
 def _inside(tree: Path, path: str, field: str) -> Path:
-    p = Path(os.path.normpath("/" + str(path))).relative_to("/")
+    p = Path(os.path.normpath("/" + str(path).lstrip("/"))).relative_to("/")
     if not str(p) or str(p) == ".":
         raise ValidationError(field, path, "must name a path below /")
     return tree / p

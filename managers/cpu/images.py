@@ -202,7 +202,7 @@ class ImageStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def _commit(self, name: str, staging: Path, source: str) -> Image:
+    def _commit(self, name: str | None, staging: Path, source: str) -> Image:
         """Hash the staged tree, move it into `blobs/` (unless that digest is stored already)
         and tag it."""
         tree = staging / "rootfs"
@@ -213,12 +213,13 @@ class ImageStore:
         target = self.blobs / _hexof(digest)
         with contextlib.suppress(OSError):  # already there (same tree): keep the stored one
             os.rename(staging, target)
-        self.tag(name, digest)
+        if name is not None:
+            self.tag(name, digest)
         return self._image(digest, self.tags())
 
-    def commit_tree(self, name: str, staging: Path, source: str) -> Image:
+    def commit_tree(self, name: str | None, staging: Path, source: str) -> Image:
         """`import_` for a tree already staged by a builder at `staging/rootfs` (under
-        `self.tmp`)."""
+        `self.tmp`); `name` None: stored by digest only (a build step)."""
         return self._commit(name, staging, source)
 
     def staging(self) -> Path:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from managers.base import EnvironmentManager
 from managers.cpu import files
 from managers.cpu.backends import Backend, EnvironmentBroken, select
-from managers.cpu.layers import DEFAULT_DISK_MB
+from managers.cpu.layers import DEFAULT_DISK_MB, LayerStore
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest, exec_target
@@ -369,9 +369,10 @@ class CpuManager(EnvironmentManager):
         return self._named_disk(env, outcome)
 
     def _named_disk(self, env: Environment, outcome: Result) -> Result:
-        """A command that failed on a full disk says which limit it hit."""
+        """A command that leaves the environment's disk full says which limit it hit (whether
+        or not it failed for it: a shell may have gone on after the ENOSPC)."""
         rooted = self.roots.envs.get(env.id) if self.roots is not None else None
-        if outcome.ok or rooted is None or not self.roots.layers.full(rooted.upper):  # type: ignore[union-attr]
+        if rooted is None or not LayerStore.full(rooted.upper):
             return outcome
         return dataclasses.replace(outcome, detail=f"{outcome.detail}; disk limit "
                                                    f"{env.disk_mb} MiB reached")
