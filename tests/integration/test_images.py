@@ -361,3 +361,91 @@ def test_fork_refuses_plain_envs_and_bad_input(state: Path) -> None:
         assert leftovers(state) == []
 
     run(go())
+
+
+# -- over HTTP -----------------------------------------------------------------------------------
+def test_http_and_client_images_fork_snapshot_files(state: Path) -> None:
+    import httpx
+
+    from tangram.runtime.client import TangramClient
+    from tangram.runtime.facade import Tangram
+    from tangram.runtime.server import create_app, serve_in_thread
+
+    tg = Tangram(cpu=CpuManager("bwrap", state_dir=str(state)))
+    with serve_in_thread(create_app(tg)) as url:
+        async def go():
+            async with TangramClient(url) as c:
+                env = await c.open_env("http-1", memory_mb=128, image="tools", disk_mb=32)
+                await c.write_files(env, {"/etc/h": b"\x00\xffbin", "w.txt": b"w"})
+                assert await c.read_files(env, ["/etc/h", "/sandbox/w.txt", "/none"]) == {
+                    "/etc/h": b"\x00\xffbin", "/sandbox/w.txt": b"w", "/none": None}
+                kids = await c.fork_env(env, ["http-k1", "http-k2"])
+                assert len(kids) == 2
+                r = await c.exec(kids[0], "cat /etc/h /sandbox/w.txt")
+                assert r.ok and r.stdout.endswith("binw"), r
+                sid = await c.snapshot(kids[1])
+                assert [s["snapshot_id"] for s in await c.snapshots()] == [sid]
+                from_snap = await c.open_env("http-s", memory_mb=64, snapshot=sid)
+                assert (await c.read_files(from_snap, ["w.txt"]))["w.txt"] == b"w"
+                await c.delete_snapshot(sid)
+                with pytest.raises(ValidationError) as e:
+                    await c.delete_snapshot(sid)
+                assert e.value.field == "snapshot"
+                with pytest.raises(ValidationError) as e:
+                    await c.open_env("http-x", image="nope")
+                assert e.value.field == "env.image"
+            async with httpx.AsyncClient(base_url=url) as h:
+                bad = await h.put(f"/v1/envs/{env}/files", json={"files": {"a": "!!"}})
+                assert bad.status_code == 422 and bad.json()["field"] == "files.a"
+                bad = await h.post(f"/v1/envs/{env}/fork", json={"trajectories": []})
+                assert bad.status_code == 422 and bad.json()["field"] == "trajectories"
+                bad = await h.post("/v1/envs/env-nope/files/read", json={"paths": ["a"]})
+                assert bad.status_code in (404, 422), bad.text
+        asyncio.run(go())
+    assert leftovers(state) == []  # shutdown closed every environment and snapshot
+
+
+# -- crash safety ----------------------------------------------------------------------------------
+CRASHING = """
+import asyncio, sys
+from managers.cpu import CpuManager
+async def main():
+    m = CpuManager("bwrap", state_dir=sys.argv[1])
+    env = await m.open_env("crash", 64, image="tools", disk_mb=16)
+    await m.fork_env(env, ["crash-k"])
+    await m.snapshot(env)
+    print("ready", flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+def test_sigkill_then_restart_sweeps_mounts_layers_snapshots(state: Path) -> None:
+    import signal
+
+    proc = subprocess.Popen([os.sys.executable, "-c", CRASHING, str(state)],
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        assert leftovers(state)  # its roots and layers are mounted
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    owned = [p for d in ("roots", "layers") for p in (state / d).iterdir()
+             if p.name.startswith(f"tangram-{proc.pid}-")]
+    assert owned
+    m = CpuManager("bwrap", state_dir=str(state))  # the next server sweeps before serving
+    try:
+        assert any(f"server pid {proc.pid}" in line for line in m.swept)
+        assert leftovers(state) == []
+        assert not any(p.exists() for p in owned)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # loop devices go once their last user has died
+            loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
+            if str(state) not in loops:
+                break
+            time.sleep(0.1)
+        assert str(state) not in loops
+    finally:
+        asyncio.run(m.close())
