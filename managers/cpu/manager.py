@@ -99,9 +99,13 @@ class CpuManager(EnvironmentManager):
         self.resource = resource
         self.pool = CorePool(resource, nodes)
         self.roots: Roots | None = None
-        if self.backend.local:
-            self.roots = Roots(state_dir or default_state_dir(), disk_mb)
-            if disk_capacity_mb is None:
+        if self.backend.local and (state_dir or os.geteuid() == 0):  # layers need root
+            try:
+                self.roots = Roots(state_dir or default_state_dir(), disk_mb)
+            except OSError as exc:
+                log.warning("images, disk bounds and forks are off: cannot use the state "
+                            "folder %s (%s)", state_dir or default_state_dir(), exc)
+            if self.roots is not None and disk_capacity_mb is None:
                 disk_capacity_mb = local_disk_mb(str(self.roots.state))
         self.envs = EnvironmentTable(memory_mb, None if disk_capacity_mb is None else
                                      dict.fromkeys(nodes, disk_capacity_mb))
