@@ -23,7 +23,7 @@ from managers.cpu import CpuManager
 from managers.cpu.build import build
 from managers.cpu.request import ExecRequest
 
-TOOLS = ("sh", "cat", "ls", "dd", "rm", "sync")
+TOOLS = ("sh", "cat", "ls", "dd", "rm", "sync", "mkdir", "seq")
 
 
 def _ms(samples: list[float]) -> float:
@@ -50,10 +50,10 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
                                           disk_mb=max(64, 2 * mb))
                 add("open from a warm image", t)
                 if size:
-                    r = await m.execute(ExecRequest(parent, f"mkdir -p /sandbox/d && for i in "
-                                                    f"$(seq {size}); do dd if=/dev/zero "
-                                                    f"of=/sandbox/d/f$i bs=1M count=1 "
-                                                    f"status=none; done; sync", timeout=600))
+                    fill = (f"set -e; mkdir -p /sandbox/d; for i in $(seq {size}); do dd "
+                            f"if=/dev/zero of=/sandbox/d/f$i bs=1M count=1 status=none; done; "
+                            f"sync")
+                    r = await m.execute(ExecRequest(parent, fill, timeout=600))
                     assert r.ok, r
                 tag = f"{size} MB written"
                 t = time.perf_counter()

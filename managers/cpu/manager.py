@@ -142,10 +142,11 @@ class CpuManager(EnvironmentManager):
         if not isinstance(network, bool):
             raise ValidationError("env.network", network, "must be true or false")
         layered = image is not None or disk_mb is not None or snapshot is not None
-        if not layered:
+        engine = image is not None and self.backend.engine_images
+        if not layered or (engine and disk_mb is None and snapshot is None):
             node = self.envs.choose_node(self.pool, memory_mb, min_cores)
             return await self._open(Environment(
-                "", trajectory, node, memory_mb, "", network))
+                "", trajectory, node, memory_mb, "", network, image=image))
         roots = self._roots("env.image" if image is not None else "env.disk_mb",
                             image or disk_mb or snapshot)
         disk = roots.disk_of(disk_mb)

@@ -23,7 +23,8 @@ class Environment:
     `root`: the host folder of the environment's own root filesystem (an image under its
     private layer, see `layers`), None for the host's system files; `disk_mb`: its disk
     reservation (0: none, no bound); `uid`: the uid its commands must run as (a fork runs as
-    its parent, whose files it starts from), None: the backend picks one."""
+    its parent, whose files it starts from), None: the backend picks one; `image`: an image
+    of the backend's own engine (docker), None: the backend's default."""
 
     id: str
     trajectory: str
@@ -34,6 +35,7 @@ class Environment:
     root: str | None = None
     disk_mb: int = 0
     uid: int | None = None
+    image: str | None = None
 
 
 class EnvironmentTable:

@@ -27,6 +27,7 @@ class Backend(ABC):
     name: str = "backend"
     local: bool = True  # runs on this machine only (one node)
     roots: bool = False  # gives an environment its own root filesystem (`Environment.root`)
+    engine_images: bool = False  # takes `Environment.image` from its own engine (docker)
 
     @classmethod
     @abstractmethod
