@@ -449,3 +449,25 @@ def test_sigkill_then_restart_sweeps_mounts_layers_snapshots(state: Path) -> Non
         assert str(state) not in loops
     finally:
         asyncio.run(m.close())
+
+
+def test_disk_counts_in_the_node_choice(state: Path) -> None:
+    from tangram.errors import Infeasible
+
+    async def go():
+        m = await _manager(state, disk_capacity_mb=100)
+        try:
+            env = await m.open_env("room-1", 64, image="tools", disk_mb=40)
+            with pytest.raises(Infeasible, match="disk"):
+                await m.open_env("room-2", 64, image="tools", disk_mb=80)
+            with pytest.raises(Infeasible, match="disk"):
+                await m.fork_env(env, ["room-k1", "room-k2"])  # 40 + 2 x 40 > 100
+            kid = (await m.fork_env(env, ["room-k1"]))[0]
+            assert m.envs.disk_reserved["local"] >= 80
+            await m.close_env(kid)
+            await m.close_env(env)
+            assert m.envs.disk_reserved["local"] == 0  # the frozen layer went with them
+        finally:
+            await m.close()
+
+    run(go())
