@@ -125,7 +125,10 @@ class LayerStore:
                 if pid is None:
                     continue
                 unmount_below(p)
-                shutil.rmtree(p, ignore_errors=True)
+                if p.is_dir() and not p.is_symlink():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    p.unlink(missing_ok=True)
                 swept.append(f"{p} (server pid {pid})")
         return swept
 
@@ -143,9 +146,8 @@ class LayerStore:
         layer = Layer(lid, path, disk_mb)
         try:
             img = path / "disk.img"
-            with open(img, "wb") as f:
-                f.truncate(disk_mb << 20)
-            _run([*MKFS, str(img)], f"formatting the disk of layer {lid}")
+            _run(["cp", "--sparse=always", str(self._template(disk_mb)), str(img)],
+                 f"making the disk of layer {lid}")
             layer.fs.mkdir()
             _run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", str(img),
                   str(layer.fs)], f"mounting the disk of layer {lid}")
@@ -155,6 +157,21 @@ class LayerStore:
             self.drop(layer)
             raise
         return layer
+
+    def _template(self, disk_mb: int) -> Path:
+        """A freshly formatted empty disk of `disk_mb` MiB, made once per size and copied
+        (sparse: a few hundred KiB) for each new layer: ~5 ms where mkfs takes ~100."""
+        template = self.layers / f"template-{disk_mb}.img"
+        if not template.exists():
+            tmp = self.layers / owned_name(f"template-{uuid.uuid4().hex[:6]}.img")
+            try:
+                with open(tmp, "wb") as f:
+                    f.truncate(disk_mb << 20)
+                _run([*MKFS, str(tmp)], f"formatting a {disk_mb} MiB disk")
+                os.replace(tmp, template)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return template
 
     def drop(self, layer: Layer) -> None:
         """Unmount a layer's disk and delete it (its loop device is freed with it)."""
