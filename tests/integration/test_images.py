@@ -471,3 +471,37 @@ def test_disk_counts_in_the_node_choice(state: Path) -> None:
             await m.close()
 
     run(go())
+
+
+def test_ray_fork_stays_on_its_parents_node(state: Path) -> None:
+    ray = pytest.importorskip("ray", reason="Ray is not installed")
+    del ray
+    from tangram.runtime.distributed import local_cluster
+    from tangram.runtime.facade import Tangram
+
+    async def go(address: str) -> None:
+        async with Tangram.ray(address, cpu_backend="bwrap", poll_s=0.2) as tg:
+            env = await tg.open_env("ray-1", 64, image="tools", disk_mb=16)
+            await tg.write_files(env, {"/sandbox/f": b"ray"})
+            kids = await tg.fork_env(env, ["ray-k1", "ray-k2"])
+            node = tg.cpu.binding("ray-1")
+            assert [tg.cpu.binding(t) for t in ("ray-k1", "ray-k2")] == [node, node]
+            r = await tg.exec(kids[1], "cat /sandbox/f /etc/marker")
+            assert r.ok and r.stdout == "rayfrom-the-image\n", r
+            sid = await tg.snapshot(kids[0])
+            again = await tg.open_env("ray-s", 64, snapshot=sid)
+            assert tg.cpu.binding("ray-s") == node
+            assert (await tg.read_files(again, ["f"]))["f"] == b"ray"
+            await tg.delete_snapshot(sid)
+            assert tg.snapshots() == []
+
+    old = os.environ.get("TANGRAM_STATE_DIR")
+    os.environ["TANGRAM_STATE_DIR"] = str(state)  # the agents' image store: this test's
+    try:
+        with local_cluster(nodes=2, cpus_per_node=1) as cluster:
+            asyncio.run(go(cluster.address))
+    finally:
+        if old is None:
+            os.environ.pop("TANGRAM_STATE_DIR")
+        else:
+            os.environ["TANGRAM_STATE_DIR"] = old
