@@ -16,9 +16,10 @@ Steps (JSON objects, applied in order to a copy of the previous step's tree):
         a host file or folder copied into the image
     {"file": {"path": IMAGE_PATH, "content": TEXT, "mode": 420}}
 
-The cache key of a step is the sha256 of the previous step's digest and the step's JSON (and,
-for `copy`, of the digest of what is copied), so a step reruns only when it or a step before it
-changed. Each step's tree is stored in the image store like any image (unnamed, by digest).
+The cache key of a step is the sha256 of the previous step's digest and the step's JSON (for
+`copy`: its destination and the digest of what is copied, wherever it lies), so a step reruns
+only when it or a step before it changed. Each step's tree is stored in the image store like
+any image (unnamed, by digest).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
     digest = ""
     for i, step in enumerate(steps):
         kind = _kind(step, i)
-        key = hashlib.sha256((digest + json.dumps(step, sort_keys=True)
+        named = step if kind != "copy" else {"copy": {"to": step[kind].get("to")}}
+        key = hashlib.sha256((digest + json.dumps(named, sort_keys=True)  # a copy: by content
                               + _input_digest(kind, step[kind])).encode()).hexdigest()
         cached = cache.get(key)
         if cached is not None and _stored(store, cached):

@@ -32,7 +32,7 @@ import os
 import shutil
 import subprocess
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from managers.cpu.leftovers import dead_owner, owned_name
@@ -90,7 +90,6 @@ class Rooted:
     upper: Layer
     target: Path
     uid: int | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class LayerStore:
