@@ -207,8 +207,8 @@ class LayerStore:
         if len(options) > 4000:
             raise TangramError(f"the layer stack of {target.name} is {len(stack.layers)} deep: "
                                f"too deep to mount (fork from a snapshot nearer the image)")
-        _run(["mount", "-t", "overlay", "overlay", "-o", options, str(target)],
-             f"mounting the root {target.name}", cwd=self.layers)
+        _run(["mount", "-t", "overlay", "overlay", "-o", f"nosuid,nodev,{options}",
+              str(target)], f"mounting the root {target.name}", cwd=self.layers)
 
     def unmount(self, target: Path) -> None:
         unmount_below(target)
