@@ -505,3 +505,42 @@ def test_ray_fork_stays_on_its_parents_node(state: Path) -> None:
             os.environ.pop("TANGRAM_STATE_DIR")
         else:
             os.environ["TANGRAM_STATE_DIR"] = old
+
+
+def test_verl_tool_opens_its_sample_from_an_image(state: Path) -> None:
+    from tangram.adapters import verl as adapter
+    from tangram.runtime.facade import Tangram
+
+    schema = {"type": "function", "function": {
+        "name": "bash", "description": "Run a shell command.",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                       "required": ["command"]}}}
+    if adapter.HAVE_VERL:
+        from verl.tools.schemas import OpenAIFunctionToolSchema
+
+        schema = OpenAIFunctionToolSchema.model_validate(schema)
+    runner = adapter.TangramRunner(lambda: Tangram(cpu=CpuManager("bwrap",
+                                                                  state_dir=str(state))))
+    try:
+        tool = adapter.TangramTool({"image": "tools", "disk_mb": 16, "memory_mb": 64}, schema,
+                                   runner=runner)
+
+        async def main():
+            created = await tool.create("verl-img")  # the tool's image
+            iid = created if isinstance(created, str) else created[0]
+            resp, _, _ = await tool.execute(iid, {"command": "cat /etc/marker"})
+            text = resp if isinstance(resp, str) else resp.text
+            assert "from-the-image" in text
+            sid = await runner.call(runner.tangram.snapshot(tool.envs[iid]))
+            created = await tool.create("verl-snap", snapshot=sid)  # a sample's create_kwargs
+            other = created if isinstance(created, str) else created[0]
+            resp, _, _ = await tool.execute(other, {"command": "ls /etc"})
+            text = resp if isinstance(resp, str) else resp.text
+            assert "marker" in text
+            await tool.release(iid)
+            await tool.release(other)
+
+        asyncio.run(main())
+    finally:
+        runner.close()
+    assert leftovers(state) == []
