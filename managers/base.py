@@ -13,7 +13,7 @@ adds the grant and the timings to that same record).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tangram.allocation import Assignment
@@ -105,4 +105,8 @@ class EnvironmentManager(Manager):
         raise self._no_layers("env_id", env_id)
 
     async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+        raise self._no_layers("env_id", env_id)
+
+    def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
+        """A tar stream of one folder of the environment."""
         raise self._no_layers("env_id", env_id)

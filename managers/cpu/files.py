@@ -152,3 +152,14 @@ def _open(rootfd: int, rel: str, flags: int, path: str, mode: int = 0) -> int:
         raise
     except OSError as exc:
         raise ValidationError("files", path, f"cannot open it ({exc.strerror})") from exc
+
+
+def open_tree(root: str, rel: str) -> int:
+    """An O_PATH descriptor of the folder `rel` inside `root` (resolved as every path here:
+    never outside), for `tar -C /proc/self/fd/N`: tar then archives what lies below it without
+    following links (they go into the archive as links)."""
+    rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return _open(rootfd, rel.strip("/") or ".", os.O_PATH | os.O_DIRECTORY, rel)
+    finally:
+        os.close(rootfd)

@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 
 from managers.base import EnvironmentManager
 from managers.cpu import files
@@ -317,6 +317,28 @@ class CpuManager(EnvironmentManager):
             by_root.setdefault(root, {})[rel] = data
         for root, group in by_root.items():
             await asyncio.to_thread(files.write, root, group, self.backend.owner(env))
+
+    async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
+        """A tar stream of the folder `path` of the environment (links kept as links, never
+        followed); for trees too large for `read_files`."""
+        env = self._tree(env_id)
+        root, rel = Roots.inside(env.root, env.workdir, path)
+        fd = await asyncio.to_thread(files.open_tree, root, rel)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "tar", "-C", f"/proc/self/fd/{fd}", "-cf", "-", "--numeric-owner", ".",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+                pass_fds=(fd,))
+        finally:
+            os.close(fd)
+        assert proc.stdout is not None
+        try:
+            while chunk := await proc.stdout.read(1 << 16):
+                yield chunk
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
 
     async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
         """Each path's content, None where it is missing or not a regular file."""

@@ -86,6 +86,13 @@ class TangramClient:
         body = {"files": {p: base64.b64encode(data).decode() for p, data in files.items()}}
         await self._request("PUT", f"/v1/envs/{_segment(env_id, 'env_id')}/files", body)
 
+    async def tar_files(self, env_id: str, path: str = "/sandbox") -> bytes:
+        """The tar archive of one folder of the environment."""
+        response = await self._http.get(f"/v1/envs/{_segment(env_id, 'env_id')}/files/tar",
+                                        params={"path": path})
+        _raise_for(response)
+        return response.content
+
     async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
         doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/files/read",
                                   {"paths": list(paths)})

@@ -6,6 +6,7 @@
     DELETE /v1/snapshots/{snapshot_id}                             -> {"snapshot_id"}
     PUT    /v1/envs/{env_id}/files       {"files": {path: base64}} -> {"written": n}
     POST   /v1/envs/{env_id}/files/read  {"paths": [...]}          -> {"files": {path: base64|null}}
+    GET    /v1/envs/{env_id}/files/tar?path=/sandbox               -> a tar stream of that folder
 
 `POST /v1/envs` itself (in `server`) takes `image`, `disk_mb` and `snapshot`. A path is as in
 `Tangram.write_files`: absolute = the environment's own root (with an image), relative = under
@@ -21,6 +22,7 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tangram.errors import ValidationError
@@ -101,3 +103,15 @@ async def read_files(env_id: str, body: ReadFiles, request: Request) -> dict[str
     got = await request.app.state.tangram.read_files(env_id, body.paths)
     return {"files": {p: None if data is None else base64.b64encode(data).decode()
                       for p, data in got.items()}}
+
+
+@router.get("/v1/envs/{env_id}/files/tar", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {}}}})
+async def tar_files(env_id: str, request: Request, path: str = "/sandbox") -> StreamingResponse:
+    stream = request.app.state.tangram.tar_files(env_id, path)
+    first = await anext(stream, b"")  # errors (unknown env, bad path) before the 200
+    async def body():
+        yield first
+        async for chunk in stream:
+            yield chunk
+    return StreamingResponse(body(), media_type="application/x-tar")

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -213,6 +213,13 @@ class Tangram:
         self._env(env_id).last_used = time.monotonic()
         assert self.cpu is not None
         await self.cpu.write_files(env_id, files)
+
+    def tar_files(self, env_id: str, path: str = "/sandbox") -> AsyncIterator[bytes]:
+        """A tar stream of one folder of the environment (links kept, never followed)."""
+        self._admitting()
+        self._env(env_id).last_used = time.monotonic()
+        assert self.cpu is not None
+        return self.cpu.tar_files(env_id, path)
 
     async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
         """Each path's content (None where missing or not a regular file)."""

@@ -387,6 +387,9 @@ def test_http_and_client_images_fork_snapshot_files(state: Path) -> None:
                 assert [s["snapshot_id"] for s in await c.snapshots()] == [sid]
                 from_snap = await c.open_env("http-s", memory_mb=64, snapshot=sid)
                 assert (await c.read_files(from_snap, ["w.txt"]))["w.txt"] == b"w"
+                tar = await c.tar_files(from_snap, "/sandbox")
+                with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+                    assert "./w.txt" in t.getnames()
                 await c.delete_snapshot(sid)
                 with pytest.raises(ValidationError) as e:
                     await c.delete_snapshot(sid)
@@ -401,6 +404,8 @@ def test_http_and_client_images_fork_snapshot_files(state: Path) -> None:
                 assert bad.status_code == 422 and bad.json()["field"] == "trajectories"
                 bad = await h.post("/v1/envs/env-nope/files/read", json={"paths": ["a"]})
                 assert bad.status_code in (404, 422), bad.text
+                bad = await h.get(f"/v1/envs/{env}/files/tar", params={"path": "/nope"})
+                assert bad.status_code == 422 and bad.json()["field"] == "files", bad.text
         asyncio.run(go())
     assert leftovers(state) == []  # shutdown closed every environment and snapshot
 
@@ -544,3 +549,29 @@ def test_verl_tool_opens_its_sample_from_an_image(state: Path) -> None:
     finally:
         runner.close()
     assert leftovers(state) == []
+
+
+def test_tar_stream_of_a_folder_keeps_links_and_stays_inside(state: Path) -> None:
+    async def go():
+        m = await _manager(state)
+        try:
+            env = await m.open_env("tar-1", 64, image="tools", disk_mb=16)
+            await m.write_files(env, {"repo/a.py": b"print(1)\n", "repo/sub/b.txt": b"b"})
+            await sh(m, env, f"ln -s {state} /sandbox/repo/host; ln -s ../../../.. "
+                             f"/sandbox/up")
+            data = b"".join([c async for c in m.tar_files(env, "repo")])
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                members = {t.name: t for t in tar.getmembers()}
+                assert tar.extractfile("./a.py").read() == b"print(1)\n"
+            assert members["./host"].issym() and members["./host"].linkname == str(state)
+            assert set(members) == {".", "./a.py", "./sub", "./sub/b.txt", "./host"}
+            # a path through a planted link resolves inside the environment's root
+            up = b"".join([c async for c in m.tar_files(env, "/sandbox/up/etc")])
+            with tarfile.open(fileobj=io.BytesIO(up)) as tar:
+                assert "./marker" in tar.getnames()
+            with pytest.raises(ValidationError):
+                _ = [c async for c in m.tar_files(env, "/no/such/folder")]
+        finally:
+            await m.close()
+
+    run(go())
