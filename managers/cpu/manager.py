@@ -149,6 +149,10 @@ class CpuManager(EnvironmentManager):
                 "", trajectory, node, memory_mb, "", network, image=image))
         roots = self._roots("env.image" if image is not None else "env.disk_mb",
                             image or disk_mb or snapshot)
+        why = await asyncio.to_thread(lambda: roots.layers.why_not)  # probed once, off the loop
+        if why is not None:
+            raise ValidationError("env.image" if image is not None else "env.disk_mb",
+                                  image or disk_mb or snapshot, why)
         disk = roots.disk_of(disk_mb)
         stack, uid = roots.stack_for(image, snapshot)
         if stack.image is not None and not self.backend.roots:
@@ -200,9 +204,6 @@ class CpuManager(EnvironmentManager):
         if self.roots is None:
             raise ValidationError(field, value, f"the {self.backend.name} backend has no "
                                   f"images, disk bounds or forks")
-        why = self.roots.layers.why_not
-        if why is not None:
-            raise ValidationError(field, value, why)
         return self.roots
 
     def _discard(self, env_id: str, node: str, prepared: Prepared | None = None) -> None:
