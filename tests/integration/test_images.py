@@ -575,3 +575,27 @@ def test_tar_stream_of_a_folder_keeps_links_and_stays_inside(state: Path) -> Non
             await m.close()
 
     run(go())
+
+
+def test_image_cli_import_ls_build_rm(tmp_path: Path, capsys) -> None:
+    from tangram.runtime.image_cli import main as tangram  # `tangram image` (its entry point)
+
+    src = tmp_path / "rootfs"
+    _tree(src)
+    state = ["--state-dir", str(tmp_path / "state")]
+    assert tangram([*state, "import", "mine", str(src)]) == 0
+    assert tangram([*state, "build", "tiny", "--host", "sh", "--copy",
+                    f"{src}/etc/marker:/etc/marker"]) == 0
+    assert tangram([*state, "build", "tiny", "--host", "sh", "--copy",
+                    f"{src}/etc/marker:/etc/marker"]) == 0  # every step cached
+    err = capsys.readouterr().err
+    assert "step 1/2 host: cached" in err and "step 2/2 copy: cached" in err
+    assert tangram([*state, "ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    named = {n: i["digest"] for i in listed for n in i["names"]}
+    assert set(named) == {"mine", "tiny"}
+    tiny = Path(next(i["rootfs"] for i in listed if "tiny" in i["names"]))
+    assert (tiny / "etc" / "marker").read_text() == "m\n" and (tiny / "usr" / "bin").is_dir()
+    assert tangram([*state, "rm", "mine"]) == 0
+    with pytest.raises(NotFound, match="no such image"):  # `tangram` prints it, exit 2
+        tangram([*state, "rm", "mine"])
