@@ -599,3 +599,27 @@ def test_image_cli_import_ls_build_rm(tmp_path: Path, capsys) -> None:
     assert tangram([*state, "rm", "mine"]) == 0
     with pytest.raises(NotFound, match="no such image"):  # `tangram` prints it, exit 2
         tangram([*state, "rm", "mine"])
+
+
+@pytest.mark.docker
+def test_docker_backend_takes_the_image_per_environment(need_docker) -> None:
+    from managers.cpu.backends.docker import DEFAULT_IMAGE, DockerBackend
+    from managers.cpu.leftovers import owned_name
+
+    async def go():
+        backend = DockerBackend()
+        backend.client.images.get(DEFAULT_IMAGE).tag("tangram-test-per-env", "v1")
+        m = CpuManager(backend)
+        try:
+            env = await m.open_env("docker-img", 64, image="tangram-test-per-env:v1")
+            plain = await m.open_env("docker-plain", 64)
+            tags = {e: backend.client.containers.get(owned_name(e)).attrs["Config"]["Image"]
+                    for e in (env, plain)}
+            assert tags == {env: "tangram-test-per-env:v1", plain: DEFAULT_IMAGE}
+            r = await m.execute(ExecRequest(env, "echo in-its-image"))
+            assert r.ok and r.stdout == "in-its-image\n", r
+        finally:
+            await m.close()
+            backend.client.images.remove("tangram-test-per-env:v1")
+
+    run(go())
