@@ -5,7 +5,9 @@ Figures (median of --repeat, milliseconds): open an environment from a warm imag
 group (1 and --group children) of a parent that has written nothing and one that has written
 --mb MB (in 1 MB files); snapshot the same two; and, as the reference a copy-based design pays
 per sample, `cp -a` of the parent's whole tree (image + written files) on the same disk, and of
-its written files alone. A fork or snapshot is O(1) in data: its rows should not grow with --mb.
+its written files alone; where a Docker engine runs, the same image imported into it: `docker
+run`, `docker commit` of a container that wrote --mb MB and `docker run` of that commit. A fork
+or snapshot is O(1) in data: its rows should not grow with --mb.
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import time
 
 from managers.cpu import CpuManager
 from managers.cpu.build import build
+from managers.cpu.images import ImageStore
 from managers.cpu.request import ExecRequest
 
-TOOLS = ("sh", "cat", "ls", "dd", "rm", "sync", "mkdir", "seq")
+TOOLS = ("sh", "cat", "ls", "dd", "rm", "sync", "mkdir", "seq", "sleep")
 
 
 def _ms(samples: list[float]) -> float:
@@ -83,6 +86,43 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
     return {k: _ms(v) for k, v in figures.items()}
 
 
+def _docker(*args: str) -> str:
+    return subprocess.run(["docker", *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def _bench_docker(rootfs: str, repeat: int, mb: int) -> dict[str, float]:
+    """The same image imported into the Docker engine: `docker run` (open), `docker commit`
+    of a container that wrote `mb` MB (snapshot) and `docker run` of the commit (one fork)."""
+    tar = subprocess.Popen(["tar", "-C", rootfs, "-cf", "-", "."], stdout=subprocess.PIPE)
+    subprocess.run(["docker", "import", "-", "tangram-bench-env:latest"], stdin=tar.stdout,
+                   check=True, capture_output=True)
+    tar.wait()
+    figures: dict[str, list[float]] = {}
+    try:
+        for i in range(repeat):
+            t = time.perf_counter()
+            c = _docker("run", "-d", "--network", "none", "tangram-bench-env:latest", "sleep",
+                        "1000000")
+            figures.setdefault("docker run (open)", []).append(time.perf_counter() - t)
+            _docker("exec", c, "sh", "-c", f"mkdir -p /d; for i in $(seq {mb}); do dd "
+                    f"if=/dev/zero of=/d/f$i bs=1M count=1 status=none; done; sync")
+            t = time.perf_counter()
+            _docker("commit", c, f"tangram-bench-env:c{i}")
+            figures.setdefault(f"docker commit, {mb} MB written", []).append(
+                time.perf_counter() - t)
+            t = time.perf_counter()
+            k = _docker("run", "-d", "--network", "none", f"tangram-bench-env:c{i}", "sleep",
+                        "1000000")
+            figures.setdefault(f"docker run of the commit (fork x1), {mb} MB", []).append(
+                time.perf_counter() - t)
+            _docker("rm", "-f", c, k)
+            _docker("rmi", f"tangram-bench-env:c{i}")
+    finally:
+        subprocess.run(["docker", "rmi", "-f", "tangram-bench-env:latest"], capture_output=True)
+    return {k: _ms(v) for k, v in figures.items()}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="tangram bench env", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -93,16 +133,19 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     state = ns.state_dir or tempfile.mkdtemp(prefix="tangram-bench-env.", dir="/var/tmp")
+    docker = bool(shutil.which("docker")) and subprocess.run(
+        ["docker", "info"], capture_output=True).returncode == 0
     try:
         figures = asyncio.run(_bench(state, ns.repeat, ns.group, ns.mb))
+        if docker:
+            rootfs = ImageStore(f"{state}/images").resolve("bench-tools").rootfs
+            figures.update(_bench_docker(rootfs, ns.repeat, ns.mb))
     finally:
         if not ns.state_dir:
             shutil.rmtree(state, ignore_errors=True)
     if ns.json:
         print(json.dumps(figures))
         return 0
-    docker = shutil.which("docker") and subprocess.run(
-        ["docker", "info"], capture_output=True).returncode == 0
     print(f"tangram bench env: median of {ns.repeat}, ms (same run; the machine may be loaded)")
     for k, v in figures.items():
         print(f"  {k:<45}{v:>10.1f}")
