@@ -23,7 +23,7 @@ import sys
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
 from managers.cpu.manager import default_state_dir
-from tangram.errors import ValidationError
+from tangram.errors import TangramError, ValidationError
 
 
 def _steps(ns: argparse.Namespace) -> list[dict]:
@@ -85,7 +85,15 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":  # the same as `tangram image ...`
-    from tangram.runtime.cli import main as tangram
+def run(argv: list[str]) -> int:
+    """`main` with `tangram`'s error handling (for `python -m tangram.runtime.image_cli`, which
+    works from a source checkout whose entry points are not installed)."""
+    try:
+        return main(argv)
+    except TangramError as exc:
+        print(f"tangram image: error: {exc}", file=sys.stderr)
+        return 2
 
-    sys.exit(tangram(["image", *sys.argv[1:]]))
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
