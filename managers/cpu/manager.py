@@ -113,6 +113,7 @@ class CpuManager(EnvironmentManager):
         self.workdir_root = workdir_root or tempfile.gettempdir()
         self._closed = False
         self._busy: dict[str, int] = {}  # env id -> commands running in it
+        self._freezing: dict[str, asyncio.Event] = {}  # env id -> set when its fork is done
         self.swept = self.backend.sweep() + sweep_workdirs(self.workdir_root) + (
             self.roots.sweep() if self.roots is not None else [])
         for line in self.swept:
@@ -234,14 +235,21 @@ class CpuManager(EnvironmentManager):
         return env, self.roots
 
     async def _freeze(self, env: Environment, roots: Roots) -> None:
-        """Stop the sandbox, freeze its layer, remount on a fresh one, restart it."""
-        await self.backend.suspend(env)
+        """Stop the sandbox, freeze its layer, remount on a fresh one, restart it. A command
+        granted meanwhile waits until the sandbox is back."""
+        if env.id in self._freezing:
+            raise ValidationError("env_id", env.id, "a fork or snapshot of it is under way")
+        self._freezing[env.id] = asyncio.Event()
         try:
-            frozen = await asyncio.to_thread(roots.freeze, env.id, env.disk_mb)
-            frozen.counted_mb = roots.layers.allocated_mb(frozen)
-            self.envs.reserve_disk(env.node, frozen.counted_mb)
+            await self.backend.suspend(env)
+            try:
+                frozen = await asyncio.to_thread(roots.freeze, env.id, env.disk_mb)
+                frozen.counted_mb = roots.layers.allocated_mb(frozen)
+                self.envs.reserve_disk(env.node, frozen.counted_mb)
+            finally:
+                await self.backend.resume(env)
         finally:
-            await self.backend.resume(env)
+            self._freezing.pop(env.id).set()
 
     async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
         """New environments, one per trajectory, on the parent's node, whose files start as the
@@ -383,6 +391,8 @@ class CpuManager(EnvironmentManager):
                            f"{placement} is not cores on the environment's node {env.node}")
         if req.env_id in self.broken:
             return Result("failed", detail=self.broken[req.env_id])
+        if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
+            await self._freezing[env.id].wait()
         self._busy[env.id] = self._busy.get(env.id, 0) + 1
         try:
             outcome = await self.backend.exec(env, placement.cores, req.command, req.timeout,

@@ -623,3 +623,24 @@ def test_docker_backend_takes_the_image_per_environment(need_docker) -> None:
             backend.client.images.remove("tangram-test-per-env:v1")
 
     run(go())
+
+
+def test_a_command_granted_during_a_fork_waits_for_it(state: Path) -> None:
+    async def go():
+        m = await _manager(state)
+        try:
+            env = await m.open_env("race-1", 64, image="tools", disk_mb=16)
+            await m.write_files(env, {"/sandbox/f": b"before"})
+            fork = asyncio.ensure_future(m.fork_env(env, ["race-k"]))
+            await asyncio.sleep(0)  # the fork has begun: the sandbox is being re-stacked
+            r = await sh(m, env, "cat /sandbox/f && echo after > /sandbox/f")
+            kid = (await fork)[0]
+            assert r.ok and r.stdout == "before", r
+            assert (await m.read_files(kid, ["/sandbox/f"]))["/sandbox/f"] == b"before"
+            with pytest.raises(ValidationError):
+                await asyncio.gather(m.snapshot(env), m.snapshot(env))
+        finally:
+            await m.close()
+        assert leftovers(state) == []
+
+    run(go())

@@ -16,6 +16,11 @@ A holder that died is restarted before the next exec. Inside:
   plus `ro_paths`), a fresh `/proc` of its own PID namespace, a minimal `/dev`, a private `/tmp`
   (tmpfs, one per environment) and the environment's work directory, writable, at `/sandbox`
   (HOME). No `/sys`, no cgroup files, no other environment's folders;
+- with an image (`Environment.root`, see `managers.cpu.layers`): that tree is `/` instead (the
+  host's system files, the server's Python and the tmpfs `/tmp` are not there; `/tmp` and
+  `/sandbox` are the image's, in the environment's writable layer), and the sandbox starts and
+  is entered with the host's `setpriv`, `sh` and `sleep` run through the host's loader from
+  `/opt/tangram/host` (`toolkit`), so an image needs none of them;
 - new PID, IPC, UTS and cgroup namespaces; a new network namespace (loopback only) unless the
   environment was opened with `network=True`;
 - `--die-with-parent`: the sandbox and everything in its PID namespace die with the server;
