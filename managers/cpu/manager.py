@@ -28,7 +28,7 @@ from managers.cpu.request import ExecRequest, exec_target
 from managers.cpu.roots import Prepared, Roots
 from tangram.actions import Action
 from tangram.allocation import Assignment
-from tangram.errors import Infeasible, ValidationError
+from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import CorePool
 from tangram.resources import Demand
 from tangram.results import Result
@@ -169,6 +169,8 @@ class CpuManager(EnvironmentManager):
                                             disk_mb=disk, uid=uid), stack)
 
     async def _open(self, proto: Environment, stack=None) -> str:
+        if self._closed:
+            raise TangramError("the CPU manager is closed")
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         taken = self.envs.of_trajectory(proto.trajectory)
         if taken is not None:
@@ -183,6 +185,8 @@ class CpuManager(EnvironmentManager):
             workdir, root = prepared.workdir, prepared.root
         env = dataclasses.replace(proto, id=env_id, workdir=workdir, root=root)
         try:
+            if self._closed:  # closed while its tree was being made
+                raise TangramError("the CPU manager is closed")
             self.envs.add(env)  # validates: one environment per trajectory
         except BaseException:
             if prepared is not None:
@@ -234,9 +238,10 @@ class CpuManager(EnvironmentManager):
                                   f"it is idle (files are frozen, processes are not forked)")
         return env, self.roots
 
-    async def _freeze(self, env: Environment, roots: Roots) -> None:
-        """Stop the sandbox, freeze its layer, remount on a fresh one, restart it. A command
-        granted meanwhile waits until the sandbox is back."""
+    async def _freeze(self, env: Environment, roots: Roots, keep: bool = False) -> str | None:
+        """Stop the sandbox, freeze its layer, remount on a fresh one, restart it; `keep`:
+        also keep the frozen stack as a snapshot (returns its id). A command granted meanwhile
+        waits until the sandbox is back, and so does `close`."""
         if env.id in self._freezing:
             raise ValidationError("env_id", env.id, "a fork or snapshot of it is under way")
         self._freezing[env.id] = asyncio.Event()
@@ -248,6 +253,9 @@ class CpuManager(EnvironmentManager):
                 self.envs.reserve_disk(env.node, frozen.counted_mb)
             finally:
                 await self.backend.resume(env)
+            if keep:
+                return roots.keep(env.id, env.node, roots.envs[env.id].uid).id
+            return None
         finally:
             self._freezing.pop(env.id).set()
 
@@ -289,8 +297,9 @@ class CpuManager(EnvironmentManager):
         """Keep the environment's files as they are now under a snapshot id (the environment
         goes on, from a fresh layer over them); O(1) in data like `fork_env`."""
         env, roots = self._layered(env_id, "snapshot")
-        await self._freeze(env, roots)
-        return roots.keep(env_id, env.node, roots.envs[env_id].uid).id
+        sid = await self._freeze(env, roots, keep=True)
+        assert sid is not None
+        return sid
 
     def snapshots(self) -> list[dict]:
         roots = self.roots
@@ -364,6 +373,8 @@ class CpuManager(EnvironmentManager):
         """Kill everything left in the environment and remove it. Unknown ids are ignored, and
         so is a second close while the first is still at work (the idle reaper and shutdown
         may both close one environment)."""
+        if env_id in self._freezing:  # a fork or snapshot of it ends first
+            await self._freezing[env_id].wait()
         env = self.envs.get(env_id)
         if env is None:
             return
@@ -434,6 +445,8 @@ class CpuManager(EnvironmentManager):
         if self._closed:
             return
         self._closed = True
+        for done in list(self._freezing.values()):  # a fork or snapshot under way ends first
+            await done.wait()
         for env in self.envs.all():
             await self.close_env(env.id)
         if self.roots is not None:

@@ -637,8 +637,12 @@ def test_a_command_granted_during_a_fork_waits_for_it(state: Path) -> None:
             kid = (await fork)[0]
             assert r.ok and r.stdout == "before", r
             assert (await m.read_files(kid, ["/sandbox/f"]))["/sandbox/f"] == b"before"
-            with pytest.raises(ValidationError):
-                await asyncio.gather(m.snapshot(env), m.snapshot(env))
+            both = await asyncio.gather(m.snapshot(env), m.snapshot(env),
+                                        return_exceptions=True)
+            assert sum(isinstance(b, ValidationError) for b in both) == 1, both
+            # closing while a snapshot is under way leaves nothing behind either
+            asyncio.ensure_future(m.snapshot(env))
+            await asyncio.sleep(0)
         finally:
             await m.close()
         assert leftovers(state) == []
