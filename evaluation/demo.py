@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from evaluation import coding_rollout
 from managers.cpu.request import ExecRequest
 from tangram import Action, Assignment, Placement, Tangram
 from tangram.runtime.distributed import ray_session
@@ -280,8 +281,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ray", metavar="ADDRESS",
                    help="run over a Ray cluster: an address, or local:N[xC] to start N local "
                         "nodes of C cores (sim backend); the static baseline is skipped")
+    p.add_argument("--rollout", choices=["agentic", "coding"], default="agentic",
+                   help="agentic: the rollout above, twice (default); coding: the AI-coding "
+                        "rollout of evaluation.coding_rollout (a task image, a forked GRPO "
+                        "group of 8, the project's tests as the reward; bwrap backend)")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
+    if ns.rollout == "coding":
+        out = coding_rollout.run(log=lambda line: None if ns.json else print(line))
+        print(json.dumps(out) if ns.json else coding_rollout.render(out))
+        return 0 if all(s["reward"] == 1.0 for s in out["samples"]
+                        if s["patch"].startswith("fix")) else 1
     if ns.trajectories < 1:
         p.error("--trajectories must be at least 1")
     rows = asyncio.run(_main(ns))

@@ -13,10 +13,11 @@ adds the grant and the timings to that same record).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from tangram.allocation import Assignment
+from tangram.errors import ValidationError
 from tangram.pools import CorePool, Pool
 from tangram.results import Result
 
@@ -79,3 +80,33 @@ class EnvironmentManager(Manager):
     def binding(self, trajectory: str) -> str | None:
         """The node the trajectory's environment is bound to (its actions run only there), or
         None when it has none."""
+
+    # -- environments with a tree of their own (images, layers; see managers.cpu.roots) -------
+    def _no_layers(self, field: str, value: Any) -> ValidationError:
+        return ValidationError(field, value, f"the {self.backend_name} backend has no images, "
+                                             f"layers, forks or files API")
+
+    async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
+        """New environments, one per trajectory, on the parent's node, starting from the
+        parent's files (not its processes); returns their ids in order."""
+        raise self._no_layers("env_id", env_id)
+
+    async def snapshot(self, env_id: str) -> str:
+        """Keep the environment's files as they are now; returns the snapshot's id."""
+        raise self._no_layers("env_id", env_id)
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return []
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        raise ValidationError("snapshot", snapshot_id, "no such snapshot")
+
+    async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
+        raise self._no_layers("env_id", env_id)
+
+    async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+        raise self._no_layers("env_id", env_id)
+
+    def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
+        """A tar stream of one folder of the environment."""
+        raise self._no_layers("env_id", env_id)

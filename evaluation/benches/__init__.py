@@ -19,6 +19,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
     "emfit": ("evaluation.benches.emfit:main", "E(m) learned online on a real elastic pytest"),
+    "env": ("evaluation.benches.env_layers:main",
+            "open from an image, fork and snapshot vs cp -a of the same files"),
     "sandboxfusion": ("evaluation.benches.sandboxfusion:main",
                       "a /run_code burst: elastic and fixed grants vs a one-core pool; "
                       "--latency: latency and throughput vs a minimal no-sandbox server"),

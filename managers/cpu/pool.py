@@ -18,7 +18,13 @@ from tangram.pools import Pool
 @dataclass(frozen=True, slots=True)
 class Environment:
     """A trajectory's sandbox: its node, memory reservation and working directory; `network`:
-    whether its commands may reach the network (isolating backends cut it off otherwise)."""
+    whether its commands may reach the network (isolating backends cut it off otherwise).
+
+    `root`: the host folder of the environment's own root filesystem (an image under its
+    private layer, see `layers`), None for the host's system files; `disk_mb`: its disk
+    reservation (0: none, no bound); `uid`: the uid its commands must run as (a fork runs as
+    its parent, whose files it starts from), None: the backend picks one; `image`: an image
+    of the backend's own engine (docker), None: the backend's default."""
 
     id: str
     trajectory: str
@@ -26,6 +32,10 @@ class Environment:
     memory_mb: int
     workdir: str
     network: bool = False
+    root: str | None = None
+    disk_mb: int = 0
+    uid: int | None = None
+    image: str | None = None
 
 
 def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
@@ -45,12 +55,16 @@ def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
 class EnvironmentTable:
     """Environments, their memory reservations per node and the trajectory -> node bindings."""
 
-    def __init__(self, memory_mb: Mapping[str, int]) -> None:
+    def __init__(self, memory_mb: Mapping[str, int],
+                 disk_mb: Mapping[str, int] | None = None) -> None:
         for n, m in memory_mb.items():
             if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
                 raise ValidationError(f"memory_mb[{n}]", m, "must be a positive integer (MiB)")
         self._capacity = dict(memory_mb)
         self._reserved = {n: 0 for n in memory_mb}
+        # disk per node (MiB): environments' layers and frozen layers (forks, snapshots)
+        self.disk_capacity = {n: (disk_mb or {}).get(n, 1 << 40) for n in memory_mb}
+        self.disk_reserved = {n: 0 for n in memory_mb}
         self._envs: dict[str, Environment] = {}
         self._by_trajectory: dict[str, str] = {}
 
@@ -60,12 +74,26 @@ class EnvironmentTable:
     def memory_load(self, node: str) -> float:
         return self._reserved[node] / self._capacity[node]
 
-    def choose_node(self, cores: Pool, memory_mb: int, min_cores: int = 1) -> str:
-        """The node for a new environment; raises `Infeasible` when no node has the memory."""
+    def disk_free(self, node: str) -> int:
+        return self.disk_capacity[node] - self.disk_reserved[node]
+
+    def reserve_disk(self, node: str, mb: int) -> None:
+        """Count `mb` MiB of disk on `node` (negative: give it back)."""
+        self.disk_reserved[node] += mb
+
+    def choose_node(self, cores: Pool, memory_mb: int, min_cores: int = 1,
+                    disk_mb: int = 0) -> str:
+        """The node for a new environment; raises `Infeasible` when no node has the memory
+        (and the disk)."""
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
             raise ValidationError("env.memory_mb", memory_mb, "must be a positive integer (MiB)")
-        node = pick_node(self._capacity, self.memory_free, self.memory_load, cores.free,
-                         memory_mb, min_cores)
+        if disk_mb and not [n for n in self._capacity if self.disk_free(n) >= disk_mb]:
+            best = max(self._capacity, key=self.disk_free)
+            raise Infeasible(f"env.disk_mb: {disk_mb} MiB fits on no node (most free: "
+                             f"{self.disk_free(best)} MiB on {best})")
+        nodes = [n for n in self._capacity if self.disk_free(n) >= disk_mb]
+        node = pick_node(nodes, self.memory_free, self.memory_load, cores.free, memory_mb,
+                         min_cores)
         if node is None:
             best = max(self._capacity, key=self.memory_free, default=None)
             raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
@@ -82,11 +110,13 @@ class EnvironmentTable:
         self._envs[env.id] = env
         self._by_trajectory[env.trajectory] = env.id
         self._reserved[env.node] += env.memory_mb
+        self.disk_reserved[env.node] += env.disk_mb
 
     def remove(self, env_id: str) -> Environment:
         env = self._envs.pop(env_id)
         del self._by_trajectory[env.trajectory]
         self._reserved[env.node] -= env.memory_mb
+        self.disk_reserved[env.node] -= env.disk_mb
         return env
 
     def get(self, env_id: str) -> Environment | None:

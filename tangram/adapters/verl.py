@@ -18,6 +18,8 @@ tools:
       cpu: 1                      # demand per call: 1, [1, 4] (range) or {choices: [1, 2, 4]}
       timeout: 60
       memory_mb: 2048             # reserved for the trajectory's environment
+      image: swe-task             # optional: the environment's root is this image (a
+      disk_mb: 1024               # sample's create_kwargs `image`/`snapshot` override it)
       max_output: 4000            # characters of output returned to the model
       reward_command: "pytest -q tests"   # optional: calc_reward runs it, elastic, on (1, 8)
       reward_cpu: [1, 8]
@@ -199,6 +201,8 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
         self.reward_cpu = _demand("tool.config.reward_cpu", config.get("reward_cpu", [1, 8]))
         self.timeout = float(config.get("timeout", 60.0))
         self.memory_mb = int(config.get("memory_mb", 1024))
+        self.image = config.get("image")  # per sample: create_kwargs {"image"} or {"snapshot"}
+        self.disk_mb = config.get("disk_mb")
         self.max_output = int(config.get("max_output", 4000))
         self.command_param = str(config.get("command_param", "command"))
         self.reward_command = config.get("reward_command")
@@ -214,7 +218,13 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> Any:
         iid = instance_id or f"verl-{uuid.uuid4().hex[:12]}"
         tg = self.runner.tangram
-        self.envs[iid] = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb))
+        tree = {"image": kwargs.get("image", self.image), "snapshot": kwargs.get("snapshot"),
+                "disk_mb": self.disk_mb}
+        if tree["snapshot"] is not None:
+            tree["image"] = None
+        tree = {k: v for k, v in tree.items() if v is not None}
+        self.envs[iid] = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb,
+                                                            **tree))
         if HAVE_VERL and _VerlResponse is None:
             return iid
         return iid, _respond("")

@@ -16,6 +16,7 @@ Cancelling a call closes its connection, which cancels the action if it is still
 
 from __future__ import annotations
 
+import base64
 from typing import Any, Self
 from urllib.parse import quote
 
@@ -58,11 +59,44 @@ class TangramClient:
 
     # -- the operations --------------------------------------------------------------------------
     async def open_env(self, trajectory: str, memory_mb: int = 1024,
-                       network: bool = False) -> str:
-        doc = await self._request("POST", "/v1/envs", {"trajectory": trajectory,
-                                                       "memory_mb": memory_mb,
-                                                       "network": network})
+                       network: bool = False, *, image: str | None = None,
+                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
+        body = {"trajectory": trajectory, "memory_mb": memory_mb, "network": network}
+        body.update({k: v for k, v in (("image", image), ("disk_mb", disk_mb),
+                                       ("snapshot", snapshot)) if v is not None})
+        doc = await self._request("POST", "/v1/envs", body)
         return str(doc["env_id"])
+
+    async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:
+        doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/fork",
+                                  {"trajectories": list(trajectories)})
+        return [str(e) for e in doc["env_ids"]]
+
+    async def snapshot(self, env_id: str) -> str:
+        doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/snapshot")
+        return str(doc["snapshot_id"])
+
+    async def snapshots(self) -> list[dict[str, Any]]:
+        return list((await self._request("GET", "/v1/snapshots"))["snapshots"])
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self._request("DELETE", f"/v1/snapshots/{_segment(snapshot_id, 'snapshot')}")
+
+    async def write_files(self, env_id: str, files: dict[str, bytes]) -> None:
+        body = {"files": {p: base64.b64encode(data).decode() for p, data in files.items()}}
+        await self._request("PUT", f"/v1/envs/{_segment(env_id, 'env_id')}/files", body)
+
+    async def tar_files(self, env_id: str, path: str = "/sandbox") -> bytes:
+        """The tar archive of one folder of the environment."""
+        response = await self._http.get(f"/v1/envs/{_segment(env_id, 'env_id')}/files/tar",
+                                        params={"path": path})
+        _raise_for(response)
+        return response.content
+
+    async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
+        doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/files/read",
+                                  {"paths": list(paths)})
+        return {p: None if v is None else base64.b64decode(v) for p, v in doc["files"].items()}
 
     async def close_env(self, env_id: str) -> None:
         await self._request("DELETE", f"/v1/envs/{_segment(env_id, 'env_id')}")

@@ -170,11 +170,15 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
 
 def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
     """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
-    `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker)."""
-    spec = mapping(path, spec, {"backend", "options"})
+    `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker); `state_dir`, `disk_mb`
+    (the default disk bound of an environment with an image) and `disk_capacity_mb` (the
+    node's disk for environments) of the CPU manager."""
+    spec = mapping(path, spec, {"backend", "options", "state_dir", "disk_mb",
+                                "disk_capacity_mb"})
     options = mapping(f"{path}.options", spec.get("options"))
+    layers = {k: spec[k] for k in ("state_dir", "disk_mb", "disk_capacity_mb") if k in spec}
     try:
-        return CpuManager(select(spec.get("backend", "auto"), **options))
+        return CpuManager(select(spec.get("backend", "auto"), **options), **layers)
     except TypeError as exc:  # an option the backend does not take
         raise ValidationError(f"{path}.options", options, f"not options of the backend ({exc})"
                               ) from None

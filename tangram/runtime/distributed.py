@@ -40,7 +40,7 @@ from managers.cpu.pool import pick_node
 from managers.cpu.request import exec_target
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Service
 from tangram.allocation import Assignment
-from tangram.errors import BackendUnavailable, Infeasible, ValidationError
+from tangram.errors import BackendUnavailable, Infeasible, NotFound, ValidationError
 from tangram.pools import ChunkPool, CorePool
 from tangram.results import Result
 from tangram.runtime.config import (
@@ -122,6 +122,7 @@ class RayCpuManager(EnvironmentManager):
         self._by_trajectory: dict[str, str] = {}
         self._joining: set[str] = set()
         self._opening: set[str] = set()  # trajectories whose open_env is in flight
+        self._snapshots: dict[str, str] = {}  # snapshot id -> the node that holds it
         self.on_lost: list[Callable[[str, str], None]] = []  # (node, why) when a node dies
         self._watcher: asyncio.Task | None = None
         self._closed = False
@@ -210,8 +211,11 @@ class RayCpuManager(EnvironmentManager):
         return node
 
     async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
-                       network: bool = False) -> str:
+                       network: bool = False, *, image: str | None = None,
+                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
         self._ensure_watcher()
+        layers = {k: v for k, v in (("image", image), ("disk_mb", disk_mb),
+                                    ("snapshot", snapshot)) if v is not None}
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
         if trajectory in self._by_trajectory or trajectory in self._opening:
@@ -220,13 +224,14 @@ class RayCpuManager(EnvironmentManager):
                                       f" ({self._by_trajectory[trajectory]})"
                                       if trajectory in self._by_trajectory else
                                       " (being opened)"))
-        name = self._choose_node(memory_mb, min_cores)
+        name = self._snapshot_node(snapshot) if snapshot is not None else \
+            self._choose_node(memory_mb, min_cores)
         node = self.nodes[name]
         # both before the await, so a concurrent open sees them: the memory and the trajectory
         node.reserved_mb += memory_mb
         self._opening.add(trajectory)
         try:
-            env_id = await node.agent.open_env.remote(trajectory, memory_mb, network)
+            env_id = await node.agent.open_env.remote(trajectory, memory_mb, network, layers)
         except BaseException as exc:
             node.reserved_mb -= memory_mb
             if _is_actor_death(exc):
@@ -240,6 +245,70 @@ class RayCpuManager(EnvironmentManager):
         self._by_trajectory[trajectory] = env_id
         node.envs.add(env_id)
         return env_id
+
+    # -- environments' trees: on the node that holds them (a fork stays on its parent's) ---
+    def _snapshot_node(self, snapshot_id: str) -> str:
+        name = self._snapshots.get(snapshot_id) if isinstance(snapshot_id, str) else None
+        if name is None:
+            raise NotFound("snapshot", snapshot_id, "no such snapshot")
+        if self.nodes[name].lost:
+            raise BackendUnavailable(f"snapshot {snapshot_id}: its node {name} is lost")
+        return name
+
+    def _remote(self, env_id: str) -> tuple[RemoteEnv, _Node]:
+        env = self.envs.get(env_id) if isinstance(env_id, str) else None
+        if env is None:
+            raise ValidationError("env_id", env_id, "no open environment with this id")
+        lost = self.lost_reason(env_id)
+        if lost:
+            raise BackendUnavailable(lost)
+        return env, self.nodes[env.node]
+
+    async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
+        env, node = self._remote(env_id)
+        taken = [t for t in trajectories if t in self._by_trajectory or t in self._opening]
+        if taken:
+            raise ValidationError("trajectories", taken[0], "already has an environment")
+        free = node.info.memory_mb - node.reserved_mb
+        if free < len(trajectories) * env.memory_mb:
+            raise Infeasible(f"env.memory_mb: {len(trajectories)} x {env.memory_mb} MiB over "
+                             f"the {free} MiB free on {env.node}")
+        node.reserved_mb += len(trajectories) * env.memory_mb
+        self._opening.update(trajectories)
+        try:
+            children = await node.agent.fork_env.remote(env_id, list(trajectories))
+        except BaseException:
+            node.reserved_mb -= len(trajectories) * env.memory_mb
+            raise
+        finally:
+            self._opening.difference_update(trajectories)
+        for child, trajectory in zip(children, trajectories):
+            self.envs[child] = RemoteEnv(child, trajectory, env.node, env.memory_mb)
+            self._by_trajectory[trajectory] = child
+            node.envs.add(child)
+        return list(children)
+
+    async def snapshot(self, env_id: str) -> str:
+        env, node = self._remote(env_id)
+        sid = await node.agent.snapshot.remote(env_id)
+        self._snapshots[sid] = env.node
+        return sid
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        return [{"snapshot_id": s, "node": n} for s, n in self._snapshots.items()]
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        name = self._snapshot_node(snapshot_id)
+        await self.nodes[name].agent.delete_snapshot.remote(snapshot_id)
+        del self._snapshots[snapshot_id]
+
+    async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
+        _, node = self._remote(env_id)
+        await node.agent.write_files.remote(env_id, dict(contents))
+
+    async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
+        _, node = self._remote(env_id)
+        return await node.agent.read_files.remote(env_id, list(paths))
 
     async def close_env(self, env_id: str) -> None:
         env = self.envs.pop(env_id, None)

@@ -114,8 +114,26 @@ class NodeAgent:
     def describe(self) -> NodeInfo:
         return self.info
 
-    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False) -> str:
-        return await self.manager.open_env(trajectory, memory_mb, network=network)
+    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False,
+                       layers: Mapping[str, Any] | None = None) -> str:
+        return await self.manager.open_env(trajectory, memory_mb, network=network,
+                                           **dict(layers or {}))
+
+    # -- environments' trees (images, forks, snapshots, files: see managers.cpu.roots) -------
+    async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:
+        return await self.manager.fork_env(env_id, trajectories)
+
+    async def snapshot(self, env_id: str) -> str:
+        return await self.manager.snapshot(env_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        await self.manager.delete_snapshot(snapshot_id)
+
+    async def write_files(self, env_id: str, files: Mapping[str, bytes]) -> None:
+        await self.manager.write_files(env_id, files)
+
+    async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
+        return await self.manager.read_files(env_id, paths)
 
     async def close_env(self, env_id: str) -> None:
         await self.manager.close_env(env_id)

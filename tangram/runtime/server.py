@@ -2,7 +2,9 @@
 
 Endpoints (field names are the Python API's):
 
-    POST   /v1/envs                    {"trajectory", "memory_mb", "network"}    -> {"env_id"}
+    POST   /v1/envs                    {"trajectory", "memory_mb", "network",
+                                        "image", "disk_mb", "snapshot"}          -> {"env_id"}
+    .../fork, .../snapshot, .../files  see tangram.runtime.envs_http
     POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
     DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
     POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
@@ -73,7 +75,7 @@ from tangram.errors import (
     out_of_files,
 )
 from tangram.results import Result
-from tangram.runtime import guard, sandboxfusion
+from tangram.runtime import envs_http, guard, sandboxfusion
 from tangram.runtime.distributed import ray_session
 from tangram.runtime.facade import Tangram
 
@@ -119,6 +121,9 @@ class OpenEnv(_Body):
     trajectory: Name
     memory_mb: Annotated[int, Field(ge=1, le=1 << 24)] = 1024
     network: bool = False
+    image: Name | None = None
+    disk_mb: Annotated[int, Field(ge=1, le=1 << 24)] | None = None
+    snapshot: Name | None = None
 
 
 class Exec(_Body):
@@ -148,7 +153,7 @@ class CallApi(_Body):
 
 
 _FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields} \
-    | sandboxfusion.FIELDS
+    | sandboxfusion.FIELDS | envs_http.FIELDS
 
 
 class EnvOut(BaseModel):
@@ -429,6 +434,7 @@ def create_app(tg: Tangram, token: str | None = None, *,
     app.add_exception_handler(Exception, _internal)
     guarded = [Depends(authorized)]
     app.include_router(sandboxfusion.router, dependencies=guarded, responses=ERRORS)
+    app.include_router(envs_http.router, dependencies=guarded, responses=ERRORS)
     for name in ("uvicorn.access", "uvicorn.error", log.name):
         guard.redact_tokens(logging.getLogger(name), token)
 
@@ -439,7 +445,8 @@ def create_app(tg: Tangram, token: str | None = None, *,
     @app.post("/v1/envs", dependencies=guarded, responses=ERRORS)
     async def open_env(body: OpenEnv) -> EnvOut:
         return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb,
-                                               network=body.network))
+                                               network=body.network, image=body.image,
+                                               disk_mb=body.disk_mb, snapshot=body.snapshot))
 
     @app.delete("/v1/envs/{env_id}", dependencies=guarded, responses=ERRORS)
     async def close_env(env_id: str) -> EnvOut:

@@ -26,6 +26,8 @@ class EnvironmentBroken(ActionFailed):
 class Backend(ABC):
     name: str = "backend"
     local: bool = True  # runs on this machine only (one node)
+    roots: bool = False  # gives an environment its own root filesystem (`Environment.root`)
+    engine_images: bool = False  # takes `Environment.image` from its own engine (docker)
 
     @classmethod
     @abstractmethod
@@ -46,6 +48,18 @@ class Backend(ABC):
     @abstractmethod
     async def close(self, env: Environment) -> None:
         """Kill everything left in the sandbox and remove it. Idempotent."""
+
+    async def suspend(self, env: Environment) -> None:
+        """Kill everything running in the environment (its files are about to be re-stacked:
+        a fork or snapshot); `resume` follows. Nothing to do by default."""
+
+    async def resume(self, env: Environment) -> None:
+        """Make the environment usable again after `suspend` (same id, same paths)."""
+
+    def owner(self, env: Environment) -> int | None:
+        """The host uid the environment's commands run as (its files belong to it), None when
+        they run as the server's own user."""
+        return None
 
     async def shutdown(self) -> None:
         """Release what the backend holds beyond environments (clients, parent cgroups)."""

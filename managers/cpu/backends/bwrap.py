@@ -24,6 +24,11 @@ Inside:
   plus `ro_paths`), a fresh `/proc` of its own PID namespace, a minimal `/dev`, a private `/tmp`
   (tmpfs, one per environment) and the environment's work directory, writable, at `/sandbox`
   (HOME). No `/sys`, no cgroup files, no other environment's folders;
+- with an image (`Environment.root`, see `managers.cpu.layers`): that tree is `/` instead (the
+  host's system files, the server's Python and the tmpfs `/tmp` are not there; `/tmp` and
+  `/sandbox` are the image's, in the environment's writable layer), and the sandbox starts and
+  is entered with the host's `setpriv`, `sh` and `sleep` run through the host's loader from
+  `/opt/tangram/host` (`toolkit`), so an image needs none of them;
 - new PID, IPC, UTS and cgroup namespaces; a new network namespace (loopback only) unless the
   environment was opened with `network=True`;
 - `--die-with-parent`: the sandbox and everything in its PID namespace die with the server;
@@ -57,6 +62,7 @@ from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
+from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken, register
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
@@ -126,6 +132,14 @@ def _drop_to(uid: int) -> list[str]:
             "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
 
 
+def _idle(env: Environment) -> list[str]:
+    """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
+    if env.root is None:
+        return ["sh", "-c", HOLDER_SCRIPT]
+    return [*toolkit.run(INSIDE_SUPPORT, "sh"), "-c", 'echo ready; exec "$@"', "sh",
+            *toolkit.run(INSIDE_SUPPORT, "sleep"), "infinity"]
+
+
 @dataclass(slots=True)
 class _Holder:
     """An environment's long-lived sandbox: the bwrap process and its init (by PID and start
@@ -155,6 +169,7 @@ class _Holder:
 
 class BwrapBackend(CgroupBackend):
     name = "bwrap"
+    roots = True
 
     def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX,
                  uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None,
@@ -219,10 +234,14 @@ class BwrapBackend(CgroupBackend):
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         await super().open(env, cores)
         try:
-            uid = self._uid_source.take()  # never an earlier environment's, never another's
+            # never an earlier environment's, never another server's; a fork's children share
+            # their parent's (the files they inherit are its), `Environment.uid`
+            uid = env.uid if env.uid is not None else self._uid_source.take()
         except BaseException:
             await super().close(env)
             raise
+        if env.root is not None:
+            toolkit.install(self.support)
         try:
             os.chown(env.workdir, uid, uid)
             os.chmod(env.workdir, 0o700)
@@ -285,7 +304,7 @@ class BwrapBackend(CgroupBackend):
             fds += [info_w]
             filter_fd = hold.data_fd(self._filter.read_bytes())
             fds.append(filter_fd)
-            if self._spawner:
+            if self._spawner and env.root is None:  # it needs the server's Python inside
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 # a script inside starts it, so the sandbox's init shows no host path
                 payload = ("/bin/sh", f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
@@ -294,17 +313,19 @@ class BwrapBackend(CgroupBackend):
                 caps = ["--cap-drop", "ALL",
                         *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c))]
             else:
-                payload = ("sh", "-c", HOLDER_SCRIPT)
+                payload = tuple(_idle(env))
                 caps = ["--cap-drop", "ALL"]
             sandbox = [*ISOLATE, *([] if env.network else ["--unshare-net"]),
                        "--hostname", "tangram", "--die-with-parent", *caps,
                        "--info-fd", str(info_w), "--seccomp", str(filter_fd),
-                       *self._system, "--proc", "/proc", "--dev", "/dev",
+                       *(self._system if env.root is None else ["--bind", env.root, "/"]),
+                       "--proc", "/proc", "--dev", "/dev",
                        "--perms", "1777", "--tmpfs", "/dev/shm",  # private, charged to the env
-                       "--perms", "1777", "--tmpfs", "/tmp",
+                       # an image's /tmp is its own layer's (bounded by its disk)
+                       *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
                        "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                       "--ro-bind", str(self.support), INSIDE_SUPPORT, *self._extra,
-                       "--chdir", "/"]
+                       "--ro-bind", str(self.support), INSIDE_SUPPORT,
+                       *(self._extra if env.root is None else []), "--chdir", "/"]
             args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
@@ -404,11 +425,22 @@ class BwrapBackend(CgroupBackend):
         dirfd, self._entering = self._entering, None
         if dirfd is None:
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        loader = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}",
-                  str(self._entering_cap))
+        drop = _drop_to(self._uids[env.id])
+        loader = self._loader
+        if env.root is not None:  # the image has none of the host's programs: the copies
+            drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
+            loader = self._image_loader(env)
+        loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
         return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
-                             f"--wdns={INSIDE_WORK}", "--", *_drop_to(self._uids[env.id]),
-                             *loader, *argv_of(command)))
+                             f"--wdns={INSIDE_WORK}", "--", *drop, *loader, *argv_of(command)))
+
+    def _image_loader(self, env: Environment) -> tuple[str, ...]:
+        """The seccomp loader for a sandbox whose root is an image: the native one, run by the
+        host's copied dynamic loader (the Python one needs the host's Python, not there)."""
+        if len(self._loader) != 1:
+            raise EnvironmentBroken(f"environment {env.id} has an image root, whose commands "
+                                    "need the native seccomp loader: install a C compiler (cc)")
+        return tuple(toolkit.run_path(INSIDE_SUPPORT, self._loader[0]))
 
     def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
         return command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
@@ -422,6 +454,20 @@ class BwrapBackend(CgroupBackend):
             if holder is not None:
                 await asyncio.to_thread(holder.release)
             self._uids.pop(env.id, None)  # never handed out again (see `uids`)
+
+    def owner(self, env: Environment) -> int | None:
+        return self._uids.get(env.id)
+
+    async def suspend(self, env: Environment) -> None:
+        holder = self._holders.get(env.id)
+        if holder is not None:
+            await asyncio.to_thread(holder.release)
+        await super().suspend(env)
+
+    async def resume(self, env: Environment) -> None:
+        holder = self._holders.pop(env.id, None)
+        if holder is not None:
+            await self._start_holder(env, holder.slot)
 
     async def shutdown(self) -> None:
         holders = list(self._holders.values())

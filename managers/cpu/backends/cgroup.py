@@ -304,6 +304,12 @@ class CgroupBackend(Backend):
         """Every cgroup folder of an environment (for leak checks)."""
         return list(dict.fromkeys(self._env_folders(env_id).values()))
 
+    async def suspend(self, env: Environment) -> None:
+        e = self._envs.get(env.id)
+        if e is not None:
+            for slot in e.slots:
+                await asyncio.to_thread(fs.kill_all, slot.folders["cpu"])
+
     # -- teardown ------------------------------------------------------------------------------
 
     async def close(self, env: Environment) -> None:

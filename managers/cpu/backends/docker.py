@@ -69,6 +69,7 @@ class _Container:
 
 class DockerBackend(Backend):
     name = "docker"
+    engine_images = True  # `open_env(image=...)` names an image of the engine
 
     def __init__(self, image: str | None = None, base_url: str | None = None,
                  max_concurrent: int = 64, direct: bool = True,
@@ -163,7 +164,8 @@ class DockerBackend(Backend):
         try:
             self._workdir(env, uid)
             c = await self._call(
-                self.client.containers.run, self.image, ["sleep", "1000000000"], detach=True,
+                self.client.containers.run, env.image or self.image, ["sleep", "1000000000"],
+                detach=True,
                 name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
                                                  OWNER: self.owner},
                 network_mode=None if env.network else "none", user=f"{uid}:{uid}",
@@ -179,7 +181,7 @@ class DockerBackend(Backend):
         except (DockerException, OSError) as exc:
             shutil.rmtree(env.workdir, ignore_errors=True)
             raise BackendUnavailable(f"cannot start the container of environment {env.id} "
-                                     f"from {self.image!r}: {exc}") from exc
+                                     f"from {env.image or self.image!r}: {exc}") from exc
         pid = int(c.attrs["State"]["Pid"])
         folders = fs.folders_of(pid) if self.direct else {}
         if folders and not os.access(folders["cpuset"] / "cpuset.cpus", os.W_OK):

@@ -1,0 +1,117 @@
+"""The HTTP routes of environments' trees: fork, snapshots, files in and out.
+
+    POST   /v1/envs/{env_id}/fork        {"trajectories": [...]}   -> {"env_ids": [...]}
+    POST   /v1/envs/{env_id}/snapshot                              -> {"snapshot_id"}
+    GET    /v1/snapshots                                           -> {"snapshots": [...]}
+    DELETE /v1/snapshots/{snapshot_id}                             -> {"snapshot_id"}
+    PUT    /v1/envs/{env_id}/files       {"files": {path: base64}} -> {"written": n}
+    POST   /v1/envs/{env_id}/files/read  {"paths": [...]}          -> {"files": {path: base64|null}}
+    GET    /v1/envs/{env_id}/files/tar?path=/sandbox               -> a tar stream of that folder
+
+`POST /v1/envs` itself (in `server`) takes `image`, `disk_mb` and `snapshot`. A path is as in
+`Tangram.write_files`: absolute = the environment's own root (with an image), relative = under
+its work folder. A whole request body is at most the server's MAX_BODY (1 MiB): bigger files go
+in several requests. Errors have the server's shape (422 naming the field, 404 for an unknown
+environment or snapshot).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tangram.errors import ValidationError
+
+MAX_PATHS = 1024
+Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
+router = APIRouter(tags=["environments"])
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class Fork(_Body):
+    trajectories: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
+                            Field(min_length=1, max_length=256)]
+
+
+class WriteFiles(_Body):
+    files: Annotated[dict[Path_, str], Field(max_length=MAX_PATHS)]
+
+
+class ReadFiles(_Body):
+    paths: Annotated[list[Path_], Field(min_length=1, max_length=MAX_PATHS)]
+
+
+class ForkOut(BaseModel):
+    env_ids: list[str]
+
+
+class SnapshotOut(BaseModel):
+    snapshot_id: str
+
+
+FIELDS = set(Fork.model_fields) | set(WriteFiles.model_fields) | set(ReadFiles.model_fields)
+
+
+def _decoded(files: dict[str, str]) -> dict[str, bytes]:
+    out = {}
+    for path, text in files.items():
+        try:
+            out[path] = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValidationError(f"files.{path}", text, "must be base64") from None
+    return out
+
+
+@router.post("/v1/envs/{env_id}/fork")
+async def fork_env(env_id: str, body: Fork, request: Request) -> ForkOut:
+    return ForkOut(env_ids=await request.app.state.tangram.fork_env(env_id, body.trajectories))
+
+
+@router.post("/v1/envs/{env_id}/snapshot")
+async def snapshot(env_id: str, request: Request) -> SnapshotOut:
+    return SnapshotOut(snapshot_id=await request.app.state.tangram.snapshot(env_id))
+
+
+@router.get("/v1/snapshots")
+async def snapshots(request: Request) -> dict[str, Any]:
+    return {"snapshots": request.app.state.tangram.snapshots()}
+
+
+@router.delete("/v1/snapshots/{snapshot_id}")
+async def delete_snapshot(snapshot_id: str, request: Request) -> SnapshotOut:
+    await request.app.state.tangram.delete_snapshot(snapshot_id)
+    return SnapshotOut(snapshot_id=snapshot_id)
+
+
+@router.put("/v1/envs/{env_id}/files")
+async def write_files(env_id: str, body: WriteFiles, request: Request) -> dict[str, int]:
+    files = _decoded(body.files)
+    await request.app.state.tangram.write_files(env_id, files)
+    return {"written": len(files)}
+
+
+@router.post("/v1/envs/{env_id}/files/read")
+async def read_files(env_id: str, body: ReadFiles, request: Request) -> dict[str, Any]:
+    got = await request.app.state.tangram.read_files(env_id, body.paths)
+    return {"files": {p: None if data is None else base64.b64encode(data).decode()
+                      for p, data in got.items()}}
+
+
+@router.get("/v1/envs/{env_id}/files/tar", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {}}}})
+async def tar_files(env_id: str, request: Request, path: str = "/sandbox") -> StreamingResponse:
+    stream = request.app.state.tangram.tar_files(env_id, path)
+    first = await anext(stream, b"")  # errors (unknown env, bad path) before the 200
+    async def body():
+        yield first
+        async for chunk in stream:
+            yield chunk
+    return StreamingResponse(body(), media_type="application/x-tar")
