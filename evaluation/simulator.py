@@ -18,7 +18,7 @@ from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Allocator, Assignment
 from tangram.errors import TangramError
-from tangram.pools import Pool
+from tangram.pools import Placement, Pool
 from tangram.scheduler import Scheduler
 
 COMPLETION, ARRIVAL = 0, 1
@@ -38,6 +38,7 @@ class ActionRecord:
     end: float
     units: Mapping[str, int]
     restored: bool | None = None
+    placement: Mapping[str, Placement] | None = None  # where it ran (`tangram.conservation`)
 
 
 @dataclass(slots=True)
@@ -114,7 +115,8 @@ class Simulator:
                             ex.end(done_asg, now)
                     start, was_restored = starts.pop(aid)
                     records[aid] = ActionRecord(done_asg.action.submit_time, start, now,
-                                                dict(done_asg.units), was_restored)
+                                                dict(done_asg.units), was_restored,
+                                                dict(done_asg.placement))
                     done += 1
                 else:
                     # admit every action arriving now, then schedule the next arrival
@@ -145,8 +147,10 @@ class Simulator:
         return SimResult(records, self.counters)
 
 
-def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False) -> SimResult:
-    """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared."""
+def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False,
+             conserve: bool = True) -> SimResult:
+    """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared
+    (`conserve=False`: without the scheduler's work-conservation rule, the policy alone)."""
     pools = instance.build_pools()
     executors: dict[str, SimExecutor] = {}
     prefer = defer = None
@@ -155,6 +159,7 @@ def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False
             model = SimServiceModel(spec)
             executors[r] = model
             prefer, defer = model.prefer, model.defer
-    return Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
-                     defer=defer, progress=progress, bindings=instance.bindings,
-                     scoped=scoped).run()
+    sim = Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
+                    defer=defer, progress=progress, bindings=instance.bindings, scoped=scoped)
+    sim.scheduler.conserve = conserve
+    return sim.run()

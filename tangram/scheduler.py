@@ -12,6 +12,12 @@ again, so an action the policy puts off always has a completion coming that re-r
 decision. Admission refuses what can never run: a demand over every pool's capacity, over the
 capacity of the node its trajectory is bound to, or past `max_queue`.
 
+Work conservation (`tangram.conservation`, docs/architecture.md section 6). Then, whatever the
+policy, no queued action waits while every amount it allows fits the free units of its pool (on
+its bound node) and nothing ahead of it on its pools is blocked: the scheduler starts each such
+action, in queue order, at its fastest amount (`conserved` counts them; the shipped policies
+need none, and `conserve=False` turns the rule off to measure a policy alone).
+
 A scoped scheduler (`scoped=True`, docs/scale.md) shows the policy only the queue classes that
 an arrival, completion, cancel or `touch` changed since the last decision.
 """
@@ -28,6 +34,7 @@ from tangram.allocation import (
     RunningAction,
     check_assignment_shape,
 )
+from tangram.conservation import wasted_now
 from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
 from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
@@ -40,7 +47,8 @@ class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
                  prefer: Callable | None = None, defer: Callable | None = None,
-                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False,
+                 conserve: bool = True) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
@@ -58,6 +66,8 @@ class Scheduler:
         self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
+        self.conserve = conserve  # enforce work conservation after every decision
+        self.conserved = 0  # actions started by the work-conservation rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
 
     # -- admission -------------------------------------------------------------------------------
@@ -172,7 +182,7 @@ class Scheduler:
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer; then
-        apply the liveness rule (module docstring)."""
+        apply the liveness and the work-conservation rules (module docstring)."""
         if not self.queue:
             return []
         self.decisions += 1
@@ -187,7 +197,26 @@ class Scheduler:
                 self.rescued += 1
                 self._start(rescue, now)
                 assignments.append(rescue)
+        if self.conserve and self.queue:
+            for w in self._wasted(view, now):
+                a = Assignment(w.action, dict(w.units), dict(w.placement))
+                self.conserved += 1
+                self._start(a, now)
+                assignments.append(a)
         return assignments
+
+    def _wasted(self, view: ClusterView, now: float):
+        """The queued actions that waste free units after this decision (scratch placements
+        taken in queue order, so they can be applied as they are)."""
+        defer = self.defer
+        excused = None
+        if defer is not None:
+            after = self.view(view.scope)  # with this decision's starts running
+
+            def excused(a: Action, placed) -> bool:
+                return any(defer(a, r, p, after, now) for r, p in placed.items())
+        return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused,
+                          view.scope, self.prefer)
 
     def _start(self, a: Assignment, now: float) -> None:
         act = a.action

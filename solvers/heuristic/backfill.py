@@ -48,6 +48,7 @@ from solvers.heuristic.timeline import ChunkTimeline, CountTimeline, Slot, Timel
 from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
+from tangram.conservation import wasted_now
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement, Pool
 
@@ -254,6 +255,28 @@ def estimated_starts(view: ClusterView, queue: Collection[Action], now: float,
     return _walk(view, queue, now, pools, started, set(), window, False)[1]
 
 
+def _conserve(view: ClusterView, arrival: Collection[Action], now: float, pools: ScratchPools,
+              started: list[Assignment]) -> list[Assignment]:
+    """Work conservation in arrival order (`tangram.conservation`): the SRPT order decides
+    between actions that contend for units, never to leave an earlier arrival waiting beside
+    free units it could use while nothing ahead of it is blocked. Those start now, at their
+    fastest amount, on the decision's scratch pools."""
+    done = {a.action.id for a in started}
+    defer = view.defer
+    excused = None
+    if defer is not None:
+        def excused(a: Action, placed) -> bool:
+            return any(defer(a, r, p, view, now) for r, p in placed.items())
+    waiting = [a for a in arrival if a.id not in done]
+    out = []
+    for w in wasted_now(pools, waiting, view.node_for, view.estimate, excused, None,
+                        view.prefer):
+        for r, u in w.units.items():
+            pools[r].take(w.placement[r], u)
+        out.append(Assignment(w.action, dict(w.units), dict(w.placement)))
+    return out
+
+
 # -- ordering ----------------------------------------------------------------------------------
 def srpt_order(view: ClusterView, queue: Collection[Action], now: float,
                aging: float) -> list[Action]:
@@ -309,6 +332,7 @@ class BackfillAllocator(HeuristicAllocator):
 
     def decide(self, view: ClusterView, queue: Collection[Action],
                now: float) -> BackfillDecision:
+        arrival = queue
         if self.order == "srpt":
             queue = srpt_order(view, queue, now, self.aging)
         cands, evicted, pools = self.arrange(view, queue, now)
@@ -316,9 +340,14 @@ class BackfillAllocator(HeuristicAllocator):
                    for i, c in enumerate(cands) if i not in evicted]
         wait = {cands[i].action.id for i in evicted}
         if self.window == 0:
-            return BackfillDecision(started, frozenset(), {})
-        more, reservations = _walk(view, queue, now, pools, started, wait, self.window, True)
-        return BackfillDecision(started + more, frozenset(a.action.id for a in more),
+            more: list[Assignment] = []
+            reservations: dict[str, Reservation] = {}
+        else:
+            more, reservations = _walk(view, queue, now, pools, started, wait, self.window,
+                                       True)
+        kept = _conserve(view, arrival, now, pools, started + more) \
+            if self.order == "srpt" else []
+        return BackfillDecision(started + more + kept, frozenset(a.action.id for a in more),
                                 reservations)
 
 
