@@ -5,7 +5,8 @@ arrival order with the FCFS scan's blocking (`solvers/fcfs.py`): an action that 
 blocks the pools it needs (one node of a per-node pool when it is bound there, else the whole
 resource), and whatever waits behind a blocked action may wait too (strict FCFS, as documented).
 An action *wastes* free units when nothing ahead of it on its pools is blocked and every amount
-it allows (up to what a node of its pool can hold) fits the free units now: waiting cannot get it
+it allows (up to what a node of its pool can hold) fits the free units now (for an action not
+bound to a node: on a node where nothing ahead of it is blocked): waiting cannot get it
 more, so it should have started. An action on an idle pool always fits that way, so nothing
 waits on an idle pool unless an action ahead of it waits for units of another pool; a put-off
 elastic action whose largest amount is free is wasting, so it waits only for units that are not
@@ -120,12 +121,14 @@ def wasted_now(pools: Mapping[str, Pool], queue: Iterable[Action], node_of: Node
             p = pool(r)
             node = node_of(a, r)
             amounts = usable_amounts(a, r, p, node)
-            if p.fits(amounts[-1], node) is None:  # not every amount it allows is free
+            # an unbound action never takes a node on which an action ahead is blocked
+            skip = blocked.get(r) or ()
+            if p.fits(amounts[-1], node, skip) is None:  # not every amount it allows is free
                 break
             k = _start_amount(a, amounts, estimate) if r == a.key else amounts[-1]
             like = None if prefer is None else _preference(prefer, a, r)
             try:
-                placed[r] = p.place(k, node, (), like)
+                placed[r] = p.place(k, node, skip, like)
             except Infeasible:
                 break
             units[r] = k

@@ -16,7 +16,8 @@ Work conservation (`tangram.conservation`, docs/architecture.md section 6). Then
 policy, no queued action waits while every amount it allows fits the free units of its pool (on
 its bound node) and nothing ahead of it on its pools is blocked: the scheduler starts each such
 action, in queue order, at its fastest amount (`conserved` counts them; the shipped policies
-need none, and `conserve=False` turns the rule off to measure a policy alone).
+need none; `conserve=False` turns the rule off to measure a policy alone, and a baseline that
+models a system keeping units idle by design is marked `IdleByDesign`).
 
 A scoped scheduler (`scoped=True`, docs/scale.md) shows the policy only the queue classes that
 an arrival, completion, cancel or `touch` changed since the last decision.
@@ -31,6 +32,7 @@ from tangram.allocation import (
     Allocator,
     Assignment,
     ClusterView,
+    IdleByDesign,
     RunningAction,
     check_assignment_shape,
 )
@@ -66,7 +68,8 @@ class Scheduler:
         self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
-        self.conserve = conserve  # enforce work conservation after every decision
+        # enforce work conservation after every decision (not on a baseline's: `IdleByDesign`)
+        self.conserve = conserve and not isinstance(allocator, IdleByDesign)
         self.conserved = 0  # actions started by the work-conservation rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
 

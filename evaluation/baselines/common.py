@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from evaluation.params import src
 from solvers.fcfs import ScratchPools, _prefer
 from tangram.actions import Action
-from tangram.allocation import Assignment, ClusterView
+from tangram.allocation import Assignment, ClusterView, IdleByDesign
 from tangram.errors import Infeasible
 from tangram.pools import Placement, Pool
 
@@ -66,7 +66,7 @@ def at_most(action: Action, r: str, dop: int) -> int:
 
 
 @dataclass
-class NoLifecycle:
+class NoLifecycle(IdleByDesign):
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
     container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 

@@ -123,6 +123,9 @@ class HeuristicAllocator:
                         evicted.update(late)
                         gone = gone[1:]
                         continue
+                elif self._elsewhere(view, pools[r], cands[first], r, node):
+                    gone = gone[1:]  # not bound to the node: it starts on one that holds it
+                    continue
                 for i in [*gone, *held]:  # they wait: their units go back to the scratch pools
                     c = cands[i]
                     for r2, p in c.placement.items():
@@ -132,6 +135,26 @@ class HeuristicAllocator:
                 evicted.update(held)
                 break
         return cands, evicted, pools
+
+    def _elsewhere(self, view: ClusterView, pool: Pool, c: Candidate, r: str,
+                   node: str | None) -> bool:
+        """A put-off candidate not bound to a node waits for more units on the node the scan
+        placed it on; when another node of the pool has every amount it allows free, it starts
+        there now at its fastest amount instead (what it waits for is never free units)."""
+        a = c.action
+        if node is None or view.node_for(a, r) is not None:
+            return False
+        amounts = [m for m, _ in a.options if m <= pool.largest_request()]
+        if not amounts:
+            return False
+        there = next((n for n in pool.nodes() if n != node and pool.free(n) >= amounts[-1]),
+                     None)
+        if there is None:
+            return False
+        m = min(amounts, key=lambda k: (view.estimate(a, k), k))
+        c.units[r] = m
+        c.placement[r] = pool.place(m, there, (), _prefer(view, a, r))
+        return True
 
     def _start_now(self, view: ClusterView, pools: ScratchPools, cands: list[Candidate],
                    first: int, held: list[int], r: str, node: str | None) -> list[int] | None:
@@ -162,8 +185,8 @@ class HeuristicAllocator:
             h = cands[i]
             k = h.units[r]
             try:
-                h.placement[r] = pool.place(k, h.placement[r].node if pool.per_node else None,
-                                            (), _prefer(view, h.action, r))
+                h.placement[r] = pool.place(k, view.node_for(h.action, r), (),
+                                            _prefer(view, h.action, r))
             except Infeasible:
                 for r2, p in h.placement.items():
                     if r2 != r:
