@@ -135,7 +135,11 @@ class Scheduler:
         if action is None:
             return False
         for r in action.mins:  # it may have blocked the actions behind it
-            self._touched.add((r, self.node_of(action, r) if self.pools[r].per_node else None))
+            node = self.node_of(action, r) if self.pools[r].per_node else None
+            if node is None:  # not bound: it blocked every node of the resource
+                self.touch(r)
+            else:
+                self._touched.add((r, node))
         return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
