@@ -339,15 +339,12 @@ class BackfillAllocator(HeuristicAllocator):
         started = [Assignment(c.action, c.units, c.placement)
                    for i, c in enumerate(cands) if i not in evicted]
         wait = {cands[i].action.id for i in evicted}
+        if self.order == "srpt":  # before backfilling: its reservations count these starts
+            started += _conserve(view, arrival, now, pools, started)
         if self.window == 0:
-            more: list[Assignment] = []
-            reservations: dict[str, Reservation] = {}
-        else:
-            more, reservations = _walk(view, queue, now, pools, started, wait, self.window,
-                                       True)
-        kept = _conserve(view, arrival, now, pools, started + more) \
-            if self.order == "srpt" else []
-        return BackfillDecision(started + more + kept, frozenset(a.action.id for a in more),
+            return BackfillDecision(started, frozenset(), {})
+        more, reservations = _walk(view, queue, now, pools, started, wait, self.window, True)
+        return BackfillDecision(started + more, frozenset(a.action.id for a in more),
                                 reservations)
 
 

@@ -31,7 +31,9 @@ def _never(_: object) -> bool:
 
 def _target(a: Action, r: str, capacity: int) -> int:
     """The units a put-off action waits for: its largest amount the pool (node) can hold."""
-    return min(a.options[-1][0] if a.options else a.mins[r], capacity)
+    if not a.options:
+        return min(a.mins[r], capacity)
+    return max((m for m, _ in a.options if m <= capacity), default=a.options[0][0])
 
 
 def hold_back(releases: list[tuple[float, int]], capacity: int, target: int,
@@ -294,8 +296,12 @@ class HeuristicAllocator:
             first = gone[0]
             ahead = [(e, u) for i, e, u in others if i < first]
             later = [o for o in others if o[0] > first]
-            _, _, held = hold_back(running + ahead + starting, capacity,
-                                   _target(cands[first].action, r, capacity), later, now)
+            a = cands[first].action
+            target = _target(a, r, capacity)
+            _, _, held = hold_back(running + ahead + starting, capacity, target, later, now)
+            # put off, it waits for `target` units (`_keep_place`), so the estimate gives it
+            # that amount, not a smaller one it could have had now
+            gone_waiting = [Waiting(((target, view.estimate(a, target)),)), *gone_waiting[1:]]
         else:
             held = []
         busy = list(running) + starting
