@@ -3,6 +3,7 @@
     python -m evaluation.quality ratio heuristic min --kind online --instances 500
     python -m evaluation.quality ratio heuristic heuristic:allow_wait=false --kind bursty
     python -m evaluation.quality search heuristic min --kind batch --budget 3000
+    python -m evaluation.quality conservation --instances 60
 
 `ratio` prints, over `--instances` seeded instances of a kind, the distribution of
 total ACT(A) / total ACT(B): median, mean, the share of instances where A is worse, and the
@@ -11,6 +12,11 @@ random starts, each improved by hill climbing (one action's amounts, work or eff
 changed at a time, kept when the ratio grows), and prints the worst instance found as an
 instance file (`tangram replay` it). A search finds a lower bound on the worst case, never a
 proof of an upper one.
+
+`conservation` counts, per runtime policy alone (the scheduler's work-conservation rule off),
+the random flat instances with arrivals on which some action waited while every amount it
+allows was free and nothing ahead of it was blocked (`tangram.conservation`), and the idle
+unit-seconds.
 
 Kinds: `online` and `batch` (one flat pool of 2-16 units, 2-12 Amdahl-elastic actions arriving
 over time or all at 0: the heuristic's quality tests), `spread` and `bursty` (the gap study's
@@ -26,9 +32,11 @@ import statistics
 import sys
 from collections.abc import Callable
 
+from evaluation.replay import check_result
 from evaluation.simulator import simulate
 from solvers import get_allocator
 from solvers.exact.random_instances import InstanceClass, random_instance_doc
+from solvers.registry import runtime_policies
 from tangram.allocation import Allocator
 from tangram.instance import parse_instance
 
@@ -49,6 +57,39 @@ def amdahl_doc(rng: random.Random, online: bool) -> dict:
         acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
                      "t_ori": rng.uniform(1, 10), "efficiency": eff})
     return {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
+
+
+def flat_arrivals_doc(rng: random.Random) -> dict:
+    """One flat pool of 2-8 units, 2-10 actions arriving over time, fixed and elastic (any
+    efficiencies): the instances of the work-conservation count."""
+    units = rng.randint(2, 8)
+    acts, t = [], 0.0
+    for i in range(rng.randint(2, 10)):
+        t += rng.choice([0.0, 0.0, 0.25, 0.5, 1.0])
+        amounts = sorted({rng.randint(1, units) for _ in range(rng.randint(1, 3))})
+        a: dict = {"id": f"a{i}", "arrival": t, "demand": {"cpu": amounts}}
+        if len(amounts) > 1 or rng.random() < 0.3:
+            a.update(key="cpu", t_ori=rng.uniform(0.5, 5),
+                     efficiency={str(m): rng.uniform(0.4, 1.0) if m > 1 else 1.0
+                                 for m in amounts})
+        else:
+            a["duration"] = rng.uniform(0.1, 3)
+        acts.append(a)
+    return {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
+
+
+def conservation(n: int, seed: int, policies: list[str]) -> dict[str, tuple[int, float]]:
+    """policy -> (instances with waste, idle unit-seconds) over seeds seed..seed+n-1."""
+    out = {}
+    for name in policies:
+        bad, idle = 0, 0.0
+        for s in range(seed, seed + n):
+            inst = parse_instance(flat_arrivals_doc(random.Random(s)))
+            report = check_result(inst, simulate(inst, get_allocator(name), conserve=False))
+            bad += bool(report)
+            idle += report.idle_unit_seconds
+        out[name] = (bad, idle)
+    return out
 
 
 def instance_doc(kind: str, seed: int, size: int = 6) -> dict:
@@ -145,7 +186,19 @@ def main(argv: list[str]) -> int:
         else:
             q.add_argument("--budget", type=int, default=3000,
                            help="instances simulated (each through both policies)")
+    q = sub.add_parser("conservation")
+    q.add_argument("--instances", type=int, default=60)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--policies", default=None,
+                   help="comma-separated (default: every runtime policy but cpsat, pulp)")
     ns = p.parse_args(argv)
+    if ns.cmd == "conservation":
+        names = (ns.policies.split(",") if ns.policies else
+                 [n for n in runtime_policies() if n not in ("cpsat", "pulp")])
+        for name, (bad, idle) in conservation(ns.instances, ns.seed, names).items():
+            print(f"{name}: waste on {bad} of {ns.instances} instances (seeds {ns.seed}-"
+                  f"{ns.seed + ns.instances - 1}), {idle:.2f} idle unit-seconds")
+        return 0
     a, b = policy(ns.a), policy(ns.b)
     if ns.cmd == "ratio":
         out = ratios(ns.kind, ns.instances, ns.seed, a, b)
