@@ -42,6 +42,10 @@ from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
 
+def _never(_: object) -> bool:
+    return False
+
+
 DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
 
 
@@ -204,6 +208,8 @@ class Scheduler:
                 self.rescued += 1
                 self._start(rescue, now)
                 assignments.append(rescue)
+        if self.scoped and view.scope:
+            self._keep_put_off_in_scope(view.scope)
         if self.conserve and self.queue:
             for w in self._wasted(view, now):
                 a = Assignment(w.action, dict(w.units), dict(w.placement))
@@ -211,6 +217,19 @@ class Scheduler:
                 self._start(a, now)
                 assignments.append(a)
         return assignments
+
+    def _keep_put_off_in_scope(self, scope) -> None:
+        """A scoped decision looks again, at the next event, at each class it scanned whose
+        first action still fits at its minimum: the policy put it off by choice (to give it more
+        units later), and that choice depends on the time, so it is re-made at every decision,
+        as an unscoped scheduler does, not only when an event touches its node."""
+        for c in scope:
+            first = next(self.queue.scan(_never, (c,)), None)
+            if first is None:
+                continue
+            if all(self.pools[r].fits(k, self.node_of(first, r)) is not None
+                   for r, k in first.mins.items()):
+                self._touched.add(c)
 
     def _wasted(self, view: ClusterView, now: float):
         """The queued actions that waste free units after this decision (scratch placements

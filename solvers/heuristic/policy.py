@@ -299,9 +299,6 @@ class HeuristicAllocator:
             a = cands[first].action
             target = _target(a, r, capacity)
             _, _, held = hold_back(running + ahead + starting, capacity, target, later, now)
-            # put off, it waits for `target` units (`_keep_place`), so the estimate gives it
-            # that amount, not a smaller one it could have had now
-            gone_waiting = [Waiting(((target, view.estimate(a, target)),)), *gone_waiting[1:]]
         else:
             held = []
         busy = list(running) + starting
@@ -310,6 +307,14 @@ class HeuristicAllocator:
             if i not in held:
                 busy.append((e, u))
                 total += e - now
+        free = capacity - sum(u for _, u in busy)
+        if gone:
+            # put off, it waits for more units than are free now: the estimate may give it any
+            # of those amounts (depth), never a smaller one it could have had now
+            more = tuple(o for o in gone_waiting[0].options if o[0] > free)
+            if not more:
+                more = ((target, view.estimate(a, target)),)
+            gone_waiting = [Waiting(more), *gone_waiting[1:]]
         waiting = gone_waiting
         if held:  # merge the held candidates into the put-off ones, in queue order
             merged = [(i, w) for i, w in zip(gone, gone_waiting)]
@@ -317,7 +322,6 @@ class HeuristicAllocator:
             merged.sort(key=lambda x: x[0])
             waiting = [w for _, w in merged]
         busy.sort()
-        free = capacity - sum(u for _, u in busy)
         return total + estimate_waiting(busy, free, now, waiting + tail, self.depth, capacity,
                                         presorted=True)
 
