@@ -161,5 +161,5 @@ def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False
             prefer, defer = model.prefer, model.defer
     sim = Simulator(pools, instance.actions, allocator, executors=executors, prefer=prefer,
                     defer=defer, progress=progress, bindings=instance.bindings, scoped=scoped)
-    sim.scheduler.conserve = conserve
+    sim.scheduler.conserve &= conserve
     return sim.run()

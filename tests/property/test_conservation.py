@@ -21,7 +21,7 @@ from solvers import get_allocator
 from solvers.minimal import MinAllocator
 from solvers.registry import register, runtime_policies
 from tangram.actions import Action, Elasticity
-from tangram.allocation import Assignment, ClusterView
+from tangram.allocation import Assignment, ClusterView, IdleByDesign
 from tangram.conservation import Started, check_schedule, wasted_now
 from tangram.instance import Instance, load_instance, parse_instance
 from tangram.pools import FlatPool
@@ -245,3 +245,16 @@ def test_replay_check_exits_1_on_waste_and_prints_the_interval(capsys):
     out = capsys.readouterr().out
     assert "a2 waited 0 to 0.5 while cpu=1" in out
     assert "idle unit-seconds while work waited: 0.5" in out
+
+
+class LazyBaseline(Lazy, IdleByDesign):
+    """The same lazy policy, declared as a baseline that keeps units idle by design."""
+
+
+def test_a_baseline_that_idles_by_design_is_not_rescued():
+    """The scheduler imposes no work conservation on an `IdleByDesign` policy (the
+    evaluation's Kubernetes and static-GPU baselines model systems that idle units): its
+    schedule keeps the waste the policy chose."""
+    inst = _kept("conservation_three_cores.json")
+    assert check_result(inst, simulate(inst, LazyBaseline())).actions == {"a2"}
+    assert not check_result(inst, simulate(inst, Lazy()))
