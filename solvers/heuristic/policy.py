@@ -258,6 +258,9 @@ class HeuristicAllocator:
         # action in this group will give back: its completion re-runs the decision. With
         # nothing busy in the group, at least one candidate starts (no idle strand).
         last = 0 if self.allow_wait and (running or others) else 1
+        # what holds the pool when every other candidate starts: sorted once for every prefix
+        base_all = (sorted(running + [(e, u) for _, e, u in others]),
+                    sum(e - now for _, e, _ in others))
         ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
@@ -270,8 +273,9 @@ class HeuristicAllocator:
                 if end is None:
                     end = ends[i, u] = now + view.estimate(cands[i].action, u)
                 starting.append((end, u))
-            obj = arr.total + self._rest(running, others, starting, idxs[t:], waiting_evicted[t:],
-                                         rest_tail, cands, r, view, capacity, now)
+            obj = arr.total + self._rest(running, others, base_all, starting, idxs[t:],
+                                         waiting_evicted[t:], rest_tail, cands, r, view,
+                                         capacity, now)
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
@@ -284,6 +288,7 @@ class HeuristicAllocator:
         return idxs[best_t:]
 
     def _rest(self, running: list[tuple[float, int]], others: list[tuple[int, float, int]],
+              base_all: tuple[list[tuple[float, int]], float],
               starting: list[tuple[float, int]], gone: list[int], gone_waiting: list[Waiting],
               tail: list[Waiting], cands: list[Candidate], r: str, view: ClusterView,
               capacity: int, now: float) -> float:
@@ -301,12 +306,18 @@ class HeuristicAllocator:
             _, _, held = hold_back(running + ahead + starting, capacity, target, later, now)
         else:
             held = []
-        busy = list(running) + starting
-        total = 0.0
-        for i, e, u in others:
-            if i not in held:
-                busy.append((e, u))
-                total += e - now
+        if held:
+            out = set(held)
+            busy = running + starting
+            total = 0.0
+            for i, e, u in others:
+                if i not in out:
+                    busy.append((e, u))
+                    total += e - now
+            busy.sort()
+        else:  # the common case: every other candidate starts (sorted once per group)
+            base, total = base_all
+            busy = sorted(base + starting)  # two sorted runs: a linear merge
         free = capacity - sum(u for _, u in busy)
         if gone:
             # put off, it waits for more units than are free now: the estimate may give it any
@@ -321,7 +332,6 @@ class HeuristicAllocator:
             merged += [(i, self._waiting(cands[i].action, r, view, capacity)) for i in held]
             merged.sort(key=lambda x: x[0])
             waiting = [w for _, w in merged]
-        busy.sort()
         return total + estimate_waiting(busy, free, now, waiting + tail, self.depth, capacity,
                                         presorted=True)
 
