@@ -42,6 +42,7 @@ from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
 
+
 def _never(_: object) -> bool:
     return False
 
