@@ -185,7 +185,7 @@ def test_the_scheduler_enforces_the_rule_on_the_exact_policies(policy):
 
 def test_the_exact_policy_alone_idles_a_unit_where_the_optimum_does():
     """Why the exact policies are the exception: alone, cpsat keeps a1 waiting beside a free
-    unit (0.5 unit-seconds) and beats every conserving schedule (8.5 against 9.5)."""
+    unit (0.5 unit-seconds) and beats every shipped policy (8.5 against 9.5)."""
     inst = _kept("conservation_exact_idles.json")
     alone = simulate(inst, get_allocator("cpsat"), conserve=False)
     assert alone.total_act == pytest.approx(8.5)
