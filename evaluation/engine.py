@@ -34,6 +34,7 @@ from typing import Any, Protocol
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import TangramError
+from tangram.pools import Placement
 from tangram.results import Status
 from tangram.scheduler import Scheduler
 
@@ -60,6 +61,7 @@ class ActionRecord:
     units: Mapping[str, int]
     restored: bool | None = None
     status: Status = Status.OK  # TIMEOUT: killed at its `Action.timeout`
+    placement: Mapping[str, Placement] | None = None  # where it ran (`tangram.conservation`)
 
 
 def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
@@ -221,5 +223,5 @@ class Engine:
                 ex.end(a, now)
         self.counters["timeouts"] += status is Status.TIMEOUT
         self.records[aid] = ActionRecord(a.action.submit_time, start, now, dict(a.units),
-                                         restored, status)
+                                         restored, status, dict(a.placement))
         return a.action

@@ -92,9 +92,11 @@ class Simulator:
         return SimResult(out.records, out.counters)
 
 
-def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False) -> SimResult:
+def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False,
+             conserve: bool = True) -> SimResult:
     """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared
-    (each chunk pool with services gets its own residency model and placement advisor)."""
+    (each chunk pool with services gets its own residency model and placement advisor;
+    `conserve=False`: without the scheduler's work-conservation rule, the policy alone)."""
     pools = instance.build_pools()
     executors: dict[str, SimExecutor] = {}
     for r, spec in instance.resources.items():
@@ -102,5 +104,7 @@ def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False
             model = SimServiceModel(spec)
             executors[r] = model
             pools[r].advisor = model.advisor
-    return Simulator(pools, instance.actions, allocator, executors=executors,
-                     progress=progress, bindings=instance.bindings, scoped=scoped).run()
+    sim = Simulator(pools, instance.actions, allocator, executors=executors,
+                    progress=progress, bindings=instance.bindings, scoped=scoped)
+    sim.scheduler.conserve &= conserve
+    return sim.run()

@@ -34,6 +34,17 @@ def available() -> list[str]:
     return sorted({*_REGISTRY, *_installed()})
 
 
+def runtime_policies() -> list[str]:
+    """The registered policies that ship with the scheduler (defined in this package), not
+    the evaluation's baselines: what a property about policies runs over, so a new policy is
+    covered without editing the test."""
+    own = __name__.split(".")[0]
+    names = {n for n, ep in _installed().items()
+             if ep.value.split(".")[0] == own}  # type: ignore[attr-defined]
+    names |= {n for n, cls in _REGISTRY.items() if cls.__module__.split(".")[0] == own}
+    return sorted(names)
+
+
 def _lookup(name: str) -> Callable[..., Allocator] | None:
     if name in _REGISTRY:
         return _REGISTRY[name]

@@ -91,6 +91,14 @@ class Allocator(Protocol):
     ) -> list[Assignment]: ...
 
 
+class IdleByDesign:
+    """Marks a policy that models a system which keeps units idle by design (the evaluation's
+    baselines: Kubernetes pods holding cores for a trajectory's life, GPUs pinned to one
+    service). The scheduler does not impose work conservation on its decisions
+    (`tangram.conservation`): that would model a different system. The liveness rule holds for
+    every policy."""
+
+
 def check_assignment_shape(a: Assignment, pools: Mapping[str, Pool],
                            bindings: Mapping[tuple[str, str], str] | None = None) -> None:
     """Amounts among the allowed ones, a placement per demanded resource, bound nodes kept."""

@@ -12,6 +12,13 @@ again, so an action the policy puts off always has a completion coming that re-r
 decision. Admission refuses what can never run: a demand over every pool's capacity, over the
 capacity of the node its trajectory is bound to, or past `max_queue`.
 
+Work conservation (`tangram.conservation`, docs/architecture.md section 6). Then, whatever the
+policy, no queued action waits while every amount it allows fits the free units of its pool (on
+its bound node) and nothing ahead of it on its pools is blocked: the scheduler starts each such
+action, in queue order, at its fastest amount (`conserved` counts them; the shipped policies
+need none; `conserve=False` turns the rule off to measure a policy alone, and a baseline that
+models a system keeping units idle by design is marked `IdleByDesign`).
+
 A scoped scheduler (`scoped=True`, docs/scale.md) shows the policy only the queue classes that
 an arrival, completion, cancel or `touch` changed since the last decision.
 """
@@ -25,14 +32,21 @@ from tangram.allocation import (
     Allocator,
     Assignment,
     ClusterView,
+    IdleByDesign,
     RunningAction,
     check_assignment_shape,
 )
+from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
 from tangram.pools import Placement, Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
 from tangram.results import Status
+
+
+def _never(_: object) -> bool:
+    return False
+
 
 DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
 
@@ -40,7 +54,8 @@ DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull
 class Scheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
                  profiles: DurationProfiles | None = None,
-                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False,
+                 conserve: bool = True) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
@@ -56,6 +71,9 @@ class Scheduler:
         self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
+        # enforce work conservation after every decision (not on a baseline's: `IdleByDesign`)
+        self.conserve = conserve and not isinstance(allocator, IdleByDesign)
+        self.conserved = 0  # actions started by the work-conservation rule, not by the policy
         self._queued_per_resource: dict[str, int] = {}
 
     # -- admission -------------------------------------------------------------------------------
@@ -120,7 +138,11 @@ class Scheduler:
         if action is None:
             return False
         for r in action.mins:  # it may have blocked the actions behind it
-            self._touched.add((r, self.node_of(action, r) if self.pools[r].per_node else None))
+            node = self.node_of(action, r) if self.pools[r].per_node else None
+            if node is None:  # not bound: it blocked every node of the resource
+                self.touch(r)
+            else:
+                self._touched.add((r, node))
         return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
@@ -169,7 +191,7 @@ class Scheduler:
 
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer; then
-        apply the liveness rule (module docstring)."""
+        apply the liveness and the work-conservation rules (module docstring)."""
         if not self.queue:
             return []
         self.decisions += 1
@@ -184,7 +206,36 @@ class Scheduler:
                 self.rescued += 1
                 self._start(rescue, now)
                 assignments.append(rescue)
+        if self.scoped and view.scope:
+            self._keep_put_off_in_scope(view.scope)
+        if self.conserve and self.queue:
+            for w in self._wasted(view, now):
+                a = Assignment(w.action, dict(w.units), dict(w.placement))
+                self.conserved += 1
+                self._start(a, now)
+                assignments.append(a)
         return assignments
+
+    def _keep_put_off_in_scope(self, scope) -> None:
+        """A scoped decision looks again, at the next event, at each class it scanned whose
+        first action still fits at its minimum: the policy put it off by choice (to give it more
+        units later), and that choice depends on the time, so it is re-made at every decision,
+        as an unscoped scheduler does, not only when an event touches its node."""
+        for c in scope:
+            first = next(self.queue.scan(_never, (c,)), None)
+            if first is None:
+                continue
+            if all(self.pools[r].fits(k, self.node_of(first, r)) is not None
+                   for r, k in first.mins.items()):
+                self._touched.add(c)
+
+    def _wasted(self, view: ClusterView, now: float):
+        """The queued actions that waste free units after this decision (scratch placements
+        taken in queue order, so they can be applied as they are)."""
+        # with this decision's starts running, as the advisors read the cluster
+        excused = advisors_excuse(self.pools, self.view(view.scope), now)
+        return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused,
+                          view.scope)
 
     def _start(self, a: Assignment, now: float) -> None:
         act = a.action

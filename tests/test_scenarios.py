@@ -12,8 +12,9 @@ from solvers import get_allocator
 from tangram.instance import load_instance
 
 SCEN = Path(__file__).parent / "scenarios"
-# an expected entry named after a policy ("heuristic", "heuristic-depth1", "min") holds the
-# replay answer; other entries belong to other tests (e.g. the GPU residency scenarios)
+# an expected entry named after a policy ("heuristic", "heuristic-depth1", "min"; or naming it
+# in "policy") holds the replay answer; other entries belong to other tests (e.g. the GPU
+# residency scenarios)
 CASES = [(f, name) for f in sorted(SCEN.glob("*.json"))
          for name, exp in json.loads(f.read_text()).get("expected", {}).items()
          if isinstance(exp, dict) and "total_act" in exp]
@@ -22,7 +23,7 @@ CASES = [(f, name) for f in sorted(SCEN.glob("*.json"))
 @pytest.mark.parametrize("path,name", CASES, ids=[f"{p.stem}:{n}" for p, n in CASES])
 def test_scenario(path, name):
     exp = json.loads(path.read_text())["expected"][name]
-    policy = name.split("-")[0]
+    policy = exp.get("policy", name.split("-")[0])
     options = {k: exp[k] for k in ("depth", "allow_wait", "lookahead") if k in exp}
     result = simulate(load_instance(path), get_allocator(policy, **options)).to_json()
     assert result["total_act"] == pytest.approx(exp["total_act"])

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from evaluation.params import src
 from solvers.fcfs import ScratchPools, scan_candidates
 from tangram.actions import Action
-from tangram.allocation import Assignment, ClusterView
+from tangram.allocation import Assignment, ClusterView, IdleByDesign
 
 
 def fcfs_fixed(view: ClusterView, queue: Collection[Action],
@@ -30,7 +30,7 @@ def at_most(action: Action, r: str, dop: int) -> int:
 
 
 @dataclass
-class NoLifecycle:
+class NoLifecycle(IdleByDesign):
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
     container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 

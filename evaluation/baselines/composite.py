@@ -10,13 +10,13 @@ from typing import Any
 
 from solvers.registry import register
 from tangram.actions import Action
-from tangram.allocation import Assignment, ClusterView
+from tangram.allocation import Assignment, ClusterView, IdleByDesign
 from tangram.errors import ValidationError
 
 
 @register("by-resource")
 @dataclass(frozen=True)
-class ByResource:
+class ByResource(IdleByDesign):
     routes: tuple[tuple[str, Any], ...] = ()
     """(resource-name prefix, allocator), first match wins."""
 

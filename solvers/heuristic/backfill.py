@@ -48,6 +48,7 @@ from solvers.heuristic.timeline import ChunkTimeline, CountTimeline, Slot, Timel
 from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
+from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement, Pool
 
@@ -253,6 +254,23 @@ def estimated_starts(view: ClusterView, queue: Collection[Action], now: float,
     return _walk(view, queue, now, pools, started, set(), window, False)[1]
 
 
+def _conserve(view: ClusterView, arrival: Collection[Action], now: float, pools: ScratchPools,
+              started: list[Assignment]) -> list[Assignment]:
+    """Work conservation in arrival order (`tangram.conservation`): the SRPT order decides
+    between actions that contend for units, never to leave an earlier arrival waiting beside
+    free units it could use while nothing ahead of it is blocked. Those start now, at their
+    fastest amount, on the decision's scratch pools."""
+    done = {a.action.id for a in started}
+    excused = advisors_excuse(view.pools, view, now)
+    waiting = [a for a in arrival if a.id not in done]
+    out = []
+    for w in wasted_now(pools, waiting, view.node_for, view.estimate, excused, None):
+        for r, u in w.units.items():
+            pools[r].take(w.placement[r], u)
+        out.append(Assignment(w.action, dict(w.units), dict(w.placement)))
+    return out
+
+
 # -- ordering ----------------------------------------------------------------------------------
 def srpt_order(view: ClusterView, queue: Collection[Action], now: float,
                aging: float) -> list[Action]:
@@ -308,12 +326,15 @@ class BackfillAllocator(HeuristicAllocator):
 
     def decide(self, view: ClusterView, queue: Collection[Action],
                now: float) -> BackfillDecision:
+        arrival = queue
         if self.order == "srpt":
             queue = srpt_order(view, queue, now, self.aging)
         cands, evicted, pools = self.arrange(view, queue, now)
         started = [Assignment(c.action, c.units, c.placement)
                    for i, c in enumerate(cands) if i not in evicted]
         wait = {cands[i].action.id for i in evicted}
+        if self.order == "srpt":  # before backfilling: its reservations count these starts
+            started += _conserve(view, arrival, now, pools, started)
         if self.window == 0:
             return BackfillDecision(started, frozenset(), {})
         more, reservations = _walk(view, queue, now, pools, started, wait, self.window, True)

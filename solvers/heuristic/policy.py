@@ -22,9 +22,48 @@ from tangram.errors import Infeasible, ValidationError
 from tangram.pools import Pool
 from tangram.queue import ActionQueue
 
+EPS = 1e-9
+
 
 def _never(_: object) -> bool:
     return False
+
+
+def _target(a: Action, r: str, capacity: int) -> int:
+    """The units a put-off action waits for: its largest amount the pool (node) can hold."""
+    if not a.options:
+        return min(a.mins[r], capacity)
+    return max((m for m, _ in a.options if m <= capacity), default=a.options[0][0])
+
+
+def hold_back(releases: list[tuple[float, int]], capacity: int, target: int,
+              later: list[tuple[int, float, int]],
+              now: float) -> tuple[float, list[int], list[int]]:
+    """The "put-off action keeps its place" rule on one pool (node). `releases`: (estimated
+    end, units) of everything holding the pool's units ahead of the put-off action (running
+    actions, candidates ahead of it); `later`: (index, estimated end, units) of the later
+    candidates on the pool, in queue order. Its reservation is the earliest estimated time at
+    which `target` units are free; a later candidate may start now only if it ends by then or
+    fits in what is left over at that time beside the `target`. Returns the reservation and the
+    indices of the later candidates that start now and of those held back."""
+    free = capacity - sum(u for _, u in releases)
+    reservation = now
+    for end, u in sorted(releases):
+        if free >= target:
+            break
+        free += u
+        reservation = end
+    extra = free - target
+    allowed, held = [], []
+    for i, end, u in later:
+        if end <= reservation:
+            allowed.append(i)
+        elif u <= extra:
+            extra -= u
+            allowed.append(i)
+        else:
+            held.append(i)
+    return reservation, allowed, held
 
 
 @register("heuristic")
@@ -74,29 +113,101 @@ class HeuristicAllocator:
         evicted: set[int] = set()
         for (r, node), idxs in groups.items():
             gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
-            if gone:
-                evicted.update(gone)
-                held = self._keep_place(view, cands, evicted, gone[0], r, node, now)
-                for i in held:  # they wait: their units go back to the scratch pools
+            while gone:
+                first = gone[0]
+                reservation, held = self._keep_place(view, cands, evicted | set(gone), first,
+                                                     r, node, now)
+                if reservation <= now + EPS:
+                    # what it waits for is free now (once the later candidates it holds back
+                    # give way): it starts now with them, the first of the rest waits next
+                    late = self._start_now(view, pools, cands, first, held, r, node)
+                    if late is not None:
+                        evicted.update(late)
+                        gone = gone[1:]
+                        continue
+                elif self._elsewhere(view, pools[r], cands[first], r, node):
+                    gone = gone[1:]  # not bound to the node: it starts on one that holds it
+                    continue
+                for i in [*gone, *held]:  # they wait: their units go back to the scratch pools
                     c = cands[i]
                     for r2, p in c.placement.items():
-                        pools[r2].release(p, c.units[r2])
+                        if i in held or r2 != r:
+                            pools[r2].release(p, c.units[r2])
+                evicted.update(gone)
                 evicted.update(held)
+                break
         return cands, evicted, pools
 
+    def _elsewhere(self, view: ClusterView, pool: Pool, c: Candidate, r: str,
+                   node: str | None) -> bool:
+        """A put-off candidate not bound to a node waits for more units on the node the scan
+        placed it on; when another node of the pool has every amount it allows free, it starts
+        there now at its fastest amount instead (what it waits for is never free units)."""
+        a = c.action
+        if node is None or view.node_for(a, r) is not None:
+            return False
+        amounts = [m for m, _ in a.options if m <= pool.largest_request()]
+        if not amounts:
+            return False
+        there = next((n for n in pool.nodes() if n != node and pool.free(n) >= amounts[-1]),
+                     None)
+        if there is None:
+            return False
+        m = min(amounts, key=lambda k: (view.estimate(a, k), k))
+        c.units[r] = m
+        c.placement[r] = pool.place(m, there, (), _prefer(view, a, r))
+        return True
+
+    def _start_now(self, view: ClusterView, pools: ScratchPools, cands: list[Candidate],
+                   first: int, held: list[int], r: str, node: str | None) -> list[int] | None:
+        """Start the put-off candidate `first` now at its fastest amount that fits once the
+        later candidates `held` give their units of the pool back; then re-place each of those,
+        in order, where it still fits. Returns the ones that no longer fit (they wait), or None
+        (and changes nothing) when no amount of `first` fits."""
+        pool = pools[r]
+        for i in held:
+            c = cands[i]
+            pool.release(c.placement[r], c.units[r])
+        c = cands[first]
+        a = c.action
+        best = None
+        for m, _ in a.options:
+            d = view.estimate(a, m)
+            if pool.fits(m, node) is not None and (best is None or d < best[0] - 1e-12):
+                best = (d, m)
+        if best is None:
+            for i in held:
+                pool.take(cands[i].placement[r], cands[i].units[r])
+            return None
+        m = best[1]
+        c.units[r] = m
+        c.placement[r] = pool.place(m, node, (), _prefer(view, a, r))
+        late = []
+        for i in held:
+            h = cands[i]
+            k = h.units[r]
+            try:
+                h.placement[r] = pool.place(k, view.node_for(h.action, r), (),
+                                            _prefer(view, h.action, r))
+            except Infeasible:
+                for r2, p in h.placement.items():
+                    if r2 != r:
+                        pools[r2].release(p, h.units[r2])
+                late.append(i)
+        return late
+
     def _keep_place(self, view: ClusterView, cands: list[Candidate], evicted: set[int],
-                    first: int, r: str, node: str | None, now: float) -> list[int]:
+                    first: int, r: str, node: str | None, now: float) -> tuple[float, list[int]]:
         """An elastic candidate put off to wait for more units keeps its place. Its reservation
         is the estimated time at which the units it waits for (its largest useful amount) are
         free, counting only what runs now and the candidates ahead of it. A later candidate
         that takes units of the same pool (and node) starts now only if it ends by the
         reservation or fits in the units left over at the reservation (conservative
-        backfilling). Returns the ones that must wait too."""
-        pool = view.pools[r]
-        capacity = pool.capacity(node)
+        backfilling). Returns the reservation and the later candidates that must wait too."""
+        capacity = view.pools[r].capacity(node)
         releases = [(max(ra.expected_end, now), ra.assignment.units[r])
                     for ra in view.running_on(r, node)]
-        later: list[int] = []
+        later: list[tuple[int, float, int]] = []
         for i, c in enumerate(cands):
             if i in evicted or r not in c.units:
                 continue
@@ -107,32 +218,10 @@ class HeuristicAllocator:
             if i < first:
                 releases.append((end, c.units[r]))
             else:
-                later.append(i)
-        if not later:
-            return []
-        waiting = cands[first].action
-        target = min(waiting.options[-1][0] if waiting.options else waiting.mins[r], capacity)
-        free = capacity - sum(u for _, u in releases)
-        reservation = now
-        for end, u in sorted(releases):
-            if free >= target:
-                break
-            free += u
-            reservation = end
-        # at the reservation `free` units are back; the put-off action needs `target` of them,
-        # the rest may go to later candidates now, as may any that end before the reservation
-        extra = free - target
-        out = []
-        for i in later:
-            c = cands[i]
-            a = c.action
-            if now + view.estimate(a, c.units[a.key] if a.key else None) <= reservation:
-                continue
-            if c.units[r] <= extra:
-                extra -= c.units[r]
-                continue
-            out.append(i)
-        return out
+                later.append((i, end, c.units[r]))
+        reservation, _, held = hold_back(releases, capacity, _target(cands[first].action, r,
+                                                                     capacity), later, now)
+        return reservation, held
 
     # -- one group -----------------------------------------------------------------------------
     def _arrange(self, view: ClusterView, pool: Pool, pools, cands: list[Candidate],
@@ -161,17 +250,17 @@ class HeuristicAllocator:
                 am, du = am[keep], du[keep]
             tasks.append((am, du))
         table = dp_table(tasks, pool.operator(node))
-        busy, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
+        running, others, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
         best_t, best_obj, best_units = None, None, None
         # waiting for more units is allowed only against units some running (or starting)
         # action in this group will give back: its completion re-runs the decision. With
         # nothing busy in the group, at least one candidate starts (no idle strand).
-        last = 0 if self.allow_wait and busy else 1
-        # the busy units are the same for every prefix: sort and sum them once
-        busy_sorted = sorted(busy)
-        busy_units = sum(u for _, u in busy)
+        last = 0 if self.allow_wait and (running or others) else 1
+        # what holds the pool when every other candidate starts: sorted once for every prefix
+        base_all = (sorted(running + [(e, u) for _, e, u in others]),
+                    sum(e - now for _, e, _ in others))
         ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
@@ -184,12 +273,9 @@ class HeuristicAllocator:
                 if end is None:
                     end = ends[i, u] = now + view.estimate(cands[i].action, u)
                 starting.append((end, u))
-            starting.sort()
-            releases = sorted(busy_sorted + starting)  # two sorted runs: a linear merge
-            free = capacity - busy_units - sum(arr.units)
-            obj = arr.total + estimate_waiting(releases, free, now,
-                                               waiting_evicted[t:] + rest_tail, self.depth,
-                                               capacity, presorted=True)
+            obj = arr.total + self._rest(running, others, base_all, starting, idxs[t:],
+                                         waiting_evicted[t:], rest_tail, cands, r, view,
+                                         capacity, now)
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
@@ -199,13 +285,55 @@ class HeuristicAllocator:
             c = cands[i]
             c.units[r] = best_units[j]
             c.placement[r] = pool.place(best_units[j], node, (), _prefer(view, c.action, r))
-        gone = idxs[best_t:]
-        for i in gone:  # an evicted candidate gives back its other resources too
-            c = cands[i]
-            for r2, p in c.placement.items():
-                if r2 != r:
-                    pools[r2].release(p, c.units[r2])
-        return gone
+        return idxs[best_t:]
+
+    def _rest(self, running: list[tuple[float, int]], others: list[tuple[int, float, int]],
+              base_all: tuple[list[tuple[float, int]], float],
+              starting: list[tuple[float, int]], gone: list[int], gone_waiting: list[Waiting],
+              tail: list[Waiting], cands: list[Candidate], r: str, view: ClusterView,
+              capacity: int, now: float) -> float:
+        """Estimated completion sum of everything but the group's starting candidates when the
+        group's candidates `gone` are put off: the other candidates on the pool that start now
+        (ahead of the first put-off one, or let through by `hold_back`: a later candidate that
+        would take the units it waits for waits too, as `_keep_place` will decide), and the
+        estimate of everything that waits, in queue order."""
+        if gone:
+            first = gone[0]
+            ahead = [(e, u) for i, e, u in others if i < first]
+            later = [o for o in others if o[0] > first]
+            a = cands[first].action
+            target = _target(a, r, capacity)
+            _, _, held = hold_back(running + ahead + starting, capacity, target, later, now)
+        else:
+            held = []
+        if held:
+            out = set(held)
+            busy = running + starting
+            total = 0.0
+            for i, e, u in others:
+                if i not in out:
+                    busy.append((e, u))
+                    total += e - now
+            busy.sort()
+        else:  # the common case: every other candidate starts (sorted once per group)
+            base, total = base_all
+            busy = sorted(base + starting)  # two sorted runs: a linear merge
+        free = capacity - sum(u for _, u in busy)
+        if gone:
+            # put off, it waits for more units than are free now: the estimate may give it any
+            # of those amounts (depth), never a smaller one it could have had now
+            more = tuple(o for o in gone_waiting[0].options if o[0] > free)
+            if not more:
+                more = ((target, view.estimate(a, target)),)
+            gone_waiting = [Waiting(more), *gone_waiting[1:]]
+        waiting = gone_waiting
+        if held:  # merge the held candidates into the put-off ones, in queue order
+            merged = [(i, w) for i, w in zip(gone, gone_waiting)]
+            merged += [(i, self._waiting(cands[i].action, r, view, capacity)) for i in held]
+            merged.sort(key=lambda x: x[0])
+            waiting = [w for _, w in merged]
+        return total + estimate_waiting(busy, free, now, waiting + tail, self.depth, capacity,
+                                        presorted=True)
 
     def _waiting(self, a: Action, r: str, view: ClusterView, capacity: int) -> Waiting:
         if a.options and a.key == r:
@@ -216,9 +344,11 @@ class HeuristicAllocator:
 
     def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
                     node: str | None, queue: Collection[Action], now: float):
-        """Busy units of the group's pool (running + other candidates) and the queue behind."""
-        busy = [(max(ra.expected_end, now), ra.assignment.units[r])
-                for ra in view.running_on(r, node)]
+        """What holds the group's pool besides the group: the running actions' (end, units),
+        the other candidates' (index, end, units), and the queue behind the candidates."""
+        running = [(max(ra.expected_end, now), ra.assignment.units[r])
+                   for ra in view.running_on(r, node)]
+        others: list[tuple[int, float, int]] = []
         group = set(idxs)
         cand_ids = set()
         for i, c in enumerate(cands):
@@ -228,7 +358,7 @@ class HeuristicAllocator:
             if node is None or c.placement[r].node == node:
                 a = c.action
                 d = view.estimate(a, c.units[a.key] if a.key else None)
-                busy.append((now + d, c.units[r]))
+                others.append((i, now + d, c.units[r]))
         capacity = view.pools[r].capacity(node)
         tail: list[Waiting] = []
         if self.lookahead:
@@ -245,4 +375,4 @@ class HeuristicAllocator:
                 tail.append(self._waiting(a, r, view, capacity))
                 if len(tail) >= self.lookahead:
                     break
-        return busy, tail
+        return running, others, tail

@@ -1,12 +1,17 @@
 """Random instances through the real scheduler loop: invariants, completion, quality."""
 
-from hypothesis import given, settings
+from pathlib import Path
+
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from evaluation.simulator import simulate
 from solvers import get_allocator
-from tangram import check_assignments
-from tangram.instance import parse_instance
+from solvers.registry import runtime_policies
+from tangram import ValidationError, check_assignments
+from tangram.instance import load_instance, parse_instance
+
+SCEN = Path(__file__).parents[1] / "scenarios"
 
 
 @st.composite
@@ -38,12 +43,22 @@ def instances(draw, chunks=True):
     return parse_instance({"resources": res, "actions": acts})
 
 
-@settings(max_examples=60, deadline=None)
-@given(instances(), st.sampled_from(["heuristic", "min", "backfill", "backfill-srpt"]),
-       st.integers(1, 3))
+# every runtime policy the registry finds, the receding-horizon exact ones aside (a solve per
+# decision; tests/property/test_exact_schedule_props.py covers them)
+POLICIES = [p for p in runtime_policies() if p not in ("cpsat", "pulp")]
+
+
+def _policy(name: str, depth: int):
+    try:
+        return get_allocator(name, depth=depth)
+    except ValidationError:  # a policy without the heuristic's depth option
+        return get_allocator(name)
+
+
+@settings(max_examples=100, deadline=None)
+@given(instances(), st.sampled_from(POLICIES), st.integers(1, 3))
 def test_random_instances_finish_and_keep_invariants(instance, policy, depth):
-    options = {"depth": depth} if policy != "min" else {}
-    result = simulate(instance, get_allocator(policy, **options))
+    result = simulate(instance, _policy(policy, depth))
     assert set(result.records) == {a.id for a in instance.actions}
     for a in instance.actions:
         r = result.records[a.id]
@@ -102,25 +117,28 @@ def elastic_batch(draw):
                            "actions": acts})
 
 
-# a quality bound, not an invariant: derandomized so CI replays the examples we measured
-@settings(max_examples=80, deadline=None, derandomize=True)
+# a quality check, not a proved bound: fresh examples every run, the worst found kept
+@settings(max_examples=100, deadline=None)
 @given(elastic_batch())
+@example(load_instance(SCEN / "batch_idle_before_issue21.json"))
 def test_heuristic_not_much_worse_than_min_on_a_batch(instance):
-    """Finding (3,000 hypothesis examples): when every action is known up front, the
-    heuristic's total ACT is at most 1.095x min's (the ACT estimate is an approximation).
+    """When every action is known up front, the heuristic stays close to min's total ACT.
+    No bound is proved: the worst a search found is 1.08x (`python -m evaluation.quality
+    search heuristic min --kind batch --budget 3000`). Before issue 21 it found 1.96x, and
+    3,000 hypothesis examples of this strategy targeted at the ratio found 4.7x (the kept
+    example: six of seven cores idle). 1.25x is a regression alarm.
 
     With online arrivals there is no constant bound, and none is asserted: an elastic action
-    alone in the queue takes every unit, and short actions arriving just after wait for it
-    (1.7x min's total ACT on an instance hypothesis found; arbitrarily worse ones exist). On
-    average the heuristic wins clearly: see the next test."""
+    alone in the queue takes every unit, and short actions arriving just after wait for it.
+    On average the heuristic wins clearly: see the next test."""
     h = simulate(instance, get_allocator("heuristic")).total_act
     m = simulate(instance, get_allocator("min")).total_act
-    assert h <= m * 1.095 + 1e-9  # the README states 1.095x
+    assert h <= m * 1.25 + 1e-9
 
 
 def test_heuristic_beats_min_on_average():
     """Online arrivals, 60 seeded instances: the mean ratio heuristic/min is below 0.95
-    (measured over 500 instances: median 0.86, 8% of instances worse than min)."""
+    (over 500: `python -m evaluation.quality ratio heuristic min --kind online`)."""
     import random
 
     rng = random.Random(7)

@@ -31,8 +31,8 @@ def test_same_grants_as_golden(name):
     assert any("=2@" in line or "=4@" in line or "=8@" in line for line in want)
 
 
-# Scoped decisions (docs/scale.md) are not equal by construction: a put-off elastic action on a
-# node no event touched is not looked at again until one does. On these cases the heuristic's
+# Scoped decisions (docs/scale.md) are not equal by construction (a scoped decision sees only its
+# classes; a class with a put-off action stays in scope). On these cases the heuristic's
 # scoped grants are the same as its global ones; backfill's phase 2 walks the whole queue and
 # so differs under a scope (it is not offered scoped).
 @pytest.mark.parametrize("name", sorted(n for n in CASES if CASES[n][0] == "heuristic"))

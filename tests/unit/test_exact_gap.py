@@ -1,8 +1,10 @@
 """`tangram gap` end to end on the smallest setting: every class, every policy at or above the
-optimum, and the FCFS-constrained optimum never below the unconstrained one."""
+optimum, and the FCFS-constrained optimum as solved (a negative order gap shows, not clamped)."""
 
 import json
 from pathlib import Path
+
+import pytest
 
 from evaluation.gap import fcfs_optimum, main
 from solvers.exact.schedule import solve_schedule
@@ -34,3 +36,17 @@ def test_fcfs_optimum_pays_for_order_on_the_head_of_line_scenario():
     inst = load_instance(HOL)
     assert solve_schedule(inst, "cpsat", 10, workers=1).total_act == 11.0
     assert fcfs_optimum(inst, 10, workers=1) == 21.0
+
+
+def test_a_negative_order_gap_is_reported_not_clamped():
+    """When the FCFS-constrained solve beats the unconstrained one (its time limit ran out
+    first), the row keeps it: a negative order gap, and the class summary shows it."""
+    from evaluation.gap import gap_row, summary
+    from solvers.exact.random_instances import InstanceClass
+
+    inst = load_instance(HOL)
+    exact = solve_schedule(inst, "cpsat", 10, workers=1)  # 11, proved
+    row = gap_row(InstanceClass("flat", "batch", 4), 0, exact, 9.9, {"min": 21.0}, {"min": 0.0})
+    assert row.exact_fcfs == 9.9 and row.order_gap == pytest.approx(-10.0)
+    (entry,) = summary([row], ["min"])
+    assert entry["order_mean"] == pytest.approx(-10.0)

@@ -174,3 +174,72 @@ def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
                 assert (await head).status == "cancelled"
 
     asyncio.run(main())
+
+
+class StartsNothing:
+    """A policy that never starts anything: what is left is the scheduler's own rules."""
+
+    def allocate(self, view, queue, now):
+        return []
+
+
+def test_liveness_rule_starts_the_first_that_fits_at_its_fastest_amount_on_an_idle_pool():
+    """With the work-conservation rule off, only the liveness rule acts: nothing running and
+    actions waiting -> the first that fits at its minimum starts, at its fastest amount that
+    the free units hold; with anything running, it leaves the queue to the policy."""
+    s = Scheduler({"cpu": pool(n0=4)}, StartsNothing(), conserve=False)
+    s.submit(fixed("big", 5 - 1, 1.0))
+    s.submit(elastic("e", 1, 4, 4.0))
+    assert started(s, 0.0) == ["big"] and s.rescued == 1
+    s.submit(fixed("small", 1, 1.0))
+    assert started(s, 0.0) == [], "something runs: the liveness rule does not act"
+    s.complete("big", 1.0)
+    got = s.decide(1.0)
+    assert [(a.action.id, a.units["cpu"]) for a in got] == [("e", 4)] and s.rescued == 2
+
+
+def test_work_conservation_rule_starts_what_a_policy_leaves_beside_free_units():
+    """The same policy with the rule on (the default): every queued action whose units are all
+    free starts now, in queue order, at its fastest amount; one behind an action that does not
+    fit waits (strict FCFS)."""
+    s = Scheduler({"cpu": pool(n0=4)}, StartsNothing())
+    s.submit(fixed("x", 1, 2.0))
+    s.submit(elastic("e", 1, 2, 2.0))
+    s.submit(fixed("wide", 4, 1.0))
+    s.submit(fixed("y", 1, 1.0))
+    got = s.decide(0.0)
+    assert [(a.action.id, a.units["cpu"]) for a in got] == [("x", 1), ("e", 2)]
+    # nothing ran: the liveness rule started x, the work-conservation rule e
+    assert (s.rescued, s.conserved) == (1, 1) and list(s.queue.keys()) == ["wide", "y"]
+
+
+def test_a_put_off_action_keeps_its_place():
+    """6 cores; x holds 3 until 1. The elastic e (perfectly elastic, 8 s of work) is put off to
+    wait for all 6 at 1 (ends at 2.33) instead of one core now (ends at 8). Of the 1-core
+    candidates behind it, late (4 s) would still hold a core at 1 and push e back, so it waits;
+    quick (0.5 s) ends before 1, so it takes a free core now."""
+    s = Scheduler({"cpu": pool(n0=6)}, get_allocator("heuristic"), conserve=False)
+    s.submit(fixed("x", 3, 1.0))
+    assert started(s, 0.0) == ["x"]
+    s.submit(Action("e", {"cpu": (1, 6)}, elasticity=Elasticity("cpu", 8.0, lambda m: 1.0),
+                    submit_time=0.0))
+    s.submit(fixed("late", 1, 4.0))
+    s.submit(fixed("quick", 1, 0.5))
+    assert started(s, 0.0) == ["quick"]
+    assert list(s.queue.keys()) == ["e", "late"]
+    s.complete("quick", 0.5)
+    assert started(s, 0.5) == []  # e's reservation still holds late back
+    s.complete("x", 1.0)
+    got = {a.action.id: a.units["cpu"] for a in s.decide(1.0)}
+    assert got.get("e", 0) >= 5, got
+
+
+def test_a_put_off_action_whose_units_are_free_now_starts_now():
+    """The 3-core counterexample of issue 21 (tests/scenarios/conservation_three_cores.json):
+    a1 (1 or 2 cores) beside two 1-core actions on 3 free cores starts now, beside them."""
+    s = Scheduler({"cpu": pool(n0=3)}, get_allocator("heuristic"), conserve=False)
+    s.submit(Action("a1", {"cpu": (1, 2)},
+                    elasticity=Elasticity("cpu", 2.0, lambda m: {1: 1.0, 2: 0.769}[m])))
+    s.submit(fixed("a2", 1, 1.0))
+    s.submit(fixed("a3", 1, 0.5))
+    assert sorted(started(s, 0.0)) == ["a1", "a2", "a3"]
