@@ -17,9 +17,10 @@ copies of the pools), so two actions are never both counted for the same free un
 (`Scheduler(conserve=True)`), and the stateful tests call it. `check_schedule` replays a
 finished schedule (arrivals, starts, ends, placements) through the same function and returns
 every interval of waste and the idle unit-seconds while work waited: the simulator's results,
-`tangram replay --check` and the experiments share it. A deferral (a pool's `PlacementAdvisor.defer`:
-a GPU action waiting for a busy resident copy of its service rather than restoring one) is a
-choice the schedule does not record; `check_schedule` counts it as waste.
+`tangram replay --check` and the experiments share it. A deferral (a pool's
+`PlacementAdvisor.defer`: a GPU action waiting for a busy resident copy of its service rather
+than restoring one) is a choice the schedule does not record; `check_schedule` counts it as
+waste.
 """
 
 from __future__ import annotations
