@@ -101,7 +101,9 @@ def test_a_thousand_environments_under_1024_open_files(bwrap_or_skip, tmp_path):
     assert codes == [200], [t for c, t in answers if c != 200][:3]
     assert status["envs"] == ENVS
     assert echo is not None and echo["stdout"] == "hi\n"
-    assert held < 100
+    # a spawner (the fast path) holds one descriptor per environment until half the limit is
+    # used; environments past that take the nsenter path, which holds none
+    assert held < 1024 // 2 + 100
     # it shut down cleanly, and the next server starts on the same folder and sweeps nothing
     assert "Traceback" not in proc.log, proc.log[-3000:]
     with server(1024, str(tmp_path)) as (url2, proc2):

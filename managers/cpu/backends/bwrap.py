@@ -49,6 +49,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import select
 import shlex
 import shutil
@@ -130,6 +131,19 @@ def _drop_to(uid: int) -> list[str]:
     """`setpriv` as the sandbox's last step: the uid, no groups, no capabilities, no_new_privs."""
     return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
             "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
+
+
+def _descriptors_to_spare() -> bool:
+    """True while this process uses under half its open-file limit: a spawner holds one
+    descriptor per environment (its socket), so past that new environments take the nsenter
+    path, which holds none (`holder`), and the capacity stays that of the limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return True
+    try:
+        return len(os.listdir("/proc/self/fd")) < soft // 2
+    except OSError:
+        return False
 
 
 def _idle(env: Environment) -> list[str]:
@@ -304,7 +318,8 @@ class BwrapBackend(CgroupBackend):
             fds += [info_w]
             filter_fd = hold.data_fd(self._filter.read_bytes())
             fds.append(filter_fd)
-            if self._spawner and env.root is None:  # it needs the server's Python inside
+            if self._spawner and env.root is None and _descriptors_to_spare():
+                # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 # a script inside starts it, so the sandbox's init shows no host path
                 payload = ("/bin/sh", f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
