@@ -20,13 +20,18 @@ from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Workload
 from managers.flow import AimdWindow
 from tangram.actions import Action
-from tangram.allocation import Allocator, Assignment, ClusterView
+from tangram.allocation import Allocator, Assignment, ClusterView, IdleByDesign
 from tangram.pools import FlatPool
 
 
 @dataclass
-class LearnedLimits:
-    """An allocator and lifecycle: `inner`'s decisions, API calls held to the learned window."""
+class LearnedLimits(IdleByDesign):
+    """An allocator and lifecycle: `inner`'s decisions, API calls held to the learned window.
+
+    Holding a call while API units look free is this model's point (the window is below the
+    pool's configured capacity), so it is marked `IdleByDesign`: the scheduler's
+    work-conservation rule would start the held calls and model a Tangram without flow control.
+    The runtime holds them after the grant instead (`managers.api`'s gate)."""
 
     inner: Allocator
     limits: Mapping[str, int]  # API resource -> the limit the window starts with

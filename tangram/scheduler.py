@@ -216,6 +216,11 @@ class Scheduler:
                 assignments.append(a)
         return assignments
 
+    def wants_next_decision(self) -> bool:
+        """True when a class waits to be re-read at the next decision whatever happens (a
+        put-off action's, `_keep_put_off_in_scope`): a scheduler shard asks to be ticked."""
+        return bool(self._touched)
+
     def _keep_put_off_in_scope(self, scope) -> None:
         """A scoped decision looks again, at the next event, at each class it scanned whose
         first action still fits at its minimum: the policy put it off by choice (to give it more

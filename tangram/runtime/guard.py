@@ -43,6 +43,8 @@ from urllib.parse import quote, quote_plus, unquote_plus
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tangram.runtime.sandboxfusion import UNSERVED
+
 log = logging.getLogger("tangram.runtime.guard")
 
 HEADER_TIMEOUT_S = 10.0  # s from connect (or the last response) to a whole request head
@@ -53,7 +55,10 @@ FD_RESERVE = 256  # descriptors kept for everything but connections (execs, logs
 PER_CLIENT = 4_096  # connections from one client address
 OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect",
                         "/redoc"})
-QUERY_TOKEN_PATHS = frozenset({"/run_code", "/run_jupyter"})
+# SandboxFusion's paths, whose clients (its SDK: `endpoint="http://host:port/?token=T&_="`, which
+# puts the path in the query) send no headers: its two runners, the SDK's dispatch `/`, and the
+# dataset endpoints it calls, which answer a JSON 404 saying they are not served
+QUERY_TOKEN_PATHS = frozenset({"/", "/run_code", "/run_jupyter", *UNSERVED})
 LOG_EVERY_S = 10.0  # one line per message kind per this many seconds, then a count
 
 

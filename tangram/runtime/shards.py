@@ -260,7 +260,10 @@ def _shard_main(conn, parent: int, inherited: list, pools: dict[str, Pool], allo
                 for act in box.arrivals:
                     sched.enqueue(act)
                 out = sched.decide(now)
-                _send(conn, [(a.action.id, dict(a.units), dict(a.placement)) for a in out])
+                grants: list = [(a.action.id, dict(a.units), dict(a.placement)) for a in out]
+                if sched.wants_next_decision():
+                    grants.append(None)  # re-read at the router's next decision (`_granted`)
+                _send(conn, grants)
             elif op == STATE:
                 _send(conn, (list(sched.queue.keys()), sorted(sched.running)))
             else:
@@ -569,6 +572,9 @@ class ShardedScheduler:
     def _granted(self, i: int, reply: list, now: float) -> list[Assignment]:
         out = []
         queued, running = self._queued[i], self._running[i]
+        if reply and reply[-1] is None:  # a put-off class, re-read at every decision as the
+            reply.pop()                  # one-process scoped scheduler does
+            self._dirty.add(i)
         for aid, units, placement in reply:
             act = queued.pop(aid, None)
             if act is None:

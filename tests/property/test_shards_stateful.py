@@ -9,9 +9,10 @@ from __future__ import annotations
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant
-from test_liveness_stateful import SchedulerMachine
+from test_liveness_stateful import POLICIES, REORDERS, SchedulerMachine
 
 from solvers import get_allocator
+from tangram.conservation import wasted_now
 from tangram.pools import CorePool
 from tangram.runtime.shards import ShardedScheduler
 from topology import CpuNode
@@ -19,13 +20,14 @@ from topology import CpuNode
 
 class ShardedMachine(SchedulerMachine):
     @initialize(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-                policy=st.sampled_from(["heuristic", "min"]), scoped=st.just(True))
+                policy=st.sampled_from(POLICIES), scoped=st.just(True))
     def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
         nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
         self.pool = CorePool("cpu", nodes)
         self.capacity = self.pool.capacity()
         self.s = ShardedScheduler({"cpu": self.pool}, get_allocator(policy), shards=len(sizes))
         self.sizes = dict(zip(nodes, sizes))
+        self.fcfs = policy not in REORDERS
         self.now = 0.0
         self.n = 0
         self.ends: dict[str, float] = {}
@@ -44,6 +46,17 @@ class ShardedMachine(SchedulerMachine):
         for i in range(len(self.sizes)):
             queued, running = self.s.state(i)
             assert running or not queued, f"shard {i} runs nothing, queues {queued}"
+
+    @invariant()
+    def no_waste(self) -> None:
+        """Work conservation per shard, for the actions a shard owns (bound to a trajectory's
+        node). An action without a trajectory is placed by the router (`_place_pending`), which
+        does not apply the rule yet: a known gap (docs/scale.md), so it is not asserted here."""
+        if hasattr(self, "s"):
+            s = self.s
+            wasted = [w for w in wasted_now(s.pools, list(s.queue), s.node_of, s.estimate)
+                      if w.action.trajectory is not None]
+            assert not wasted, [(w.action.id, dict(w.units)) for w in wasted]
 
     def teardown(self) -> None:
         try:

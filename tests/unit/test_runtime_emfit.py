@@ -10,6 +10,7 @@ import asyncio
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
+from tangram.profiles import exec_kind
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
 
@@ -28,7 +29,7 @@ def test_elastic_exec_follows_the_fitted_curve_not_the_prior():
             assert first.ok and first.units == {"cpu": 4}  # the prior: more cores, faster
             for _ in range(3):  # fixed runs of the kind refine its fit too
                 assert (await tg.exec(env, "tool run", cpu=1)).ok
-            fit = tg.scheduler.profiles.speedup("exec:tool", 0.25, 1.0)
+            fit = tg.scheduler.profiles.speedup(exec_kind("t0", "tool run"), 0.25, 1.0)
             assert fit.predict(1) < fit.predict(4)
             learned = await tg.exec(env, "tool run", cpu=(1, 4), elastic=True)
             assert learned.ok and learned.units == {"cpu": 1}, learned.units
