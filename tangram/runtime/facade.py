@@ -176,6 +176,8 @@ class Tangram:
         assert self.cpu is not None
         self.scheduler.bind(trajectory, self.cpu.resource, self.cpu.binding(trajectory))
         self._envs[env_id] = _Env(env_id, trajectory, self._clock())
+        if not self._closed and self.scheduler.queue:
+            self._kick()  # an environment opening is an event, as in the simulator's engine
 
     async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:
         """One new environment per trajectory, on the parent's node, whose files start as the
