@@ -156,9 +156,7 @@ class RunCodeRequest(BaseModel):
     @field_validator("memory_limit_MB")
     @classmethod
     def _memory(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("must be -1 (no limit) or a positive number of MiB")
-        return v
+        return jupyter.memory_limit(v)
 
     @field_validator("files")
     @classmethod

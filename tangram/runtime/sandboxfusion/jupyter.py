@@ -54,9 +54,15 @@ class RunJupyterRequest(BaseModel):
     @field_validator("memory_limit_MB")
     @classmethod
     def _memory(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("must be -1 (no limit) or a positive number of MiB")
-        return v
+        return memory_limit(v)
+
+
+def memory_limit(v: int) -> int:
+    """`memory_limit_MB` of both SandboxFusion requests: -1 (the server's environment default,
+    docs/sandboxfusion.md) or a positive number of MiB."""
+    if v == 0:
+        raise ValueError("must be -1 (the server's default) or a positive number of MiB")
+    return v
 
 
 class CellRunResult(BaseModel):
