@@ -237,8 +237,11 @@ class Scheduler:
     def _wasted(self, view: ClusterView, now: float):
         """The queued actions that waste free units after this decision (scratch placements
         taken in queue order, so they can be applied as they are)."""
-        # with this decision's starts running, as the advisors read the cluster
-        excused = advisors_excuse(self.pools, self.view(view.scope), now)
+        # with this decision's starts running, as the advisors read the cluster (a view is
+        # built only where some pool has an advisor: this runs after every decision)
+        excused = None
+        if any(p.advisor is not None for p in self.pools.values()):
+            excused = advisors_excuse(self.pools, self.view(view.scope), now)
         return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused,
                           view.scope)
 
