@@ -22,6 +22,8 @@ import sys
 import time
 from typing import Any
 
+from managers.gpu.tinylm import TinyLMConfig
+from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram import Tangram
 
 
@@ -44,11 +46,7 @@ def raw_copy_gbps(nbytes: int, repeats: int) -> float:
 
 
 def backend_check(size_mb: int, repeats: int) -> dict:
-    # torch is optional (the gpu extra): torch and the two modules that import it load here
-    import torch
-
-    from managers.gpu.tinylm import TinyLMConfig
-    from managers.gpu.torch_backend import TorchBackend, torch_service
+    import torch  # optional third-party dependency (the gpu extra)
 
     cfg = TinyLMConfig.of_size(size_mb * 10**6, dtype="bfloat16")
     backend = TorchBackend({"svc": cfg}, use_cuda=True)
