@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from topology.chunks import is_pow2
+
 INF = np.inf
 
 
@@ -87,7 +89,7 @@ class ChunkOperator:
     def __init__(self, free: Mapping[int, int]) -> None:
         sizes = sorted(int(s) for s in free)
         for s in sizes:
-            if s <= 0 or s & (s - 1):
+            if not is_pow2(s):
                 raise ValueError(f"ChunkOperator: chunk size must be a power of two, got {s!r}")
             if int(free[s]) < 0:
                 raise ValueError(f"ChunkOperator: free[{s}] must be >= 0, got {free[s]!r}")
