@@ -15,13 +15,13 @@ from evaluation.workloads.base import (
     Step,
     Trajectory,
     Workload,
-    amdahl_efficiency,
     lognormal,
     lognormal_mean,
 )
 from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
+from tangram.profiles import amdahl_efficiency
 from topology import CpuNode
 
 
