@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu.backend import Chunk, GpuBackend
 from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
@@ -118,6 +118,3 @@ class SimBackend(GpuBackend):
         return {"simulated": True, "service": service.name, "node": node, "chunk": list(chunk),
                 "infer_s": seconds, "request": payload,
                 "note": "simulated GPU backend: no model ran; the time is the profile's"}
-
-
-register("sim", SimBackend)

@@ -37,7 +37,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from managers.gpu import tinylm
-from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu.backend import Chunk, GpuBackend
 from managers.gpu.services import Service
 from managers.gpu.tinylm import TinyLMConfig
 from tangram.errors import BackendUnavailable, ValidationError
@@ -210,6 +210,3 @@ def _tokens(payload: Any) -> list[list[int]]:
         raise ValidationError("payload.tokens", seqs,
                               "must be a list of token-id lists of length >= 2")
     return seqs
-
-
-register("torch", TorchBackend)

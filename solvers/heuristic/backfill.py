@@ -45,7 +45,6 @@ from solvers.fcfs import ScratchPools, deferred
 from solvers.heuristic.objective import spread
 from solvers.heuristic.policy import HeuristicAllocator
 from solvers.heuristic.timeline import ChunkTimeline, CountTimeline, Slot, Timeline
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.conservation import advisors_excuse, wasted_now
@@ -292,7 +291,6 @@ def srpt_order(view: ClusterView, queue: Collection[Action], now: float,
 
 
 # -- the policy --------------------------------------------------------------------------------
-@register("backfill")
 @dataclass(frozen=True)
 class BackfillAllocator(HeuristicAllocator):
     """The heuristic's options, plus:
@@ -338,7 +336,6 @@ class BackfillAllocator(HeuristicAllocator):
                                 reservations)
 
 
-@register("backfill-srpt")
 @dataclass(frozen=True)
 class BackfillSrptAllocator(BackfillAllocator):
     """`backfill` with the order option on: shortest estimated work first, with aging."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
 from solvers.heuristic.dparrange import dp_table
 from solvers.heuristic.objective import Waiting, estimate_waiting
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.errors import Infeasible, ValidationError
@@ -66,7 +65,6 @@ def hold_back(releases: list[tuple[float, int]], capacity: int, target: int,
     return reservation, allowed, held
 
 
-@register("heuristic")
 @dataclass(frozen=True)
 class HeuristicAllocator:
     """depth: options the first waiting action tries in the estimate (paper: 2).
