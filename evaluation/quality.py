@@ -136,8 +136,7 @@ def _mutate(rng: random.Random, doc: dict) -> dict:
         a["demand"]["cpu"] = sorted({1, *[rng.randint(1, units)
                                          for _ in range(rng.randint(0, 3))]})
         alpha = rng.uniform(0, 0.5)
-        a["efficiency"] = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m))
-                           for m in a["demand"]["cpu"]}
+        a["efficiency"] = {str(m): amdahl_efficiency(m, alpha) for m in a["demand"]["cpu"]}
     elif what == 1:  # its work
         a["t_ori"] = max(0.05, a["t_ori"] * rng.uniform(0.5, 2.0))
     else:  # one efficiency, kept in (0, 1] and at 1 for one unit

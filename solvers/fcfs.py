@@ -104,7 +104,7 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
         if fully == n_res:
             break
         mins = a.mins if amounts is None else amounts(a)
-        placed = None if _waits_behind(view, a, mins, blocked) else \
+        placed = None if blocked and _waits_behind(view, a, mins, blocked) else \
             _place_all(view, a, mins, pools, blocked, exclude)
         if placed is not None and advised and deferred(view, a, placed, now):
             _release(pools, placed, mins)
