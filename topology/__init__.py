@@ -6,9 +6,11 @@ from topology.chunks import (
     buddy,
     build_chunk_graph,
     chunk_level,
+    chunk_sizes,
     enclosing,
     is_aligned,
     is_pow2,
+    pow2_floor,
 )
 from topology.cpu import CpuNode
 from topology.discovery import GpuDiscovery, GpuInfo, discover_gpus, discover_numa, parse_cpulist
@@ -18,5 +20,6 @@ from topology.operators import ChunkOperator, FlatOperator
 __all__ = [
     "Chunk", "ChunkOperator", "ChunkTree", "CpuNode", "FlatOperator", "GpuDiscovery", "GpuInfo",
     "InvariantViolation", "TopologyError", "buddy", "build_chunk_graph", "chunk_level",
-    "discover_gpus", "discover_numa", "enclosing", "is_aligned", "is_pow2", "parse_cpulist",
+    "chunk_sizes", "discover_gpus", "discover_numa", "enclosing", "is_aligned", "is_pow2",
+    "parse_cpulist", "pow2_floor",
 ]

@@ -30,6 +30,18 @@ def is_pow2(k: int) -> bool:
     return k > 0 and not k & (k - 1)
 
 
+def pow2_floor(n: int) -> int:
+    """The largest power of two <= n (n >= 1): how many GPUs of n make one chunk tree."""
+    if n <= 0:
+        raise TopologyError(f"a GPU count must be positive, got {n!r}")
+    return 1 << (n.bit_length() - 1)
+
+
+def chunk_sizes(num_gpus: int) -> tuple[int, ...]:
+    """Every chunk size up to `num_gpus`: 1, 2, 4, ... (the DoPs a node's chunks allow)."""
+    return tuple(1 << i for i in range(num_gpus.bit_length()))
+
+
 def is_aligned(chunk: Chunk, num_gpus: int) -> bool:
     """Whether `chunk` is an aligned power-of-two interval of a node of `num_gpus` GPUs."""
     s, e = chunk

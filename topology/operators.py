@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from topology.chunks import is_pow2
+from topology.chunks import chunk_sizes, is_pow2
 
 INF = np.inf
 
@@ -94,7 +94,7 @@ class ChunkOperator:
             if int(free[s]) < 0:
                 raise ValueError(f"ChunkOperator: free[{s}] must be >= 0, got {free[s]!r}")
         top = sizes[-1] if sizes else 1
-        self.sizes = tuple(1 << i for i in range(top.bit_length()))
+        self.sizes = chunk_sizes(top)
         self._size_col = {s: i for i, s in enumerate(self.sizes)}
         start = tuple(int(free.get(s, 0)) for s in self.sizes)
         self.states, self._next = self._enumerate(start)

@@ -18,13 +18,14 @@ from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.instance import ResourceSpec
+from topology import chunk_sizes
 
 
 def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:
     """The instance's services: memory per GPU and restore time (sharded weights over k GPUs
     when `weights_gb` is given, `ServiceSpec.per_gpu_gb`) at every DoP the node allows (a
     chunk of any power-of-two size up to `gpus_per_node`)."""
-    dops = tuple(1 << i for i in range(spec.gpus_per_node.bit_length()))
+    dops = chunk_sizes(spec.gpus_per_node)
     return ServiceRegistry({
         name: Service(name, {k: round(s.per_gpu_gb(k) * GB) for k in dops},
                       {k: s.restore_at(k) for k in dops})

@@ -1,7 +1,7 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topology import ChunkTree, TopologyError, buddy, is_aligned
+from topology import ChunkTree, TopologyError, buddy, chunk_sizes, is_aligned, is_pow2, pow2_floor
 
 ops = st.lists(st.tuples(st.booleans(), st.sampled_from([1, 2, 3, 4, 8, 16]),
                          st.integers(0, 100)), max_size=40)
@@ -63,3 +63,11 @@ def test_the_buddy_helpers_agree_with_the_free_lists(gpus, seq, start, level):
         assert all(t.free_container(c) is not None and c[1] - c[0] == k for c in options)
         if options:
             assert min(e - s for s, e in (t.free_container(c) for c in options)) == 1 << lv
+
+
+@given(st.integers(1, 10_000))
+def test_pow2_floor_and_chunk_sizes(n):
+    f = pow2_floor(n)
+    assert is_pow2(f) and f <= n < 2 * f
+    sizes = chunk_sizes(n)
+    assert sizes[0] == 1 and sizes[-1] == f and all(b == 2 * a for a, b in zip(sizes, sizes[1:]))
