@@ -91,3 +91,36 @@ def test_a_source_checkout_without_metadata_finds_the_builtins(tmp_path):
     assert allocator == "BackfillSrptAllocator"
     assert backends == "sim sim"
     assert {"serve", "image"} <= set(commands.split(","))
+
+
+def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path):
+    """An installed distribution's entry points (here a dist-info folder on the path) add a
+    policy and a CPU backend without any code of ours naming them."""
+    dist = tmp_path / "tangram_plugin_demo-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tangram-plugin-demo\n"
+                                   "Version: 0.1\n")
+    (dist / "entry_points.txt").write_text("[tangram.policies]\nmine = plugin_demo:Mine\n\n"
+                                           "[tangram.cpu_backends]\nnull = plugin_demo:Null\n")
+    (tmp_path / "plugin_demo.py").write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        from managers.cpu.backends.sim import SimBackend
+        from solvers.minimal import MinAllocator
+
+        @dataclass(frozen=True)
+        class Mine(MinAllocator):
+            knob: int = 1
+
+        class Null(SimBackend):
+            name = "null"
+    """))
+    code = ("from solvers.registry import get_allocator, available, runtime_policies\n"
+            "from managers.cpu.backends import create\n"
+            "a = get_allocator('mine', knob=3)\n"
+            "assert a.knob == 3 and 'mine' in available() and 'mine' not in runtime_policies()\n"
+            "print(type(a).__name__, create('null').name)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, text=True,
+                          capture_output=True, timeout=120,
+                          env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["Mine", "null"]
