@@ -83,9 +83,13 @@ def test_a_source_checkout_without_metadata_finds_the_builtins(tmp_path):
         print(",".join(commands()))
     """)
     fake = _site_without_this_distribution(tmp_path)
+    tree = tmp_path / "checkout"  # the packages only: an editable install leaves its
+    tree.mkdir()                  # *.egg-info in the source tree, which would be metadata
+    for package in ("tangram", "solvers", "managers", "topology", "evaluation"):
+        (tree / package).symlink_to(ROOT / package)
     done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, text=True,
                           capture_output=True, timeout=120,
-                          env={"PYTHONPATH": f"{ROOT}:{fake}", "PATH": "/usr/bin:/bin"})
+                          env={"PYTHONPATH": f"{tree}:{fake}", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     allocator, backends, commands = done.stdout.split("\n")[:3]
     assert allocator == "BackfillSrptAllocator"
