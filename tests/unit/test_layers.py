@@ -140,7 +140,7 @@ def test_import_linter_contracts_hold():
     lint = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     if not Path(lint).exists():
         pytest.skip("import-linter is not installed (pip install -e '.[test]')")
-    proc = subprocess.run([lint], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run([lint, "--no-cache"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
