@@ -10,13 +10,11 @@ killed at the deadline and after the command exits. Commands see only `grant.com
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from managers.cpu.backends.base import Backend, register
 from managers.cpu.backends.process import run_local
-from managers.cpu.grant import PLUGIN_SOURCE, command_env
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.results import Result
@@ -43,18 +41,17 @@ class AffinityBackend(Backend):
             return "sched_setaffinity is not available on this platform: use backend='sim'"
         return None
 
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        os.makedirs(env.workdir, exist_ok=True)
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        self._make_workdir(env)
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
-        variables = command_env(env.id, len(cores), env.workdir, elastic=elastic,
-                                plugin_dir=str(PLUGIN_SOURCE.parent))
-        return await run_local(argv_of(command), cwd=env.workdir, env=variables, timeout=timeout,
+    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                    timeout: float, output_cap: int, elastic: bool) -> Result:
+        return await run_local(argv_of(command), cwd=env.workdir,
+                               env=self._environ(env, cores, elastic), timeout=timeout,
                                output_cap=output_cap, spawning=lambda: _pinned(set(cores)))
 
-    async def close(self, env: Environment) -> None:
-        shutil.rmtree(env.workdir, ignore_errors=True)
+    async def _close(self, env: Environment) -> None:
+        await self._remove_workdir(env)
 
 
 register("affinity", AffinityBackend)
