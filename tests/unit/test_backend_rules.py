@@ -195,7 +195,7 @@ def test_a_timeout_stays_a_timeout_and_says_a_process_was_killed_for_memory(name
     assert "timeout" in o.detail and "killed a process of it for memory (limit 64 MiB)" in o.detail
 
 
-@pytest.mark.parametrize("name", [n for n in RUNNABLE if n not in ("docker", "affinity")])
+@pytest.mark.parametrize("name", [n for n in RUNNABLE if n != "docker"])
 def test_every_backend_cancels_a_command_whose_environment_closes(name, tmp_path):
     async def go():
         m = await _manager(name, tmp_path)

@@ -4,7 +4,8 @@ The environment is a working directory; each exec's process starts pinned to the
 cores (its descendants inherit the mask). There is no CPU quota and no memory
 limit, and a process may widen its own mask again: confinement is cooperative, and there is no
 isolation at all (the command runs as the server's user, on the host). The process group is
-killed at the deadline and after the command exits. Commands see only `grant.command_env`.
+killed at the deadline, after the command exits and when its environment closes. Commands see
+only `grant.command_env`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from managers.cpu.backends.base import Backend, register
-from managers.cpu.backends.process import run_local
+from managers.cpu.backends.process import kill_group, run_local
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.results import Result
@@ -35,6 +36,10 @@ def _pinned(mask: set[int]) -> Iterator[None]:
 class AffinityBackend(Backend):
     name = "affinity"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._groups: dict[str, set[int]] = {}  # env id -> process groups of its running execs
+
     @classmethod
     def probe(cls) -> str | None:
         if not hasattr(os, "sched_setaffinity"):
@@ -43,14 +48,18 @@ class AffinityBackend(Backend):
 
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
         self._make_workdir(env)
+        self._groups[env.id] = set()
 
     async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                     timeout: float, output_cap: int, elastic: bool) -> Result:
         return await run_local(argv_of(command), cwd=env.workdir,
                                env=self._environ(env, cores, elastic), timeout=timeout,
-                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)))
+                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)),
+                               groups=self._groups.setdefault(env.id, set()))
 
     async def _close(self, env: Environment) -> None:
+        for group in self._groups.pop(env.id, set()):
+            kill_group(group)
         await self._remove_workdir(env)
 
 
