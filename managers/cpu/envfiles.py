@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from managers.cpu import files
 from managers.cpu.backends.base import Backend
@@ -21,7 +22,11 @@ class EnvFiles:
     envs: EnvironmentTable
     backend: Backend
 
+    if TYPE_CHECKING:  # the manager's own
+        def _require_started(self) -> None: ...
+
     def _tree(self, env_id: str) -> Environment:
+        self._require_started()
         env = self.envs.get(env_id) if isinstance(env_id, str) else None
         if env is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")

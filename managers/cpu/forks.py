@@ -33,7 +33,10 @@ class EnvForks:
 
         def _check_room(self, node: str, n: int, memory_mb: int, disk_mb: int) -> None: ...
 
+        def _require_started(self) -> None: ...
+
     def _layered(self, env_id: str, what: str) -> tuple[Environment, Roots]:
+        self._require_started()
         env = self.envs.get(env_id) if isinstance(env_id, str) else None
         if env is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")

@@ -173,6 +173,7 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         `snapshot`: it starts from a snapshot's files instead; `disk_mb` alone: no image (the
         host's system files) but its work folder is such a layer, bounded and forkable.
         None of the three: a plain work folder, no disk bound (no fork)."""
+        self._require_started()
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
         if not isinstance(network, bool):
@@ -203,12 +204,15 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         return await self._open(Environment("", trajectory, node, memory_mb, "", network,
                                             disk_mb=disk, uid=uid), stack)
 
+    def _require_started(self) -> None:
+        if not self._started:
+            raise NotStarted("the CPU manager cannot serve before it is started: await its "
+                             "start() (Tangram.start does) first")
+
     async def _open(self, proto: Environment, stack=None) -> str:
         if self._closed:
             raise TangramError("the CPU manager is closed")
-        if not self._started:
-            raise NotStarted("the CPU manager cannot open an environment before it is "
-                             "started: await its start() (Tangram.start does) first")
+        self._require_started()
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         taken = self.envs.of_trajectory(proto.trajectory)
         if taken is not None:

@@ -61,7 +61,9 @@ def run(coro):
 
 
 async def _manager(state: Path, **kw) -> CpuManager:
-    return CpuManager("bwrap", state_dir=str(state), **kw)
+    m = CpuManager("bwrap", state_dir=str(state), **kw)
+    await m.start()
+    return m
 
 
 def sh(m: CpuManager, env: str, command: str, timeout: float = 60.0):
