@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create
+from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import SIGKILLED, LimitCounts, name_limits
 from managers.cpu.backends.sim import SimBackend
 from managers.cpu.pool import Environment
@@ -210,3 +211,37 @@ def test_every_backend_cancels_a_command_whose_environment_closes(name, tmp_path
 
     o = asyncio.run(go())
     assert o.status == "cancelled" and o.detail.endswith("was closed while the command ran"), o
+
+
+# -- one cgroup-version rule, one writer of cpuset and quota ------------------------------------
+def test_one_cgroup_version_rule(tmp_path):
+    v2 = tmp_path / "unified"
+    v2.mkdir()
+    (v2 / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert fs._version({}, v2) == 2
+    assert fs._version({"cpu": tmp_path, "memory": tmp_path}, v2) == 1  # hybrid: v1 holds them
+    (v2 / "cgroup.controllers").write_text("")  # systemd's empty unified mount
+    assert fs._version({"cpu": tmp_path}, v2) == 1
+    assert fs._version({}, v2) is None and fs._version({}, None) is None
+    here = fs.folders_of(os.getpid())
+    assert here is None or here[0] == fs.version()  # the docker backend's view: the same rule
+
+
+@given(st.sampled_from([1, 2]), st.lists(st.integers(0, 63), min_size=1, max_size=8,
+                                         unique=True))
+def test_set_cores_writes_exactly_the_grant_and_skips_what_it_holds(version, cores):
+    with tempfile.TemporaryDirectory() as d:
+        cpuset, cpu = Path(d) / "cpuset", Path(d) / "cpu"
+        quota_file = cpu / ("cpu.cfs_quota_us" if version == 1 else "cpu.max")
+        for f in (cpuset / "cpuset.cpus", quota_file):
+            f.parent.mkdir(exist_ok=True)
+            f.write_text("")
+        folders = {"cpuset": cpuset, "cpu": cpu}
+        now = fs.set_cores(version, folders, tuple(cores))
+        assert (cpuset / "cpuset.cpus").read_text() == ",".join(map(str, cores)) == now[0]
+        quota = len(cores) * fs.PERIOD_US
+        assert quota_file.read_text() == now[1] == (str(quota) if version == 1
+                                                    else f"{quota} {fs.PERIOD_US}")
+        (cpuset / "cpuset.cpus").unlink()  # a write now would fail: nothing may be written
+        quota_file.unlink()
+        assert fs.set_cores(version, folders, tuple(cores), now) == now
