@@ -87,6 +87,7 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         self.resource = resource
         self.pool = CorePool(resource, nodes)
         self.roots: Roots | None = None
+        Roots.check_disk_mb(disk_mb)  # a bad value fails here, not at start
         self._layers = (state_dir, disk_mb, disk_capacity_mb)
         self.envs = EnvironmentTable(memory_mb, None if disk_capacity_mb is None else
                                      dict.fromkeys(nodes, disk_capacity_mb))
