@@ -124,15 +124,17 @@ class DockerBackend(Backend):
                                                                 lambda: fn(*args, **kw))
 
     def _sweep(self) -> list[str]:
-        """Remove the containers of dead servers of this host (their PID is gone)."""
+        """Remove the containers of dead servers of this host (their PID is gone). One listing
+        call: a container another server removes meanwhile is no error."""
         host = socket.gethostname()
         swept = []
-        for c in self.client.containers.list(all=True, filters={"label": OWNER}):
-            where, _, pid = c.labels.get(OWNER, "").rpartition("/")
+        for c in self.api.containers(all=True, filters={"label": OWNER}):
+            where, _, pid = (c.get("Labels") or {}).get(OWNER, "").rpartition("/")
             if where == host and pid.isdigit() and gone(int(pid)):
+                name = (c.get("Names") or [c["Id"]])[0].lstrip("/")
                 with contextlib.suppress(Exception):
-                    c.remove(force=True)
-                    swept.append(f"container {c.name} (server pid {pid})")
+                    self.api.remove_container(c["Id"], force=True)
+                    swept.append(f"container {name} (server pid {pid})")
         return swept
 
     def owner(self, env: Environment) -> int | None:
