@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager, ExecRequest
@@ -57,7 +57,7 @@ def _system() -> tuple[set[int], set[str], set[str], set[str]]:
     return _children(), cgroups, temp, claims
 
 
-@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("name", BACKENDS.builtin_names())
 def test_constructing_a_backend_or_its_manager_touches_nothing(name, tmp_path):
     before = _system()
     backend = create(name)
@@ -78,7 +78,7 @@ def test_the_auto_manager_chooses_nothing_before_start():
         m.backend  # noqa: B018 (the property raises)
 
 
-@pytest.mark.parametrize("name", sorted(BACKENDS))
+@pytest.mark.parametrize("name", BACKENDS.builtin_names())
 def test_a_backend_used_before_start_says_so(name, tmp_path):
     backend = create(name)
     env = Environment("env-x", "t", "local", 64, str(tmp_path / "w"))
@@ -228,6 +228,7 @@ def test_one_cgroup_version_rule(tmp_path):
     assert here is None or here[0] == fs.version()  # the docker backend's view: the same rule
 
 
+@settings(deadline=None)  # files on a loaded machine: no per-example time limit
 @given(st.sampled_from([1, 2]), st.lists(st.integers(0, 63), min_size=1, max_size=8,
                                          unique=True))
 def test_set_cores_writes_exactly_the_grant_and_skips_what_it_holds(version, cores):

@@ -7,6 +7,10 @@ memory and pids limits, root, no isolation), docker (container per environment; 
 automatically only when its image is present), affinity (cpuset only, no root, no isolation),
 sim (nothing runs). Each backend skipped is logged with the reason and its fix.
 
+Backends are found by name through a `tangram.registry.Registry`: the built-ins as lazy paths
+below (only the chosen backend's module is imported), third parties' as entry points of the
+group `tangram.cpu_backends`, run-time ones through `register`.
+
 `create` builds a backend without touching the system (no process, cgroup or file: see
 `base`); `started` (or the manager's `start`) probes and prepares it.
 """
@@ -16,21 +20,39 @@ from __future__ import annotations
 import inspect
 import logging
 
-from managers.cpu.backends import affinity, bwrap, cgroup, docker, sim  # noqa: F401 (register)
-from managers.cpu.backends.base import BACKENDS, Backend, EnvironmentBroken, NotStarted
+from managers.cpu.backends.base import Backend, EnvironmentBroken, NotStarted
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.registry import Registry
 
 log = logging.getLogger("managers.cpu")
 PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
 AUTO = "auto"
 
+BACKENDS: Registry[type[Backend]] = Registry("cpu.backend", {
+    "bwrap": "managers.cpu.backends.bwrap:BwrapBackend",
+    "cgroup": "managers.cpu.backends.cgroup:CgroupBackend",
+    "docker": "managers.cpu.backends.docker:DockerBackend",
+    "affinity": "managers.cpu.backends.affinity:AffinityBackend",
+    "sim": "managers.cpu.backends.sim:SimBackend",
+}, group="tangram.cpu_backends")
+
+
+def register(name: str, cls: type[Backend]) -> None:
+    """Add a backend made at run time (a user's own, a test's)."""
+    BACKENDS.register(name, cls)
+
 
 def create(name: str, **options) -> Backend:
     """The backend called `name`, not started; an unknown name or option raises
-    `ValidationError` naming what the backend takes."""
-    cls = BACKENDS.get(name)
-    if cls is None:
-        raise ValidationError("cpu.backend", name, f"unknown backend; known: {sorted(BACKENDS)}")
+    `ValidationError` naming what the backend takes, one that cannot load
+    `BackendUnavailable`."""
+    if name not in BACKENDS:
+        raise ValidationError("cpu.backend", name, f"unknown backend; known: {BACKENDS.names()}")
+    try:
+        cls = BACKENDS.get(name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"CPU backend {name!r} cannot load ({exc})") from None
+    assert cls is not None
     takes = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
     unknown = sorted(set(options) - set(takes))
     if unknown:
@@ -63,4 +85,4 @@ async def started(preferred: str | None = None, **options) -> Backend:
 
 
 __all__ = ["AUTO", "BACKENDS", "Backend", "EnvironmentBroken", "NotStarted", "PREFERENCE",
-           "create", "started"]
+           "create", "register", "started"]

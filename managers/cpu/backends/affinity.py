@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.cpu.backends.base import Backend, register
+from managers.cpu.backends.base import Backend
 from managers.cpu.backends.process import kill_group, run_local
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
@@ -61,6 +61,3 @@ class AffinityBackend(Backend):
         for group in self._groups.pop(env.id, set()):
             kill_group(group)
         await self._remove_workdir(env)
-
-
-register("affinity", AffinityBackend)

@@ -32,7 +32,6 @@ from managers.cpu.backends.base import (
     LimitCounts,
     NotStarted,
     check_pids_max,
-    register,
 )
 from managers.cpu.backends.process import run_local
 from managers.cpu.pool import Environment
@@ -323,6 +322,3 @@ def joined(join: str, command: Command) -> list[str]:
     if isinstance(command, str):
         return ["/bin/sh", "-c", f"{join}\n{command}"]
     return ["/bin/sh", "-c", f'{join}\nexec "$@"', "sh", *command]
-
-
-register("cgroup", CgroupBackend)

@@ -40,7 +40,6 @@ from managers.cpu.backends.base import (
     check_pids_max,
     not_found,
     outcome_of,
-    register,
 )
 from managers.cpu.leftovers import gone, owned_name
 from managers.cpu.pool import Environment
@@ -355,6 +354,3 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-register("docker", DockerBackend)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from managers.cpu.backends.base import Backend, LimitCounts, register
+from managers.cpu.backends.base import Backend, LimitCounts
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, describe
 from tangram.results import Result, Status
@@ -65,6 +65,3 @@ class SimBackend(Backend):
     async def _close(self, env: Environment) -> None:
         self.envs.pop(env.id, None)
         self.ooms.pop(env.id, None)
-
-
-register("sim", SimBackend)
