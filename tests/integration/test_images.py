@@ -612,9 +612,9 @@ def test_docker_backend_takes_the_image_per_environment(need_docker) -> None:
 
     async def go():
         backend = DockerBackend()
-        backend.client.images.get(DEFAULT_IMAGE).tag("tangram-test-per-env", "v1")
         m = CpuManager(backend)
         await m.start()
+        backend.client.images.get(DEFAULT_IMAGE).tag("tangram-test-per-env", "v1")
         try:
             env = await m.open_env("docker-img", 64, image="tangram-test-per-env:v1")
             plain = await m.open_env("docker-plain", 64)
