@@ -202,6 +202,8 @@ class Backend(ABC):
         if self._live.get(env.id) is not live:
             return dataclasses.replace(outcome, status=Status.CANCELLED, detail=(
                 f"killed: environment {env.id} was closed while the command ran"))
+        if outcome.status not in (Status.ERROR, Status.TIMEOUT):
+            return outcome  # no limit to name: the counters are not read again
         return name_limits(outcome, before, self._limit_counts(env), env.memory_mb,
                            self.pids_max)
 
