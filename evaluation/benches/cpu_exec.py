@@ -47,6 +47,7 @@ async def _time_async(n: int, fn: Callable[[int], Awaitable[object]]) -> float:
 
 async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
     m = CpuManager(create(backend, **options))
+    await m.start()
     try:
         env_id = await m.open_env(f"bench-{uuid.uuid4().hex[:6]}", 256)
         env = m.envs.get(env_id)
@@ -86,6 +87,7 @@ def _raw_subprocess_ms(n: int) -> float:
 
 def _raw_exec_run_ms(n: int, image: str | None) -> float:
     backend = DockerBackend(image=image)
+    asyncio.run(backend.start())
     c = backend.client.containers.run(backend.image, ["sleep", "1000000000"], detach=True,
                                       network_mode="none")
     try:
@@ -98,7 +100,7 @@ def _raw_exec_run_ms(n: int, image: str | None) -> float:
         return _median_ms(samples)
     finally:
         c.remove(force=True)
-        backend.client.close()
+        asyncio.run(backend.shutdown())
 
 
 def _interleaved(n: int, rounds: int) -> int:

@@ -35,6 +35,7 @@ def _ms(samples: list[float]) -> float:
 
 async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, float]:
     m = CpuManager("bwrap", state_dir=state)
+    await m.start()
     assert m.roots is not None
     build(m.roots.images, "bench-tools", [{"host": {"programs": list(TOOLS),
                                                     "folders": ["/usr/lib/python3"]}}])

@@ -2,10 +2,10 @@
 granted right before each exec and taken back when it exits; bwrap (sandboxed), cgroup, docker,
 affinity and sim backends."""
 
-from managers.cpu.backends import Backend, EnvironmentBroken, select
+from managers.cpu.backends import Backend, EnvironmentBroken, NotStarted, create, started
 from managers.cpu.manager import LOCAL, CpuManager
 from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest
 
 __all__ = ["LOCAL", "Backend", "CpuManager", "Environment", "EnvironmentBroken",
-           "EnvironmentTable", "ExecRequest", "select"]
+           "EnvironmentTable", "ExecRequest", "NotStarted", "create", "started"]

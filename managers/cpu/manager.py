@@ -5,7 +5,9 @@ manager's `CorePool`) and calls `run`; the manager confines the action's command
 those cores in the trajectory's environment and returns when no process of it is left, so the
 scheduler can release the cores. Environments are opened before a trajectory's first action
 (`open_env`) and closed with it (`close_env`); `binding(trajectory)` names the node a
-trajectory's actions must stay on.
+trajectory's actions must stay on. Constructing a manager touches nothing: `start()` starts
+its backend (choosing one for "auto"), opens the state folder and sweeps what dead servers
+left; whoever builds a manager awaits it (`Tangram.start` does for its managers).
 """
 
 from __future__ import annotations
@@ -16,13 +18,16 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping
+from typing import Any
 
 from managers.base import EnvironmentManager
-from managers.cpu import files
-from managers.cpu.backends import Backend, EnvironmentBroken, select
+from managers.cpu.backends import AUTO, Backend, EnvironmentBroken, NotStarted, create, started
+from managers.cpu.envfiles import EnvFiles
+from managers.cpu.forks import EnvForks
 from managers.cpu.layers import DEFAULT_DISK_MB, LayerStore
 from managers.cpu.leftovers import owned_name, sweep_workdirs
+from managers.cpu.node import default_state_dir, local_disk_mb, local_memory_mb
 from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest, exec_target
 from managers.cpu.roots import Prepared, Roots
@@ -36,44 +41,20 @@ from topology import CpuNode
 from topology.discovery import discover_numa
 
 LOCAL = "local"
-MAX_FORK = 256  # children of one fork
 log = logging.getLogger(__name__)
 
 
-def default_state_dir() -> str:
-    """Where a node keeps its images, layers and snapshots: $TANGRAM_STATE_DIR, else
-    /var/lib/tangram as root, else ~/.local/state/tangram."""
-    if os.environ.get("TANGRAM_STATE_DIR"):
-        return os.environ["TANGRAM_STATE_DIR"]
-    if os.geteuid() == 0:
-        return "/var/lib/tangram"
-    return os.path.expanduser("~/.local/state/tangram")
-
-
-def local_disk_mb(folder: str) -> int:
-    """MiB free on the filesystem of `folder` (the node's disk capacity for environments)."""
-    st = os.statvfs(folder)
-    return st.f_bavail * st.f_frsize >> 20
-
-
-def local_memory_mb() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) // 1024
-    return 4096
-
-
-class CpuManager(EnvironmentManager):
+class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
     `backend`: a name ("bwrap", "cgroup", "docker", "affinity", "sim"; "auto" picks the best
-    available and logs it) or a `Backend`. Local backends run on this machine: one node, `LOCAL`,
-    with its discovered NUMA cores and memory. `nodes`/`memory_mb` describe other clusters (sim).
+    that starts, at `start`, and logs it) with its `backend_options`, or a `Backend`. Local
+    backends run on this machine: one node, `LOCAL`, with its discovered NUMA cores and
+    memory. `nodes`/`memory_mb` describe other clusters (sim).
 
-    Before it serves, a manager sweeps what dead servers left (their cgroups, work folders,
-    containers, mounts, layers and snapshots; see `leftovers`) and logs it: environments and
-    snapshots do not survive a restart.
+    At `start`, before it serves, a manager sweeps what dead servers left (their cgroups, work
+    folders, containers, mounts, layers and snapshots; see `leftovers`) and logs it (`swept`):
+    environments and snapshots do not survive a restart.
 
     `state_dir`: the node's image store, layers and snapshots (`default_state_dir`);
     `disk_mb`: the disk bound of an environment opened with an image or snapshot and no
@@ -83,41 +64,96 @@ class CpuManager(EnvironmentManager):
 
     name = "cpu"
 
-    def __init__(self, backend: str | Backend = "auto", *, resource: str = "cpu",
+    def __init__(self, backend: str | Backend = AUTO, *, resource: str = "cpu",
+                 backend_options: Mapping[str, Any] | None = None,
                  nodes: Mapping[str, CpuNode] | None = None,
                  memory_mb: Mapping[str, int] | None = None,
                  workdir_root: str | None = None, state_dir: str | None = None,
                  disk_mb: int = DEFAULT_DISK_MB, disk_capacity_mb: int | None = None) -> None:
-        self.backend = backend if isinstance(backend, Backend) else select(backend)
+        options = dict(backend_options or {})
+        if isinstance(backend, Backend) and options:
+            raise ValidationError("cpu.options", options, "give options to a backend by name "
+                                  "only (this one is already built)")
+        self._choice = (backend, options)
+        self._backend: Backend | None = (
+            backend if isinstance(backend, Backend) else
+            None if backend == AUTO else create(backend, **options))
         if nodes is None:
             nodes = {LOCAL: CpuNode(LOCAL, discover_numa())}
-        if self.backend.local and len(nodes) != 1:
-            raise ValidationError("cpu.nodes", sorted(nodes), f"the {self.backend.name} backend "
-                                  "runs on this machine only: give one node")
+        if self._backend is not None:
+            self._check_nodes(self._backend, nodes)
         if memory_mb is None:
             memory_mb = {n: local_memory_mb() for n in nodes}
         self.resource = resource
         self.pool = CorePool(resource, nodes)
         self.roots: Roots | None = None
-        if self.backend.local and (state_dir or os.geteuid() == 0):  # layers need root
-            try:
-                self.roots = Roots(state_dir or default_state_dir(), disk_mb)
-            except OSError as exc:
-                log.warning("images, disk bounds and forks are off: cannot use the state "
-                            "folder %s (%s)", state_dir or default_state_dir(), exc)
-            if self.roots is not None and disk_capacity_mb is None:
-                disk_capacity_mb = local_disk_mb(str(self.roots.state))
+        Roots.check_disk_mb(disk_mb)  # a bad value fails here, not at start
+        self._layers = (state_dir, disk_mb, disk_capacity_mb)
         self.envs = EnvironmentTable(memory_mb, None if disk_capacity_mb is None else
                                      dict.fromkeys(nodes, disk_capacity_mb))
         self.broken: dict[str, str] = {}  # env id -> why
         self.workdir_root = workdir_root or tempfile.gettempdir()
+        self._started = False
         self._closed = False
         self._busy: dict[str, int] = {}  # env id -> commands running in it
         self._freezing: dict[str, asyncio.Event] = {}  # env id -> set when its fork is done
-        self.swept = self.backend.sweep() + sweep_workdirs(self.workdir_root) + (
-            self.roots.sweep() if self.roots is not None else [])
+        self.swept: list[str] = []  # what `start` swept, a line each
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise NotStarted("the CPU manager chooses its backend (auto) at start: await "
+                             "its start() first")
+        return self._backend
+
+    @property
+    def backend_name(self) -> str | None:
+        return AUTO if self._backend is None else self._backend.name
+
+    @staticmethod
+    def _check_nodes(backend: Backend, nodes: Mapping[str, CpuNode]) -> None:
+        if backend.local and len(nodes) != 1:
+            raise ValidationError("cpu.nodes", sorted(nodes), f"the {backend.name} backend "
+                                  "runs on this machine only: give one node")
+
+    async def start(self) -> None:
+        """Start the backend (choose it, for "auto"), open the state folder, then sweep what
+        dead servers left and log it. Idempotent; raises `BackendUnavailable` naming the
+        fix."""
+        if self._started:
+            return
+        if self._closed:
+            raise TangramError("the CPU manager is closed")
+        choice, options = self._choice
+        if self._backend is None:
+            self._backend = await started(str(choice), **options)
+        else:
+            await self._backend.start()
+        self._check_nodes(self._backend, self.pool.nodes())
+        await asyncio.to_thread(self._open_state)
+        self.swept = await asyncio.to_thread(self._sweep)
         for line in self.swept:
             log.warning("swept what a dead server left: %s", line)
+        self._started = True
+
+    def _open_state(self) -> None:
+        """The node's state folder (layers need root): images, disk bounds and forks."""
+        state_dir, disk_mb, capacity = self._layers
+        if not self.backend.local or not (state_dir or os.geteuid() == 0):
+            return
+        try:
+            self.roots = Roots(state_dir or default_state_dir(), disk_mb)
+        except OSError as exc:
+            log.warning("images, disk bounds and forks are off: cannot use the state folder "
+                        "%s (%s)", state_dir or default_state_dir(), exc)
+            return
+        if capacity is None:
+            self.envs.disk_capacity = dict.fromkeys(
+                self.envs.disk_capacity, local_disk_mb(str(self.roots.state)))
+
+    def _sweep(self) -> list[str]:
+        return self.backend.sweep() + sweep_workdirs(self.workdir_root) + (
+            self.roots.sweep() if self.roots is not None else [])
 
     def binding(self, trajectory: str) -> str | None:
         """The node a trajectory's environment lives on (None before `open_env`)."""
@@ -138,6 +174,7 @@ class CpuManager(EnvironmentManager):
         `snapshot`: it starts from a snapshot's files instead; `disk_mb` alone: no image (the
         host's system files) but its work folder is such a layer, bounded and forkable.
         None of the three: a plain work folder, no disk bound (no fork)."""
+        self._require_started()
         if not isinstance(trajectory, str) or not trajectory:
             raise ValidationError("env.trajectory", trajectory, "must be a non-empty string")
         if not isinstance(network, bool):
@@ -168,9 +205,15 @@ class CpuManager(EnvironmentManager):
         return await self._open(Environment("", trajectory, node, memory_mb, "", network,
                                             disk_mb=disk, uid=uid), stack)
 
+    def _require_started(self) -> None:
+        if not self._started:
+            raise NotStarted("the CPU manager cannot serve before it is started: await its "
+                             "start() (Tangram.start does) first")
+
     async def _open(self, proto: Environment, stack=None) -> str:
         if self._closed:
             raise TangramError("the CPU manager is closed")
+        self._require_started()
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         taken = self.envs.of_trajectory(proto.trajectory)
         if taken is not None:
@@ -223,151 +266,6 @@ class CpuManager(EnvironmentManager):
         if self.envs.disk_free(node) < n * disk_mb:
             raise Infeasible(f"env.disk_mb: {n} x {disk_mb} MiB over the "
                              f"{self.envs.disk_free(node)} MiB of disk free on {node}")
-
-    # -- fork, snapshot, files -----------------------------------------------------------------
-    def _layered(self, env_id: str, what: str) -> tuple[Environment, Roots]:
-        env = self.envs.get(env_id) if isinstance(env_id, str) else None
-        if env is None:
-            raise ValidationError("env_id", env_id, "no open environment with this id")
-        if self.roots is None:
-            raise ValidationError("env_id", env_id, f"the {self.backend.name} backend has no "
-                                  f"layers to {what}")
-        self.roots.rooted(env_id, what)
-        if self._busy.get(env_id):
-            raise ValidationError("env_id", env_id, f"a command is running in it: {what} when "
-                                  f"it is idle (files are frozen, processes are not forked)")
-        return env, self.roots
-
-    async def _freeze(self, env: Environment, roots: Roots, keep: bool = False) -> str | None:
-        """Stop the sandbox, freeze its layer, remount on a fresh one, restart it; `keep`:
-        also keep the frozen stack as a snapshot (returns its id). A command granted meanwhile
-        waits until the sandbox is back, and so does `close`."""
-        if env.id in self._freezing:
-            raise ValidationError("env_id", env.id, "a fork or snapshot of it is under way")
-        self._freezing[env.id] = asyncio.Event()
-        try:
-            await self.backend.suspend(env)
-            try:
-                frozen = await asyncio.to_thread(roots.freeze, env.id, env.disk_mb)
-                frozen.counted_mb = roots.layers.allocated_mb(frozen)
-                self.envs.reserve_disk(env.node, frozen.counted_mb)
-            finally:
-                await self.backend.resume(env)
-            if keep:
-                return roots.keep(env.id, env.node, roots.envs[env.id].uid).id
-            return None
-        finally:
-            self._freezing.pop(env.id).set()
-
-    async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
-        """New environments, one per trajectory, on the parent's node, whose files start as the
-        parent's are now (its processes are not forked: the parent's own are stopped, as a
-        fork restarts its sandbox). O(1) in the data the parent wrote: the parent's layer is
-        frozen as a shared lower of the parent and every child, each of which gets a fresh
-        writable layer of the parent's `disk_mb` and memory of the parent's `memory_mb`.
-        Children run as the parent's uid (their files are the parent's)."""
-        if isinstance(trajectories, str) or not isinstance(trajectories, Sequence) \
-                or not 1 <= len(trajectories) <= MAX_FORK:
-            raise ValidationError("trajectories", trajectories,
-                                  f"must be a list of 1 to {MAX_FORK} trajectory names")
-        for t in trajectories:
-            if not isinstance(t, str) or not t or self.envs.of_trajectory(t) is not None:
-                raise ValidationError("trajectories", t, "must be a new trajectory name (one "
-                                      "without an environment)")
-        if len(set(trajectories)) != len(trajectories):
-            raise ValidationError("trajectories", list(trajectories), "names repeat")
-        parent, roots = self._layered(env_id, "fork")
-        self._check_room(parent.node, len(trajectories), parent.memory_mb, parent.disk_mb)
-        await self._freeze(parent, roots)
-        stack = roots.envs[env_id].stack
-        uid = roots.envs[env_id].uid
-        proto = [Environment("", t, parent.node, parent.memory_mb, "", parent.network,
-                             disk_mb=parent.disk_mb, uid=uid) for t in trajectories]
-        opened = await asyncio.gather(*(self._open(p, stack) for p in proto),
-                                      return_exceptions=True)
-        failed = [r for r in opened if isinstance(r, BaseException)]
-        if failed:
-            for r in opened:
-                if isinstance(r, str):
-                    await self.close_env(r)
-            raise failed[0]
-        return [str(r) for r in opened]
-
-    async def snapshot(self, env_id: str) -> str:
-        """Keep the environment's files as they are now under a snapshot id (the environment
-        goes on, from a fresh layer over them); O(1) in data like `fork_env`."""
-        env, roots = self._layered(env_id, "snapshot")
-        sid = await self._freeze(env, roots, keep=True)
-        assert sid is not None
-        return sid
-
-    def snapshots(self) -> list[dict]:
-        roots = self.roots
-        if roots is None:
-            return []
-        return [s.to_dict(roots.snapshot_mb(s)) for s in roots.snapshots.values()]
-
-    async def delete_snapshot(self, snapshot_id: str) -> None:
-        if self.roots is None:
-            raise ValidationError("snapshot", snapshot_id, "no such snapshot")
-        node = self.roots.snapshot(snapshot_id).node
-        for layer in await asyncio.to_thread(self.roots.delete, snapshot_id):
-            self.envs.reserve_disk(node, -layer.counted_mb)
-
-    def _tree(self, env_id: str) -> Environment:
-        env = self.envs.get(env_id) if isinstance(env_id, str) else None
-        if env is None:
-            raise ValidationError("env_id", env_id, "no open environment with this id")
-        if not self.backend.local:
-            raise ValidationError("env_id", env_id, f"the {self.backend.name} backend has no "
-                                  f"files API")
-        return env
-
-    async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
-        """Write files into the environment (see `roots` for what a path means); missing
-        folders are made; files and folders made belong to the environment's user."""
-        env = self._tree(env_id)
-        if not isinstance(contents, Mapping):
-            raise ValidationError("files", type(contents).__name__, "must map paths to bytes")
-        by_root: dict[str, dict[str, bytes]] = {}
-        for path, data in contents.items():
-            root, rel = Roots.inside(env.root, env.workdir, path)
-            by_root.setdefault(root, {})[rel] = data
-        for root, group in by_root.items():
-            await asyncio.to_thread(files.write, root, group, self.backend.owner(env))
-
-    async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
-        """A tar stream of the folder `path` of the environment (links kept as links, never
-        followed); for trees too large for `read_files`."""
-        env = self._tree(env_id)
-        root, rel = Roots.inside(env.root, env.workdir, path)
-        fd = await asyncio.to_thread(files.open_tree, root, rel)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                "tar", "-C", f"/proc/self/fd/{fd}", "-cf", "-", "--numeric-owner", ".",
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                pass_fds=(fd,))
-        finally:
-            os.close(fd)
-        assert proc.stdout is not None
-        try:
-            while chunk := await proc.stdout.read(1 << 16):
-                yield chunk
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
-
-    async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
-        """Each path's content, None where it is missing or not a regular file."""
-        env = self._tree(env_id)
-        files.check_paths(paths, "paths")
-        out: dict[str, bytes | None] = {}
-        for path in paths:
-            root, rel = Roots.inside(env.root, env.workdir, path)
-            got = await asyncio.to_thread(files.read, root, [rel]) if rel else {rel: None}
-            out[path] = got[rel]
-        return out
 
     async def close_env(self, env_id: str) -> None:
         """Kill everything left in the environment and remove it. Unknown ids are ignored, and
@@ -452,5 +350,6 @@ class CpuManager(EnvironmentManager):
         if self.roots is not None:
             for sid in list(self.roots.snapshots):
                 await self.delete_snapshot(sid)
-        await self.backend.shutdown()
+        if self._backend is not None:
+            await self._backend.shutdown()
 

@@ -61,10 +61,7 @@ class Roots:
 
     def __init__(self, state_dir: str | os.PathLike, default_disk_mb: int = DEFAULT_DISK_MB
                  ) -> None:
-        if isinstance(default_disk_mb, bool) or not isinstance(default_disk_mb, int) \
-                or not MIN_DISK_MB <= default_disk_mb <= MAX_DISK_MB:
-            raise ValidationError("cpu.disk_mb", default_disk_mb,
-                                  f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)")
+        self.check_disk_mb(default_disk_mb)
         self.state = Path(state_dir)
         self.layers = LayerStore(self.state)
         self.images = ImageStore(self.state / "images")
@@ -72,6 +69,14 @@ class Roots:
         self.envs: dict[str, Rooted] = {}
         self.pins: dict[str, int] = {}  # env id -> image pin
         self.snapshots: dict[str, Snapshot] = {}
+
+    @staticmethod
+    def check_disk_mb(value: object) -> None:
+        """The manager's default disk bound of an environment (MiB), checked one way."""
+        if isinstance(value, bool) or not isinstance(value, int) \
+                or not MIN_DISK_MB <= value <= MAX_DISK_MB:
+            raise ValidationError("cpu.disk_mb", value,
+                                  f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)")
 
     def sweep(self) -> list[str]:
         return self.layers.sweep() + self.images.sweep()

@@ -37,7 +37,6 @@ from managers.api import ApiConfig, ApiManager
 from managers.base import EnvironmentManager, Manager
 from managers.basic import Limits
 from managers.cpu import CpuManager
-from managers.cpu.backends import select
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
 from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
@@ -177,11 +176,8 @@ def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
                                 "disk_capacity_mb"})
     options = mapping(f"{path}.options", spec.get("options"))
     layers = {k: spec[k] for k in ("state_dir", "disk_mb", "disk_capacity_mb") if k in spec}
-    try:
-        return CpuManager(select(spec.get("backend", "auto"), **options), **layers)
-    except TypeError as exc:  # an option the backend does not take
-        raise ValidationError(f"{path}.options", options, f"not options of the backend ({exc})"
-                              ) from None
+    # an option the backend does not take fails here (`backends.create`), naming what it takes
+    return CpuManager(spec.get("backend", "auto"), backend_options=options, **layers)
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ class RayCpuManager(EnvironmentManager):
                    gpu_options=gpu_options, gpus_per_node=gpus_per_node)
         pending = {nid: self._spawn(nid, n["Resources"]) for nid, n in self._alive().items()}
         pending = {nid: a for nid, a in pending.items() if a is not None}
-        infos = ray.get([a.describe.remote() for a in pending.values()], timeout=timeout_s)
+        infos = ray.get([a.start.remote() for a in pending.values()], timeout=timeout_s)
         for agent, info in zip(pending.values(), infos, strict=True):
             self._join(agent, info)
         if not self.nodes:
@@ -433,7 +433,7 @@ class RayCpuManager(EnvironmentManager):
                 continue
             self._joining.add(rid)
             try:
-                info = await agent.describe.remote()
+                info = await agent.start.remote()
             except Exception as exc:
                 log.warning("ray: agent on new node %s did not start: %s", rid[:12], exc)
                 continue

@@ -22,7 +22,7 @@ import sys
 
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
-from managers.cpu.manager import default_state_dir
+from managers.cpu.node import default_state_dir
 from tangram.errors import TangramError, ValidationError
 
 

@@ -12,14 +12,14 @@ This module imports no Ray at top level: the class is made a Ray actor by the ca
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from managers.cpu import CpuManager
-from managers.cpu.backends import create, select
-from managers.cpu.manager import local_memory_mb
+from managers.cpu.node import local_memory_mb
 from managers.gpu import GpuBackend, create_backend
 from tangram.allocation import Assignment
 from tangram.results import Result
@@ -95,21 +95,27 @@ class NodeAgent:
                  memory_mb: int | None = None, gpu_backend: str | None = None,
                  gpu_options: Mapping[str, Any] | None = None,
                  gpus: int | None = None) -> None:
-        options = dict(backend_options or {})
-        be = select(None, **options) if backend == "auto" else create(backend, **options)
-        if be.name == "sim":
+        if backend == "sim":
             numa = {0: tuple(range(cores))} if cores is not None else \
                 {d: tuple(c) for d, c in discover_numa().items()}
         else:
             numa = choose_cores({d: tuple(c) for d, c in discover_numa().items()}, cores)
         memory = memory_mb if memory_mb is not None else local_memory_mb()
+        self.manager = CpuManager(backend, backend_options=backend_options,
+                                  nodes={name: CpuNode(name, numa)}, memory_mb={name: memory})
         self.info = NodeInfo(name, ray_node_id, numa, memory,
-                             gpus if gpus is not None else _gpu_count(), be.name)
-        self.manager = CpuManager(be, nodes={name: CpuNode(name, numa)},
-                                  memory_mb={name: memory})
+                             gpus if gpus is not None else _gpu_count(),
+                             str(self.manager.backend_name))
         self.gpu: GpuBackend | None = None
         if gpu_backend is not None:
             self.gpu = create_backend(gpu_backend, **dict(gpu_options or {}))
+
+    async def start(self) -> NodeInfo:
+        """Start the node's CPU manager (its backend: chosen here for "auto"; its sweep of what
+        dead servers left); what it found, for the central pool."""
+        await self.manager.start()
+        self.info = dataclasses.replace(self.info, backend=str(self.manager.backend_name))
+        return self.info
 
     def describe(self) -> NodeInfo:
         return self.info

@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from managers.cpu import CpuManager, EnvironmentTable, ExecRequest
-from managers.cpu.backends import create
+from managers.cpu.backends import started
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.sim import SimBackend
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
@@ -35,6 +35,7 @@ def alive(pid: int) -> bool:
 def test_affinity_backend_pins_and_kills():
     async def go():
         m = CpuManager("affinity")
+        await m.start()
         try:
             env = await m.open_env("t", 64)
             o = await m.execute(ExecRequest(env, "sh -c 'cat /proc/self/status'"), cores=1)
@@ -56,6 +57,7 @@ def test_auto_selection_logs_its_choice(caplog: pytest.LogCaptureFixture):
     async def go():
         with caplog.at_level(logging.INFO, logger="managers.cpu"):
             m = CpuManager("auto")
+            await m.start()
         await m.close()
         return m.backend.name
 
@@ -81,11 +83,12 @@ def test_cgroup_without_root_names_the_fix():
             os.setgid(65534)
             os.setuid(65534)
             try:
-                CpuManager("cgroup")
+                asyncio.run(CpuManager("cgroup").start())
                 msg = "started"
             except Exception as exc:
                 msg = f"{type(exc).__name__} {exc}"
             auto = CpuManager("auto")  # falls back to what an ordinary user can run
+            asyncio.run(auto.start())
             asyncio.run(auto.close())
             os.write(write, f"{auto.backend.name}|{msg}".encode())
         finally:
@@ -105,9 +108,9 @@ def test_docker_engine_missing_says_how_to_fix():
     from managers.cpu.backends.docker import DockerBackend
 
     with pytest.raises(BackendUnavailable, match="start dockerd.*backend='cgroup'"):
-        DockerBackend(base_url="unix:///nonexistent/docker.sock")
+        asyncio.run(DockerBackend(base_url="unix:///nonexistent/docker.sock").start())
     with pytest.raises(BackendUnavailable, match="start dockerd"):  # through the registry
-        create("docker", base_url="unix:///nonexistent/docker.sock")
+        asyncio.run(started("docker", base_url="unix:///nonexistent/docker.sock"))
 
 
 def test_unknown_backend_is_a_validation_error():
@@ -120,6 +123,7 @@ def test_sim_environments_balance_memory_and_bind_nodes():
         nodes = {f"n{i}": CpuNode.flat(f"n{i}", 4) for i in range(3)}
         m = CpuManager(SimBackend(duration=lambda cmd, k: 8.0 / k), nodes=nodes,
                        memory_mb={"n0": 1000, "n1": 1000, "n2": 1000})
+        await m.start()
         envs = [await m.open_env(f"traj{i}", 300) for i in range(6)]
         placed = [m.envs.get(e).node for e in envs]
         assert sorted(placed) == ["n0", "n0", "n1", "n1", "n2", "n2"]  # memory balanced
@@ -163,6 +167,7 @@ def test_exec_request_validation_names_the_field(kw, field):
 def test_unknown_environment_and_wrong_payload_fail_clearly():
     async def go():
         m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
+        await m.start()
         o = await m.execute(ExecRequest(f"env-{uuid.uuid4().hex[:4]}", "true"))
         assert o.status == "failed" and "no open environment" in o.detail
         await m.close()
@@ -171,14 +176,15 @@ def test_unknown_environment_and_wrong_payload_fail_clearly():
 
 
 class SlowCloseSim(SimBackend):
-    async def close(self, env):
+    async def _close(self, env):
         await asyncio.sleep(0.02)  # a real backend awaits its teardown (cgroups, containers)
-        await super().close(env)
+        await super()._close(env)
 
 
 def test_two_closes_of_one_environment_at_once_both_succeed():
     async def go():
         m = CpuManager(SlowCloseSim(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
+        await m.start()
         env = await m.open_env("t", 50)
         await asyncio.gather(m.close_env(env), m.close_env(env), m.close())
         return m

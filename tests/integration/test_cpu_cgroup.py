@@ -55,6 +55,7 @@ async def run_on(m: CpuManager, env_id: str, cores: tuple[int, ...], command, **
 @pytest.fixture
 async def mgr():
     m = CpuManager("cgroup")
+    await m.start()
     yield m
     await m.close()
 
@@ -62,6 +63,7 @@ async def mgr():
 def test_exec_runs_on_exactly_the_granted_cores():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             last = max(m.pool.cpu_node(m.envs.get(env).node).domain_of)
@@ -119,6 +121,7 @@ def test_enforcement_one_core_then_two():
     only that CPU runs them; 2 cores: they get clearly more than one core gives (other work shares
     this machine and CFS need not move them onto a busy CPU, so the 2-core run is retried)."""
     m = CpuManager("cgroup")
+    asyncio.run(m.start())
     try:
         env = asyncio.run(m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128))
         favour(m.backend, env)
@@ -144,6 +147,7 @@ def test_enforcement_one_core_then_two():
 def test_faults_come_back_as_outcomes_and_kill_the_tree():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             o = await run_on(m, env, (0,), ("no-such-command-xyz", "arg"))
@@ -176,6 +180,7 @@ def test_faults_come_back_as_outcomes_and_kill_the_tree():
 def test_concurrent_execs_of_one_environment_are_confined_separately():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             cores = sorted(m.pool.cpu_node(m.envs.get(env).node).domain_of)[:2]
@@ -194,6 +199,7 @@ def test_concurrent_execs_of_one_environment_are_confined_separately():
 def test_elastic_pytest_gets_its_granted_cores_without_a_rewrite():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             fake = ('pytest() { echo "pytest $* $TANGRAM_CPUS $PYTEST_XDIST_AUTO_NUM_WORKERS '
@@ -213,6 +219,7 @@ def test_elastic_pytest_gets_its_granted_cores_without_a_rewrite():
 def test_removed_cgroup_marks_the_environment_broken():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             assert (await m.execute(ExecRequest(env, "true"))).status == "ok"
@@ -232,6 +239,7 @@ def test_removed_cgroup_marks_the_environment_broken():
 def test_nothing_is_left_after_close():
     async def go():
         m = CpuManager("cgroup")
+        await m.start()
         backend = m.backend
         env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
         folders = backend.folders(env)

@@ -29,6 +29,7 @@ def allowed(stdout: str) -> set[int]:
 async def open_docker(direct: bool = True) -> tuple[CpuManager, DockerBackend, str]:
     backend = DockerBackend(direct=direct)
     m = CpuManager(backend)
+    await m.start()
     env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
     return m, backend, env
 
@@ -143,7 +144,8 @@ def test_no_container_or_process_left_after_close():
 
 def test_missing_image_says_how_to_fix():
     with pytest.raises(BackendUnavailable, match="docker-test-missing.*dockerd.sh"):
-        DockerBackend(image=f"docker-test-missing-{uuid.uuid4().hex[:6]}:latest")
+        asyncio.run(DockerBackend(image=f"docker-test-missing-{uuid.uuid4().hex[:6]}:latest"
+                                  ).start())
 
 
 def test_container_is_hardened(monkeypatch):
@@ -152,6 +154,7 @@ def test_container_is_hardened(monkeypatch):
     async def go():
         backend = DockerBackend(pids_max=30)
         m = CpuManager(backend)
+        await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             status = await m.execute(ExecRequest(env, "cat /proc/self/status /proc/net/dev"))
@@ -184,6 +187,7 @@ def test_container_is_hardened(monkeypatch):
 def test_dead_servers_containers_are_swept():
     async def go():
         backend = DockerBackend()
+        await backend.start()
         dead = subprocess.Popen(["true"])
         dead.wait()
         c = backend.client.containers.run(

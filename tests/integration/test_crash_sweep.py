@@ -92,6 +92,7 @@ def test_restart_after_sigkill_leaves_nothing(backend, tmp_path, procs_with):
 
     async def restart() -> None:
         m = CpuManager(backend)  # sweeps before it serves
+        await m.start()
         await m.close()
 
     asyncio.run(restart())
@@ -115,6 +116,7 @@ def test_sweep_removes_only_dead_servers_folders_and_logs_it(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="managers.cpu.manager"):
         m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 64},
                        workdir_root=str(tmp_path))
+        asyncio.run(m.start())
     assert m.swept == [f"{tmp_path / f'tangram-{dead}-env-abc'} (server pid {dead})"]
     assert any(f"server pid {dead}" in r.getMessage() for r in caplog.records)
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"tangram-{alive}-env-def",

@@ -21,8 +21,9 @@ def test_each_blocked_call_fails_under_the_docker_profile(tmp_path):
     profile = tmp_path / "profile.json"
     profile.write_text(seccomp.docker_profile())
     image = DockerBackend(max_concurrent=1)
+    asyncio.run(image.start())
     name = image.image
-    image.client.close()
+    asyncio.run(image.shutdown())
     done = subprocess.run(
         ["docker", "run", "--rm", "--user", "65534:65534", "--cap-drop", "ALL",
          "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={profile}",
@@ -41,6 +42,7 @@ def test_the_backend_applies_the_profile_and_a_uid_per_environment():
     async def go():
         backend = DockerBackend()
         m = CpuManager(backend)
+        await m.start()
         try:
             a = await m.open_env("a", 64)
             b = await m.open_env("b", 64)

@@ -97,6 +97,7 @@ def bwrap_or_skip() -> None:
 def test_a_deep_hostile_tree_closes_cleanly_and_the_next_server_starts(bwrap_or_skip):
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         env = await m.open_env("t", 256)
         made = await m.execute(ExecRequest(env, ["/usr/bin/python3", "-c",
                                                  DEEP.format(n=1_100)], timeout=120))
@@ -105,6 +106,7 @@ def test_a_deep_hostile_tree_closes_cleanly_and_the_next_server_starts(bwrap_or_
         gone = not os.path.exists(workdir)
         await m.close()
         again = CpuManager(BwrapBackend())  # its start-up sweep
+        await again.start()
         await again.close()
         return made, gone, again.swept
 
@@ -120,6 +122,7 @@ def test_closing_200000_files_does_not_block_other_clients(bwrap_or_skip):
     the removal runs in a thread, not on the loop."""
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         try:
             big = await m.open_env("big", 512)
             other = await m.open_env("other", 128)

@@ -61,7 +61,9 @@ def run(coro):
 
 
 async def _manager(state: Path, **kw) -> CpuManager:
-    return CpuManager("bwrap", state_dir=str(state), **kw)
+    m = CpuManager("bwrap", state_dir=str(state), **kw)
+    await m.start()
+    return m
 
 
 def sh(m: CpuManager, env: str, command: str, timeout: float = 60.0):
@@ -416,6 +418,7 @@ import asyncio, sys
 from managers.cpu import CpuManager
 async def main():
     m = CpuManager("bwrap", state_dir=sys.argv[1])
+    await m.start()
     env = await m.open_env("crash", 64, image="tools", disk_mb=16)
     await m.fork_env(env, ["crash-k"])
     await m.snapshot(env)
@@ -441,6 +444,7 @@ def test_sigkill_then_restart_sweeps_mounts_layers_snapshots(state: Path) -> Non
              if p.name.startswith(f"tangram-{proc.pid}-")]
     assert owned
     m = CpuManager("bwrap", state_dir=str(state))  # the next server sweeps before serving
+    asyncio.run(m.start())
     try:
         assert any(f"server pid {proc.pid}" in line for line in m.swept)
         assert leftovers(state) == []
@@ -608,8 +612,9 @@ def test_docker_backend_takes_the_image_per_environment(need_docker) -> None:
 
     async def go():
         backend = DockerBackend()
-        backend.client.images.get(DEFAULT_IMAGE).tag("tangram-test-per-env", "v1")
         m = CpuManager(backend)
+        await m.start()
+        backend.client.images.get(DEFAULT_IMAGE).tag("tangram-test-per-env", "v1")
         try:
             env = await m.open_env("docker-img", 64, image="tangram-test-per-env:v1")
             plain = await m.open_env("docker-plain", 64)

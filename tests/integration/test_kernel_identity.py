@@ -86,6 +86,7 @@ def inside(bwrap_or_skip, request) -> dict[str, int]:
     and the Python one used where the host has no C compiler)."""
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         try:
             env = await m.open_env("t", 256)
             return await m.execute(ExecRequest(env, ["/usr/bin/python3", "-c", PROBE,
@@ -131,6 +132,7 @@ def test_keys_cannot_pass_between_environments(bwrap_or_skip):
     """Env A stores a key (if it can), is closed; env B gets another uid and finds no key."""
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         try:
             a = await m.open_env("a", 128)
             a_uid = (await m.execute(ExecRequest(a, "id -u"))).stdout.strip()
@@ -174,6 +176,7 @@ def test_uids_are_never_reused_and_two_servers_never_share(bwrap_or_skip, tmp_pa
 def test_closed_environments_uids_are_not_given_again(bwrap_or_skip):
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         seen = []
         try:
             for i in range(3):
@@ -191,6 +194,7 @@ def test_closed_environments_uids_are_not_given_again(bwrap_or_skip):
 def test_nothing_of_the_host_in_init_and_a_private_writable_dev_shm(bwrap_or_skip):
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         try:
             e = await m.open_env("t", 128)
             init = await m.execute(ExecRequest(e, "tr '\\0' ' ' </proc/1/cmdline"))
@@ -225,6 +229,7 @@ def test_a_flood_of_output_is_dropped_in_the_sandbox_not_read_by_the_server(bwra
 
     async def go(backend):
         m = CpuManager(backend)
+        await m.start()
         try:
             e = await m.open_env("t", 256)
             before = _loop_cpu_s()
@@ -259,6 +264,7 @@ def test_the_server_holds_no_namespace_of_an_environment(bwrap_or_skip):
     environments open and after they are closed, it holds no namespace descriptor."""
     async def go():
         m = CpuManager(BwrapBackend())
+        await m.start()
         try:
             envs = [await m.open_env(f"t{i}", 64) for i in range(3)]
             for e in envs:
@@ -290,6 +296,7 @@ def test_one_servers_environment_exhausting_inotify_leaves_anothers_unharmed(bwr
 
     async def go():
         m, n = CpuManager(BwrapBackend()), CpuManager(BwrapBackend())
+        await asyncio.gather(m.start(), n.start())
         try:
             a = await m.open_env("a", 128)
             b = await n.open_env("b", 128)

@@ -39,7 +39,9 @@ def run(coro):
 
 
 async def sandbox(**options) -> CpuManager:
-    return CpuManager(BwrapBackend(**options))
+    m = CpuManager(BwrapBackend(**options))
+    await m.start()
+    return m
 
 
 
@@ -378,6 +380,7 @@ def test_a_read_only_path_under_tmp_stays_visible(tmp_path):
 
     async def go():
         m = CpuManager(BwrapBackend(ro_paths=(str(tmp_path / "venv"),)))
+        await m.start()
         try:
             env = await m.open_env("t", 128)
             return await m.execute(ExecRequest(env, f"{tool}; touch {tool}.x"))

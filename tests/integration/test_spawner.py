@@ -33,6 +33,8 @@ def pair(loop) -> Iterator[tuple[tuple[CpuManager, str], tuple[CpuManager, str]]
     """(fast manager, its env), (reference manager, its env)."""
     fast = CpuManager(BwrapBackend(spawner=True))
     ref = CpuManager(BwrapBackend(spawner=False))
+    for m in (fast, ref):
+        loop.run_until_complete(m.start())
     envs = [loop.run_until_complete(m.open_env("spawner-test", 128)) for m in (fast, ref)]
     yield (fast, envs[0]), (ref, envs[1])
     for m in (fast, ref):

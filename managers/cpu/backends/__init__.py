@@ -1,4 +1,5 @@
-"""CPU executor backends, resolved by name; `select` picks the best one available and logs why.
+"""CPU executor backends, resolved by name; `started` starts one (or, for "auto", the best that
+starts here) and logs why each better one was skipped.
 
 Preference (isolation first, then the most faithful enforcement): bwrap (a bubblewrap sandbox
 per exec over the cgroup grant; root and bubblewrap), cgroup (cpuset + quota +
@@ -9,18 +10,23 @@ sim (nothing runs). Each backend skipped is logged with the reason and its fix.
 Backends are found by name through a `tangram.registry.Registry`: the built-ins as lazy paths
 below (only the chosen backend's module is imported), third parties' as entry points of the
 group `tangram.cpu_backends`, run-time ones through `register`.
+
+`create` builds a backend without touching the system (no process, cgroup or file: see
+`base`); `started` (or the manager's `start`) probes and prepares it.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 
-from managers.cpu.backends.base import Backend, EnvironmentBroken
+from managers.cpu.backends.base import Backend, EnvironmentBroken, NotStarted
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.registry import Registry
 
 log = logging.getLogger("managers.cpu")
 PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
+AUTO = "auto"
 
 BACKENDS: Registry[type[Backend]] = Registry("cpu.backend", {
     "bwrap": "managers.cpu.backends.bwrap:BwrapBackend",
@@ -37,7 +43,9 @@ def register(name: str, cls: type[Backend]) -> None:
 
 
 def create(name: str, **options) -> Backend:
-    """The backend called `name`; raises `BackendUnavailable` naming the fix."""
+    """The backend called `name`, not started; an unknown name or option raises
+    `ValidationError` naming what the backend takes, one that cannot load
+    `BackendUnavailable`."""
     if name not in BACKENDS:
         raise ValidationError("cpu.backend", name, f"unknown backend; known: {BACKENDS.names()}")
     try:
@@ -45,21 +53,29 @@ def create(name: str, **options) -> Backend:
     except ImportError as exc:
         raise BackendUnavailable(f"CPU backend {name!r} cannot load ({exc})") from None
     assert cls is not None
+    takes = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        raise ValidationError("cpu.options", unknown, f"not options of the {name} backend; it "
+                              f"takes {takes or 'none'}")
     return cls(**options)
 
 
-def select(preferred: str | None = None, **options) -> Backend:
-    """`preferred` ("auto" or None: the first of PREFERENCE that starts). Logs the choice and
-    the reason each better backend was skipped."""
-    if preferred not in (None, "auto"):
+async def started(preferred: str | None = None, **options) -> Backend:
+    """The backend `preferred`, started; "auto" or None: the first of PREFERENCE that starts
+    with these options. Logs the choice and the reason each better backend was skipped;
+    raises `BackendUnavailable` naming the fix."""
+    if preferred not in (None, AUTO):
         backend = create(preferred, **options)
+        await backend.start()
         log.info("cpu backend: %s (requested)", backend.describe())
         return backend
     skipped = []
     for name in PREFERENCE:
         try:
             backend = create(name, **options)
-        except (BackendUnavailable, ImportError, TypeError) as exc:
+            await backend.start()
+        except (BackendUnavailable, ValidationError) as exc:
             skipped.append(f"{name}: {exc}")
             continue
         log.info("cpu backend: %s (auto%s)", backend.describe(),
@@ -68,5 +84,5 @@ def select(preferred: str | None = None, **options) -> Backend:
     raise BackendUnavailable("no CPU backend can run: " + " | ".join(skipped))
 
 
-__all__ = ["BACKENDS", "Backend", "EnvironmentBroken", "PREFERENCE", "create", "register",
-           "select"]
+__all__ = ["AUTO", "BACKENDS", "Backend", "EnvironmentBroken", "NotStarted", "PREFERENCE",
+           "create", "register", "started"]

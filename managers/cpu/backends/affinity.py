@@ -4,19 +4,18 @@ The environment is a working directory; each exec's process starts pinned to the
 cores (its descendants inherit the mask). There is no CPU quota and no memory
 limit, and a process may widen its own mask again: confinement is cooperative, and there is no
 isolation at all (the command runs as the server's user, on the host). The process group is
-killed at the deadline and after the command exits. Commands see only `grant.command_env`.
+killed at the deadline, after the command exits and when its environment closes. Commands see
+only `grant.command_env`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from managers.cpu.backends.base import Backend
-from managers.cpu.backends.process import run_local
-from managers.cpu.grant import PLUGIN_SOURCE, command_env
+from managers.cpu.backends.process import kill_group, run_local
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.results import Result
@@ -37,21 +36,28 @@ def _pinned(mask: set[int]) -> Iterator[None]:
 class AffinityBackend(Backend):
     name = "affinity"
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._groups: dict[str, set[int]] = {}  # env id -> process groups of its running execs
+
     @classmethod
     def probe(cls) -> str | None:
         if not hasattr(os, "sched_setaffinity"):
             return "sched_setaffinity is not available on this platform: use backend='sim'"
         return None
 
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        os.makedirs(env.workdir, exist_ok=True)
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        self._make_workdir(env)
+        self._groups[env.id] = set()
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
-        variables = command_env(env.id, len(cores), env.workdir, elastic=elastic,
-                                plugin_dir=str(PLUGIN_SOURCE.parent))
-        return await run_local(argv_of(command), cwd=env.workdir, env=variables, timeout=timeout,
-                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)))
+    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                    timeout: float, output_cap: int, elastic: bool) -> Result:
+        return await run_local(argv_of(command), cwd=env.workdir,
+                               env=self._environ(env, cores, elastic), timeout=timeout,
+                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)),
+                               groups=self._groups.setdefault(env.id, set()))
 
-    async def close(self, env: Environment) -> None:
-        shutil.rmtree(env.workdir, ignore_errors=True)
+    async def _close(self, env: Environment) -> None:
+        for group in self._groups.pop(env.id, set()):
+            kill_group(group)
+        await self._remove_workdir(env)

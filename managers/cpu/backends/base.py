@@ -5,49 +5,256 @@ command runs confined to exactly `cores` (cpuset and, where the backend can, a C
 len(cores) cores); when it returns, no process of that exec is left running (leftovers are
 killed, so the cores really come back); the action's own failures come back as an `Result`.
 A lost environment raises `EnvironmentBroken`.
+
+Life: constructing a backend only checks its options (it starts no process and creates no
+cgroup or file: `test_backend_rules`); `start()` probes (a trial sandbox, an engine ping) and
+prepares (the support folder), raising `BackendUnavailable` with the fix; `open`/`exec`
+before it raise `NotStarted`. The rules every backend shares live here, in `Backend`'s
+template methods (`open`, `exec`, `close`) and helpers, so no backend words them its own way:
+
+- an exec in an environment that is not open fails `EnvironmentBroken`; one whose
+  environment was closed while it ran comes back `cancelled`, saying so;
+- which limit a failed command hit (`name_limits`, the one OOM rule): a command the kernel's
+  OOM killer killed (SIGKILL, with the environment's OOM count up) is `error` with detail
+  `killed: out of memory (limit N MiB)`; one that reached its deadline stays `timeout`, its
+  detail adding that a process of it was killed for memory; a fork the pids limit refused is
+  named in the detail, the status unchanged;
+- the work folder (mode 0700, handed to the environment's uid where it has one) and the
+  support folder (the pytest plugin of elastic runs: see `grant`), removed at `shutdown`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
 import signal
+import tempfile
+import uuid
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
+from managers.cpu.grant import command_env, install_plugin
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
+from managers.cpu.removal import remove_tree, remove_tree_async
 from managers.cpu.request import Command
-from tangram.errors import ActionFailed
-from tangram.results import Result
+from tangram.errors import ActionFailed, BackendUnavailable, TangramError, ValidationError
+from tangram.results import Result, Status
+
+DEFAULT_PIDS_MAX = 512  # processes (and threads) per environment
+SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a shell's child
 
 
 class EnvironmentBroken(ActionFailed):
     """The environment's sandbox is gone (its container died, its cgroup was removed)."""
 
 
+class NotStarted(TangramError):
+    """A backend (or the manager holding it) used before its `start()`."""
+
+
+@dataclass(frozen=True, slots=True)
+class LimitCounts:
+    """An environment's limit counters so far; compared before and after an exec."""
+
+    ooms: int = 0  # processes the kernel killed for memory
+    refused: int = 0  # forks the pids limit refused
+
+
+def name_limits(outcome: Result, before: LimitCounts, after: LimitCounts, memory_mb: int,
+                pids_max: int | None) -> Result:
+    """The one rule saying which limit a failed command hit (see the module docstring)."""
+    if outcome.status not in (Status.ERROR, Status.TIMEOUT):
+        return outcome
+    detail = outcome.detail
+    if after.ooms > before.ooms:
+        if outcome.status is Status.TIMEOUT:
+            detail += f"; the kernel killed a process of it for memory (limit {memory_mb} MiB)"
+        elif outcome.exit_code in SIGKILLED:
+            detail = f"killed: out of memory (limit {memory_mb} MiB)"
+        else:
+            detail += f"; the kernel killed a process of it for memory (limit {memory_mb} MiB)"
+    if after.refused > before.refused:
+        detail += (f"; the environment's process limit ({pids_max} pids) refused to start a "
+                   f"process")
+    return dataclasses.replace(outcome, detail=detail)
+
+
+def check_pids_max(value: object) -> int:
+    """`pids_max` as every backend takes it: processes per environment."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError("cpu.pids_max", value,
+                              "must be a positive integer (processes per environment)")
+    return value
+
+
 class Backend(ABC):
+    """A family member implements `probe`, `_open`, `_exec` and `_close` (and `_start`,
+    `_sweep`, `_limit_counts`, `_shutdown` where it has something to do); the public methods
+    are the shared rules around them."""
+
     name: str = "backend"
     local: bool = True  # runs on this machine only (one node)
     roots: bool = False  # gives an environment its own root filesystem (`Environment.root`)
     engine_images: bool = False  # takes `Environment.image` from its own engine (docker)
+    support_files: bool = True  # has a support folder (the pytest plugin) its commands read
+    inside_work: str | None = None  # the work folder as commands see it (None: its host path)
+    inside_support: str | None = None  # the support folder as commands see it
+    pids_max: int | None = None  # processes per environment, where the backend limits them
+
+    def __init__(self) -> None:
+        self.tag = uuid.uuid4().hex[:10]
+        self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
+        self._started = False
+        self._live: dict[str, object] = {}  # env id -> a token per open (closed: gone)
+        self._drop_support: Callable[[], object] | None = None
 
     @classmethod
     @abstractmethod
     def probe(cls) -> str | None:
         """None when this backend can run here, else why not and how to fix it."""
 
-    @abstractmethod
+    # -- life ----------------------------------------------------------------------------------
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    async def start(self) -> None:
+        """Probe and prepare (off the event loop); raises `BackendUnavailable` naming the fix.
+        Idempotent; `shutdown` undoes it."""
+        if not self._started:
+            await asyncio.to_thread(self._start)
+            self._started = True
+
+    def _start(self) -> None:
+        """Blocking part of `start`: by default probe, then install the support folder."""
+        why = self.probe()
+        if why is not None:
+            raise BackendUnavailable(why)
+        self._install_support()
+
+    def _install_support(self) -> None:
+        if self.support_files and self._drop_support is None:
+            install_plugin(self.support)
+            # a backend never shut down still leaves no folder when the interpreter exits
+            self._drop_support = weakref.finalize(self, remove_tree, str(self.support))
+
+    def _require_started(self, what: str) -> None:
+        if not self._started:
+            raise NotStarted(f"the {self.name} backend cannot {what} before it is started: "
+                             f"await its start() (CpuManager.start does) first")
+
+    def sweep(self) -> list[str]:
+        """Kill and remove what servers that died left behind (their PIDs are gone): called
+        once, after `start`, before serving; returns a line per thing swept, for the log."""
+        self._require_started("sweep")
+        return self._sweep() + (sweep_workdirs(self.support.parent) if self.support_files
+                                else [])
+
+    def _sweep(self) -> list[str]:
+        return []
+
+    async def shutdown(self) -> None:
+        """Release what the backend holds beyond environments (clients, parent cgroups) and
+        its support folder. Nothing to do before `start`."""
+        if not self._started:
+            return
+        self._live.clear()
+        try:
+            await self._shutdown()
+        finally:
+            if self._drop_support is not None:
+                await asyncio.to_thread(self._drop_support)
+                self._drop_support = None
+            self._started = False
+
+    async def _shutdown(self) -> None:
+        """What the backend itself releases at `shutdown`."""
+
+    # -- environments --------------------------------------------------------------------------
     async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
         """Create the sandbox of `env` (all of `cores` allowed while idle)."""
+        self._require_started("open an environment")
+        await self._open(env, cores)
+        self._live[env.id] = object()
 
-    @abstractmethod
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
         """Run one command confined to `cores`, with the environment of `grant.command_env`
         (never the server's own); `elastic`: let pytest use the cores (see `grant`). See the
-        module docstring."""
+        module docstring for the rules around it."""
+        self._require_started("run a command")
+        live = self._live.get(env.id)
+        if live is None:
+            raise EnvironmentBroken(f"environment {env.id} is broken: it is not open in the "
+                                    f"{self.name} backend")
+        before = self._limit_counts(env)
+        try:
+            outcome = await self._exec(env, cores, command, timeout, output_cap, elastic)
+        except EnvironmentBroken:
+            if self._live.get(env.id) is live:
+                raise
+            outcome = Result(Status.CANCELLED)
+        if self._live.get(env.id) is not live:
+            return dataclasses.replace(outcome, status=Status.CANCELLED, detail=(
+                f"killed: environment {env.id} was closed while the command ran"))
+        if outcome.status not in (Status.ERROR, Status.TIMEOUT):
+            return outcome  # no limit to name: the counters are not read again
+        return name_limits(outcome, before, self._limit_counts(env), env.memory_mb,
+                           self.pids_max)
+
+    async def close(self, env: Environment) -> None:
+        """Kill everything left in the sandbox and remove it. Idempotent; nothing to do
+        before `start`. A command still running in it comes back `cancelled`."""
+        self._live.pop(env.id, None)
+        if self._started:
+            await self._close(env)
 
     @abstractmethod
-    async def close(self, env: Environment) -> None:
-        """Kill everything left in the sandbox and remove it. Idempotent."""
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        """Create the sandbox of `env`."""
+
+    @abstractmethod
+    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                    timeout: float, output_cap: int, elastic: bool) -> Result:
+        """Run one command in an open environment (see `exec`)."""
+
+    @abstractmethod
+    async def _close(self, env: Environment) -> None:
+        """Kill and remove the sandbox of `env`; idempotent."""
+
+    def _limit_counts(self, env: Environment) -> LimitCounts:
+        """The environment's limit counters now (none by default: no limit to name)."""
+        return LimitCounts()
+
+    # -- helpers the family shares -------------------------------------------------------------
+    def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
+        """The whole environment of one command: `grant.command_env` with the folders as the
+        command sees them."""
+        return command_env(env.id, len(cores), self.inside_work or env.workdir,
+                           elastic=elastic, plugin_dir=self.inside_support or str(self.support))
+
+    @staticmethod
+    def _make_workdir(env: Environment, uid: int | None = None) -> None:
+        """The environment's work folder, mode 0700, handed to `uid` (its files are that
+        user's) where the environment has a uid of its own; raises `BackendUnavailable`."""
+        try:
+            os.makedirs(env.workdir, mode=0o700, exist_ok=True)
+            if uid is not None:
+                os.chown(env.workdir, uid, uid)
+            os.chmod(env.workdir, 0o700)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot hand the work directory {env.workdir} of "
+                                     f"environment {env.id} to uid {uid} ({exc})") from exc
+
+    @staticmethod
+    async def _remove_workdir(env: Environment) -> list[str]:
+        """Remove the work folder (in a thread: a hostile tree takes long); what is left."""
+        return await remove_tree_async(env.workdir)
 
     async def suspend(self, env: Environment) -> None:
         """Kill everything running in the environment (its files are about to be re-stacked:
@@ -60,14 +267,6 @@ class Backend(ABC):
         """The host uid the environment's commands run as (its files belong to it), None when
         they run as the server's own user."""
         return None
-
-    async def shutdown(self) -> None:
-        """Release what the backend holds beyond environments (clients, parent cgroups)."""
-
-    def sweep(self) -> list[str]:
-        """Kill and remove what servers that died left behind (their PIDs are gone): called
-        once before serving; returns a line per thing swept, for the log."""
-        return []
 
     def describe(self) -> str:
         return self.name

@@ -67,7 +67,7 @@ from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
-from managers.cpu.grant import SAFE_PATH, command_env
+from managers.cpu.grant import SAFE_PATH
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
@@ -184,6 +184,8 @@ class _Holder:
 class BwrapBackend(CgroupBackend):
     name = "bwrap"
     roots = True
+    inside_work = INSIDE_WORK
+    inside_support = INSIDE_SUPPORT
 
     def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX,
                  uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None,
@@ -193,7 +195,8 @@ class BwrapBackend(CgroupBackend):
         system's (a toolchain under /opt, a virtual environment); default: the server's own
         Python (`server_python`), () for none; `spawner`: start commands through a resident
         spawner in each sandbox (`spawner.py`; needs the server's Python visible inside)
-        instead of entering the sandbox per exec."""
+        instead of entering the sandbox per exec. Checks its options only: the trial
+        sandbox runs at `start`."""
         if ro_paths is None:
             ro_paths = server_python()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
@@ -202,23 +205,26 @@ class BwrapBackend(CgroupBackend):
         if isinstance(ro_paths, str) or not all(isinstance(p, str) and p.startswith("/")
                                                 for p in ro_paths):
             raise ValidationError("cpu.ro_paths", ro_paths, "must be a list of absolute paths")
-        why = self.probe()
-        if why is not None:
-            raise BackendUnavailable(why)
         super().__init__(parent, pids_max)
         self.uid_base = uid_base
+        self.ro_paths = tuple(ro_paths)
         self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
         self._uids: dict[str, int] = {}
         self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
         self._entering_cap = 0  # and its output cap
         self._holders: dict[str, _Holder] = {}
+        self._want_spawner = spawner
+        self._spawner = False  # decided at `start`
+        self._spawner_installed = False
+
+    def _start(self) -> None:
+        super()._start()  # the probe: a trial sandbox
         self._system = _system_binds(())
-        self._extra = _extra_binds(tuple(ro_paths))
+        self._extra = _extra_binds(self.ro_paths)
         self._bwrap = shutil.which("bwrap") or "bwrap"
         python = os.path.realpath(sys.executable)
-        self._spawner = spawner and any(python.startswith(p.rstrip("/") + "/")
-                                        for p in (*ro_paths, "/usr"))
-        self._spawner_installed = False
+        self._spawner = self._want_spawner and any(python.startswith(p.rstrip("/") + "/")
+                                                   for p in (*self.ro_paths, "/usr"))
 
     @classmethod
     def probe(cls) -> str | None:
@@ -242,29 +248,25 @@ class BwrapBackend(CgroupBackend):
         return None
 
     def describe(self) -> str:
+        if self._h is None:
+            return f"{self.name} (not started)"
         limit = f"{self.pids_max} pids" if self.h.pids else "no pids limit"
         return f"bwrap (a sandbox per environment; {super().describe()}; {limit})"
 
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        await super().open(env, cores)
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+        await super()._open(env, cores)
         try:
             # never an earlier environment's, never another server's; a fork's children share
             # their parent's (the files they inherit are its), `Environment.uid`
             uid = env.uid if env.uid is not None else self._uid_source.take()
+            self._make_workdir(env, uid)
         except BaseException:
-            await super().close(env)
+            await super()._close(env)
             raise
-        if env.root is not None:
-            toolkit.install(self.support)
-        try:
-            os.chown(env.workdir, uid, uid)
-            os.chmod(env.workdir, 0o700)
-        except OSError as exc:
-            await super().close(env)
-            raise BackendUnavailable(f"cannot hand the work directory {env.workdir} of "
-                                     f"environment {env.id} to its uid {uid} ({exc})") from exc
         self._uids[env.id] = uid
         try:
+            if env.root is not None:
+                toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
                 fast.install(self.support)
                 self._install_launcher()
@@ -273,7 +275,7 @@ class BwrapBackend(CgroupBackend):
             self._confine(slot, cores)
             await self._start_holder(env, slot)
         except BaseException:
-            await self.close(env)
+            await self._close(env)
             raise
 
     async def _start_holder(self, env: Environment, slot: Slot) -> None:
@@ -457,14 +459,10 @@ class BwrapBackend(CgroupBackend):
                                     "need the native seccomp loader: install a C compiler (cc)")
         return tuple(toolkit.run_path(INSIDE_SUPPORT, self._loader[0]))
 
-    def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
-        return command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
-                           plugin_dir=INSIDE_SUPPORT)
-
-    async def close(self, env: Environment) -> None:
+    async def _close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)
         try:
-            await super().close(env)  # kills everything in its cgroups, the holder too
+            await super()._close(env)  # kills everything in its cgroups, the holder too
         finally:
             if holder is not None:
                 await asyncio.to_thread(holder.release)
@@ -484,8 +482,8 @@ class BwrapBackend(CgroupBackend):
         if holder is not None:
             await self._start_holder(env, holder.slot)
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
         holders = list(self._holders.values())
         self._holders.clear()
         await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
-        await super().shutdown()
+        await super()._shutdown()

@@ -7,9 +7,8 @@ shell that runs it writes 0 to the slot's cgroup.procs), so every descendant is 
 its first instruction. After the command exits, whatever is left in the slot is killed.
 
 Limits per environment: memory (what the environment was opened with) and processes (`pids_max`,
-default `DEFAULT_PIDS_MAX`, where the pids controller exists). A command killed for memory comes
-back as "killed: out of memory (limit N MiB)"; one killed because its environment was closed
-while it ran comes back `cancelled`, saying so. Commands see only `grant.command_env`.
+default `DEFAULT_PIDS_MAX`, where the pids controller exists), named in a failed command's
+result by the family's one rule (`base.name_limits`). Commands see only `grant.command_env`.
 
 This backend confines CPU and memory but does not isolate: the command runs as the server's user
 in the host's namespaces. `bwrap` builds its sandbox on top of this one (`_launch`).
@@ -18,32 +17,32 @@ in the host's namespaces. `bwrap` builds its sandbox on top of this one (`_launc
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import shlex
-import tempfile
-import uuid
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.base import Backend, EnvironmentBroken
+from managers.cpu.backends.base import (
+    DEFAULT_PIDS_MAX,
+    Backend,
+    EnvironmentBroken,
+    LimitCounts,
+    NotStarted,
+    check_pids_max,
+)
 from managers.cpu.backends.process import run_local
-from managers.cpu.grant import command_env, install_plugin
-from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.pool import Environment
-from managers.cpu.removal import remove_tree, remove_tree_async
+from managers.cpu.removal import remove_tree
 from managers.cpu.request import Command
-from tangram.errors import BackendUnavailable, ValidationError
+from tangram.errors import BackendUnavailable
 from tangram.results import Result
 
 log = logging.getLogger(__name__)
 SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
 JOIN_FAILED = "tangram: cannot join the cgroup of this exec"
-DEFAULT_PIDS_MAX = 512  # processes (and threads) per environment
-SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a shell's child
 
 
 @dataclass(slots=True)
@@ -66,21 +65,31 @@ class CgroupBackend(Backend):
     name = "cgroup"
 
     def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX) -> None:
-        if isinstance(pids_max, bool) or not isinstance(pids_max, int) or pids_max < 1:
-            raise ValidationError("cpu.pids_max", pids_max,
-                                  "must be a positive integer (processes per environment)")
-        self.pids_max = pids_max
-        self.tag = uuid.uuid4().hex[:10]
-        self.h = fs.detect(self.tag, parent)
-        if not self.h.pids:
-            log.warning("cgroup: no pids controller; environments have no process limit")
+        """Checks its options only: the hierarchy is found at `start`."""
+        super().__init__()
+        self.pids_max = check_pids_max(pids_max)
+        self.parent = parent
+        self._h: fs.Hierarchy | None = None
         self._envs: dict[str, _Env] = {}
         self._made_bases = False
-        # what the commands may read: the pytest plugin of elastic runs (see `grant`)
-        self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
+        self._workdirs: set[str] = set()
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def h(self) -> fs.Hierarchy:
+        """Where Tangram's cgroups live (found at `start`)."""
+        if self._h is None:
+            raise NotStarted(f"the {self.name} backend has no cgroups before it is started: "
+                             f"await its start() (CpuManager.start does) first")
+        return self._h
+
+    def _start(self) -> None:
+        super()._start()
+        self._h = fs.detect(self.tag, self.parent)
+        if not self._h.pids:
+            log.warning("cgroup: no pids controller; environments have no process limit")
         # a manager never closed still leaves no cgroup behind when the interpreter exits
-        self._workdirs: set[str] = {str(self.support)}
-        self._finalizer = weakref.finalize(self, _remove_bases, self.h.distinct(),
+        self._finalizer = weakref.finalize(self, _remove_bases, self._h.distinct(),
                                            self._workdirs)
 
     @classmethod
@@ -95,10 +104,12 @@ class CgroupBackend(Backend):
         return None
 
     def describe(self) -> str:
-        return f"cgroup (v{self.h.version}, under {self.h.base('cpu').parent})"
+        if self._h is None:
+            return f"{self.name} (not started)"
+        return f"cgroup (v{self._h.version}, under {self._h.base('cpu').parent})"
 
-    def sweep(self) -> list[str]:
-        return fs.sweep(self.h) + sweep_workdirs(self.support.parent)
+    def _sweep(self) -> list[str]:
+        return fs.sweep(self.h)
 
     # -- layout --------------------------------------------------------------------------------
 
@@ -106,7 +117,6 @@ class CgroupBackend(Backend):
         if self._made_bases:
             return
         try:
-            install_plugin(self.support)
             for base in self.h.distinct():
                 base.mkdir(exist_ok=True)
             if self.h.version == 1:
@@ -134,7 +144,7 @@ class CgroupBackend(Backend):
     def _env_folders(self, env_id: str) -> dict[str, Path]:
         return {c: b / env_id for c, b in self.h.bases.items()}
 
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
         self._ensure_bases()
         folders = self._env_folders(env.id)
         try:
@@ -159,8 +169,8 @@ class CgroupBackend(Backend):
             raise BackendUnavailable(f"cannot create the cgroup of environment {env.id} "
                                      f"({exc}); is the cgroup filesystem writable?") from exc
         self._envs[env.id] = _Env(folders)
-        Path(env.workdir).mkdir(mode=0o700, parents=True, exist_ok=True)
         self._workdirs.add(env.workdir)
+        self._make_workdir(env)
 
     def _slot(self, env: Environment, e: _Env) -> Slot:
         if e.free:
@@ -186,20 +196,8 @@ class CgroupBackend(Backend):
         return slot
 
     def _confine(self, slot: Slot, cores: tuple[int, ...]) -> None:
-        cpus = fs.cpulist(cores)
-        if self.h.version == 1:
-            quota = str(len(cores) * fs.PERIOD_US)
-            if cpus != slot.cpus:
-                fs.write(slot.folders["cpuset"] / "cpuset.cpus", cpus)
-            if quota != slot.quota:
-                fs.write(slot.folders["cpu"] / "cpu.cfs_quota_us", quota)
-        else:
-            quota = f"{len(cores) * fs.PERIOD_US} {fs.PERIOD_US}"
-            if cpus != slot.cpus:
-                fs.write(slot.folders["cpuset"] / "cpuset.cpus", cpus)
-            if quota != slot.quota:
-                fs.write(slot.folders["cpu"] / "cpu.max", quota)
-        slot.cpus, slot.quota = cpus, quota
+        slot.cpus, slot.quota = fs.set_cores(self.h.version, slot.folders, cores,
+                                             (slot.cpus, slot.quota))
 
     # -- exec ----------------------------------------------------------------------------------
 
@@ -208,10 +206,6 @@ class CgroupBackend(Backend):
         Isolating subclasses put their sandbox between the two."""
         return joined(join, command)
 
-    def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
-        return command_env(env.id, len(cores), env.workdir, elastic=elastic,
-                           plugin_dir=str(self.support))
-
     def _fds(self, env: Environment) -> tuple[int, ...]:
         """File descriptors the exec's launcher needs open (none here), opened per exec."""
         return ()
@@ -219,8 +213,8 @@ class CgroupBackend(Backend):
     def _fds_done(self, fds: tuple[int, ...]) -> None:
         """Close what `_fds` opened, once the exec is over."""
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                    timeout: float, output_cap: int, elastic: bool) -> Result:
         e = self._envs.get(env.id)
         if e is None or not e.folders["cpu"].is_dir():
             raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup "
@@ -232,8 +226,6 @@ class CgroupBackend(Backend):
             raise EnvironmentBroken(f"environment {env.id} is broken: cannot set its cgroup "
                                     f"to cores {fs.cpulist(cores)} ({exc})") from exc
         leaf = slot.folders["cpu"]
-        ooms = fs.oom_kills(self.h.version, e.folders["memory"])
-        forks = self._pids_refused(e)
         fds: tuple[int, ...] = ()
         try:
             fds = self._fds(env)  # before `_run`, whose `_launch` may name them
@@ -242,13 +234,10 @@ class CgroupBackend(Backend):
         finally:
             self._fds_done(fds)
             e.free.append(slot)
-        if self._envs.get(env.id) is not e:
-            return dataclasses.replace(outcome, status="cancelled", detail=(
-                f"killed: environment {env.id} was closed while the command ran"))
         if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
             raise EnvironmentBroken(f"environment {env.id} is broken: the command could not "
                                     f"join its cgroup {leaf}")
-        return self._named_limits(env, e, outcome, ooms, forks)
+        return outcome
 
     async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
                    command: Command, timeout: float, output_cap: int, elastic: bool,
@@ -261,33 +250,12 @@ class CgroupBackend(Backend):
                                output_cap=output_cap, kill_rest=lambda: fs.kill_all(leaf),
                                pass_fds=fds)
 
-    def _pids_refused(self, e: _Env) -> int:
-        """How often the environment's pids limit refused a fork so far."""
-        if "pids" not in e.folders:
-            return 0
-        try:
-            for line in fs.read(e.folders["pids"] / "pids.events").splitlines():
-                k, _, v = line.partition(" ")
-                if k == "max":
-                    return int(v)
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def _named_limits(self, env: Environment, e: _Env, outcome: Result, ooms: int,
-                      forks: int) -> Result:
-        """Say which limit a failed command hit: memory (an OOM kill) or processes."""
-        if outcome.status not in ("error", "timeout"):
-            return outcome
-        if (outcome.exit_code in SIGKILLED
-                and fs.oom_kills(self.h.version, e.folders["memory"]) > ooms):
-            return dataclasses.replace(outcome, status="error", detail=(
-                f"killed: out of memory (limit {env.memory_mb} MiB)"))
-        if self._pids_refused(e) > forks:
-            return dataclasses.replace(outcome, detail=(
-                f"{outcome.detail}; the environment's process limit ({self.pids_max} pids) "
-                f"refused to start a process"))
-        return outcome
+    def _limit_counts(self, env: Environment) -> LimitCounts:
+        e = self._envs.get(env.id)
+        if e is None:
+            return LimitCounts()
+        return LimitCounts(fs.oom_kills(self.h.version, e.folders["memory"]),
+                           fs.pids_refused(e.folders.get("pids")))
 
     def cpu_seconds(self, env_id: str) -> float:
         """CPU time used by everything that ran in the environment (from the cgroup)."""
@@ -312,15 +280,14 @@ class CgroupBackend(Backend):
 
     # -- teardown ------------------------------------------------------------------------------
 
-    async def close(self, env: Environment) -> None:
-        """Kill and remove the cgroups, then the work folder (in a thread: a hostile tree
-        takes long). What cannot be removed is logged and left to the next server's sweep;
-        the rest is released whatever happens."""
+    async def _close(self, env: Environment) -> None:
+        """Kill and remove the cgroups, then the work folder. What cannot be removed is logged
+        and left to the next server's sweep; the rest is released whatever happens."""
         self._envs.pop(env.id, None)
         try:
             await asyncio.to_thread(self._remove, self._env_folders(env.id))
         finally:
-            left = await remove_tree_async(env.workdir)
+            left = await self._remove_workdir(env)
             self._workdirs.discard(env.workdir)
             if left:
                 log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
@@ -330,9 +297,10 @@ class CgroupBackend(Backend):
             if top.is_dir():
                 fs.remove_tree(top)
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
         self._envs.clear()
-        await asyncio.to_thread(self._finalizer)
+        if self._finalizer is not None:
+            await asyncio.to_thread(self._finalizer)
         self._made_bases = False
 
 

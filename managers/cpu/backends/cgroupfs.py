@@ -84,9 +84,34 @@ def _own_paths() -> dict[str, str]:
     return own
 
 
+def version() -> int | None:
+    """The cgroup version Tangram uses here, the one rule every backend follows: 2 where the
+    unified hierarchy has the cpu, cpuset and memory controllers and v1 holds none of them, 1
+    where v1 holds any of them, None where neither (or the mounts cannot be read)."""
+    try:
+        v1, v2 = _mounts()
+    except OSError:
+        return None
+    return _version(v1, v2)
+
+
+def _version(v1: dict[str, Path], v2: Path | None) -> int | None:
+    if v2 is not None and set(V2_CONTROLLERS) <= _v2_available(v2) \
+            and not (set(V2_CONTROLLERS) & set(v1)):
+        return 2
+    return 1 if v1 else None
+
+
+def _v2_available(v2: Path) -> set[str]:
+    try:
+        return set((v2 / "cgroup.controllers").read_text().split())
+    except OSError:
+        return set()
+
+
 def detect(tag: str, parent: str | None = None) -> Hierarchy:
-    """The hierarchy to use (v2 when it has the controllers, else v1); raises
-    `BackendUnavailable` with the fix when there is none usable."""
+    """The hierarchy to use (`version`); raises `BackendUnavailable` with the fix when there is
+    none usable. Reads only: nothing is created until the backend makes its bases."""
     if os.geteuid() != 0:
         raise BackendUnavailable(f"the cgroup backend needs root to create cgroups (running as "
                                  f"uid {os.geteuid()}): run as root, {FIX}")
@@ -97,15 +122,11 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
         raise BackendUnavailable(f"cannot read the cgroup mounts ({exc}): mount /sys/fs/cgroup "
                                  f"and /proc, {FIX}") from exc
     parent = parent or os.environ.get("TANGRAM_CGROUP_PARENT") or None
-    if v2 is not None:
-        try:
-            available = set((v2 / "cgroup.controllers").read_text().split())
-        except OSError:
-            available = set()
-        if set(V2_CONTROLLERS) <= available and not (set(V2_CONTROLLERS) & set(v1)):
-            root = Path(parent) if parent else v2
-            names = [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in available else [])]
-            return Hierarchy(2, {c: root / base_name(tag) for c in names})
+    if _version(v1, v2) == 2:
+        assert v2 is not None
+        root = Path(parent) if parent else v2
+        names = [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in _v2_available(v2) else [])]
+        return Hierarchy(2, {c: root / base_name(tag) for c in names})
     missing = [c for c in CONTROLLERS if c not in v1]
     if missing:
         raise BackendUnavailable(
@@ -163,10 +184,18 @@ def sweep(h: Hierarchy) -> list[str]:
 
 def oom_kills(version: int, memory_folder: Path) -> int:
     """How many processes the kernel killed for memory in this cgroup (and below) so far."""
-    name, key = (("memory.oom_control", "oom_kill") if version == 1
-                 else ("memory.events", "oom_kill"))
+    name = "memory.oom_control" if version == 1 else "memory.events"
+    return _counter(memory_folder / name, "oom_kill")
+
+
+def pids_refused(pids_folder: Path | None) -> int:
+    """How often the cgroup's pids limit refused a fork so far (0 without a pids folder)."""
+    return 0 if pids_folder is None else _counter(pids_folder / "pids.events", "max")
+
+
+def _counter(path: Path, key: str) -> int:
     try:
-        for line in read(memory_folder / name).splitlines():
+        for line in read(path).splitlines():
             k, _, v = line.partition(" ")
             if k == key:
                 return int(v)
@@ -218,32 +247,44 @@ def cpulist(cores: tuple[int, ...]) -> str:
     return ",".join(str(c) for c in cores)
 
 
-def folders_of(pid: int) -> dict[str, Path]:
-    """The cgroup folder holding `pid`, per controller (cpu, cpuacct, cpuset, memory; the one
-    v2 folder under every name). Empty when /proc or the mounts cannot be read."""
+def folders_of(pid: int) -> tuple[int, dict[str, Path]] | None:
+    """The cgroup version (`version`) and the folder holding `pid` per controller (cpu,
+    cpuacct, cpuset, memory, and pids where there is one; the one v2 folder under every
+    name). None when /proc or the mounts cannot be read."""
     try:
         v1, v2 = _mounts()
         with open(f"/proc/{pid}/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
-        return {}
+        return None
+    v = _version(v1, v2)
     found: dict[str, Path] = {}
-    for line in lines:
-        _, ctrls, path = line.split(":", 2)
-        for c in ctrls.split(","):
-            if c in CONTROLLERS and c in v1:
-                found[c] = v1[c] / path.lstrip("/")
-    if not found and v2 is not None:
+    if v == 1:
+        for line in lines:
+            _, ctrls, path = line.split(":", 2)
+            for c in ctrls.split(","):
+                if c in (*CONTROLLERS, OPTIONAL) and c in v1:
+                    found[c] = v1[c] / path.lstrip("/")
+    elif v == 2 and v2 is not None:
         for line in lines:
             if line.startswith("0::"):
-                found = {c: v2 / line[3:].lstrip("/") for c in CONTROLLERS}
-    return found
+                found = {c: v2 / line[3:].lstrip("/") for c in (*CONTROLLERS, OPTIONAL)}
+    if v is None or not set(CONTROLLERS) <= set(found):
+        return None
+    return v, found
 
 
-def set_cores(version: int, folders: dict[str, Path], cores: tuple[int, ...]) -> None:
-    """Write the cpuset and CPU quota of exactly `cores` into a cgroup (v1 or v2)."""
-    write(folders["cpuset"] / "cpuset.cpus", cpulist(cores))
+def set_cores(version: int, folders: dict[str, Path], cores: tuple[int, ...],
+              now: tuple[str, str] = ("", "")) -> tuple[str, str]:
+    """Write the cpuset and CPU quota of exactly `cores` into a cgroup (v1 or v2), each skipped
+    when `now` (what the last call returned) already holds it; returns what the cgroup holds."""
+    cpus = cpulist(cores)
     if version == 1:
-        write(folders["cpu"] / "cpu.cfs_quota_us", str(len(cores) * PERIOD_US))
+        name, quota = "cpu.cfs_quota_us", str(len(cores) * PERIOD_US)
     else:
-        write(folders["cpu"] / "cpu.max", f"{len(cores) * PERIOD_US} {PERIOD_US}")
+        name, quota = "cpu.max", f"{len(cores) * PERIOD_US} {PERIOD_US}"
+    if cpus != now[0]:
+        write(folders["cpuset"] / "cpuset.cpus", cpus)
+    if quota != now[1]:
+        write(folders["cpu"] / name, quota)
+    return cpus, quota

@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import itertools
 import logging
 import os
-import shutil
 import signal
 import socket
-import tempfile
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +32,17 @@ from typing import Any
 
 from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of
-from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
-from managers.cpu.grant import command_env, install_plugin
-from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
+from managers.cpu.backends.base import (
+    DEFAULT_PIDS_MAX,
+    Backend,
+    EnvironmentBroken,
+    LimitCounts,
+    check_pids_max,
+    not_found,
+    outcome_of,
+)
+from managers.cpu.leftovers import gone, owned_name
 from managers.cpu.pool import Environment
-from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
@@ -62,6 +63,7 @@ class _Container:
     name: str
     init_pid: int
     folders: dict[str, Path]  # its cgroup on the host ({} when the engine is not local)
+    version: int  # of that cgroup (`cgroupfs.version`)
     cpus: str
     running: dict[int, tuple[int, ...]] = field(default_factory=dict)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -70,6 +72,8 @@ class _Container:
 class DockerBackend(Backend):
     name = "docker"
     engine_images = True  # `open_env(image=...)` names an image of the engine
+    inside_work = INSIDE_WORK
+    inside_support = INSIDE_SUPPORT
 
     def __init__(self, image: str | None = None, base_url: str | None = None,
                  max_concurrent: int = 64, direct: bool = True,
@@ -79,57 +83,37 @@ class DockerBackend(Backend):
         cheaper); otherwise every change goes through the API. `pids_max`: processes per
         environment; `user`: the uid (and gid) commands of every environment run as, never 0
         (default: one of its own per environment, shared with nothing). The engine must be
-        local: the work directory is a host folder bound into the container."""
-        import docker  # type: ignore[import-untyped]
-        from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
-
-        if isinstance(pids_max, bool) or not isinstance(pids_max, int) or pids_max < 1:
-            raise ValidationError("cpu.pids_max", pids_max,
-                                  "must be a positive integer (processes per environment)")
+        local: the work directory is a host folder bound into the container. Checks its
+        options only: the engine is reached at `start`."""
+        super().__init__()
+        self.pids_max = check_pids_max(pids_max)
         if user is not None and (isinstance(user, bool) or not isinstance(user, int)
                                  or user < 1):
             raise ValidationError("cpu.user", user, "must be a positive uid (never root)")
-        self.pids_max, self.user = pids_max, user
+        self.user = user
         self._uid_source = UidAllocator(DEFAULT_UID_BASE)
-
+        self._uids: dict[str, int] = {}
         self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
-        where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-        try:
-            kw: dict[str, Any] = {"timeout": 24 * 3600, "max_pool_size": max_concurrent}
-            self.client = (docker.DockerClient(base_url=base_url, **kw) if base_url
-                           else docker.from_env(**kw))
-            self.client.ping()
-        except DockerException as exc:
-            raise BackendUnavailable(
-                f"cannot reach the Docker engine at {where} ({exc}): start dockerd (on Debian "
-                f"`apt-get install docker.io` then `dockerd &`, or `bash .ci/dockerd.sh`), set "
-                f"DOCKER_HOST, or choose backend='cgroup'") from exc
-        try:
-            self.client.images.get(self.image)
-        except ImageNotFound as exc:
-            self.client.close()
-            raise BackendUnavailable(
-                f"image {self.image!r} is not in the Docker engine at {where}: pull or build it, "
-                f"pass image=... (or TANGRAM_DOCKER_IMAGE), or run `bash .ci/dockerd.sh`, which "
-                f"builds {DEFAULT_IMAGE} offline") from exc
-        self.api = self.client.api
+        self.base_url = base_url
+        self.max_concurrent = max_concurrent
         self.direct = direct
-        self.tag = uuid.uuid4().hex[:10]
-        self.owner = f"{socket.gethostname()}/{os.getpid()}"
-        self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
-        self._pool = ThreadPoolExecutor(max_concurrent, thread_name_prefix="tangram-docker")
+        self.owner_label = f"{socket.gethostname()}/{os.getpid()}"
         self._envs: dict[str, _Container] = {}
         self._ids = itertools.count()
 
     @classmethod
     def probe(cls) -> str | None:
         try:
-            cls(max_concurrent=1).client.close()
+            _connect(None, os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE), 1).close()
         except BackendUnavailable as exc:
             return str(exc)
-        except ImportError as exc:
-            return f"the docker SDK is not importable ({exc}): pip install docker"
         return None
+
+    def _start(self) -> None:
+        self.client = _connect(self.base_url, self.image, self.max_concurrent)  # the probe
+        self.api = self.client.api
+        self._pool = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="tangram-docker")
+        self._install_support()
 
     def describe(self) -> str:
         return f"docker (image {self.image})"
@@ -138,36 +122,35 @@ class DockerBackend(Backend):
         return await asyncio.get_running_loop().run_in_executor(self._pool,
                                                                 lambda: fn(*args, **kw))
 
-    def sweep(self) -> list[str]:
-        """Remove the containers of dead servers of this host (their PID is gone)."""
+    def _sweep(self) -> list[str]:
+        """Remove the containers of dead servers of this host (their PID is gone). One listing
+        call: a container another server removes meanwhile is no error."""
         host = socket.gethostname()
         swept = []
-        for c in self.client.containers.list(all=True, filters={"label": OWNER}):
-            where, _, pid = c.labels.get(OWNER, "").rpartition("/")
+        for c in self.api.containers(all=True, filters={"label": OWNER}):
+            where, _, pid = (c.get("Labels") or {}).get(OWNER, "").rpartition("/")
             if where == host and pid.isdigit() and gone(int(pid)):
+                name = (c.get("Names") or [c["Id"]])[0].lstrip("/")
                 with contextlib.suppress(Exception):
-                    c.remove(force=True)
-                    swept.append(f"container {c.name} (server pid {pid})")
-        return swept + sweep_workdirs(self.support.parent)
+                    self.api.remove_container(c["Id"], force=True)
+                    swept.append(f"container {name} (server pid {pid})")
+        return swept
 
-    def _workdir(self, env: Environment, uid: int) -> None:
-        install_plugin(self.support)
-        os.makedirs(env.workdir, mode=0o700, exist_ok=True)
-        os.chown(env.workdir, uid, uid)
-        os.chmod(env.workdir, 0o700)
+    def owner(self, env: Environment) -> int | None:
+        return self._uids.get(env.id)
 
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
         from docker.errors import DockerException
 
         cpus = fs.cpulist(cores)
         uid = self.user if self.user is not None else self._uid_source.take()
+        self._make_workdir(env, uid)
         try:
-            self._workdir(env, uid)
             c = await self._call(
                 self.client.containers.run, env.image or self.image, ["sleep", "1000000000"],
                 detach=True,
                 name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
-                                                 OWNER: self.owner},
+                                                 OWNER: self.owner_label},
                 network_mode=None if env.network else "none", user=f"{uid}:{uid}",
                 cap_drop=["ALL"], pids_limit=self.pids_max,
                 security_opt=["no-new-privileges", f"seccomp={seccomp.docker_profile()}"],
@@ -179,14 +162,16 @@ class DockerBackend(Backend):
                 cpu_quota=len(cores) * fs.PERIOD_US)
             await self._call(c.reload)
         except (DockerException, OSError) as exc:
-            shutil.rmtree(env.workdir, ignore_errors=True)
+            await self._remove_workdir(env)
             raise BackendUnavailable(f"cannot start the container of environment {env.id} "
                                      f"from {env.image or self.image!r}: {exc}") from exc
         pid = int(c.attrs["State"]["Pid"])
-        folders = fs.folders_of(pid) if self.direct else {}
+        found = fs.folders_of(pid) if self.direct else None
+        version, folders = found if found is not None else (0, {})
         if folders and not os.access(folders["cpuset"] / "cpuset.cpus", os.W_OK):
             folders = {}
-        self._envs[env.id] = _Container(c.id, c.name, pid, folders, cpus)
+        self._uids[env.id] = uid
+        self._envs[env.id] = _Container(c.id, c.name, pid, folders, version, cpus)
 
     async def _broken(self, env: Environment, c: _Container, exc: Exception) -> EnvironmentBroken:
         from docker.errors import NotFound
@@ -200,8 +185,8 @@ class DockerBackend(Backend):
         return EnvironmentBroken(f"environment {env.id} is broken: its container {c.name} {what}; "
                                  f"close it and open a new one ({exc})")
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
+                    timeout: float, output_cap: int, elastic: bool) -> Result:
         from docker.errors import APIError
 
         c = self._envs.get(env.id)
@@ -210,9 +195,7 @@ class DockerBackend(Backend):
         token = next(self._ids)
         c.running[token] = cores
         holder: dict[str, Any] = {}
-        variables = command_env(env.id, len(cores), INSIDE_WORK, elastic=elastic,
-                                plugin_dir=INSIDE_SUPPORT)
-        ooms = self._oom_kills(c)
+        variables = self._environ(env, cores, elastic)
         try:
             await self._set_cores(env, c)
             run = asyncio.ensure_future(self._call(self._exec_sync, c.id, argv_of(command),
@@ -233,27 +216,20 @@ class DockerBackend(Backend):
             del c.running[token]
             if not c.running:
                 await self._call(self._kill_leftovers, c)
-        if self._envs.get(env.id) is not c:
-            return Result("cancelled", code, out.decode(errors="replace"),
-                           err.decode(errors="replace"), truncated=truncated,
-                           detail=f"killed: environment {env.id} was closed while the command "
-                                  f"ran")
-        if code is None:  # the exec ended without an exit code: the container went away
+        # no exit code: the container went away (closed meanwhile: `exec` says cancelled)
+        if code is None and self._envs.get(env.id) is c:
             raise await self._broken(env, c, RuntimeError("exec ended without an exit code"))
         if code == 126 and b"executable file not found" in out + err:
             return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
                                                                        "found in the container"))
-        outcome = outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
-        if code in SIGKILLED and self._oom_kills(c) > ooms:
-            outcome = dataclasses.replace(outcome, detail=(
-                f"killed: out of memory (limit {env.memory_mb} MiB)"))
-        return outcome
+        return outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
 
-    def _oom_kills(self, c: _Container) -> int:
-        if not c.folders:
-            return 0
-        version = 1 if (c.folders["memory"] / "memory.oom_control").exists() else 2
-        return fs.oom_kills(version, c.folders["memory"])
+    def _limit_counts(self, env: Environment) -> LimitCounts:
+        c = self._envs.get(env.id)
+        if c is None or not c.folders:
+            return LimitCounts()
+        return LimitCounts(fs.oom_kills(c.version, c.folders["memory"]),
+                           fs.pids_refused(c.folders.get("pids")))
 
     async def _set_cores(self, env: Environment, c: _Container) -> None:
         async with c.lock:
@@ -262,9 +238,8 @@ class DockerBackend(Backend):
             if cpus == c.cpus:
                 return
             if c.folders:
-                version = 1 if (c.folders["cpu"] / "cpu.cfs_quota_us").exists() else 2
                 try:
-                    fs.set_cores(version, c.folders, union)
+                    fs.set_cores(c.version, c.folders, union)
                 except OSError as exc:
                     raise await self._broken(env, c, exc) from exc
             else:
@@ -304,14 +279,15 @@ class DockerBackend(Backend):
         if c.folders:
             fs.kill_all(c.folders["cpu"], keep=c.init_pid)
 
-    async def close(self, env: Environment) -> None:
+    async def _close(self, env: Environment) -> None:
         from docker.errors import NotFound
 
         c = self._envs.pop(env.id, None)
+        self._uids.pop(env.id, None)
         if c is not None:
             with contextlib.suppress(NotFound):
                 await self._call(self.api.remove_container, c.id, force=True)
-        left = await remove_tree_async(env.workdir)
+        left = await self._remove_workdir(env)
         if left:
             log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
@@ -320,7 +296,7 @@ class DockerBackend(Backend):
         found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.tag}"})
         return [c.name for c in found]
 
-    async def shutdown(self) -> None:
+    async def _shutdown(self) -> None:
         from docker.errors import NotFound
 
         for env_id in list(self._envs):
@@ -329,7 +305,37 @@ class DockerBackend(Backend):
                 await self._call(self.api.remove_container, c.id, force=True)
         self._pool.shutdown(wait=False)
         self.client.close()
-        await remove_tree_async(self.support)
+
+
+def _connect(base_url: str | None, image: str, max_pool: int) -> Any:
+    """A client of the engine at `base_url` (default: the environment's DOCKER_HOST) that
+    answers a ping and holds `image`; raises `BackendUnavailable` naming the fix."""
+    try:
+        import docker  # type: ignore[import-untyped]
+        from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise BackendUnavailable(f"the docker SDK is not importable ({exc}): pip install "
+                                 f"docker") from exc
+    where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    try:
+        kw: dict[str, Any] = {"timeout": 24 * 3600, "max_pool_size": max_pool}
+        client = (docker.DockerClient(base_url=base_url, **kw) if base_url
+                  else docker.from_env(**kw))
+        client.ping()
+    except DockerException as exc:
+        raise BackendUnavailable(
+            f"cannot reach the Docker engine at {where} ({exc}): start dockerd (on Debian "
+            f"`apt-get install docker.io` then `dockerd &`, or `bash .ci/dockerd.sh`), set "
+            f"DOCKER_HOST, or choose backend='cgroup'") from exc
+    try:
+        client.images.get(image)
+    except ImageNotFound as exc:
+        client.close()
+        raise BackendUnavailable(
+            f"image {image!r} is not in the Docker engine at {where}: pull or build it, pass "
+            f"image=... (or TANGRAM_DOCKER_IMAGE), or run `bash .ci/dockerd.sh`, which builds "
+            f"{DEFAULT_IMAGE} offline") from exc
+    return client
 
 
 def _descendants(pid: int) -> list[int]:

@@ -104,10 +104,12 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
                     timeout: float, output_cap: int,
                     spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
                     kill_rest: Callable[[], None] | None = None,
-                    pass_fds: tuple[int, ...] = ()) -> Result:
+                    pass_fds: tuple[int, ...] = (),
+                    groups: set[int] | None = None) -> Result:
     """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
     the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
-    else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child."""
+    else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child; `groups`
+    holds the session's process group while it runs (so a close can kill it)."""
     try:
         with spawning():
             proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
@@ -128,6 +130,8 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
     proc.stdout.close()
     proc.stderr.close()
     capture = _Capture(asyncio.get_running_loop(), [out_fd, err_fd], output_cap)
+    if groups is not None:
+        groups.add(proc.pid)
     exited = asyncio.ensure_future(_exited(proc))
     timed_out = False
     try:
@@ -146,5 +150,7 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
         capture.abandon()
+        if groups is not None:
+            groups.discard(proc.pid)
     return outcome_of(proc.returncode, bytes(capture.kept[out_fd]), bytes(capture.kept[err_fd]),
                       capture.truncated, timed_out, timeout, output_cap)
