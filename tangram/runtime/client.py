@@ -145,8 +145,7 @@ def _segment(name: Any, field: str) -> str:
 
 
 def _result(doc: dict[str, Any]) -> Result:
-    fields = set(Result.__dataclass_fields__)
-    return Result(**{k: v for k, v in doc.items() if k in fields})
+    return Result.from_dict(doc)
 
 
 def _raise_for(response: httpx.Response) -> None:

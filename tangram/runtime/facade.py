@@ -31,7 +31,7 @@ from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
-from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
+from tangram.errors import ActionFailed, NotFound, ShuttingDown, TangramError, ValidationError
 from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
 from tangram.resources import Demand
 from tangram.results import Result, Status
@@ -335,7 +335,7 @@ class Tangram:
 
     def _admitting(self) -> None:
         if self._closing:
-            raise TangramError("Tangram is shutting down: no new work is admitted")
+            raise ShuttingDown("Tangram is shutting down: no new work is admitted")
 
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
@@ -383,12 +383,8 @@ class Tangram:
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
-        result = outcome.granted(
-            a.action.id, a.units,
-            {r: {"node": pl.node, "cores": list(pl.cores),
-                 "chunk": list(pl.chunk) if pl.chunk else None}
-             for r, pl in a.placement.items()},
-            p.started - p.submitted, end - p.started)
+        result = outcome.granted(a.action.id, a.units, a.placement, p.started - p.submitted,
+                                 end - p.started)
         self.metrics.observe(p.metric_kind, outcome.status, result.queued_s, result.act_s)
         if outcome.restore_s > 0 and a.action.service:
             self.metrics.restores.labels(a.action.service).inc()

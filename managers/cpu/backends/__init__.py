@@ -9,7 +9,10 @@ sim (nothing runs). Each backend skipped is logged with the reason and its fix.
 
 from __future__ import annotations
 
+import inspect
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from managers.cpu.backends import affinity, bwrap, cgroup, docker, sim  # noqa: F401 (register)
 from managers.cpu.backends.base import BACKENDS, Backend, EnvironmentBroken
@@ -19,11 +22,31 @@ log = logging.getLogger("managers.cpu")
 PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
 
 
+def options_of(name: str) -> frozenset[str] | None:
+    """The options (constructor keywords) the backend `name` takes; None when it takes any."""
+    params = inspect.signature(BACKENDS[name]).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                          p.KEYWORD_ONLY))
+
+
+def unknown_options(name: str, options: Mapping[str, Any]) -> list[str]:
+    """The options in `options` that the backend `name` does not take, sorted."""
+    known = options_of(name)
+    return [] if known is None else sorted(set(options) - known)
+
+
 def create(name: str, **options) -> Backend:
-    """The backend called `name`; raises `BackendUnavailable` naming the fix."""
+    """The backend called `name`; raises `ValidationError` for an unknown name or option and
+    `BackendUnavailable` naming the fix."""
     cls = BACKENDS.get(name)
     if cls is None:
         raise ValidationError("cpu.backend", name, f"unknown backend; known: {sorted(BACKENDS)}")
+    unknown = unknown_options(name, options)
+    if unknown:
+        raise ValidationError("cpu.options", unknown, f"not options of the {name} backend "
+                              f"(it takes: {', '.join(sorted(options_of(name) or ())) or 'none'})")
     return cls(**options)
 
 
@@ -36,9 +59,13 @@ def select(preferred: str | None = None, **options) -> Backend:
         return backend
     skipped = []
     for name in PREFERENCE:
+        unknown = unknown_options(name, options)
+        if unknown:
+            skipped.append(f"{name}: does not take {', '.join(unknown)}")
+            continue
         try:
             backend = create(name, **options)
-        except (BackendUnavailable, ImportError, TypeError) as exc:
+        except (BackendUnavailable, ImportError) as exc:
             skipped.append(f"{name}: {exc}")
             continue
         log.info("cpu backend: %s (auto%s)", backend.describe(),
@@ -47,4 +74,5 @@ def select(preferred: str | None = None, **options) -> Backend:
     raise BackendUnavailable("no CPU backend can run: " + " | ".join(skipped))
 
 
-__all__ = ["BACKENDS", "Backend", "EnvironmentBroken", "PREFERENCE", "create", "select"]
+__all__ = ["BACKENDS", "Backend", "EnvironmentBroken", "PREFERENCE", "create", "options_of",
+           "select", "unknown_options"]

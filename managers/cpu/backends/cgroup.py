@@ -37,7 +37,7 @@ from managers.cpu.pool import Environment
 from managers.cpu.removal import remove_tree, remove_tree_async
 from managers.cpu.request import Command
 from tangram.errors import BackendUnavailable, ValidationError
-from tangram.results import Result
+from tangram.results import Result, Status
 
 log = logging.getLogger(__name__)
 SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
@@ -243,7 +243,7 @@ class CgroupBackend(Backend):
             self._fds_done(fds)
             e.free.append(slot)
         if self._envs.get(env.id) is not e:
-            return dataclasses.replace(outcome, status="cancelled", detail=(
+            return dataclasses.replace(outcome, status=Status.CANCELLED, detail=(
                 f"killed: environment {env.id} was closed while the command ran"))
         if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
             raise EnvironmentBroken(f"environment {env.id} is broken: the command could not "
@@ -277,11 +277,11 @@ class CgroupBackend(Backend):
     def _named_limits(self, env: Environment, e: _Env, outcome: Result, ooms: int,
                       forks: int) -> Result:
         """Say which limit a failed command hit: memory (an OOM kill) or processes."""
-        if outcome.status not in ("error", "timeout"):
+        if outcome.status not in (Status.ERROR, Status.TIMEOUT):
             return outcome
         if (outcome.exit_code in SIGKILLED
                 and fs.oom_kills(self.h.version, e.folders["memory"]) > ooms):
-            return dataclasses.replace(outcome, status="error", detail=(
+            return dataclasses.replace(outcome, status=Status.ERROR, detail=(
                 f"killed: out of memory (limit {env.memory_mb} MiB)"))
         if self._pids_refused(e) > forks:
             return dataclasses.replace(outcome, detail=(

@@ -45,7 +45,7 @@ from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
-from tangram.results import Result
+from tangram.results import Result, Status
 
 log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "tangram-test:latest"  # what .ci/dockerd.sh builds offline
@@ -234,7 +234,7 @@ class DockerBackend(Backend):
             if not c.running:
                 await self._call(self._kill_leftovers, c)
         if self._envs.get(env.id) is not c:
-            return Result("cancelled", code, out.decode(errors="replace"),
+            return Result(Status.CANCELLED, code, out.decode(errors="replace"),
                            err.decode(errors="replace"), truncated=truncated,
                            detail=f"killed: environment {env.id} was closed while the command "
                                   f"ran")

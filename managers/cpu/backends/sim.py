@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from managers.cpu.backends.base import Backend, EnvironmentBroken, register
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, describe
-from tangram.results import Result
+from tangram.results import Result, Status
 
 
 class SimBackend(Backend):
@@ -44,9 +44,9 @@ class SimBackend(Backend):
         d = self.duration(command, len(cores))
         if d > timeout:
             await self.sleep(timeout * self.time_scale)
-            return Result("timeout", detail=f"killed at its {timeout:g} s timeout (simulated)")
+            return Result(Status.TIMEOUT, detail=f"killed at its {timeout:g} s timeout (simulated)")
         await self.sleep(d * self.time_scale)
-        return Result("ok", 0, detail=f"simulated {d:g} s on {len(cores)} cores")
+        return Result(Status.OK, 0, detail=f"simulated {d:g} s on {len(cores)} cores")
 
     async def close(self, env: Environment) -> None:
         self.envs.pop(env.id, None)

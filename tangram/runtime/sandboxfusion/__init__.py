@@ -49,7 +49,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.errors import ValidationError
-from tangram.results import Result, Status
+from tangram.results import Result, Status, placement_json
 from tangram.runtime.sandboxfusion import jupyter
 from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
 from tangram.runtime.sandboxfusion.runners import Plan, missing_toolchain, plan_for
@@ -335,10 +335,13 @@ def fetched(paths: list[str], stdout: str) -> dict[str, str]:
     return out
 
 
-def _grant(step: str, r: Result) -> StepGrant:
-    return StepGrant(step=step, action_id=r.action_id, cores=int(r.units.get("cpu", 0)),
-                     placement=dict(r.placement.get("cpu") or {}), queued_s=r.queued_s,
-                     run_s=r.run_s)
+def _grant(tg: Any, step: str, r: Result) -> StepGrant:
+    """One step's grant, under the CPU resource name the cluster configured."""
+    cpu = tg.cpu.resource
+    placement = r.placement.get(cpu)
+    return StepGrant(step=step, action_id=r.action_id, cores=int(r.units.get(cpu, 0)),
+                     placement={} if placement is None else placement_json(placement),
+                     queued_s=r.queued_s, run_s=r.run_s)
 
 
 async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
@@ -390,7 +393,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
     if plan.compile is not None:
         r = await tg.exec(env, staged(files, f"{guard}{plan.compile} < /dev/null"), cpu=1,
                           timeout=req.compile_timeout, kind=f"run_code:{req.language}:compile")
-        resp.tangram.steps.append(_grant("compile", r))
+        resp.tangram.steps.append(_grant(tg, "compile", r))
         resp.compile_result = command_result(r)
         files, guard = {}, ""
     compiled = resp.compile_result is None or (
@@ -402,14 +405,14 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
         r = await tg.exec(env, staged(files, f"{guard}{workers}exec {plan.run} {stdin}"),
                           cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout,
                           kind=f"run_code:{req.language}")
-        resp.tangram.steps.append(_grant("run", r))
+        resp.tangram.steps.append(_grant(tg, "run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
         paths = [_sandbox_path(p) for p in req.fetch_files]
         r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
                           cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP,
                           kind="run_code:fetch")
-        resp.tangram.steps.append(_grant("fetch", r))
+        resp.tangram.steps.append(_grant(tg, "fetch", r))
         resp.files = {req.fetch_files[paths.index(p)]: data
                       for p, data in fetched(paths, r.stdout).items()}
     resp.status, resp.message = overall(resp.compile_result, resp.run_result)
@@ -449,7 +452,7 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
                           timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP,
                           kind="run_jupyter")
         resp = RunJupyterResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
-        resp.tangram.steps.append(_grant("jupyter", r))
+        resp.tangram.steps.append(_grant(tg, "jupyter", r))
         cells, timed_out, stdout = jupyter.parse(r)
         driver = command_result(r)
         driver.stdout = stdout
