@@ -53,7 +53,7 @@ def test_pool_is_the_nodes_agents(cluster):
         assert cpu_nodes(tg) == {n: c for n, c in alive.items() if c}
         assert sorted(cpu_nodes(tg).values()) == [2, 4]
         assert isinstance(tg.cpu, RayCpuManager)
-        assert tg.status()["cpu_backend"] == "ray:sim"
+        assert tg.status().cpu_backend == "ray:sim"
     finally:
         asyncio.run(tg.shutdown())
 
@@ -158,7 +158,7 @@ def test_gpu_services_run_on_the_agents(cluster):
     try:
         pool = tg.scheduler.pools["gpu"]
         assert {n: pool.capacity(n) for n in pool.nodes()} == {n: 4 for n in cpu_nodes(tg)}
-        assert tg.status()["gpu_backend"] == "ray"
+        assert tg.status().gpu_backend == "ray"
 
         async def main():
             async with tg:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from tangram.pools import Placement
 from tangram.results import Result, Status
 from tangram.runtime.config import build_cpu
 from tangram.runtime.facade import Tangram
+from tangram.runtime.snapshot import PoolStatus, StatusSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("tangram", "managers", "solvers", "topology", "evaluation")
@@ -194,3 +196,26 @@ def test_a_config_with_a_bad_cpu_option_names_it():
     with pytest.raises(ValidationError) as err:
         build_cpu("cpu", {"backend": "sim", "options": {"pids_max": 4}})
     assert err.value.field == "cpu.options" and err.value.value == ["pids_max"]
+
+
+# -- the status snapshot ---------------------------------------------------------------------------
+def test_the_status_snapshot_is_typed_and_its_json_round_trips():
+    async def scenario() -> StatusSnapshot:
+        async with Tangram(cpu=CpuManager(SimBackend())) as tg:
+            return tg.status()
+    snap = asyncio.run(scenario())
+    assert isinstance(snap, StatusSnapshot) and isinstance(snap.pools["cpu"], PoolStatus)
+    assert snap.cpu_backend == "sim" and snap.queue == snap.running == snap.envs == 0
+    doc = json.loads(json.dumps(snap.to_dict()))
+    assert set(doc) == {f.name for f in dataclasses.fields(StatusSnapshot)}  # the wire keys
+    assert doc["pools"]["cpu"]["utilisation"] == 0.0
+    assert StatusSnapshot.from_dict(doc) == snap
+
+
+def test_a_malformed_status_names_the_field():
+    with pytest.raises(ValidationError) as err:
+        StatusSnapshot.from_dict({"pools": {"cpu": {"free": 1}}, "queue": 0})
+    assert err.value.field == "status.pools"
+    with pytest.raises(ValidationError) as err:
+        StatusSnapshot.from_dict({"pools": {}, "queue": 0})
+    assert err.value.field == "status.policy"

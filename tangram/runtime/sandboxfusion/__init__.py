@@ -50,6 +50,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.errors import ValidationError
 from tangram.results import Result, Status, placement_json
+from tangram.runtime.http.limits import (
+    MAX_CODE,
+    MAX_ITEMS,
+    MAX_MEMORY_MB,
+    MAX_NAME,
+    Choices,
+    Seconds,
+    Units,
+)
 from tangram.runtime.sandboxfusion import jupyter
 from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
 from tangram.runtime.sandboxfusion.runners import Plan, missing_toolchain, plan_for
@@ -67,7 +76,6 @@ FETCH_TIMEOUT = 30.0  # s, the step that reads `fetch_files` back
 FETCH_CAP = 8 << 20  # bytes of base64 a fetch step may print
 ARG_CHUNK = 64 << 10  # bytes of base64 per argv element (Linux caps one element at 128 KiB)
 STDIN_FILE = ".tangram-stdin"
-MAX_TIMEOUT = 24 * 3600.0
 OOM_DETAIL = "killed: out of memory"  # how the CPU backends name a memory kill
 
 # Every language SandboxFusion's request model accepts; anything else is a 422 there and here.
@@ -78,10 +86,6 @@ SandboxLanguage = Literal[
 
 
 # -- the request ---------------------------------------------------------------------------------
-
-Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)]
-Units = Annotated[int, Field(ge=1, le=1 << 20)]
-
 
 class CpuRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -124,23 +128,24 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    code: Annotated[str, Field(max_length=1 << 20)]
+    code: Annotated[str, Field(max_length=MAX_CODE)]
     language: SandboxLanguage
     compile_timeout: Seconds = 10.0
     run_timeout: Seconds = 10.0
-    memory_limit_MB: Annotated[int, Field(ge=-1, le=1 << 24)] = -1
+    memory_limit_MB: Annotated[int, Field(ge=-1, le=MAX_MEMORY_MB)] = -1
     stdin: str | None = None
-    files: dict[str, str | None] = Field(default_factory=dict, max_length=1024)
-    fetch_files: list[str] = Field(default_factory=list, max_length=1024)
-    args: list[str] = Field(default_factory=list, max_length=1024,
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_ITEMS)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
+    args: list[str] = Field(default_factory=list, max_length=MAX_ITEMS,
                             description="extra arguments of a pytest run")
     # Tangram's extensions
-    cpu: Units | CpuRange | Annotated[list[Units], Field(min_length=1, max_length=1024)] = Field(
+    cpu: Units | CpuRange | Choices = Field(
         1, description="the run step's CPU demand: cores, {min, max} or a list of amounts")
     elastic: bool | None = Field(None, description="give a pytest run its granted cores as "
                                  "workers (default: when `cpu` allows more than one amount)")
-    env_id: str | None = Field(None, max_length=256, description="run in this open environment "
-                               "(multi-turn) instead of a fresh one, which is not closed")
+    env_id: str | None = Field(None, max_length=MAX_NAME, description="run in this open "
+                               "environment (multi-turn) instead of a fresh one, which is not "
+                               "closed")
 
     @field_validator("code", "stdin")
     @classmethod
