@@ -22,11 +22,14 @@ MAX_UNITS = MAX_AMOUNT  # one demand amount
 MAX_CHOICES = 1024  # amounts in a list demand
 MAX_ITEMS = 1024  # files, paths or arguments in one request
 MAX_NAME = 256  # characters of a trajectory, env, service or API name
+MAX_PATH = 4096  # characters of a file path in an environment
+MAX_FORK = 256  # environments one fork makes
 MAX_MEMORY_MB = 1 << 24  # an environment's memory or disk bound
 
 Units = Annotated[int, Field(ge=1, le=MAX_UNITS)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME,
                             pattern=r"^[^\x00-\x1f\x7f]+$")]  # no control characters (logs)
+FilePath = Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)]
 MemoryMb = Annotated[int, Field(ge=1, le=MAX_MEMORY_MB)]
 Choices = Annotated[list[Units], Field(min_length=1, max_length=MAX_CHOICES)]
