@@ -7,6 +7,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from tangram.results import Status
 from tangram.runtime.snapshot import StatusSnapshot
 
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
@@ -52,8 +53,8 @@ class Metrics:
                                 registry=self.registry)
         self.registry.register(_PoolCollector(snapshot))
 
-    def observe(self, kind: str, status: str, queued_s: float, act_s: float) -> None:
-        self.actions.labels(kind, status).inc()
+    def observe(self, kind: str, status: Status, queued_s: float, act_s: float) -> None:
+        self.actions.labels(kind, str(status)).inc()
         self.queued.labels(kind).observe(queued_s)
         self.act.labels(kind).observe(act_s)
 
