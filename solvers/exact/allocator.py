@@ -32,7 +32,6 @@ from solvers.exact.model import (
 )
 from solvers.exact.schedule import realise, solve_model
 from solvers.exact.timeline import EPS
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView, RunningAction, check_assignments
 from tangram.pools import ChunkPool, CorePool, Pool
@@ -126,13 +125,11 @@ class ExactAllocator:
         return out
 
 
-@register("cpsat")
 @dataclass(frozen=True)
 class CpSatAllocator(ExactAllocator):
     backend: str = "cpsat"
 
 
-@register("pulp")
 @dataclass(frozen=True)
 class PulpAllocator(ExactAllocator):
     backend: str = "pulp-cbc"

@@ -5,6 +5,10 @@ per exec over the cgroup grant; root and bubblewrap), cgroup (cpuset + quota +
 memory and pids limits, root, no isolation), docker (container per environment; chosen
 automatically only when its image is present), affinity (cpuset only, no root, no isolation),
 sim (nothing runs). Each backend skipped is logged with the reason and its fix.
+
+Backends are found by name through a `tangram.registry.Registry`: the built-ins as lazy paths
+below (only the chosen backend's module is imported), third parties' as entry points of the
+group `tangram.cpu_backends`, run-time ones through `register`.
 """
 
 from __future__ import annotations
@@ -14,17 +18,30 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from managers.cpu.backends import affinity, bwrap, cgroup, docker, sim  # noqa: F401 (register)
-from managers.cpu.backends.base import BACKENDS, Backend, EnvironmentBroken
+from managers.cpu.backends.base import Backend, EnvironmentBroken
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.registry import Registry
 
 log = logging.getLogger("managers.cpu")
 PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
 
+BACKENDS: Registry[type[Backend]] = Registry("cpu.backend", {
+    "bwrap": "managers.cpu.backends.bwrap:BwrapBackend",
+    "cgroup": "managers.cpu.backends.cgroup:CgroupBackend",
+    "docker": "managers.cpu.backends.docker:DockerBackend",
+    "affinity": "managers.cpu.backends.affinity:AffinityBackend",
+    "sim": "managers.cpu.backends.sim:SimBackend",
+}, group="tangram.cpu_backends")
+
+
+def register(name: str, cls: type[Backend]) -> None:
+    """Add a backend made at run time (a user's own, a test's)."""
+    BACKENDS.register(name, cls)
+
 
 def options_of(name: str) -> frozenset[str] | None:
     """The options (constructor keywords) the backend `name` takes; None when it takes any."""
-    params = inspect.signature(BACKENDS[name]).parameters.values()
+    params = inspect.signature(_backend_class(name)).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
     return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
@@ -37,12 +54,21 @@ def unknown_options(name: str, options: Mapping[str, Any]) -> list[str]:
     return [] if known is None else sorted(set(options) - known)
 
 
+def _backend_class(name: str) -> type[Backend]:
+    if name not in BACKENDS:
+        raise ValidationError("cpu.backend", name, f"unknown backend; known: {BACKENDS.names()}")
+    try:
+        cls = BACKENDS.get(name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"CPU backend {name!r} cannot load ({exc})") from None
+    assert cls is not None
+    return cls
+
+
 def create(name: str, **options) -> Backend:
     """The backend called `name`; raises `ValidationError` for an unknown name or option and
     `BackendUnavailable` naming the fix."""
-    cls = BACKENDS.get(name)
-    if cls is None:
-        raise ValidationError("cpu.backend", name, f"unknown backend; known: {sorted(BACKENDS)}")
+    cls = _backend_class(name)
     unknown = unknown_options(name, options)
     if unknown:
         raise ValidationError("cpu.options", unknown, f"not options of the {name} backend "
@@ -59,11 +85,11 @@ def select(preferred: str | None = None, **options) -> Backend:
         return backend
     skipped = []
     for name in PREFERENCE:
-        unknown = unknown_options(name, options)
-        if unknown:
-            skipped.append(f"{name}: does not take {', '.join(unknown)}")
-            continue
         try:
+            unknown = unknown_options(name, options)
+            if unknown:
+                skipped.append(f"{name}: does not take {', '.join(unknown)}")
+                continue
             backend = create(name, **options)
         except (BackendUnavailable, ImportError) as exc:
             skipped.append(f"{name}: {exc}")
@@ -75,4 +101,4 @@ def select(preferred: str | None = None, **options) -> Backend:
 
 
 __all__ = ["BACKENDS", "Backend", "EnvironmentBroken", "PREFERENCE", "create", "options_of",
-           "select", "unknown_options"]
+           "register", "select", "unknown_options"]
