@@ -283,7 +283,7 @@ def default_executors(workload: Workload) -> dict[str, SimExecutor]:
 
 def api_executors(workload: Workload) -> dict[str, SimExecutor]:
     """The API servers (`evaluation.upstream`), one shared model for every `api:*` limit."""
-    limits = workload.extra.get("api_limits") or {}
+    limits = workload.api_limits
     if not limits:
         return {}
     up = ApiUpstream(dict(limits))

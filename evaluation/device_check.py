@@ -96,8 +96,8 @@ def pool_check() -> dict:
             st = tg.status()
             r = await tg.invoke("lm", {"tokens": [[1, 2, 3, 4]]}, gpus=1)
             return {"pool_gpus": tg.gpu.pool.capacity(), "cuda_devices": torch.cuda.device_count(),
-                    "gpu_backend": st["gpu_backend"], "gpu_simulated": st["gpu_simulated"],
-                    "gpu_pool": st["gpu_pool"], "call_status": str(r.status),
+                    "gpu_backend": st.gpu_backend, "gpu_simulated": st.gpu_simulated,
+                    "gpu_pool": st.gpu_pool, "call_status": str(r.status),
                     "call_restore_s": r.restore_s,
                     "call_logprobs": len(r.output["logprobs"][0]) if r.output else 0}
 

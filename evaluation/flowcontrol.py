@@ -90,7 +90,7 @@ class LearnedLimits(IdleByDesign):
 
 def misconfigured(w: Workload, factor: float) -> Workload:
     """`w` with its API pools `factor` times the server's limit (what Tangram is told)."""
-    limits = dict(w.extra.get("api_limits") or {})
+    limits = dict(w.api_limits)
     base = w.make_pools
 
     def pools():

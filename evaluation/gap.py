@@ -34,6 +34,7 @@ from rich.table import Table
 
 from evaluation.simulator import simulate
 from solvers import get_allocator
+from solvers.exact.backend import SolveStatus
 from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import DEFAULT_RESOLUTION, instance_model
 from solvers.exact.random_instances import ARRIVALS, POOLS, InstanceClass, random_instance_doc
@@ -131,7 +132,7 @@ def summary(rows: list[GapRow], labels: list[str]) -> list[dict]:
                                                              ARRIVALS.index(c.split("/")[1]))):
         group = [r for r in rows if r.cls == cls]
         entry: dict = {"class": cls, "instances": len(group),
-                       "proved": sum(r.status == "optimal" for r in group),
+                       "proved": sum(r.status == SolveStatus.OPTIMAL for r in group),
                        "order_mean": statistics.mean(r.order_gap for r in group),
                        "order_worst": max(r.order_gap for r in group), "policies": {}}
         for lb in labels:

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from solvers.exact.backend import BACKENDS, INFEASIBLE
+from solvers.exact.backend import BACKENDS, SolveStatus
 from solvers.exact.model import DEFAULT_RESOLUTION
 from solvers.exact.schedule import solve_schedule
 from tangram.errors import Infeasible
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     try:
         doc = solve_schedule(instance, ns.backend, ns.time_limit, ns.resolution).to_json()
     except Infeasible as exc:
-        doc = {"total_act": None, "actions": {}, "status": INFEASIBLE, "bound": None,
+        doc = {"total_act": None, "actions": {}, "status": SolveStatus.INFEASIBLE, "bound": None,
                "backend": ns.backend, "resolution": ns.resolution, "reason": str(exc)}
         print(json.dumps(doc) if ns.json else f"infeasible: {exc}")
         return 1

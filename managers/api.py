@@ -28,7 +28,7 @@ from managers.basic import BasicManager, Gate, Limits
 from managers.flow import AimdWindow, WindowGate
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
-from tangram.results import Result
+from tangram.results import Result, Status
 
 RETRYABLE = frozenset({429, 502, 503, 504})
 MAX_REFUSED = 16  # answers of 429 one call may draw while the window learns
@@ -114,8 +114,8 @@ class ApiManager(BasicManager):
         if req is None:
             req = ApiRequest()
         if not isinstance(req, ApiRequest):
-            return Result("failed", detail=f"action {assignment.action_id}: payload must be an "
-                           f"ApiRequest, got {type(req).__name__}")
+            return Result(Status.FAILED, detail=f"action {assignment.action_id}: payload must "
+                          f"be an ApiRequest, got {type(req).__name__}")
         api = self.apis[next(r for r in assignment.action.demands if r in self.apis)]
         gate = self.gates[api.resource]
         url = api.base_url.rstrip("/") + "/" + req.path.lstrip("/") if req.path else api.base_url
@@ -140,20 +140,21 @@ class ApiManager(BasicManager):
                         continue
             except httpx.TimeoutException:
                 last = f"{method} {url}: no answer within {api.timeout_s:g} s"
-                status = "timeout"
+                status = Status.TIMEOUT
                 continue
             except httpx.HTTPError as exc:
                 last = f"{method} {url}: {type(exc).__name__}: {exc}"
-                status = "failed"
+                status = Status.FAILED
                 continue
             body = _body(resp)
             out = ApiResponse(resp.status_code, body, attempt + refused)
             if resp.is_success:
-                return Result("ok", output=out, detail=f"HTTP {resp.status_code}")
+                return Result(Status.OK, output=out, detail=f"HTTP {resp.status_code}")
             last = f"{method} {url}: HTTP {resp.status_code}"
-            status = "error"
+            status = Status.ERROR
             if resp.status_code not in RETRYABLE or attempt == api.retries + 1:
-                return Result("error", output=out, detail=last + f" after {attempt} attempt(s)")
+                return Result(Status.ERROR, output=out,
+                              detail=last + f" after {attempt} attempt(s)")
             await asyncio.sleep(_retry_after(resp))
         return Result(status, detail=f"{last} after {api.retries + 1} attempt(s)")
 

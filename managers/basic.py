@@ -22,7 +22,7 @@ from managers.base import Manager
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import FlatPool, Pool
-from tangram.results import Result
+from tangram.results import Result, Status
 
 NODE = "basic"
 
@@ -149,7 +149,7 @@ class BasicManager(Manager):
     async def run(self, assignment: Assignment) -> Result:
         mine = self._mine(assignment)
         if not mine:
-            return Result("failed", detail=f"action {assignment.action_id} demands none of "
+            return Result(Status.FAILED, detail=f"action {assignment.action_id} demands none of "
                            f"{sorted(self.gates)}")
         return await self._in_slots(mine, assignment)
 
@@ -168,12 +168,12 @@ class BasicManager(Manager):
                 else:
                     payload = assignment.action.payload
                     if not callable(payload):
-                        return Result("failed", detail=f"action {assignment.action_id}: payload "
-                                       "must be an async callable for a basic resource")
+                        return Result(Status.FAILED, detail=f"action {assignment.action_id}: "
+                                      "payload must be an async callable for a basic resource")
                     output = await payload()
         except Exception as exc:
-            return Result("error", detail=f"{type(exc).__name__}: {exc}")
-        return Result("ok", output=output, detail="done")
+            return Result(Status.ERROR, detail=f"{type(exc).__name__}: {exc}")
+        return Result(Status.OK, output=output, detail="done")
 
 
 @asynccontextmanager

@@ -14,8 +14,10 @@ from tangram.errors import (
     BackendUnavailable,
     Infeasible,
     InvariantError,
+    NodeLost,
     NotFound,
     QueueFull,
+    ShuttingDown,
     TangramError,
     ValidationError,
 )
@@ -26,8 +28,8 @@ from tangram.results import Result, Status
 __all__ = [
     "Action", "ActionFailed", "Allocator", "Assignment", "BackendUnavailable", "ChunkPool",
     "ClusterView", "CorePool", "Demand", "Elasticity", "FlatPool", "Infeasible",
-    "InvariantError", "NotFound", "Placement", "Pool", "QueueFull", "Result", "RunningAction",
-    "Status",
+    "InvariantError", "NodeLost", "NotFound", "Placement", "Pool", "QueueFull", "Result",
+    "RunningAction", "ShuttingDown", "Status",
     "Tangram", "TangramClient", "TangramError", "ValidationError", "check_assignments",
 ]
 

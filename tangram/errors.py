@@ -40,6 +40,15 @@ class ActionFailed(TangramError):
     """An action could not run (its environment is lost or broken, its node died, ...)."""
 
 
+class NodeLost(ActionFailed):
+    """The node an action was to run on is gone (its machine or its agent died): the call could
+    not run, which is not the action's or the service's error (its result is `failed`)."""
+
+
+class ShuttingDown(TangramError):
+    """The runtime is closing and admits no new work (HTTP 503)."""
+
+
 class QueueFull(TangramError):
     """The scheduler's queue holds its documented maximum: the caller should retry later
     (HTTP 429)."""

@@ -10,6 +10,9 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tangram.errors import ValidationError
+from tangram.pools import Placement
+
 
 class Status(StrEnum):
     """How an action ended. The values are the JSON strings of the HTTP API."""
@@ -38,13 +41,13 @@ class Result:
     truncated: bool = False
     action_id: str = ""
     units: Mapping[str, int] = field(default_factory=dict)
-    placement: Mapping[str, Any] = field(default_factory=dict)
+    placement: Mapping[str, Placement] = field(default_factory=dict)
     queued_s: float = 0.0
     run_s: float = 0.0
 
     def __post_init__(self) -> None:
-        # a plain string from a manager becomes the enum (and an unknown one fails here)
-        object.__setattr__(self, "status", Status(self.status))
+        if not isinstance(self.status, Status):  # a bug, not input: input goes through parse
+            raise TypeError(f"Result.status must be a Status, got {self.status!r}")
 
     @property
     def ok(self) -> bool:
@@ -54,20 +57,55 @@ class Result:
     def act_s(self) -> float:
         return self.queued_s + self.run_s
 
-    def granted(self, action_id: str, units: Mapping[str, int], placement: Mapping[str, Any],
+    def granted(self, action_id: str, units: Mapping[str, int],
+                placement: Mapping[str, Placement],
                 queued_s: float, run_s: float) -> Result:
         """This result with what the runtime knows: the action, its grant and its timings."""
         output = self.output
         if dataclasses.is_dataclass(output) and not isinstance(output, type):
             output = asdict(output)
         return dataclasses.replace(self, action_id=action_id, units=dict(units),
-                                   placement=placement, queued_s=queued_s, run_s=run_s,
+                                   placement=dict(placement), queued_s=queued_s, run_s=run_s,
                                    output=output)
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON document of the HTTP API (the edge where placements become plain data)."""
         d = asdict(self)
         d["status"] = str(self.status)
         d["units"] = dict(self.units)
-        d["placement"] = {r: dict(p) if isinstance(p, Mapping) else p
-                          for r, p in self.placement.items()}
+        d["placement"] = {r: placement_json(p) for r, p in self.placement.items()}
         return d
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Result:
+        """`to_dict`'s inverse, for what comes back over the wire: the status is parsed once
+        here (an unknown one raises `ValidationError` naming it); unknown keys are ignored."""
+        known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
+        known["status"] = parse_status(doc.get("status"))
+        known["placement"] = {r: parse_placement(f"placement.{r}", p)
+                              for r, p in (doc.get("placement") or {}).items()}
+        return cls(**known)
+
+
+def parse_status(value: object, field: str = "status") -> Status:
+    """The `Status` a string names; `ValidationError` naming `field` and the value otherwise."""
+    try:
+        return Status(value)
+    except ValueError:
+        raise ValidationError(field, value, f"not a status (one of {', '.join(Status)})"
+                              ) from None
+
+
+def placement_json(p: Placement) -> dict[str, Any]:
+    """A placement as JSON: {"node", "cores": [...], "chunk": [start, size] or null}."""
+    return {"node": p.node, "cores": list(p.cores), "chunk": list(p.chunk) if p.chunk else None}
+
+
+def parse_placement(field: str, doc: Any) -> Placement:
+    """`placement_json`'s inverse; `ValidationError` naming `field` on a malformed document."""
+    try:
+        chunk = doc.get("chunk")
+        return Placement(str(doc["node"]), tuple(int(c) for c in doc.get("cores") or ()),
+                         None if chunk is None else (int(chunk[0]), int(chunk[1])))
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        raise ValidationError(field, doc, "not a placement {node, cores, chunk}") from None

@@ -30,6 +30,7 @@ from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable
 from tangram.pools import Placement
 from tangram.resources import Demand
+from tangram.results import Status
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -67,7 +68,7 @@ async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
                 o = await m.run(Assignment(action, {"cpu": len(grant)}, {"cpu": placement}))
             finally:
                 m.pool.release(placement, len(grant))
-            if o.status != "ok":
+            if o.status is not Status.OK:
                 raise RuntimeError(f"{backend}: `true` did not succeed: {o.detail}")
 
         await one(0)  # warm up (slot creation, connections)

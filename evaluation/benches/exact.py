@@ -11,7 +11,7 @@ import argparse
 import json
 import statistics
 
-from solvers.exact.backend import BACKENDS
+from solvers.exact.backend import BACKENDS, SolveStatus
 from solvers.exact.random_instances import InstanceClass, random_instance_doc
 from solvers.exact.schedule import solve_schedule
 from tangram.errors import TangramError
@@ -29,7 +29,7 @@ def measure(pool: str, size: int, seeds: int, backend: str, time_limit: float) -
             times.append(time_limit)
             continue
         times.append(s.solve_s)
-        proved += s.status == "optimal"
+        proved += s.status is SolveStatus.OPTIMAL
     return {"pool": pool, "size": size, "backend": backend, "seeds": seeds, "proved": proved,
             "median_s": statistics.median(times), "max_s": max(times)}
 

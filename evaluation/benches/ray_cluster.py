@@ -34,7 +34,7 @@ async def _workload(tg: Any, actions: int, trajectories: int) -> dict[str, Any]:
                 if not r.ok:
                     raise RuntimeError(f"bench action failed: {r.detail}")
                 acts.append(r.queued_s + r.run_s)
-                nodes.add(r.placement["cpu"]["node"])
+                nodes.add(r.placement["cpu"].node)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(agent(e, n) for e, n in zip(envs, share, strict=True)))

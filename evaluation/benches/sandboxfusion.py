@@ -158,7 +158,7 @@ def main(argv: list[str]) -> int:
     cases = burst(ns.requests, ns.pytest_every)
     tg = Tangram.local()
     figures: dict[str, Any] = {"cores": len(os.sched_getaffinity(0)),
-                               "cpu_backend": tg.status()["cpu_backend"]}
+                               "cpu_backend": tg.status().cpu_backend}
     with serve_in_thread(create_app(tg)) as url:
         figures["tangram elastic"] = asyncio.run(_through_tangram(url, cases, ns.callers, True))
         figures["tangram fixed"] = asyncio.run(_through_tangram(url, cases, ns.callers, False))

@@ -89,7 +89,7 @@ def _wrong_limit(suite, runner: Runner) -> tuple[list[dict[str, Any]], list[Comp
     without flow control that learns the limit from the server's 429s."""
     w = suite["deepsearch"][0].workload
     over = misconfigured(w, WRONG)
-    start = {r: WRONG * k for r, k in w.extra["api_limits"].items()}
+    start = {r: WRONG * k for r, k in w.api_limits.items()}
     learner = LearnedLimits(tangram().allocator, start)
     rows, compares = [], []
     for p in (Policy(f"tangram-{WRONG}x-limit", tangram().allocator),

@@ -50,7 +50,8 @@ class Workload:
     params: Any
     gpu: ResourceSpec | None = None
     tasks: tuple[str, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    api_limits: Mapping[str, int] = field(default_factory=dict)  # per `api:*` pool: calls
+    # its server allows in flight (the simulated upstream's limit; what Tangram is told too)
 
     @property
     def num_actions(self) -> int:

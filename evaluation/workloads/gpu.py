@@ -143,7 +143,7 @@ def deepsearch(params: SearchParams | None = None, **overrides) -> Workload:
     rng = random.Random(p.seed)
     gpu = _gpu_spec(p.gpu_nodes, p.gpu_memory_gb, {"judge": (p.judge_weights_gb, p.kv_gb)})
     return Workload("deepsearch", tuple(_search_trajs(p, rng)), _pools(p, gpu), p, gpu,
-                    extra={"api_limits": api_limits(p)},
+                    api_limits=api_limits(p),
                     tasks=("search",))
 
 
@@ -241,5 +241,5 @@ def mopd_search(mopd_params: MopdParams | None = None,
     gpu = _gpu_spec(nodes, mp.gpu_memory_gb,
                     {**_teachers(mp), "judge": (sp.judge_weights_gb, sp.kv_gb)})
     return Workload("mopd+search", tuple(trajs), _pools(sp, gpu), (mp, sp), gpu,
-                    extra={"api_limits": api_limits(sp)},
+                    api_limits=api_limits(sp),
                     tasks=("mopd", "search"))

@@ -36,7 +36,7 @@ from tangram.allocation import Assignment
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import CorePool
 from tangram.resources import Demand
-from tangram.results import Result
+from tangram.results import Result, Status
 from topology import CpuNode
 from topology.discovery import discover_numa
 
@@ -296,10 +296,10 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         req, env = target
         placement = assignment.placement.get(self.resource)
         if placement is None or not placement.cores or placement.node != env.node:
-            return Result("failed", detail=f"action {assignment.action_id}: placement "
+            return Result(Status.FAILED, detail=f"action {assignment.action_id}: placement "
                            f"{placement} is not cores on the environment's node {env.node}")
         if req.env_id in self.broken:
-            return Result("failed", detail=self.broken[req.env_id])
+            return Result(Status.FAILED, detail=self.broken[req.env_id])
         if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
             await self._freezing[env.id].wait()
         self._busy[env.id] = self._busy.get(env.id, 0) + 1
@@ -308,7 +308,7 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
                                               req.output_cap, elastic=req.elastic)
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)
-            return Result("failed", detail=str(exc))
+            return Result(Status.FAILED, detail=str(exc))
         finally:
             self._busy[env.id] -= 1
             if not self._busy[env.id]:

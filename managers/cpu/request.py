@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.errors import ValidationError
-from tangram.results import Result
+from tangram.results import Result, Status
 
 Command = str | tuple[str, ...]
 DEFAULT_OUTPUT_CAP = 1 << 20  # bytes kept per stream
@@ -61,11 +61,11 @@ def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Result:
     failed `Result` that says which is missing. Shared by every CPU manager's `run`."""
     req = assignment.action.payload
     if not isinstance(req, ExecRequest):
-        return Result("failed", detail=f"action {assignment.action_id}: payload must be an "
+        return Result(Status.FAILED, detail=f"action {assignment.action_id}: payload must be an "
                        f"ExecRequest, got {type(req).__name__}")
     env = envs.get(req.env_id)
     if env is None:
-        return Result("failed", detail=f"exec.env_id: no open environment {req.env_id!r}")
+        return Result(Status.FAILED, detail=f"exec.env_id: no open environment {req.env_id!r}")
     return req, env
 
 

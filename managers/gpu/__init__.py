@@ -9,7 +9,7 @@
 - `discovery`: NVML GPUs as chunk trees.
 """
 
-from managers.gpu.backend import BACKENDS, GpuBackend, NodeLost, create_backend, register
+from managers.gpu.backend import BACKENDS, GpuBackend, create_backend, register
 from managers.gpu.manager import GpuManager
 from managers.gpu.residency import (
     Entry,
@@ -19,6 +19,7 @@ from managers.gpu.residency import (
     RestoreDecision,
 )
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
+from tangram.errors import NodeLost  # re-exported: what a GPU backend raises for a lost node
 
 __all__ = [
     "BACKENDS", "GB", "Entry", "EvictionOrder", "GpuBackend", "GpuManager", "NodeLost",

@@ -26,11 +26,6 @@ BACKENDS: Registry[Callable[..., GpuBackend]] = Registry("gpu.backend", {
 }, group="tangram.gpu_backends")
 
 
-class NodeLost(Exception):
-    """A backend raises this when the node it was asked to run on is gone (its machine or its
-    agent died): the call could not run, which is not the service's error."""
-
-
 class GpuBackend(ABC):
     """Side effects of the GPU manager. Calls for one chunk never overlap (the scheduler runs
     at most one action per GPU); calls for different chunks may run concurrently."""

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable, Mapping
 
 from managers.base import Manager
-from managers.gpu.backend import GpuBackend, NodeLost
+from managers.gpu.backend import GpuBackend
 from managers.gpu.residency import Residency, ResidencyAdvisor
 from tangram.allocation import Assignment
-from tangram.errors import ValidationError
+from tangram.errors import NodeLost, ValidationError
 from tangram.pools import ChunkPool, Pool
-from tangram.results import Result
+from tangram.results import Result, Status
 
 log = logging.getLogger("tangram.gpu")
 
@@ -76,7 +76,7 @@ class GpuManager(Manager):
         action = assignment.action
         placement = assignment.placement.get(self.resource)
         if action.service is None or placement is None or placement.chunk is None:
-            return Result("failed", detail=f"action {action.id}: a GPU action needs a service "
+            return Result(Status.FAILED, detail=f"action {action.id}: a GPU action needs a service "
                            f"and a chunk of {self.resource!r}")
         await self.start()
         node, chunk = placement.node, placement.chunk
@@ -90,29 +90,29 @@ class GpuManager(Manager):
                                              victim.node, victim.chunk)
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Result("failed", detail=f"evicting {victim.service} from "
+                    return Result(Status.FAILED, detail=f"evicting {victim.service} from "
                                    f"{victim.node}{victim.chunk} failed: {exc}")
             if decision.restored:
                 try:
                     restore_s = await self.backend.restore(service, node, chunk)
                 except NodeLost as exc:
                     self.lose_node(node, str(exc))
-                    return Result("failed", detail=f"restore of {service.name} on "
+                    return Result(Status.FAILED, detail=f"restore of {service.name} on "
                                    f"{node}{chunk} could not run: {exc}")
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Result("failed", detail=f"restore of {service.name} on "
+                    return Result(Status.FAILED, detail=f"restore of {service.name} on "
                                    f"{node}{chunk} failed: {exc}")
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
             except NodeLost as exc:
                 self.lose_node(node, str(exc))
-                return Result("failed", detail=f"{service.name} on {node}{chunk} could not "
+                return Result(Status.FAILED, detail=f"{service.name} on {node}{chunk} could not "
                                f"run: {exc}", restore_s=restore_s)
             except Exception as exc:
-                return Result("error", detail=f"{service.name} on {node}{chunk}: {exc}",
+                return Result(Status.ERROR, detail=f"{service.name} on {node}{chunk}: {exc}",
                                restore_s=restore_s)
-            return Result("ok", output=output, restore_s=restore_s,
+            return Result(Status.OK, output=output, restore_s=restore_s,
                            detail="restored" if decision.restored else "resident")
         finally:
             self.residency.end(action, node, chunk, self.clock())

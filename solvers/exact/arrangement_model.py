@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from solvers.exact.backend import SolveStatus
 from tangram.errors import Infeasible, TangramError
 from tangram.pools import ChunkPool, CorePool, Placement, Pool
 
@@ -52,7 +53,7 @@ class ArrangementModel:
 class ExactArrangement:
     """The arrangement: `total` (real seconds), an amount and a concrete placement per task."""
 
-    status: str
+    status: SolveStatus
     total: float
     units: tuple[int, ...]
     placements: tuple[Placement, ...]

@@ -8,11 +8,20 @@ import sys
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from enum import StrEnum
 
 from tangram.errors import BackendUnavailable, TangramError
 
 BACKENDS = ("cpsat", "pulp-cbc", "pulp-highs")
-OPTIMAL, FEASIBLE, INFEASIBLE = "optimal", "feasible", "infeasible"
+
+
+class SolveStatus(StrEnum):
+    """What an exact backend proved. The values are the `status` strings of `tangram solve`'s
+    and the gap study's JSON."""
+
+    OPTIMAL = "optimal"  # solved to proven optimality within the time limit
+    FEASIBLE = "feasible"  # a solution, not proven optimal when the time limit ran out
+    INFEASIBLE = "infeasible"  # proven: no solution exists
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +32,7 @@ class RawSolution:
     when the backend does not report one (CBC through PuLP).
     """
 
-    status: str
+    status: SolveStatus
     modes: tuple[int, ...]
     starts: tuple[int, ...]
     objective: float
@@ -58,16 +67,16 @@ def pulp_solver(name: str, time_limit: float):
     raise TangramError(f"{name!r} is not a PuLP backend")
 
 
-def pulp_status(prob) -> str:
+def pulp_status(prob) -> SolveStatus:
     """Map PuLP's solution status to optimal / feasible / infeasible (raise when unsolved)."""
     import pulp
 
     if prob.sol_status == pulp.LpSolutionOptimal:
-        return OPTIMAL
+        return SolveStatus.OPTIMAL
     if prob.sol_status == pulp.LpSolutionIntegerFeasible:
-        return FEASIBLE
+        return SolveStatus.FEASIBLE
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
-        return INFEASIBLE
+        return SolveStatus.INFEASIBLE
     raise TangramError(f"PuLP found no solution (status {pulp.LpStatus[prob.status]}, "
                        f"solution status {prob.sol_status}); raise the time limit")
 
@@ -88,7 +97,8 @@ def quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def solve_pulp_problem(prob, backend: str, time_limit: float) -> tuple[str, float | None]:
+def solve_pulp_problem(prob, backend: str,
+                       time_limit: float) -> tuple[SolveStatus, float | None]:
     """Solve a PuLP problem quietly; (status, the backend's proven bound or None)."""
     with quiet_stdout():
         prob.solve(pulp_solver(backend, time_limit))
@@ -97,7 +107,7 @@ def solve_pulp_problem(prob, backend: str, time_limit: float) -> tuple[str, floa
     model = getattr(prob, "solverModel", None)
     if backend == "pulp-highs" and model is not None:
         bound = float(model.getInfo().mip_dual_bound)
-    elif status == OPTIMAL:
+    elif status is SolveStatus.OPTIMAL:
         import pulp
 
         bound = float(pulp.value(prob.objective))

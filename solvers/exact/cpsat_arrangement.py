@@ -7,7 +7,7 @@ import time
 from ortools.sat.python import cp_model
 
 from solvers.exact.arrangement_model import ArrangementModel
-from solvers.exact.backend import FEASIBLE, OPTIMAL, default_workers
+from solvers.exact.backend import SolveStatus, default_workers
 from tangram.errors import Infeasible, TangramError
 
 COST_SCALE = 1_000_000
@@ -48,4 +48,5 @@ def solve_arrangement_cpsat(model: ArrangementModel, backend: str,
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise TangramError(f"CP-SAT found no arrangement within {time_limit:g} s")
     chosen = tuple(next(c for c, v in enumerate(row) if solver.boolean_value(v)) for row in x)
-    return (OPTIMAL if status == cp_model.OPTIMAL else FEASIBLE), chosen, wall
+    proved = SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE
+    return proved, chosen, wall

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers.exact.backend import FEASIBLE, OPTIMAL, RawSolution, default_workers
+from solvers.exact.backend import RawSolution, SolveStatus, default_workers
 from solvers.exact.model import ScheduleModel
 from tangram.errors import Infeasible, TangramError
 
@@ -145,7 +145,8 @@ def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float,
                            f"({solver.status_name(status)}); raise the time limit")
     modes = tuple(next(m for m, lit in enumerate(lits) if solver.boolean_value(lit))
                   for lits in v.present)
-    return RawSolution(OPTIMAL if status == cp_model.OPTIMAL else FEASIBLE, modes,
+    proved = SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE
+    return RawSolution(proved, modes,
                        tuple(solver.value(s) for s in v.starts),
                        # the objective is a sum of integer ticks: CP-SAT reports it as a float
                        float(round(solver.objective_value)), solver.best_objective_bound, wall)

@@ -7,7 +7,7 @@ import time
 import pulp
 
 from solvers.exact.arrangement_model import ArrangementModel
-from solvers.exact.backend import INFEASIBLE, chosen, solve_pulp_problem
+from solvers.exact.backend import SolveStatus, chosen, solve_pulp_problem
 from tangram.errors import Infeasible
 
 
@@ -36,6 +36,6 @@ def solve_arrangement_pulp(model: ArrangementModel, backend: str,
     t0 = time.perf_counter()
     status, _ = solve_pulp_problem(prob, backend, time_limit)
     wall = time.perf_counter() - t0
-    if status == INFEASIBLE:
+    if status == SolveStatus.INFEASIBLE:
         raise Infeasible(f"{backend}: the tasks do not fit the pool together")
     return status, tuple(chosen(x, t, len(cs)) for t, cs in enumerate(cands)), wall

@@ -17,7 +17,7 @@ import time
 
 import pulp
 
-from solvers.exact.backend import OPTIMAL, RawSolution, chosen, solve_pulp_problem
+from solvers.exact.backend import RawSolution, SolveStatus, chosen, solve_pulp_problem
 from solvers.exact.model import ScheduleModel
 from tangram.errors import Infeasible
 
@@ -60,7 +60,7 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     t0 = time.perf_counter()
     status, bound = solve_pulp_problem(prob, backend, time_limit)
     wall = time.perf_counter() - t0
-    if status not in (OPTIMAL, "feasible"):
+    if status not in (SolveStatus.OPTIMAL, SolveStatus.FEASIBLE):
         raise Infeasible(f"{backend} proved the schedule infeasible")
     modes = tuple(chosen(x, i, len(job.modes)) for i, job in enumerate(jobs))
     objective = float(pulp.value(prob.objective))

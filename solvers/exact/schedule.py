@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solvers.exact.backend import RawSolution, check_backend
+from solvers.exact.backend import RawSolution, SolveStatus, check_backend
 from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import DEFAULT_RESOLUTION, ScheduleModel, instance_model
 from solvers.exact.pulp_schedule import solve_pulp
@@ -30,7 +30,7 @@ class Schedule:
     """A verified schedule. `total_act` is in real seconds from the real durations; `bound` is
     the backend's proven lower bound on the discretised model's total ACT (None if unknown)."""
 
-    status: str
+    status: SolveStatus
     entries: tuple[ScheduledAction, ...]
     total_act: float
     bound: float | None

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 
 from solvers.fcfs import ScratchPools, deferred
 from solvers.heuristic.objective import spread
@@ -52,7 +53,12 @@ from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement, Pool
 from topology import chunk_level
 
-ORDERS = ("fcfs", "srpt")
+
+class Order(StrEnum):
+    """The order in which `backfill` takes the queue (its `order` option)."""
+
+    FCFS = "fcfs"  # arrival order, the paper's
+    SRPT = "srpt"  # shortest estimated work first, with aging (see the module docstring)
 RESERVE_OPTIONS = 3
 """Amounts a waiting elastic action's reservation tries (evenly spread, minimum and maximum
 included): it reserves the one that finishes soonest."""
@@ -301,15 +307,17 @@ class BackfillAllocator(HeuristicAllocator):
     aging: with "srpt", the factor of its own duration after which an action goes first."""
 
     window: int = 16
-    order: str = "fcfs"
+    order: Order = Order.FCFS
     aging: float = 4.0
 
     def __post_init__(self) -> None:
         HeuristicAllocator.__post_init__(self)
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ValidationError("allocator.window", self.window, "must be an integer >= 0")
-        if self.order not in ORDERS:
-            raise ValidationError("allocator.order", self.order, f"must be one of {ORDERS}")
+        if self.order not in tuple(Order):  # the option as the user gave it, parsed once here
+            raise ValidationError("allocator.order", self.order,
+                                  f"must be one of {', '.join(Order)}")
+        object.__setattr__(self, "order", Order(self.order))
         if isinstance(self.aging, bool) or not isinstance(self.aging, (int, float)) \
                 or not self.aging > 0:
             raise ValidationError("allocator.aging", self.aging, "must be a positive number")
@@ -321,13 +329,13 @@ class BackfillAllocator(HeuristicAllocator):
     def decide(self, view: ClusterView, queue: Collection[Action],
                now: float) -> BackfillDecision:
         arrival = queue
-        if self.order == "srpt":
+        if self.order is Order.SRPT:
             queue = srpt_order(view, queue, now, self.aging)
         cands, evicted, pools = self.arrange(view, queue, now)
         started = [Assignment(c.action, c.units, c.placement)
                    for i, c in enumerate(cands) if i not in evicted]
         wait = {cands[i].action.id for i in evicted}
-        if self.order == "srpt":  # before backfilling: its reservations count these starts
+        if self.order is Order.SRPT:  # before backfilling: its reservations count these starts
             started += _conserve(view, arrival, now, pools, started)
         if self.window == 0:
             return BackfillDecision(started, frozenset(), {})
@@ -340,4 +348,4 @@ class BackfillAllocator(HeuristicAllocator):
 class BackfillSrptAllocator(BackfillAllocator):
     """`backfill` with the order option on: shortest estimated work first, with aging."""
 
-    order: str = "srpt"
+    order: Order = Order.SRPT

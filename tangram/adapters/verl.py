@@ -58,6 +58,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tangram.errors import ValidationError
+from tangram.results import Status
 from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
 
@@ -264,7 +265,7 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
     def _text(self, r: Any) -> str:
         head = f"[{r.status}" + (f", exit {r.exit_code}" if r.exit_code is not None else "") + "]"
         body = (r.stdout or "") + (("\n" + r.stderr) if r.stderr else "")
-        if r.status == "failed":
+        if r.status is Status.FAILED:
             body = r.detail
         if len(body) > self.max_output:
             body = body[: self.max_output] + f"\n... ({len(body) - self.max_output} more chars)"
@@ -272,10 +273,10 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
 
 
 def _metrics(r: Any) -> dict[str, Any]:
-    pl = r.placement.get("cpu", {})
+    pl = r.placement.get("cpu")
     return {"status": r.status, "queued_s": r.queued_s, "run_s": r.run_s,
-            "cores": r.units.get("cpu", 0), "node": pl.get("node"),
-            "core_ids": list(pl.get("cores") or [])}
+            "cores": r.units.get("cpu", 0), "node": None if pl is None else pl.node,
+            "core_ids": [] if pl is None else list(pl.cores)}
 
 
 async def run_tests_reward(tg: Any, command: str, *, env: str | None = None, cpu: Any = (1, 8),

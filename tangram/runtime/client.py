@@ -24,6 +24,7 @@ import httpx
 
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.results import Result
+from tangram.runtime.snapshot import StatusSnapshot
 
 
 def demand_json(demand: Any) -> Any:
@@ -118,8 +119,8 @@ class TangramClient:
         path = f"/v1/apis/{_segment(name, 'api')}/call"
         return _result(await self._request("POST", path, {"payload": payload}))
 
-    async def status(self) -> dict[str, Any]:
-        return dict(await self._request("GET", "/v1/status"))
+    async def status(self) -> StatusSnapshot:
+        return StatusSnapshot.from_dict(await self._request("GET", "/v1/status"))
 
     async def metrics(self) -> str:
         response = await self._http.get("/metrics")
@@ -145,8 +146,7 @@ def _segment(name: Any, field: str) -> str:
 
 
 def _result(doc: dict[str, Any]) -> Result:
-    fields = set(Result.__dataclass_fields__)
-    return Result(**{k: v for k, v in doc.items() if k in fields})
+    return Result.from_dict(doc)
 
 
 def _raise_for(response: httpx.Response) -> None:

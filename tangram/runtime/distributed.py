@@ -5,7 +5,7 @@ tg = Tangram.ray(address="auto", cpu_backend="cgroup")   # or "ray://head:10001"
 async with tg:
     env = await tg.open_env("traj-1")                      # placed on some node, bound there
     r = await tg.exec(env, "pytest -q", cpu=(1, 8), elastic=True)
-    r.placement["cpu"]["node"]                              # e.g. "n-77f33c71"
+    r.placement["cpu"].node                                 # e.g. "n-77f33c71"
 ```
 
 `RayCpuManager` is a `Manager` like `managers.cpu.CpuManager`, so `Tangram(cpu=...)` runs the
@@ -15,7 +15,7 @@ owns the placement's node. Ray does placement and RPC only.
 
 Membership and faults. A watcher polls `ray.nodes()` every `poll_s`: a node joining gets an
 agent and its cores join the pool; a node (or its agent) dying fails the actions running there
-(`Result("failed")`, naming the node), marks its environments lost (every later exec in them
+(`Result(Status.FAILED)`, naming the node), marks its environments lost (every later exec in them
 fails at once with the reason), and keeps every other queued action. A lost node stays in the
 pool, taking no new environments, until its environments are closed and its cores come back;
 then it leaves.
@@ -42,7 +42,7 @@ from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Residency, Servic
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, NotFound, ValidationError
 from tangram.pools import ChunkPool, CorePool
-from tangram.results import Result
+from tangram.results import Result, Status
 from tangram.runtime.config import (
     DEFAULT_POLICY,
     Components,
@@ -345,15 +345,15 @@ class RayCpuManager(EnvironmentManager):
         req, env = target
         lost = self.lost_reason(req.env_id)
         if lost:
-            return Result("failed", detail=lost)
+            return Result(Status.FAILED, detail=lost)
         node = self.nodes[env.node]
         try:
             return await node.agent.run.remote(assignment)
         except Exception as exc:
             if not _is_actor_death(exc):
-                return Result("failed", detail=f"node {env.node}: {type(exc).__name__}: {exc}")
+                return Result(Status.FAILED, detail=f"node {env.node}: {type(exc).__name__}: {exc}")
             self._lose(env.node, f"died ({type(exc).__name__})")
-            return Result("failed", detail=f"action {assignment.action_id} failed: node "
+            return Result(Status.FAILED, detail=f"action {assignment.action_id} failed: node "
                            f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
                            f"it ran; its environment {env.id} is lost")
 

@@ -10,7 +10,7 @@
 
 `POST /v1/envs` itself (in `server`) takes `image`, `disk_mb` and `snapshot`. A path is as in
 `Tangram.write_files`: absolute = the environment's own root (with an image), relative = under
-its work folder. A whole request body is at most the server's MAX_BODY (1 MiB): bigger files go
+its work folder. A whole request body is at most `limits.MAX_BODY` (1 MiB): bigger files go
 in several requests. Errors have the server's shape (422 naming the field, 404 for an unknown
 environment or snapshot).
 """
@@ -26,9 +26,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tangram.errors import ValidationError
+from tangram.runtime.http.limits import MAX_FORK, MAX_ITEMS, FilePath, Name
 
-MAX_PATHS = 1024
-Path_ = Annotated[str, Field(min_length=1, max_length=4096)]
 router = APIRouter(tags=["environments"])
 
 
@@ -37,16 +36,15 @@ class _Body(BaseModel):
 
 
 class Fork(_Body):
-    trajectories: Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]],
-                            Field(min_length=1, max_length=256)]
+    trajectories: Annotated[list[Name], Field(min_length=1, max_length=MAX_FORK)]
 
 
 class WriteFiles(_Body):
-    files: Annotated[dict[Path_, str], Field(max_length=MAX_PATHS)]
+    files: Annotated[dict[FilePath, str], Field(max_length=MAX_ITEMS)]
 
 
 class ReadFiles(_Body):
-    paths: Annotated[list[Path_], Field(min_length=1, max_length=MAX_PATHS)]
+    paths: Annotated[list[FilePath], Field(min_length=1, max_length=MAX_ITEMS)]
 
 
 class ForkOut(BaseModel):

@@ -31,7 +31,7 @@ from managers.gpu import GpuManager
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment
-from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
+from tangram.errors import ActionFailed, NotFound, ShuttingDown, TangramError, ValidationError
 from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
 from tangram.resources import Demand
 from tangram.results import Result, Status
@@ -39,6 +39,7 @@ from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_conf
 from tangram.runtime.distributed import build_ray
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.shards import ShardedScheduler
+from tangram.runtime.snapshot import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
 from tangram.validation import boolean, pos_int
 
@@ -329,7 +330,7 @@ class Tangram:
 
     def _admitting(self) -> None:
         if self._closing:
-            raise TangramError("Tangram is shutting down: no new work is admitted")
+            raise ShuttingDown("Tangram is shutting down: no new work is admitted")
 
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
@@ -377,12 +378,8 @@ class Tangram:
         self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
-        result = outcome.granted(
-            a.action.id, a.units,
-            {r: {"node": pl.node, "cores": list(pl.cores),
-                 "chunk": list(pl.chunk) if pl.chunk else None}
-             for r, pl in a.placement.items()},
-            p.started - p.submitted, end - p.started)
+        result = outcome.granted(a.action.id, a.units, a.placement, p.started - p.submitted,
+                                 end - p.started)
         self.metrics.observe(p.metric_kind, outcome.status, result.queued_s, result.act_s)
         if outcome.restore_s > 0 and a.action.service:
             self.metrics.restores.labels(a.action.service).inc()
@@ -399,25 +396,20 @@ class Tangram:
                                        queued_s=self._clock() - p.submitted))
 
     # -- observability -------------------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        pools = {}
-        for r, p in self.scheduler.pools.items():
-            cap, free = p.capacity(), p.free()
-            pools[r] = {"capacity": cap, "free": free,
-                        "utilisation": 0.0 if cap == 0 else (cap - free) / cap,
-                        "nodes": {n: {"capacity": p.capacity(n), "free": p.free(n)}
-                                  for n in p.nodes()}}
+    def status(self) -> StatusSnapshot:
+        pools = {r: PoolStatus(p.capacity(), p.free(),
+                               {n: NodeUnits(p.capacity(n), p.free(n)) for n in p.nodes()})
+                 for r, p in self.scheduler.pools.items()}
         throttled = {name: m.throttled(name) if isinstance(m, ApiManager) else 0
                      for name, m in self.apis.items()}
         learned = {name: w.allowed(time.monotonic()) for name, m in self.apis.items()
                    if isinstance(m, ApiManager) and (w := m.window(name)) is not None}
-        return {"policy": self.policy, "pools": pools, "queue": len(self.scheduler.queue),
-                "running": len(self.scheduler.running), "envs": len(self._envs),
-                "cpu_backend": None if self.cpu is None else self.cpu.backend_name,
-                "gpu_backend": None if self.gpu is None else self.gpu.backend_name,
-                "gpu_simulated": None if self.gpu is None else self.gpu.simulated,
-                "gpu_pool": None if self.gpu is None else self.gpu.origin,
-                "api_throttled": throttled, "api_window": learned, "closing": self._closing}
+        gpu = self.gpu
+        return StatusSnapshot(
+            self.policy, pools, len(self.scheduler.queue), len(self.scheduler.running),
+            len(self._envs), None if self.cpu is None else self.cpu.backend_name,
+            None if gpu is None else gpu.backend_name, None if gpu is None else gpu.simulated,
+            None if gpu is None else gpu.origin, throttled, learned, self._closing)
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _reap_idle(self) -> None:

@@ -5,7 +5,7 @@ token before the body, log floods and leaked tokens.
   (plus the keep-alive time, `KEEP_ALIVE_S`, after a response) to deliver a whole request
   head; a trickle of header lines does not extend it. Past it the server closes the
   connection.
-- **Whole-body deadline**: the body must be in within `server.BODY_TIMEOUT_S` of the app's
+- **Whole-body deadline**: the body must be in within `http.limits.BODY_TIMEOUT_S` of the app's
   first read, however it trickles (`BodyLimit`), else 408.
 - **Token before body** (`TokenFirst`): on every path that needs the token, a request without
   it is answered 401 (and its connection closed) from its head alone: no body of a client

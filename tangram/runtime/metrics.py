@@ -7,11 +7,14 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from tangram.results import Status
+from tangram.runtime.snapshot import StatusSnapshot
+
 BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
 
 
 class _PoolCollector:
-    def __init__(self, snapshot: Callable[[], dict]) -> None:
+    def __init__(self, snapshot: Callable[[], StatusSnapshot]) -> None:
         self.snapshot = snapshot
 
     def collect(self):
@@ -19,26 +22,26 @@ class _PoolCollector:
         busy = GaugeMetricFamily("tangram_units_busy", "units granted to running actions",
                                  labels=["pool"])
         cap = GaugeMetricFamily("tangram_units_capacity", "units of the pool", labels=["pool"])
-        for name, p in s["pools"].items():
-            busy.add_metric([name], p["capacity"] - p["free"])
-            cap.add_metric([name], p["capacity"])
+        for name, p in s.pools.items():
+            busy.add_metric([name], p.busy)
+            cap.add_metric([name], p.capacity)
         yield busy
         yield cap
         q = GaugeMetricFamily("tangram_queue_length", "actions waiting for resources")
-        q.add_metric([], s["queue"])
+        q.add_metric([], s.queue)
         yield q
         r = GaugeMetricFamily("tangram_running", "actions running")
-        r.add_metric([], s["running"])
+        r.add_metric([], s.running)
         yield r
         thr = GaugeMetricFamily("tangram_api_throttled_total",
                                 "API calls delayed by flow control", labels=["api"])
-        for api, n in s.get("api_throttled", {}).items():
+        for api, n in s.api_throttled.items():
             thr.add_metric([api], n)
         yield thr
 
 
 class Metrics:
-    def __init__(self, snapshot: Callable[[], dict]) -> None:
+    def __init__(self, snapshot: Callable[[], StatusSnapshot]) -> None:
         self.registry = CollectorRegistry()
         self.act = Histogram("tangram_act_seconds", "action completion time (queued + run)",
                              ["kind"], buckets=BUCKETS, registry=self.registry)
@@ -50,8 +53,8 @@ class Metrics:
                                 registry=self.registry)
         self.registry.register(_PoolCollector(snapshot))
 
-    def observe(self, kind: str, status: str, queued_s: float, act_s: float) -> None:
-        self.actions.labels(kind, status).inc()
+    def observe(self, kind: str, status: Status, queued_s: float, act_s: float) -> None:
+        self.actions.labels(kind, str(status)).inc()
         self.queued.labels(kind).observe(queued_s)
         self.act.labels(kind).observe(act_s)
 

@@ -48,10 +48,10 @@ def test_same_calls_same_results(served: tuple[str, Tangram]) -> None:
             r = await tg.exec(env, "true", cpu=[1, 2])
             assert r.ok
             status = await tg.status()
-            assert status["envs"] == 1
+            assert status.envs == 1
             assert "tangram_act_seconds" in await tg.metrics()
             await tg.close_env(env)
-            assert (await tg.status())["envs"] == 0
+            assert (await tg.status()).envs == 0
 
     run(scenario())
 
@@ -92,17 +92,17 @@ def test_cancelled_call_cancels_its_queued_action(served: tuple[str, Tangram]) -
         async with TangramClient(url, token=TOKEN) as tg:
             env = await tg.open_env("traj-1")
             hold = asyncio.create_task(tg.exec(env, "sleep 1", cpu=2))
-            while (await tg.status())["running"] == 0:
+            while (await tg.status()).running == 0:
                 await asyncio.sleep(0.02)
             queued = asyncio.create_task(tg.exec(env, "sleep 0", cpu=1))
-            while (await tg.status())["queue"] == 0:
+            while (await tg.status()).queue == 0:
                 await asyncio.sleep(0.02)
             queued.cancel()
             for _ in range(100):
-                if (await tg.status())["queue"] == 0:
+                if (await tg.status()).queue == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert (await tg.status())["queue"] == 0
+            assert (await tg.status()).queue == 0
             assert (await hold).ok
             with pytest.raises(asyncio.CancelledError):
                 await queued

@@ -46,8 +46,8 @@ def test_two_discovered_gpus_make_a_two_gpu_pool_on_the_torch_backend():
     assert tg.gpu.backend_name == "torch" and not tg.gpu.simulated
     assert tg.gpu.pool.capacity() == 2 and tg.gpu.pool.nodes() == ["gpu0"]
     assert [g.memory for g in tg.gpu.residency._gpus["gpu0"]] == [141 * 10**9] * 2
-    assert st["gpu_backend"] == "torch" and st["gpu_simulated"] is False
-    assert "discovered (NVML): 2 GPUs" in st["gpu_pool"]
+    assert st.gpu_backend == "torch" and st.gpu_simulated is False
+    assert "discovered (NVML): 2 GPUs" in st.gpu_pool
     assert r.status == "ok" and r.output["replicas"] == 2 and len(r.output["logprobs"]) == 2
     assert "simulated" not in r.output
 
@@ -68,7 +68,7 @@ def test_no_gpu_means_a_simulated_pool_said_at_warning_in_status_and_in_results(
             return tg.status(), await tg.invoke("j", {"q": 1})
 
     st, r = asyncio.run(go())
-    assert st["gpu_simulated"] is True and "SIMULATED" in st["gpu_pool"]
+    assert st.gpu_simulated is True and "SIMULATED" in st.gpu_pool
     assert r.status == "ok" and r.output["simulated"] is True and r.output["request"] == {"q": 1}
 
 

@@ -50,7 +50,7 @@ def live() -> Iterator[Live]:
         assert status["pools"]["cpu"]["free"] == status["pools"]["cpu"]["capacity"]
         server.http.close()
     # nothing leaked: shutdown closed every environment the fuzzer opened
-    assert tg.cpu.backend.envs == {} and tg.status()["envs"] == 0
+    assert tg.cpu.backend.envs == {} and tg.status().envs == 0
 
 
 def _assert_answered(r: Any) -> None:
@@ -112,7 +112,7 @@ def test_exec_fuzz_never_5xx_and_never_lost(live: Live, body: dict) -> None:
     _assert_answered(r)
     if r.status_code == 200:  # accepted: it ran (sim: instantly) and says so
         assert r.json()["status"] == "ok"
-    assert live.tg.status()["queue"] == 0
+    assert live.tg.status().queue == 0
 
 
 @given(path=st.sampled_from(["/v1/envs", "/v1/services/judge/invoke", "/v1/apis/x/call"]),

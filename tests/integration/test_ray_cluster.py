@@ -53,7 +53,7 @@ def test_pool_is_the_nodes_agents(cluster):
         assert cpu_nodes(tg) == {n: c for n, c in alive.items() if c}
         assert sorted(cpu_nodes(tg).values()) == [2, 4]
         assert isinstance(tg.cpu, RayCpuManager)
-        assert tg.status()["cpu_backend"] == "ray:sim"
+        assert tg.status().cpu_backend == "ray:sim"
     finally:
         asyncio.run(tg.shutdown())
 
@@ -76,8 +76,8 @@ def test_placement_across_nodes_never_oversubscribes_a_node(cluster):
     per_node = defaultdict(list)
     for r, s, e in runs:
         pl = r.placement["cpu"]
-        assert len(pl["cores"]) == 2 and set(pl["cores"]) <= set(range(caps[pl["node"]]))
-        per_node[pl["node"]].append((s, e, pl["cores"]))
+        assert len(pl.cores) == 2 and set(pl.cores) <= set(range(caps[pl.node]))
+        per_node[pl.node].append((s, e, pl.cores))
     assert set(per_node) == set(caps), "both nodes take work"
     for node, spans in per_node.items():
         for s, _, _ in spans:  # at each start: who else holds cores on this node
@@ -102,7 +102,7 @@ def test_trajectory_stays_on_its_node(cluster):
     assert len(set(bound.values())) == 2
     for i, r in enumerate(results):
         assert r.ok, r.detail
-        assert r.placement["cpu"]["node"] == env_node[list(envs.values())[i // 4]]
+        assert r.placement["cpu"].node == env_node[list(envs.values())[i // 4]]
 
 
 def test_node_joins_then_dies_mid_run(cluster):
@@ -139,7 +139,7 @@ def test_node_joins_then_dies_mid_run(cluster):
             assert after.status == "failed" and "lost" in after.detail and new_name in after.detail
             done = await asyncio.gather(*survivors)
             assert all(x.ok for x in done), [x.detail for x in done]
-            assert all(x.placement["cpu"]["node"] != new_name for x in done)
+            assert all(x.placement["cpu"].node != new_name for x in done)
             assert tg.cpu.describe_nodes()[new_name]["lost"]
             await tg.close_env(victim)  # the last thing bound there: the node leaves
             assert cpu_nodes(tg) == before
@@ -158,7 +158,7 @@ def test_gpu_services_run_on_the_agents(cluster):
     try:
         pool = tg.scheduler.pools["gpu"]
         assert {n: pool.capacity(n) for n in pool.nodes()} == {n: 4 for n in cpu_nodes(tg)}
-        assert tg.status()["gpu_backend"] == "ray"
+        assert tg.status().gpu_backend == "ray"
 
         async def main():
             async with tg:
@@ -170,7 +170,7 @@ def test_gpu_services_run_on_the_agents(cluster):
 
         results, calls_by_node = asyncio.run(main())
         assert all(r.ok for r in results), [r.detail for r in results]
-        used = {r.placement["gpu"]["node"] for r in results}
+        used = {r.placement["gpu"].node for r in results}
         assert used == set(cpu_nodes(tg))  # both nodes served
         assert sum(r.restore_s > 0 for r in results) == 2  # one restore per node, then resident
         for name in used:
@@ -233,7 +233,7 @@ def test_gpu_node_death_takes_its_chunks_and_residency_out(cluster):
             assert dead in pool.nodes()
             warm = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
                                           for i in range(6)))
-            assert all(r.ok for r in warm) and dead in {r.placement["gpu"]["node"] for r in warm}
+            assert all(r.ok for r in warm) and dead in {r.placement["gpu"].node for r in warm}
             cluster.remove_node(new)
             t0 = time.monotonic()
             while dead in pool.nodes():
@@ -242,7 +242,7 @@ def test_gpu_node_death_takes_its_chunks_and_residency_out(cluster):
             after = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
                                            for i in range(8)))
             assert all(r.ok for r in after), [(r.status, r.detail) for r in after]
-            assert dead not in {r.placement["gpu"]["node"] for r in after}
+            assert dead not in {r.placement["gpu"].node for r in after}
             assert not tg.gpu.residency.entries(dead)
 
     asyncio.run(main())

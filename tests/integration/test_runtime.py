@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from tangram import Infeasible, Tangram, ValidationError
+from tangram import Infeasible, ShuttingDown, Tangram, ValidationError
 
 SERVICES = {"judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.05, 2: 0.03},
                       "restore_s": 0.05}}
@@ -20,19 +20,19 @@ def test_exec_invoke_and_status():
             env = await tg.open_env("t1", memory_mb=128)
             r = await tg.exec(env, "echo hello; nproc", cpu=1, timeout=30)
             assert r.ok and r.stdout.split()[0] == "hello"
-            assert r.units == {"cpu": 1} and len(r.placement["cpu"]["cores"]) == 1
+            assert r.units == {"cpu": 1} and len(r.placement["cpu"].cores) == 1
             assert r.queued_s >= 0 and r.run_s > 0
             n = tg.cpu.pool.capacity()
             r = await tg.exec(env, "nproc", cpu=(1, n), elastic=True, timeout=30)
             assert r.ok and r.units["cpu"] == n  # alone on the machine: all cores
-            if tg.status()["cpu_backend"] in ("cgroup", "docker", "affinity"):
+            if tg.status().cpu_backend in ("cgroup", "docker", "affinity"):
                 assert int(r.stdout.split()[0]) == n  # the grant is enforced
             out = await tg.invoke("judge", {"token_ids": [1, 2]}, gpus=(1, 2))
             assert out.ok and out.units["gpu"] in (1, 2) and out.restore_s > 0
             again = await tg.invoke("judge", {"token_ids": [3]}, gpus=out.units["gpu"])
             assert again.ok and again.restore_s == 0  # resident now: no restore
             st = tg.status()
-            assert st["pools"]["cpu"]["free"] == n and st["queue"] == 0 and st["envs"] == 1
+            assert st.pools["cpu"].free == n and st.queue == 0 and st.envs == 1
             assert b"tangram_act_seconds" in tg.metrics.render()
             await tg.close_env(env)
     run(main())
@@ -74,7 +74,7 @@ def test_bad_input_is_a_clear_error():
                 await tg.call_api("nope", {})
             with pytest.raises(ValidationError, match="memory_mb"):
                 await tg.open_env("t4", memory_mb=0)
-            assert tg.status()["queue"] == 0 and not tg.scheduler.running
+            assert tg.status().queue == 0 and not tg.scheduler.running
     run(main())
 
 
@@ -87,11 +87,11 @@ def test_cancelled_caller_drops_its_queued_action():
             await asyncio.sleep(0.2)
             waiter = asyncio.create_task(tg.exec(env, "echo late", cpu=1))
             await asyncio.sleep(0.1)
-            assert tg.status()["queue"] == 1
+            assert tg.status().queue == 1
             waiter.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await waiter
-            assert tg.status()["queue"] == 0
+            assert tg.status().queue == 0
             assert (await hog).ok
     run(main())
 
@@ -108,8 +108,8 @@ def test_shutdown_cancels_queued_and_closes_envs():
         await tg.shutdown(deadline=0.3)
         assert (await queued).status == "cancelled"
         assert (await hog).status in ("cancelled", "failed", "error", "timeout")
-        assert tg.status()["envs"] == 0 and tg.cpu.pool.free() == n
-        with pytest.raises(Exception, match="shutting down"):
+        assert tg.status().envs == 0 and tg.cpu.pool.free() == n
+        with pytest.raises(ShuttingDown):
             await tg.open_env("t7")
     run(main())
 

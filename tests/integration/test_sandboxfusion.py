@@ -71,7 +71,7 @@ def client(server: tuple[str, Tangram], workdir: str) -> Iterator[httpx.Client]:
             break
         time.sleep(0.05)
     idle = pool.idle if pool is not None else 0
-    assert tg.status()["envs"] == idle and tg.status()["running"] == 0
+    assert tg.status().envs == idle and tg.status().running == 0
     assert len(os.listdir(workdir)) == idle
 
 

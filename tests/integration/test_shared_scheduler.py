@@ -69,7 +69,7 @@ def server() -> Iterator[tuple[str, Tangram]]:
 
 def test_two_workers_never_overgrant(server):
     url, tg = server
-    capacity = tg.status()["pools"]["cpu"]["capacity"]
+    capacity = tg.status().pools["cpu"].capacity
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     workers = [subprocess.Popen([sys.executable, "-c", WORKER, url, TOKEN, str(PER_WORKER)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -88,4 +88,4 @@ def test_two_workers_never_overgrant(server):
     for r in records:  # never more cores in use than the cluster has
         held = sum(len(o["cores"]) for o in records if o["start"] <= r["start"] < o["end"])
         assert held <= capacity
-    assert tg.status()["envs"] == 0 and tg.status()["pools"]["cpu"]["free"] == capacity
+    assert tg.status().envs == 0 and tg.status().pools["cpu"].free == capacity

@@ -76,7 +76,7 @@ def test_tool_from_verls_loader_runs_a_trajectory(server, tmp_path: Path):
 
     async def trajectory() -> None:
         iid, _ = await tool.create("verl-traj-1")
-        assert tg.status()["envs"] == 1  # the environment is the server's
+        assert tg.status().envs == 1  # the environment is the server's
         assert await tool.calc_reward(iid) == 0.0  # no answer yet
         resp, reward, metrics = await tool.execute(
             iid, {"command": "echo 'VALUE = 42' > answer.py && cat answer.py"})
@@ -90,7 +90,7 @@ def test_tool_from_verls_loader_runs_a_trajectory(server, tmp_path: Path):
 
     try:
         asyncio.run(trajectory())
-        assert tg.status()["envs"] == 0
+        assert tg.status().envs == 0
     finally:
         adapter.close_shared()
 
@@ -122,7 +122,7 @@ def test_verls_check_correctness_gets_its_own_codes(server, run_code_url, genera
             break
         time.sleep(0.05)
     idle = pool.idle if pool is not None else 0
-    assert server[1].status()["envs"] == idle
+    assert server[1].status().envs == idle
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")

@@ -238,7 +238,7 @@ def test_tangram_runs_on_shards_and_closes_them():
 
     pids, results = asyncio.run(main())
     assert all(r.ok for r in results), [r.detail for r in results if not r.ok]
-    assert {r.placement["cpu"]["node"] for r in results} == {"n0", "n1"}
+    assert {r.placement["cpu"].node for r in results} == {"n0", "n1"}
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)

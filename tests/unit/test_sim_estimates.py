@@ -39,7 +39,7 @@ def test_learned_and_oracle_runs_differ_and_both_finish():
 def test_api_server_counts_429_for_tangram_when_its_limit_is_exceeded():
     w = get_workload("deepsearch", batch=64, seed=1)
     assert run(w, tangram()).counters["api_429"] == 0  # configured at the server's limit
-    limits = w.extra["api_limits"]
+    limits = w.api_limits
     base = w.make_pools
 
     def too_many():  # Tangram misconfigured with four times the server's limit
@@ -54,7 +54,7 @@ def test_api_server_counts_429_for_tangram_when_its_limit_is_exceeded():
 
 def test_a_tangram_told_a_wrong_limit_learns_it_from_the_servers_429s():
     w = get_workload("deepsearch", batch=64, seed=1)
-    limits = w.extra["api_limits"]
+    limits = w.api_limits
     over = misconfigured(w, 4)  # told four times the server's limit
     blind_run = run(over, Policy("tangram-4x", tangram().allocator))
     learner = LearnedLimits(tangram().allocator, {r: 4 * k for r, k in limits.items()})

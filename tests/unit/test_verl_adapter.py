@@ -68,7 +68,7 @@ def test_tool_lifecycle_runs_actions(runner):
     async def main():
         created = await tool.create("traj-7")
         iid = created if isinstance(created, str) else created[0]
-        assert iid == "traj-7" and runner.tangram.status()["envs"] == 1
+        assert iid == "traj-7" and runner.tangram.status().envs == 1
         assert await tool.calc_reward(iid) == 0.0  # no marker yet
         resp, reward, metrics = await tool.execute(iid, {"command": "echo hi && touch marker"})
         assert "hi" in text_of(resp) and "[ok, exit 0]" in text_of(resp)
@@ -80,7 +80,7 @@ def test_tool_lifecycle_runs_actions(runner):
         assert "exit 3" in text_of(failed) and m["status"] == "error"
         assert await tool.calc_reward(iid) == 1.0  # the marker is in this trajectory's env
         await tool.release(iid)
-        assert runner.tangram.status()["envs"] == 0
+        assert runner.tangram.status().envs == 0
         with pytest.raises(ValidationError):
             await tool.execute(iid, {"command": "true"})
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 from managers.cpu.backends.base import Backend, EnvironmentBroken, NotStarted
 from tangram.errors import BackendUnavailable, ValidationError
@@ -42,10 +44,22 @@ def register(name: str, cls: type[Backend]) -> None:
     BACKENDS.register(name, cls)
 
 
-def create(name: str, **options) -> Backend:
-    """The backend called `name`, not started; an unknown name or option raises
-    `ValidationError` naming what the backend takes, one that cannot load
-    `BackendUnavailable`."""
+def options_of(name: str) -> frozenset[str] | None:
+    """The options (constructor keywords) the backend `name` takes; None when it takes any."""
+    params = inspect.signature(_backend_class(name)).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
+                                                          p.KEYWORD_ONLY))
+
+
+def unknown_options(name: str, options: Mapping[str, Any]) -> list[str]:
+    """The options in `options` that the backend `name` does not take, sorted."""
+    known = options_of(name)
+    return [] if known is None else sorted(set(options) - known)
+
+
+def _backend_class(name: str) -> type[Backend]:
     if name not in BACKENDS:
         raise ValidationError("cpu.backend", name, f"unknown backend; known: {BACKENDS.names()}")
     try:
@@ -53,11 +67,17 @@ def create(name: str, **options) -> Backend:
     except ImportError as exc:
         raise BackendUnavailable(f"CPU backend {name!r} cannot load ({exc})") from None
     assert cls is not None
-    takes = [p for p in inspect.signature(cls.__init__).parameters if p != "self"]
-    unknown = sorted(set(options) - set(takes))
+    return cls
+
+
+def create(name: str, **options) -> Backend:
+    """The backend called `name`; raises `ValidationError` for an unknown name or option and
+    `BackendUnavailable` naming the fix."""
+    cls = _backend_class(name)
+    unknown = unknown_options(name, options)
     if unknown:
-        raise ValidationError("cpu.options", unknown, f"not options of the {name} backend; it "
-                              f"takes {takes or 'none'}")
+        raise ValidationError("cpu.options", unknown, f"not options of the {name} backend "
+                              f"(it takes: {', '.join(sorted(options_of(name) or ())) or 'none'})")
     return cls(**options)
 
 
@@ -73,9 +93,13 @@ async def started(preferred: str | None = None, **options) -> Backend:
     skipped = []
     for name in PREFERENCE:
         try:
+            unknown = unknown_options(name, options)
+            if unknown:
+                skipped.append(f"{name}: does not take {', '.join(unknown)}")
+                continue
             backend = create(name, **options)
             await backend.start()
-        except (BackendUnavailable, ValidationError) as exc:
+        except (BackendUnavailable, ValidationError, ImportError) as exc:
             skipped.append(f"{name}: {exc}")
             continue
         log.info("cpu backend: %s (auto%s)", backend.describe(),
@@ -85,4 +109,4 @@ async def started(preferred: str | None = None, **options) -> Backend:
 
 
 __all__ = ["AUTO", "BACKENDS", "Backend", "EnvironmentBroken", "NotStarted", "PREFERENCE",
-           "create", "register", "started"]
+           "create", "options_of", "register", "started", "unknown_options"]

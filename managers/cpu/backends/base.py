@@ -279,11 +279,11 @@ def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: b
     err = stderr.decode(errors="replace")
     tail = f"; output truncated at {output_cap} bytes per stream" if truncated else ""
     if timed_out:
-        return Result("timeout", exit_code, out, err,
+        return Result(Status.TIMEOUT, exit_code, out, err,
                        detail=f"killed at its {timeout:g} s timeout with its whole process "
                               f"tree{tail}", truncated=truncated)
     if exit_code == 0:
-        return Result("ok", 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
+        return Result(Status.OK, 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
     if exit_code is not None and exit_code < 0:
         try:
             sig = signal.Signals(-exit_code).name
@@ -297,11 +297,11 @@ def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: b
         what = "exit code 126: command not executable"
     else:
         what = f"exit code {exit_code}"
-    return Result("error", exit_code, out, err, detail=what + tail, truncated=truncated)
+    return Result(Status.ERROR, exit_code, out, err, detail=what + tail, truncated=truncated)
 
 
 def not_found(command: str, exc: OSError) -> Result:
-    return Result("error", 127, "", str(exc), detail=f"exit code 127: command not found "
+    return Result(Status.ERROR, 127, "", str(exc), detail=f"exit code 127: command not found "
                    f"({command!r}: {exc.strerror or exc})")
 
 

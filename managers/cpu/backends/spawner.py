@@ -32,7 +32,7 @@ from pathlib import Path
 
 from managers.cpu.backends.base import EnvironmentBroken, outcome_of
 from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
-from tangram.results import Result
+from tangram.results import Result, Status
 
 INSIDE_SOURCE = Path(__file__).with_name("spawner_inside.py")
 INSIDE_NAME = "tangram_spawner.py"
@@ -177,7 +177,7 @@ class Spawner:
             capture.abandon()
         out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
         if lost:
-            return Result("error", None, out.decode(errors="replace"),
+            return Result(Status.ERROR, None, out.decode(errors="replace"),
                           err.decode(errors="replace"), truncated=capture.truncated,
                           detail=f"killed: the sandbox's spawner died while the command ran "
                                  f"({self.dead}); the sandbox restarts before the next exec")

@@ -49,7 +49,16 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.errors import ValidationError
-from tangram.results import Result, Status
+from tangram.results import Result, Status, placement_json
+from tangram.runtime.http.limits import (
+    MAX_CODE,
+    MAX_ITEMS,
+    MAX_MEMORY_MB,
+    MAX_NAME,
+    Choices,
+    Seconds,
+    Units,
+)
 from tangram.runtime.sandboxfusion import jupyter
 from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
 from tangram.runtime.sandboxfusion.runners import Plan, missing_toolchain, plan_for
@@ -67,7 +76,6 @@ FETCH_TIMEOUT = 30.0  # s, the step that reads `fetch_files` back
 FETCH_CAP = 8 << 20  # bytes of base64 a fetch step may print
 ARG_CHUNK = 64 << 10  # bytes of base64 per argv element (Linux caps one element at 128 KiB)
 STDIN_FILE = ".tangram-stdin"
-MAX_TIMEOUT = 24 * 3600.0
 OOM_DETAIL = "killed: out of memory"  # how the CPU backends name a memory kill
 
 # Every language SandboxFusion's request model accepts; anything else is a 422 there and here.
@@ -78,10 +86,6 @@ SandboxLanguage = Literal[
 
 
 # -- the request ---------------------------------------------------------------------------------
-
-Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)]
-Units = Annotated[int, Field(ge=1, le=1 << 20)]
-
 
 class CpuRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -124,23 +128,24 @@ class RunCodeRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    code: Annotated[str, Field(max_length=1 << 20)]
+    code: Annotated[str, Field(max_length=MAX_CODE)]
     language: SandboxLanguage
     compile_timeout: Seconds = 10.0
     run_timeout: Seconds = 10.0
-    memory_limit_MB: Annotated[int, Field(ge=-1, le=1 << 24)] = -1
+    memory_limit_MB: Annotated[int, Field(ge=-1, le=MAX_MEMORY_MB)] = -1
     stdin: str | None = None
-    files: dict[str, str | None] = Field(default_factory=dict, max_length=1024)
-    fetch_files: list[str] = Field(default_factory=list, max_length=1024)
-    args: list[str] = Field(default_factory=list, max_length=1024,
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_ITEMS)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
+    args: list[str] = Field(default_factory=list, max_length=MAX_ITEMS,
                             description="extra arguments of a pytest run")
     # Tangram's extensions
-    cpu: Units | CpuRange | Annotated[list[Units], Field(min_length=1, max_length=1024)] = Field(
+    cpu: Units | CpuRange | Choices = Field(
         1, description="the run step's CPU demand: cores, {min, max} or a list of amounts")
     elastic: bool | None = Field(None, description="give a pytest run its granted cores as "
                                  "workers (default: when `cpu` allows more than one amount)")
-    env_id: str | None = Field(None, max_length=256, description="run in this open environment "
-                               "(multi-turn) instead of a fresh one, which is not closed")
+    env_id: str | None = Field(None, max_length=MAX_NAME, description="run in this open "
+                               "environment (multi-turn) instead of a fresh one, which is not "
+                               "closed")
 
     @field_validator("code", "stdin")
     @classmethod
@@ -334,10 +339,13 @@ def fetched(paths: list[str], stdout: str) -> dict[str, str]:
     return out
 
 
-def _grant(step: str, r: Result) -> StepGrant:
-    return StepGrant(step=step, action_id=r.action_id, cores=int(r.units.get("cpu", 0)),
-                     placement=dict(r.placement.get("cpu") or {}), queued_s=r.queued_s,
-                     run_s=r.run_s)
+def _grant(tg: Any, step: str, r: Result) -> StepGrant:
+    """One step's grant, under the CPU resource name the cluster configured."""
+    cpu = tg.cpu.resource
+    placement = r.placement.get(cpu)
+    return StepGrant(step=step, action_id=r.action_id, cores=int(r.units.get(cpu, 0)),
+                     placement={} if placement is None else placement_json(placement),
+                     queued_s=r.queued_s, run_s=r.run_s)
 
 
 async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
@@ -389,7 +397,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
     if plan.compile is not None:
         r = await tg.exec(env, staged(files, f"{guard}{plan.compile} < /dev/null"), cpu=1,
                           timeout=req.compile_timeout, kind=f"run_code:{req.language}:compile")
-        resp.tangram.steps.append(_grant("compile", r))
+        resp.tangram.steps.append(_grant(tg, "compile", r))
         resp.compile_result = command_result(r)
         files, guard = {}, ""
     compiled = resp.compile_result is None or (
@@ -400,14 +408,14 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
         r = await tg.exec(env, staged(files, f"{guard}{_WORKERS}exec {plan.run} {stdin}"),
                           cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout,
                           kind=f"run_code:{req.language}")
-        resp.tangram.steps.append(_grant("run", r))
+        resp.tangram.steps.append(_grant(tg, "run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
         paths = [_sandbox_path(p) for p in req.fetch_files]
         r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, paths)],
                           cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP,
                           kind="run_code:fetch")
-        resp.tangram.steps.append(_grant("fetch", r))
+        resp.tangram.steps.append(_grant(tg, "fetch", r))
         resp.files = {req.fetch_files[paths.index(p)]: data
                       for p, data in fetched(paths, r.stdout).items()}
     resp.status, resp.message = overall(resp.compile_result, resp.run_result)
@@ -447,7 +455,7 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
                           timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP,
                           kind="run_jupyter")
         resp = RunJupyterResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
-        resp.tangram.steps.append(_grant("jupyter", r))
+        resp.tangram.steps.append(_grant(tg, "jupyter", r))
         cells, timed_out, stdout = jupyter.parse(r)
         driver = command_result(r)
         driver.stdout = stdout

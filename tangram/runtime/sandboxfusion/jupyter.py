@@ -28,6 +28,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.results import Result, Status
+from tangram.runtime.http.limits import MAX_CODE, MAX_ITEMS, MAX_MEMORY_MB, MAX_TIMEOUT, Seconds
 
 DRIVER = Path(__file__).with_name("jupyter_driver.py")
 DRIVER_NAME = ".tangram-jupyter-driver.py"
@@ -42,14 +43,14 @@ class RunJupyterRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    cells: Annotated[list[Annotated[str, Field(max_length=1 << 20)]],
+    cells: Annotated[list[Annotated[str, Field(max_length=MAX_CODE)]],
                      Field(max_length=4096)]
-    cell_timeout: Annotated[float, Field(ge=0, le=24 * 3600, allow_inf_nan=False)] = 0.0
-    total_timeout: Annotated[float, Field(gt=0, le=24 * 3600, allow_inf_nan=False)] = 45.0
-    memory_limit_MB: Annotated[int, Field(ge=-1, le=1 << 24)] = -1
+    cell_timeout: Annotated[float, Field(ge=0, le=MAX_TIMEOUT, allow_inf_nan=False)] = 0.0
+    total_timeout: Seconds = 45.0
+    memory_limit_MB: Annotated[int, Field(ge=-1, le=MAX_MEMORY_MB)] = -1
     kernel: Literal["python3"] = "python3"
-    files: dict[str, str | None] = Field(default_factory=dict, max_length=1024)
-    fetch_files: list[str] = Field(default_factory=list, max_length=1024)
+    files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_ITEMS)
+    fetch_files: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
 
     @field_validator("memory_limit_MB")
     @classmethod

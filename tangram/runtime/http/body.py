@@ -1,0 +1,85 @@
+"""The body guard: one deadline and one size bound for a whole request body, enforced before
+the app reads it (`tangram.runtime.guard` has the head's: token first, header deadline,
+connection bounds)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tangram.runtime.http.errors import error
+from tangram.runtime.http.limits import BODY_TIMEOUT_S, DRAIN_BODY, MAX_BODY
+
+
+class BodyLimit:
+    """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
+    declared its length or streams it chunked, and a body not all in within `timeout_s` with
+    408 (one deadline for the whole body: a trickle does not extend it). Before a 413 the body
+    is read and dropped (up to `drain` bytes), so a client that sends it without waiting for
+    `Expect: 100-continue` (urllib, requests) reads the answer instead of a broken pipe. The
+    app then reads the buffered body and, after it, the connection's own messages (so it still
+    hears a disconnect)."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY, timeout_s: float = BODY_TIMEOUT_S,
+                 drain: int = DRAIN_BODY) -> None:
+        self.app = app
+        self.limit = limit
+        self.timeout_s = timeout_s
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_large = declared is not None and (not declared.isdigit()
+                                              or int(declared) > self.limit)
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        deadline = time.monotonic() + self.timeout_s
+        while more:
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                await self._answer(scope, send, 408, f"the request body did not arrive within "
+                                   f"{self.timeout_s:g} s", f"send it within {self.timeout_s:g} s")
+                return
+            if message["type"] != "http.request":  # disconnected before the body was in
+                return
+            body = message.get("body", b"")
+            size += len(body)
+            more = message.get("more_body", False)
+            if size > self.limit:
+                too_large = True
+            if too_large:
+                if size > self.drain:  # enough read and dropped: answer and close
+                    break
+                continue
+            chunks.append(body)
+        if too_large:
+            await self._answer(scope, send, 413, f"request body over {self.limit} bytes",
+                               f"at most {self.limit} bytes")
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _answer(self, scope: Scope, send: Send, status: int, message: str,
+                      problem: str) -> None:
+        response = error(status, message, "body", problem=problem)
+        response.headers["connection"] = "close"
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, nothing, send)
