@@ -19,21 +19,19 @@ import asyncio
 import functools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from managers.api import ApiManager, ApiRequest
+from managers.api import ApiManager, api_action
 from managers.base import EnvironmentManager, Manager
-from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+from managers.cpu.actions import exec_action
 from managers.gpu import GpuManager
+from managers.gpu.actions import invoke_action
 from solvers import get_allocator
-from tangram.actions import Action, Elasticity
+from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
-from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
-from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.distributed import build_ray
@@ -46,14 +44,6 @@ log = logging.getLogger("tangram")
 
 UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
                "the server or the scheduler)")
-DEFAULT_T_ORI = PRIOR_T_ORI  # the estimator's priors live with it (tangram.profiles)
-SERIAL_FRACTION = PRIOR_SERIAL
-
-
-def amdahl(serial: float):
-    def efficiency(m: int) -> float:
-        return 1.0 / (m * (serial + (1.0 - serial) / m))
-    return efficiency
 
 
 @dataclass(slots=True)
@@ -264,21 +254,13 @@ class Tangram:
                    kind: str | None = None) -> Result:
         """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
         keys the duration estimates every trajectory shares; without it, the estimates are the
-        trajectory's own (`profiles.exec_kind`)."""
+        trajectory's own (`profiles.exec_kind`). The action: `managers.cpu.actions`."""
         self._admitting()
         e = self._env(env)
-        boolean("elastic", elastic)
-        demand = Demand.parse(cpu, "cpu")
-        req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
-                          timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
-                          else output_cap)
-        key = exec_kind(e.trajectory, command, kind)
-        elasticity = None
-        if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
-            elasticity = self.scheduler.profiles.learned_elasticity(key, self.cpu.resource)
-        action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
-                        elasticity=elasticity, trajectory=e.trajectory, kind=key,
-                        payload=req, submit_time=self._now(), timeout=timeout)
+        assert self.cpu is not None
+        action = exec_action(self.cpu.resource, env, e.trajectory, command, cpu,
+                             elastic=elastic, timeout=timeout, output_cap=output_cap, kind=kind,
+                             profiles=self.scheduler.profiles, now=self._now())
         e.running.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
@@ -287,46 +269,21 @@ class Tangram:
             e.last_used = self._clock()
 
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
+        """One call of a registered GPU service; the action: `managers.gpu.actions`."""
         self._admitting()
         if self.gpu is None:
             raise NotFound("service", service, "no GPU pool is configured")
-        registry = self.gpu.residency.registry
-        if not isinstance(service, str) or service not in registry:
-            raise NotFound("service", service, f"unknown service (registered: "
-                                  f"{registry.names()})")
-        svc = registry.get(service)
-        if isinstance(gpus, tuple) and len(gpus) == 2:
-            lo, hi = Demand.parse(gpus, "gpus").min, Demand.parse(gpus, "gpus").max
-            amounts = [k for k in svc.dops if lo <= k <= hi]
-        else:
-            amounts = list(Demand.parse(gpus, "gpus").amounts)
-            bad = [k for k in amounts if k not in svc.dops]
-            if bad:
-                raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
-        if not amounts:
-            raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
-        demand = Demand.choices(amounts)
-        elasticity = None
-        duration = svc.infer_s.get(demand.min)
-        if not demand.is_fixed and all(k in svc.infer_s for k in amounts):
-            base = demand.min * svc.infer_s[demand.min]
-            table = {k: min(1.0, base / (k * svc.infer_s[k])) for k in amounts}
-            elasticity = Elasticity(self.gpu.resource, base, table)
-            duration = None
-        action = Action(f"g-{uuid.uuid4().hex[:12]}", {self.gpu.resource: demand},
-                        elasticity=elasticity, duration=duration, kind=f"invoke:{service}",
-                        service=service, payload=payload, submit_time=self._now())
+        action = invoke_action(self.gpu.residency.registry, self.gpu.resource, service,
+                               payload, gpus, self._now())
         return await self._submit(action, self.gpu, f"invoke:{service}")
 
     async def call_api(self, name: str, payload: Any = None) -> Result:
+        """One call of a configured API; the action: `managers.api.api_action`."""
         self._admitting()
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
             raise NotFound("api", name, f"unknown API (configured: {sorted(self.apis)})")
-        if not isinstance(payload, ApiRequest):
-            payload = ApiRequest(json=payload)
-        action = Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1}, kind=f"api:{name}",
-                        payload=payload, submit_time=self._now())
+        action = api_action(name, payload, self._now())
         return await self._submit(action, manager, f"api:{name}")
 
     # -- the loop ------------------------------------------------------------------------------
