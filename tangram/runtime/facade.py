@@ -20,7 +20,6 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from managers.api import ApiManager, api_action
@@ -35,34 +34,13 @@ from tangram.errors import ActionFailed, NotFound, TangramError, ValidationError
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.distributed import build_ray
+from tangram.runtime.entries import UNKNOWN_ENV, EnvEntry, Pending
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.shards import ShardedScheduler
 from tangram.scheduler import Scheduler
 from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
-
-UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
-               "the server or the scheduler)")
-
-
-@dataclass(slots=True)
-class _Pending:
-    action: Action
-    manager: Manager
-    future: asyncio.Future
-    submitted: float
-    started: float = 0.0
-    metric_kind: str = "exec"
-
-
-@dataclass(slots=True)
-class _Env:
-    env_id: str
-    trajectory: str
-    last_used: float
-    running: set[str] = field(default_factory=set)
-
 
 class Tangram:
     """One scheduler, its managers and the environments of the trajectories it serves."""
@@ -92,8 +70,8 @@ class Tangram:
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
-        self._envs: dict[str, _Env] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._envs: dict[str, EnvEntry] = {}
+        self._pending: dict[str, Pending] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = False
@@ -165,7 +143,7 @@ class Tangram:
     def _opened(self, env_id: str, trajectory: str) -> None:
         assert self.cpu is not None
         self.scheduler.bind(trajectory, self.cpu.resource, self.cpu.binding(trajectory))
-        self._envs[env_id] = _Env(env_id, trajectory, self._clock())
+        self._envs[env_id] = EnvEntry(env_id, trajectory, self._clock())
         if not self._closed and self.scheduler.queue:
             self._kick()  # an environment opening is an event, as in the simulator's engine
 
@@ -242,7 +220,7 @@ class Tangram:
         self.scheduler.unbind(env.trajectory)
         log.info("env %s closed", env_id)
 
-    def _env(self, env_id: str) -> _Env:
+    def _env(self, env_id: str) -> EnvEntry:
         env = self._envs.get(env_id)
         if env is None:
             raise NotFound("env_id", env_id, UNKNOWN_ENV)
@@ -297,7 +275,7 @@ class Tangram:
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
         fut = asyncio.get_running_loop().create_future()
-        self._pending[action.id] = _Pending(action, manager, fut, self._clock(),
+        self._pending[action.id] = Pending(action, manager, fut, self._clock(),
                                             metric_kind=metric_kind)
         self._kick()
         try:
@@ -328,7 +306,7 @@ class Tangram:
                       head.id, dict(head.mins),
                       {r: self.scheduler.pools[r].free() for r in head.mins})
 
-    async def _run(self, p: _Pending, a: Assignment) -> None:
+    async def _run(self, p: Pending, a: Assignment) -> None:
         try:
             outcome = await p.manager.run(a)
         except asyncio.CancelledError:
