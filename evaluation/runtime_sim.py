@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 from evaluation import vclock
 from evaluation.closedloop import LoopResult
@@ -34,14 +35,23 @@ from tangram.runtime.facade import Tangram
 MEMORY_MB = 16  # per environment; nodes get room for every trajectory (memory never binds)
 
 
-def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0) -> LoopResult:
-    """`workload` through `Tangram(policy=policy)` on virtual time; `open_s`: environment start."""
-    return vclock.run(_run(workload, policy, open_s))
+def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
+                   policy_options: Mapping[str, Any] | None = None) -> LoopResult:
+    """`workload` through `Tangram(policy=policy, policy_options=...)` on virtual time;
+    `open_s`: environment start."""
+    return vclock.run(_run(workload, policy, open_s, dict(policy_options or {})))
 
 
-async def _run(workload: Workload, policy: str, open_s: float) -> LoopResult:
+def runs_on_runtime(workload: Workload) -> bool:
+    """Whether `run_on_runtime` takes `workload`: CPU only, one core pool named cpu."""
     pools = workload.make_pools()
-    if set(pools) != {"cpu"} or not isinstance(pools["cpu"], CorePool):
+    return set(pools) == {"cpu"} and isinstance(pools["cpu"], CorePool)
+
+
+async def _run(workload: Workload, policy: str, open_s: float,
+               policy_options: dict[str, Any]) -> LoopResult:
+    pools = workload.make_pools()
+    if not runs_on_runtime(workload):
         raise ValidationError("workload.pools", sorted(pools), "the runtime engine runs CPU "
                               "workloads (one core pool named cpu)")
     pool = pools["cpu"]
@@ -56,7 +66,7 @@ async def _run(workload: Workload, policy: str, open_s: float) -> LoopResult:
     cpu = CpuManager(SimBackend(duration, time_scale=1.0), nodes=nodes,
                      memory_mb={n: mem for n in nodes})
     loop = asyncio.get_running_loop()
-    tg = Tangram(cpu=cpu, policy=policy, clock=loop.time)
+    tg = Tangram(cpu=cpu, policy=policy, policy_options=policy_options, clock=loop.time)
     await tg.start()
     t0 = loop.time()
     records: dict[str, ActionRecord] = {}
