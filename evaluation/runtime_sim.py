@@ -1,18 +1,24 @@
-"""A CPU workload run through the runtime itself: `Tangram` with the `sim` CPU backend on a
-virtual-time loop (`evaluation.vclock`), the strongest form of "the simulator is production on
-a virtual clock": the facade, the CPU manager (its environments and their node choice), the
-scheduler and the policy are production code; only the clock and the backend are simulated.
+"""A workload run through the runtime itself: `Tangram` with `sim` backends on a virtual-time
+loop (`evaluation.vclock`), the strongest form of "the simulator is production on a virtual
+clock": the facade, the action builders (`managers/*/actions.py`), the CPU manager (its
+environments and their node choice), the GPU manager (its residency cache, evictions and
+restores), the scheduler and the policy are production code; only the clock and the
+backends are simulated.
 
 Each trajectory opens its environment when it begins (`open_env`, the runtime's node rule),
-waits each step's LLM generation gap, and `exec`s its action: a fixed action at its demand, an
-elastic one at its range with `elastic=True`, so the runtime builds the estimate it builds for
-any command. The sim backend plays the action's sampled duration with the granted cores. The
-command is `<kind> <action id>`, so kinds are learned apart as the workload names them.
+waits each step's LLM generation gap, and submits its action: a CPU action is `exec`ed at its
+demand (an elastic one at its range with `elastic=True`), a GPU action `invoke`s its service
+over its DoP variants, so the runtime builds the estimate it builds for any call. The sim
+backends play the action's sampled duration with the granted units (`TruthGpuBackend`: the
+GPU `sim` backend's restores, the action's own inference time). The command (the payload of
+a GPU call) names the action, and the workload's kind is passed as the trusted kind, so kinds
+are learned as the workload names them.
 
 It answers what `evaluation.closedloop.run` answers for the same workload (records per action,
 spans), so an experiment can run on either engine; `tests/property/
-test_runtime_matches_simulator.py` checks that both grant the same on one node. Only CPU
-workloads (no GPU services, no APIs): their sim backends would run the same way.
+test_runtime_matches_simulator.py` checks that both grant the same. Not yet API pools: the
+simulated API server (`evaluation.upstream`, its limits and 429s) is an engine executor with
+no manager behind the facade.
 """
 
 from __future__ import annotations
@@ -27,12 +33,34 @@ from evaluation.engine import ActionRecord, modelled_duration
 from evaluation.workloads.base import Trajectory, Workload
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
+from managers.gpu import GpuManager, Service
+from managers.gpu.backend import Chunk
+from managers.gpu.sim import SimBackend as SimGpuBackend
+from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.errors import ValidationError
-from tangram.pools import CorePool
+from tangram.pools import ChunkPool, CorePool
+from tangram.results import Result
 from tangram.runtime.facade import Tangram
 
 MEMORY_MB = 16  # per environment; nodes get room for every trajectory (memory never binds)
+
+
+class TruthGpuBackend(SimGpuBackend):
+    """The `sim` GPU backend (restores take the service's restore time), whose invokes take
+    the action's own modelled duration on the chunk's GPUs: the payload is the action id."""
+
+    def __init__(self, truth: Mapping[str, Action], resource: str) -> None:
+        super().__init__()
+        self.truth = truth
+        self.resource = resource
+
+    async def invoke(self, service: Service, node: str, chunk: Chunk, payload: Any) -> Any:
+        if (service.name, node, chunk) not in self.resident:
+            raise RuntimeError(f"sim: {service.name} is not resident on {node}{chunk}")
+        await asyncio.sleep(modelled_duration(self.truth[payload],
+                                              {self.resource: chunk[1] - chunk[0]}))
+        return None
 
 
 def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
@@ -43,58 +71,82 @@ def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
 
 
 def runs_on_runtime(workload: Workload) -> bool:
-    """Whether `run_on_runtime` takes `workload`: CPU only, one core pool named cpu."""
+    """Whether `run_on_runtime` takes `workload`: a core pool named cpu and, with services
+    declared, the GPU chunk pool they run on; nothing else (no API pools)."""
     pools = workload.make_pools()
-    return set(pools) == {"cpu"} and isinstance(pools["cpu"], CorePool)
+    gpu = workload.gpu.name if workload.gpu is not None and workload.gpu.services else None
+    return (all(r in ("cpu", gpu) for r in pools) and bool(pools)
+            and isinstance(pools.get("cpu", CorePool("cpu", {})), CorePool)
+            and (gpu is None or isinstance(pools.get(gpu), ChunkPool)))
+
+
+def _managers(workload: Workload, truth: Mapping[str, Action],
+              loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+    pools = workload.make_pools()
+    out: dict[str, Any] = {}
+    if "cpu" in pools:
+        pool = pools["cpu"]
+        assert isinstance(pool, CorePool)
+
+        def duration(command, cores: int) -> float:
+            return modelled_duration(truth[command.split()[1]], {"cpu": cores})
+
+        nodes = {n: pool.cpu_node(n) for n in pool.nodes()}
+        mem = MEMORY_MB * max(1, len(workload.trajectories))
+        out["cpu"] = CpuManager(SimBackend(duration, time_scale=1.0), nodes=nodes,
+                                memory_mb={n: mem for n in nodes})
+    if workload.gpu is not None and workload.gpu.name in pools:
+        r = workload.gpu.name
+        residency = SimServiceModel(workload.gpu).residency  # the simulator's own sizing
+        pool = pools[r]
+        assert isinstance(pool, ChunkPool)
+        out["gpu"] = GpuManager(pool, residency, TruthGpuBackend(truth, r), clock=loop.time)
+    return out
+
+
+async def _submit(tg: Tangram, env: str | None, a: Action) -> Result:
+    if a.service is not None:
+        d = a.demands[tg.gpu.resource]
+        return await tg.invoke(a.service, a.id, gpus=list(d.amounts), kind=a.kind)
+    assert env is not None
+    return await tg.exec(env, f"{a.kind} {a.id}", cpu=a.demands["cpu"], elastic=a.is_elastic,
+                         timeout=a.timeout or 1e9, kind=a.kind)
 
 
 async def _run(workload: Workload, policy: str, open_s: float,
                policy_options: dict[str, Any]) -> LoopResult:
-    pools = workload.make_pools()
     if not runs_on_runtime(workload):
-        raise ValidationError("workload.pools", sorted(pools), "the runtime engine runs CPU "
-                              "workloads (one core pool named cpu)")
-    pool = pools["cpu"]
+        raise ValidationError("workload.pools", sorted(workload.make_pools()), "the runtime "
+                              "engine runs CPU (one core pool named cpu) and GPU service "
+                              "workloads, not API pools")
     truth: dict[str, Action] = {s.action.id: s.action for t in workload.trajectories
                                 for s in t.steps}
-
-    def duration(command, cores: int) -> float:
-        return modelled_duration(truth[command.split()[1]], {"cpu": cores})
-
-    nodes = {n: pool.cpu_node(n) for n in pool.nodes()}
-    mem = MEMORY_MB * max(1, len(workload.trajectories))
-    cpu = CpuManager(SimBackend(duration, time_scale=1.0), nodes=nodes,
-                     memory_mb={n: mem for n in nodes})
     loop = asyncio.get_running_loop()
-    tg = Tangram(cpu=cpu, policy=policy, policy_options=policy_options, clock=loop.time)
+    tg = Tangram(**_managers(workload, truth, loop), policy=policy,
+                 policy_options=policy_options, clock=loop.time)
     await tg.start()
     t0 = loop.time()
-    records: dict[str, ActionRecord] = {}
-    kinds: dict[str, tuple[str, str, str]] = {}
-    setups: dict[str, tuple[float, float]] = {}
-    spans: dict[str, tuple[float, float]] = {}
+    out = LoopResult({}, {}, {}, {}, {})
 
     async def trajectory(t: Trajectory) -> None:
         await asyncio.sleep(t.start)
-        env = await tg.open_env(t.id, MEMORY_MB)
+        env = None if tg.cpu is None else await tg.open_env(t.id, MEMORY_MB)
         await asyncio.sleep(open_s)
-        setups[t.id] = (t.start, loop.time() - t0)
+        out.setups[t.id] = (t.start, loop.time() - t0)
         for s in t.steps:
             await asyncio.sleep(s.think_s)
-            a = s.action
             submitted = loop.time() - t0
-            r = await tg.exec(env, f"{a.kind} {a.id}", cpu=a.demands["cpu"],
-                              elastic=a.is_elastic, timeout=a.timeout or 1e9,
-                              kind=a.kind)
+            r = await _submit(tg, env, s.action)
             start = submitted + r.queued_s
-            records[a.id] = ActionRecord(submitted, start, start + r.run_s, dict(r.units),
-                                         None, r.status)
-            kinds[a.id] = (t.id, a.task or "", a.kind)
-        spans[t.id] = (t.start, loop.time() - t0)
-        await tg.close_env(env)
+            out.records[s.action.id] = ActionRecord(submitted, start, start + r.run_s,
+                                                    dict(r.units), None, r.status)
+            out.kinds[s.action.id] = (t.id, s.action.task or "", s.action.kind)
+        out.spans[t.id] = (t.start, loop.time() - t0)
+        if env is not None:
+            await tg.close_env(env)
 
     await asyncio.gather(*(trajectory(t) for t in workload.trajectories))
-    counters: Mapping[str, float] = {"decisions": float(tg.scheduler.decisions),
-                                     "actions": float(len(records))}
+    out.counters.update({"decisions": float(tg.scheduler.decisions),
+                         "actions": float(len(out.records))})
     await tg.shutdown()
-    return LoopResult(records, kinds, setups, spans, dict(counters))
+    return out

@@ -246,13 +246,16 @@ class Tangram:
             e.running.discard(action.id)
             e.last_used = self._clock()
 
-    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
-        """One call of a registered GPU service; the action: `managers.gpu.actions`."""
+    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1,
+                     kind: str | None = None) -> Result:
+        """One call of a registered GPU service; `kind` as for `exec` (default
+        `invoke:<service>`). The action: `managers.gpu.actions`."""
         self._admitting()
         if self.gpu is None:
             raise NotFound("service", service, "no GPU pool is configured")
         action = invoke_action(self.gpu.residency.registry, self.gpu.resource, service,
-                               payload, gpus, self._now())
+                               payload, gpus, self._now(), profiles=self.scheduler.profiles,
+                               kind=kind)
         return await self._submit(action, self.gpu, f"invoke:{service}")
 
     async def call_api(self, name: str, payload: Any = None) -> Result:
