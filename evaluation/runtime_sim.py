@@ -24,6 +24,7 @@ no manager behind the facade.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,7 +41,7 @@ from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, CorePool
-from tangram.results import Result
+from tangram.results import Result, Status
 from tangram.runtime.facade import Tangram
 
 MEMORY_MB = 16  # per environment; nodes get room for every trajectory (memory never binds)
@@ -113,6 +114,24 @@ async def _submit(tg: Tangram, env: str | None, a: Action) -> Result:
                          timeout=a.timeout or 1e9, kind=a.kind)
 
 
+def _timed_decisions(tg: Tangram) -> dict[str, float]:
+    """The engine's counters, to fill as the run goes; the scheduler's decisions timed in
+    wall and CPU seconds as the engine times them (the same `Scheduler.decide`, wrapped)."""
+    counters = dict.fromkeys(("restores", "overhead_s", "timeouts", "decide_wall_s",
+                              "decide_cpu_s"), 0.0)
+    decide = tg.scheduler.decide
+
+    def timed(now: float):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return decide(now)
+        finally:
+            counters["decide_wall_s"] += time.perf_counter() - t0
+            counters["decide_cpu_s"] += time.thread_time() - c0
+    tg.scheduler.decide = timed  # type: ignore[method-assign]
+    return counters
+
+
 async def _run(workload: Workload, policy: str, open_s: float,
                policy_options: dict[str, Any]) -> LoopResult:
     if not runs_on_runtime(workload):
@@ -127,6 +146,7 @@ async def _run(workload: Workload, policy: str, open_s: float,
     await tg.start()
     t0 = loop.time()
     out = LoopResult({}, {}, {}, {}, {})
+    counters = _timed_decisions(tg)
 
     async def trajectory(t: Trajectory) -> None:
         await asyncio.sleep(t.start)
@@ -138,15 +158,19 @@ async def _run(workload: Workload, policy: str, open_s: float,
             submitted = loop.time() - t0
             r = await _submit(tg, env, s.action)
             start = submitted + r.queued_s
+            restored = r.restore_s > 0 if s.action.service is not None else None
             out.records[s.action.id] = ActionRecord(submitted, start, start + r.run_s,
-                                                    dict(r.units), None, r.status)
+                                                    dict(r.units), restored, r.status)
+            counters["restores"] += bool(restored)
+            counters["overhead_s"] += r.restore_s
+            counters["timeouts"] += r.status is Status.TIMEOUT
             out.kinds[s.action.id] = (t.id, s.action.task or "", s.action.kind)
         out.spans[t.id] = (t.start, loop.time() - t0)
         if env is not None:
             await tg.close_env(env)
 
     await asyncio.gather(*(trajectory(t) for t in workload.trajectories))
-    out.counters.update({"decisions": float(tg.scheduler.decisions),
-                         "actions": float(len(out.records))})
+    out.counters.update(counters, decisions=float(tg.scheduler.decisions),
+                        actions=float(len(out.records)))
     await tg.shutdown()
     return out

@@ -317,8 +317,9 @@ class Tangram:
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
-        end = self._clock()
-        self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
+        end = self._clock()  # learned: the action's own run, not its service's restore
+        self.scheduler.complete(a.action.id, self._now(),
+                                run_s=max(0.0, end - p.started - outcome.restore_s),
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
         result = outcome.granted(

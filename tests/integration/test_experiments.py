@@ -66,7 +66,7 @@ def test_engine_runtime_runs_tangram_through_the_facade(name, sizes):
         got = common._run(w, common.tangram())
         if name == "coding":
             assert "events" in common._run(w, common.kubernetes()).counters
-    assert set(got.counters) == {"actions", "decisions"} and "events" in ref.counters
+    assert "events" not in got.counters and "events" in ref.counters  # the facade ran it
     assert set(got.records) == set(ref.records) and len(ref.records) > 24
     for aid, r in ref.records.items():
         g = got.records[aid]
