@@ -216,7 +216,9 @@ class Engine:
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)
         self._truth.pop(aid, None)
-        a = self.scheduler.complete(aid, now, run_s=run_s, status=status).assignment
+        # learned at 1 ns, as the runtime learns its measured times: a tie between two equal-cost
+        # arrangements is not broken by a float's last digits differing between the two
+        a = self.scheduler.complete(aid, now, run_s=round(run_s, 9), status=status).assignment
         for r in a.units:
             ex = self.executors.get(r)
             if ex is not None:

@@ -317,9 +317,9 @@ class Tangram:
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
-        end = self._clock()  # learned: the action's own run, not its service's restore
+        end = self._clock()  # learned: its own run, not its restore; at 1 ns as the engine
         self.scheduler.complete(a.action.id, self._now(),
-                                run_s=max(0.0, end - p.started - outcome.restore_s),
+                                run_s=round(max(0.0, end - p.started - outcome.restore_s), 9),
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
         result = outcome.granted(
