@@ -1,25 +1,25 @@
 """`tangram experiment twin [--quick] [--json]`: the simulator as a digital twin, validated.
 
-One small AI-coding workload runs twice:
+One small AI-coding workload (`evaluation.twin_plan`) is
 
-1. **For real**, through `Tangram.local()`: real sandboxes on this machine's cores, real
-   commands (tool calls `head -c N /dev/zero | sha256sum`, one core each; a reward run, a
-   Python program that forks one worker per granted core over a serial and a parallel part,
-   submitted elastic over 1..cores), trajectories that start as a rollout batch does and wait
-   an LLM generation gap before each action (the AI-coding workload's draws:
-   `evaluation.workloads.coding`, scaled down by `think_scale` to fit minutes).
-2. **Simulated**, through the closed-loop simulator (`evaluation.engine`; and again through
-   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree): the same
-   trajectories, the same arrivals and gaps, and for durations each command's profile
-   *measured* on this machine beforehand (a calibration pass through `Tangram.local()`: the
-   tool sizes on one core, the reward at every amount), the environment start time likewise;
-   the same policy (the runtime's default) learning durations by the runtime's rule.
+1. **calibrated**: each command timed through `Tangram.local()` with the machine full of it
+   (the tools on one core, the reward at every core count), the environment start likewise;
+2. **run for real** `runs` times through `Tangram.local()` (real sandboxes, real commands,
+   trajectories that start as a rollout batch does and wait an LLM gap before each action),
+   every action traced (`Done`: its command, cores, submission, gap, queueing, run time);
+3. **predicted**, each run by the closed-loop simulator (`evaluation.engine`, and again by
+   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree) replaying
+   its trace (`replay_workload`: the measured gaps and run times; an elastic action's time at
+   other core counts from the calibrated speed-up), the same policy (the runtime's default)
+   learning by the runtime's rule; and the plan once more from the calibrated profiles alone
+   (`predicted_offline`: what a twin can say before any run).
 
 It prints predicted against measured mean ACT, p99 ACT, step time (batch start to the last
-action's end) and core utilisation (granted core-seconds over cores x step time), with each
-error. Where error comes from: exec overhead that varies run to run, the estimator's guesses
-(the same in both, but a different guess changes a grant), and machine noise between the
-calibration and the run (on a loaded shared machine, mostly the last).
+action's end) and core utilisation (granted core-seconds over cores x step time), medians over
+the runs, with each error. The replay leaves out machine noise between calibration and run
+(on a loaded shared machine, by far the largest source: the offline error); exec overhead and
+the client's latency are inside the measured times on both sides (docs/architecture.md, "The
+digital twin").
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -40,8 +39,16 @@ from rich.table import Table
 
 from evaluation.closedloop import EnvironmentStart, Policy, run
 from evaluation.runtime_sim import run_on_runtime
-from evaluation.workloads.base import Step, Trajectory, Workload, lognormal_mean
-from evaluation.workloads.coding import CodingParams
+from evaluation.twin_plan import (
+    QUICK,
+    TIMEOUT_S,
+    TwinParams,
+    TwinTrajectory,
+    plan,
+    reward_command,
+    twin_kind,
+)
+from evaluation.workloads.base import Step, Trajectory, Workload
 from managers.cpu.request import Command
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
@@ -50,87 +57,6 @@ from tangram.profiles import exec_kind
 from tangram.runtime.config import DEFAULT_POLICY
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
-
-REWARD_PROGRAM = r"""
-import os, sys
-n = len(os.sched_getaffinity(0))
-serial, par = int(float(sys.argv[1])), int(float(sys.argv[2]))
-def spin(k):
-    x = 0
-    for i in range(k):
-        x += i
-spin(serial)
-kids = []
-for _ in range(n - 1):
-    pid = os.fork()
-    if pid == 0:
-        spin(par // n)
-        os._exit(0)
-    kids.append(pid)
-spin(par // n)
-for pid in kids:
-    os.waitpid(pid, 0)
-"""
-TIMEOUT_S = 60.0  # every exec's timeout, in the runtime and in the simulated actions
-
-
-@dataclass(frozen=True)
-class TwinParams:
-    trajectories: int = 8
-    turns_mean: float = 5.0  # tool calls per trajectory (lognormal as in AI coding)
-    tool_bytes: tuple[int, ...] = (20_000_000, 40_000_000, 80_000_000)
-    reward_serial: float = 2e6  # loop iterations of the reward's serial part
-    reward_parallel: float = 3e7  # ... and of its parallel part, split over the granted cores
-    think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
-    start_spread_s: float = 2.0
-    max_dop: int = 4
-    reps: int = 3  # calibration runs per (command, amount)
-    runs: int = 3  # real runs, each predicted from its own trace; figures are medians over them
-    seed: int = 0
-
-
-QUICK = TwinParams(trajectories=3, turns_mean=3.0, tool_bytes=(20_000_000, 40_000_000),
-                   reward_parallel=1.2e7, think_scale=0.05, start_spread_s=0.5, reps=2, runs=2)
-
-
-@dataclass(frozen=True)
-class TwinStep:
-    think_s: float
-    command: Command
-    elastic: bool
-
-
-@dataclass(frozen=True)
-class TwinTrajectory:
-    id: str
-    start: float
-    steps: tuple[TwinStep, ...]
-
-
-def tool_command(nbytes: int) -> str:
-    return f"head -c {nbytes} /dev/zero | sha256sum"
-
-
-def reward_command(p: TwinParams) -> tuple[str, ...]:
-    return ("python3", "-c", REWARD_PROGRAM, f"{p.reward_serial:g}", f"{p.reward_parallel:g}")
-
-
-def plan(p: TwinParams) -> list[TwinTrajectory]:
-    """The workload: turns and LLM generation gaps drawn as the AI-coding workload draws them
-    (`CodingParams`' distributions), tool sizes uniformly from `tool_bytes`."""
-    c = CodingParams()
-    rng = random.Random(p.seed)
-    out = []
-    for i in range(p.trajectories):
-        turns = max(1, round(lognormal_mean(rng, p.turns_mean, c.turns_sigma)))
-        steps = []
-        for _ in range(turns):
-            tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
-            steps.append(TwinStep(p.think_scale * tokens / c.decode_tok_s,
-                                  tool_command(rng.choice(p.tool_bytes)), False))
-        steps.append(TwinStep(0.0, reward_command(p), True))
-        out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
-    return out
 
 
 # -- measuring ----------------------------------------------------------------------------------
@@ -243,12 +169,6 @@ async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
     return Observed([d.queued_s + d.run_s for d in ds], [d.run_s for d in ds],
                     sum(d.cores * d.run_s for d in ds),
                     max(d.submitted + d.queued_s + d.run_s for d in ds), cores, trace)
-
-
-def twin_kind(command: Command) -> str:
-    """The trusted kind the twin gives each command (its program's name), on both sides."""
-    first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-    return first.rsplit("/", 1)[-1]
 
 
 # -- predicting ---------------------------------------------------------------------------------
