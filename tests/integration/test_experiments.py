@@ -52,7 +52,10 @@ def test_cli_json(tmp_path, capsys):
 
 @pytest.mark.parametrize("name,sizes", [("coding", {"batch": 24, "nodes": 1,
                                                     "cores_per_node": 24}),
-                                         ("mopd", {"batch": 24})])
+                                         ("mopd", {"batch": 24}),
+                                         # one GPU node, heavy queueing: the engine had
+                                         # decided at trajectory starts the runtime never saw
+                                         ("mopd", {"batch": 256, "gpu_nodes": 1})])
 def test_engine_runtime_runs_tangram_through_the_facade(name, sizes):
     """`tangram experiment --engine runtime`: Tangram's run of a CPU or GPU-service workload
     goes through the runtime's own facade on virtual time (`runtime_sim`: its result carries
