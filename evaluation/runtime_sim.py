@@ -29,9 +29,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from evaluation import vclock
-from evaluation.closedloop import LoopResult
+from evaluation.closedloop import LoopResult, api_executors
 from evaluation.engine import ActionRecord, modelled_duration
+from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
+from managers.basic import BasicManager, Limits
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
 from managers.gpu import GpuManager, Service
@@ -39,6 +41,7 @@ from managers.gpu.backend import Chunk
 from managers.gpu.sim import SimBackend as SimGpuBackend
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
+from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, CorePool
 from tangram.results import Result, Status
@@ -64,6 +67,30 @@ class TruthGpuBackend(SimGpuBackend):
         return None
 
 
+def sim_api_manager(workload: Workload, pools: Mapping[str, Any], truth: Mapping[str, Action],
+                    clock) -> tuple[BasicManager, ApiUpstream] | None:
+    """The workload's API pools behind one basic manager (a concurrency gate per pool, as
+    many slots as the pool has) whose calls take the action's modelled time plus what the
+    simulated API server (`evaluation.upstream`, the engine's own model) adds: a 429 and its
+    Retry-After for a call over the server's limit."""
+    apis = {r: p for r, p in pools.items() if r.startswith("api:")}
+    if not apis:
+        return None
+    ups = api_executors(workload)
+    up = next(iter(ups.values())) if ups else ApiUpstream({})
+
+    async def execute(a: Assignment) -> None:
+        extra, _ = up.begin(a, clock())
+        try:
+            await asyncio.sleep(modelled_duration(truth[a.action.payload.json], a.units)
+                                + extra)
+        finally:
+            up.end(a, clock())
+
+    limits = {r: Limits(concurrency=p.capacity()) for r, p in apis.items()}
+    return BasicManager(limits, execute, clock=clock), up
+
+
 def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
                    policy_options: Mapping[str, Any] | None = None) -> LoopResult:
     """`workload` through `Tangram(policy=policy, policy_options=...)` on virtual time;
@@ -72,11 +99,11 @@ def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
 
 
 def runs_on_runtime(workload: Workload) -> bool:
-    """Whether `run_on_runtime` takes `workload`: a core pool named cpu and, with services
-    declared, the GPU chunk pool they run on; nothing else (no API pools)."""
+    """Whether `run_on_runtime` takes `workload`: a core pool named cpu, with services
+    declared the GPU chunk pool they run on, and API pools (`api:<name>`); nothing else."""
     pools = workload.make_pools()
     gpu = workload.gpu.name if workload.gpu is not None and workload.gpu.services else None
-    return (all(r in ("cpu", gpu) for r in pools) and bool(pools)
+    return (all(r in ("cpu", gpu) or r.startswith("api:") for r in pools) and bool(pools)
             and isinstance(pools.get("cpu", CorePool("cpu", {})), CorePool)
             and (gpu is None or isinstance(pools.get(gpu), ChunkPool)))
 
@@ -102,10 +129,17 @@ def _managers(workload: Workload, truth: Mapping[str, Action],
         pool = pools[r]
         assert isinstance(pool, ChunkPool)
         out["gpu"] = GpuManager(pool, residency, TruthGpuBackend(truth, r), clock=loop.time)
+    api = sim_api_manager(workload, pools, truth, loop.time)
+    if api is not None:
+        out["apis"] = {r[len("api:"):]: api[0] for r in api[0].pools()}
+        out["upstream"] = api[1]
     return out
 
 
 async def _submit(tg: Tangram, env: str | None, a: Action) -> Result:
+    api = next((r for r in a.demands if r.startswith("api:")), None)
+    if api is not None:
+        return await tg.call_api(api[len("api:"):], a.id, kind=a.kind)
     if a.service is not None:
         d = a.demands[tg.gpu.resource]
         return await tg.invoke(a.service, a.id, gpus=list(d.amounts), kind=a.kind)
@@ -136,13 +170,14 @@ async def _run(workload: Workload, policy: str, open_s: float,
                policy_options: dict[str, Any]) -> LoopResult:
     if not runs_on_runtime(workload):
         raise ValidationError("workload.pools", sorted(workload.make_pools()), "the runtime "
-                              "engine runs CPU (one core pool named cpu) and GPU service "
-                              "workloads, not API pools")
+                              "engine runs a core pool named cpu, the GPU chunk pool of the "
+                              "declared services and api:<name> pools, nothing else")
     truth: dict[str, Action] = {s.action.id: s.action for t in workload.trajectories
                                 for s in t.steps}
     loop = asyncio.get_running_loop()
-    tg = Tangram(**_managers(workload, truth, loop), policy=policy,
-                 policy_options=policy_options, clock=loop.time)
+    managers = _managers(workload, truth, loop)
+    up = managers.pop("upstream", None)
+    tg = Tangram(**managers, policy=policy, policy_options=policy_options, clock=loop.time)
     await tg.start()
     t0 = loop.time()
     out = LoopResult({}, {}, {}, {}, {})
@@ -172,5 +207,9 @@ async def _run(workload: Workload, policy: str, open_s: float,
     await asyncio.gather(*(trajectory(t) for t in workload.trajectories))
     out.counters.update(counters, decisions=float(tg.scheduler.decisions),
                         actions=float(len(out.records)))
+    if up is not None:  # as the engine counts them (`ClosedLoopSimulator.run`)
+        half = max((e for _, e in out.spans.values()), default=0.0) / 2
+        out.counters["api_429"] = float(up.total)
+        out.counters["api_429_late"] = float(sum(t > half for t in up.refused_at))
     await tg.shutdown()
     return out

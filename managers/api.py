@@ -82,13 +82,15 @@ class ApiRequest:
     method: str | None = None
 
 
-def api_action(name: str, payload: Any, now: float) -> Action:
+def api_action(name: str, payload: Any, now: float, kind: str | None = None) -> Action:
     """The action of one call of API `name` (one unit of `api:<name>`), submitted at `now`;
-    a payload that is not an `ApiRequest` is its JSON body."""
+    a payload that is not an `ApiRequest` is its JSON body. `kind`: the trusted caller's
+    name for what it is (the estimates it shares), else `api:<name>`."""
     if not isinstance(payload, ApiRequest):
         payload = ApiRequest(json=payload)
-    return Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1}, kind=f"api:{name}",
-                  payload=payload, submit_time=now)
+    return Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1},
+                  kind=kind if kind is not None else f"api:{name}", payload=payload,
+                  submit_time=now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,12 +177,11 @@ def cached_run(workload: Workload, policy: Policy) -> LoopResult:
 
 def _run(workload: Workload, policy: Policy) -> LoopResult:
     """The closed-loop engine, or under `--engine runtime` the runtime itself on virtual time
-    (`evaluation.runtime_sim`: the `Tangram` facade, the CPU and GPU managers on sim
-    backends) for Tangram's runs of CPU and GPU-service workloads. A baseline stays on the
-    engine: its lifecycle (a Kubernetes pod reserving cores per trajectory, static GPU
-    replicas, retrying API clients) is not one the runtime has; so does a workload with API
-    pools (the simulated API server, `evaluation.upstream`, has no manager behind the facade
-    yet), and `--oracle` (the runtime never sees an action's true duration)."""
+    (`evaluation.runtime_sim`: the `Tangram` facade, the CPU, GPU and API managers on sim
+    backends) for Tangram's runs. A baseline stays on the engine: its lifecycle (a
+    Kubernetes pod reserving cores per trajectory, static GPU replicas, retrying API clients)
+    is not one the runtime has; so does `--oracle` (the runtime never sees an action's true
+    duration)."""
     if (ENGINE.get() == "runtime" and policy.name == "tangram" and not ORACLE.get()
             and policy.executors is None and isinstance(policy.lifecycle, EnvironmentStart)
             and runs_on_runtime(workload)):

@@ -258,13 +258,14 @@ class Tangram:
                                kind=kind)
         return await self._submit(action, self.gpu, f"invoke:{service}")
 
-    async def call_api(self, name: str, payload: Any = None) -> Result:
-        """One call of a configured API; the action: `managers.api.api_action`."""
+    async def call_api(self, name: str, payload: Any = None, kind: str | None = None) -> Result:
+        """One call of a configured API; `kind` as for `exec` (default `api:<name>`). The
+        action: `managers.api.api_action`."""
         self._admitting()
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
             raise NotFound("api", name, f"unknown API (configured: {sorted(self.apis)})")
-        action = api_action(name, payload, self._now())
+        action = api_action(name, payload, self._now(), kind)
         return await self._submit(action, manager, f"api:{name}")
 
     # -- the loop ------------------------------------------------------------------------------

@@ -55,13 +55,15 @@ def test_cli_json(tmp_path, capsys):
                                          ("mopd", {"batch": 24}),
                                          # one GPU node, heavy queueing: the engine had
                                          # decided at trajectory starts the runtime never saw
-                                         ("mopd", {"batch": 256, "gpu_nodes": 1})])
+                                         ("mopd", {"batch": 256, "gpu_nodes": 1}),
+                                         ("deepsearch", {"batch": 24})])
 def test_engine_runtime_runs_tangram_through_the_facade(name, sizes):
-    """`tangram experiment --engine runtime`: Tangram's run of a CPU or GPU-service workload
-    goes through the runtime's own facade on virtual time (`runtime_sim`: its result carries
-    only the facade's counters) and starts and ends every action at the same time with the
-    same units as the engine (GPU: the same residency, evictions and restores); the Kubernetes
-    baseline (a lifecycle the runtime has not) stays on the engine."""
+    """`tangram experiment --engine runtime`: Tangram's run of a CPU, GPU-service or API
+    workload goes through the runtime's own facade on virtual time (`runtime_sim`: its result
+    carries only the facade's counters) and starts and ends every action at the same time
+    with the same units as the engine (GPU: the same residency, evictions and restores; APIs:
+    the same simulated server); the Kubernetes baseline (a lifecycle the runtime has not)
+    stays on the engine."""
     w = common.workload(name, **sizes)
     with common.engine("engine"):
         ref = common._run(w, common.tangram())
