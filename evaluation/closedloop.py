@@ -186,12 +186,12 @@ class _Trajectories(Driver):
         engine.push(now + delay + t.steps[0].think_s, ARRIVAL, (t.id, 0))
         return True
 
-    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> None:
-        if kind == START:
+    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> bool | None:
+        if kind == START:  # an event to the scheduler where the runtime opens an environment
             t = self.trajs[key]
             if self.pending or not self._open(engine, t, now):
                 self.pending.append(t)
-            return
+            return bool(self.sim.core_pools)
         tid, step = key
         truth = self.trajs[tid].steps[step].action
         seen = (dataclasses.replace(truth, submit_time=now) if self.sim.oracle

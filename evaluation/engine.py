@@ -83,7 +83,9 @@ class Driver(ABC):
     def begin(self, engine: Engine) -> None: ...
 
     @abstractmethod
-    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> None: ...
+    def handle(self, engine: Engine, kind: int, key: Any, now: float) -> bool | None:
+        """Handle one of the driver's events; False: it is no event to the scheduler (the
+        runtime would not decide on it), so it alone does not make the instant decide."""
 
     def completed(self, engine: Engine, action: Action, now: float) -> None:
         """Nothing follows a completion unless the driver says so."""
@@ -148,17 +150,21 @@ class Engine:
         while events:
             now = events[0][0]
             after = AFTER <= events[0][1] < WAKE  # this round: the instant's reactions
+            decide = False
             while events and events[0][0] == now and (AFTER <= events[0][1] < WAKE) == after:
                 _, kind, _, key = heapq.heappop(events)
                 self.counters["events"] += 1
                 if kind == COMPLETION:
                     driver.completed(self, self._complete(key, now), now)
                     done += 1
+                    decide = True
                 elif kind == WAKE:
                     self._wakes.discard(now)
-                else:
-                    driver.handle(self, kind, key, now)
-            self._decide(driver, now)
+                    decide = True
+                elif driver.handle(self, kind, key, now) is not False:
+                    decide = True
+            if decide:
+                self._decide(driver, now)
             w = driver.wakeup(now)
             if w is not None and w > now and w not in self._wakes:
                 self._wakes.add(w)
@@ -216,7 +222,9 @@ class Engine:
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)
         self._truth.pop(aid, None)
-        a = self.scheduler.complete(aid, now, run_s=run_s, status=status).assignment
+        # learned at 1 ns, as the runtime learns its measured times: a tie between two equal-cost
+        # arrangements is not broken by a float's last digits differing between the two
+        a = self.scheduler.complete(aid, now, run_s=round(run_s, 9), status=status).assignment
         for r in a.units:
             ex = self.executors.get(r)
             if ex is not None:

@@ -1,25 +1,25 @@
 """`tangram experiment twin [--quick] [--json]`: the simulator as a digital twin, validated.
 
-One small AI-coding workload runs twice:
+One small AI-coding workload (`evaluation.twin_plan`) is
 
-1. **For real**, through `Tangram.local()`: real sandboxes on this machine's cores, real
-   commands (tool calls `head -c N /dev/zero | sha256sum`, one core each; a reward run, a
-   Python program that forks one worker per granted core over a serial and a parallel part,
-   submitted elastic over 1..cores), trajectories that start as a rollout batch does and wait
-   an LLM generation gap before each action (the AI-coding workload's draws:
-   `evaluation.workloads.coding`, scaled down by `think_scale` to fit minutes).
-2. **Simulated**, through the closed-loop simulator (`evaluation.engine`; and again through
-   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree): the same
-   trajectories, the same arrivals and gaps, and for durations each command's profile
-   *measured* on this machine beforehand (a calibration pass through `Tangram.local()`: the
-   tool sizes on one core, the reward at every amount), the environment start time likewise;
-   the same policy (the runtime's default) learning durations by the runtime's rule.
+1. **calibrated**: each command timed through `Tangram.local()` with the machine full of it
+   (the tools on one core, the reward at every core count), the environment start likewise;
+2. **run for real** `runs` times through `Tangram.local()` (real sandboxes, real commands,
+   trajectories that start as a rollout batch does and wait an LLM gap before each action),
+   every action traced (`Done`: its command, cores, submission, gap, queueing, run time);
+3. **predicted**, each run by the closed-loop simulator (`evaluation.engine`, and again by
+   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree) replaying
+   its trace (`replay_workload`: the measured gaps and run times; an elastic action's time at
+   other core counts from the calibrated speed-up), the same policy (the runtime's default)
+   learning by the runtime's rule; and the plan once more from the calibrated profiles alone
+   (`predicted_offline`: what a twin can say before any run).
 
 It prints predicted against measured mean ACT, p99 ACT, step time (batch start to the last
-action's end) and core utilisation (granted core-seconds over cores x step time), with each
-error. Where error comes from: exec overhead that varies run to run, the estimator's guesses
-(the same in both, but a different guess changes a grant), and machine noise between the
-calibration and the run (on a loaded shared machine, mostly the last).
+action's end) and core utilisation (granted core-seconds over cores x step time), medians over
+the runs, with each error. The replay leaves out machine noise between calibration and run
+(on a loaded shared machine, by far the largest source: the offline error); exec overhead and
+the client's latency are inside the measured times on both sides (docs/architecture.md, "The
+digital twin").
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import asyncio
 import json
 import math
 import os
-import random
 import statistics
 import time
 from collections.abc import Mapping, Sequence
@@ -40,8 +39,16 @@ from rich.table import Table
 
 from evaluation.closedloop import EnvironmentStart, Policy, run
 from evaluation.runtime_sim import run_on_runtime
-from evaluation.workloads.base import Step, Trajectory, Workload, lognormal_mean
-from evaluation.workloads.coding import CodingParams
+from evaluation.twin_plan import (
+    QUICK,
+    TIMEOUT_S,
+    TwinParams,
+    TwinTrajectory,
+    plan,
+    reward_command,
+    twin_kind,
+)
+from evaluation.workloads.base import Step, Trajectory, Workload
 from managers.cpu.request import Command
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
@@ -51,94 +58,13 @@ from tangram.runtime.config import DEFAULT_POLICY
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
 
-REWARD_PROGRAM = r"""
-import os, sys
-n = len(os.sched_getaffinity(0))
-serial, par = int(float(sys.argv[1])), int(float(sys.argv[2]))
-def spin(k):
-    x = 0
-    for i in range(k):
-        x += i
-spin(serial)
-kids = []
-for _ in range(n - 1):
-    pid = os.fork()
-    if pid == 0:
-        spin(par // n)
-        os._exit(0)
-    kids.append(pid)
-spin(par // n)
-for pid in kids:
-    os.waitpid(pid, 0)
-"""
-TIMEOUT_S = 60.0  # every exec's timeout, in the runtime and in the simulated actions
-
-
-@dataclass(frozen=True)
-class TwinParams:
-    trajectories: int = 8
-    turns_mean: float = 5.0  # tool calls per trajectory (lognormal as in AI coding)
-    tool_bytes: tuple[int, ...] = (20_000_000, 40_000_000, 80_000_000)
-    reward_serial: float = 2e6  # loop iterations of the reward's serial part
-    reward_parallel: float = 3e7  # ... and of its parallel part, split over the granted cores
-    think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
-    start_spread_s: float = 2.0
-    max_dop: int = 4
-    reps: int = 3  # calibration runs per (command, amount), before the run and again after
-    seed: int = 0
-
-
-QUICK = TwinParams(trajectories=3, turns_mean=3.0, tool_bytes=(20_000_000, 40_000_000),
-                   reward_parallel=1.2e7, think_scale=0.05, start_spread_s=0.5, reps=2)
-
-
-@dataclass(frozen=True)
-class TwinStep:
-    think_s: float
-    command: Command
-    elastic: bool
-
-
-@dataclass(frozen=True)
-class TwinTrajectory:
-    id: str
-    start: float
-    steps: tuple[TwinStep, ...]
-
-
-def tool_command(nbytes: int) -> str:
-    return f"head -c {nbytes} /dev/zero | sha256sum"
-
-
-def reward_command(p: TwinParams) -> tuple[str, ...]:
-    return ("python3", "-c", REWARD_PROGRAM, f"{p.reward_serial:g}", f"{p.reward_parallel:g}")
-
-
-def plan(p: TwinParams) -> list[TwinTrajectory]:
-    """The workload: turns and LLM generation gaps drawn as the AI-coding workload draws them
-    (`CodingParams`' distributions), tool sizes uniformly from `tool_bytes`."""
-    c = CodingParams()
-    rng = random.Random(p.seed)
-    out = []
-    for i in range(p.trajectories):
-        turns = max(1, round(lognormal_mean(rng, p.turns_mean, c.turns_sigma)))
-        steps = []
-        for _ in range(turns):
-            tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
-            steps.append(TwinStep(p.think_scale * tokens / c.decode_tok_s,
-                                  tool_command(rng.choice(p.tool_bytes)), False))
-        steps.append(TwinStep(0.0, reward_command(p), True))
-        out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
-    return out
-
 
 # -- measuring ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Profile:
     """What calibration measured: run seconds per (command, cores), environment start seconds,
     and this machine's cores (one node, as `Tangram.local()` sees it). Each figure is the
-    median of its samples, half taken before the real run and half after it, so a drift of the
-    machine's load during the run weighs on both sides alike."""
+    median of its samples."""
 
     samples: Mapping[tuple[Command, int], list[float]]
     opens: list[float]
@@ -152,11 +78,6 @@ class Profile:
     @property
     def open_s(self) -> float:
         return statistics.median(self.opens)
-
-    def merged(self, other: Profile) -> Profile:
-        keys = {*self.samples, *other.samples}
-        return Profile({k: [*self.samples.get(k, ()), *other.samples.get(k, ())] for k in keys},
-                       [*self.opens, *other.opens], self.node, self.dops)
 
 
 async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory]) -> Profile:
@@ -193,49 +114,74 @@ async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory]) -> Profile:
 
 
 @dataclass(frozen=True)
+class Done:
+    """One action of the real run: what it ran, with what, and when (seconds from the batch's
+    start). `gap`: from the trajectory's previous result (its environment's opening, for the
+    first) to this submission: the LLM gap as the client really waited it."""
+
+    command: Command
+    elastic: bool
+    cores: int
+    submitted: float
+    gap: float
+    queued_s: float
+    run_s: float
+
+
+@dataclass(frozen=True)
 class Observed:
     acts: list[float]  # ACT (queued + run) of every action
     runs: list[float]  # run time (start to end) of every action
     busy: float  # granted core-seconds
     step_s: float  # batch start to the last action's end
     cores: int
+    trace: Mapping[str, tuple[float, tuple[Done, ...]]] | None = None  # real run: per trajectory
+    # its start (the opening of its environment) and its actions
 
 
 async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
                   dops: tuple[int, ...]) -> Observed:
-    acts: list[float] = []
-    runs: list[float] = []
-    busy = [0.0]
-    ends: list[float] = []
+    """The workload for real through `Tangram.local()`, every action traced (`Done`)."""
+    trace: dict[str, tuple[float, tuple[Done, ...]]] = {}
     async with Tangram.local() as tg:
         cores = tg.scheduler.pools[tg.cpu.resource].capacity()
         t0 = time.monotonic()
 
         async def trajectory(t: TwinTrajectory) -> None:
             await asyncio.sleep(max(0.0, t0 + t.start - time.monotonic()))
+            start = time.monotonic() - t0
             env = await tg.open_env(t.id)
+            done, last = [], start
             for s in t.steps:
                 await asyncio.sleep(s.think_s)
                 cpu = (dops[0], dops[-1]) if s.elastic and len(dops) > 1 else 1
+                submitted = time.monotonic() - t0
                 r = await tg.exec(env, s.command, cpu=cpu, elastic=s.elastic, timeout=TIMEOUT_S,
                                   kind=twin_kind(s.command))
-                acts.append(r.queued_s + r.run_s)
-                runs.append(r.run_s)
-                busy[0] += r.units.get(tg.cpu.resource, 0) * r.run_s
-                ends.append(time.monotonic() - t0)
+                done.append(Done(s.command, s.elastic, r.units.get(tg.cpu.resource, 0),
+                                 submitted, submitted - last, r.queued_s, r.run_s))
+                last = submitted + r.queued_s + r.run_s  # its end, as the runtime timed it
+            trace[t.id] = (start, tuple(done))
             await tg.close_env(env)
 
         await asyncio.gather(*(trajectory(t) for t in trajs))
-    return Observed(acts, runs, busy[0], max(ends), cores)
-
-
-def twin_kind(command: Command) -> str:
-    """The trusted kind the twin gives each command (its program's name), on both sides."""
-    first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
-    return first.rsplit("/", 1)[-1]
+    ds = [d for _, dd in trace.values() for d in dd]
+    return Observed([d.queued_s + d.run_s for d in ds], [d.run_s for d in ds],
+                    sum(d.cores * d.run_s for d in ds),
+                    max(d.submitted + d.queued_s + d.run_s for d in ds), cores, trace)
 
 
 # -- predicting ---------------------------------------------------------------------------------
+def elastic_action(aid: str, run_s: Mapping[int, float], trajectory: str, kind: str) -> Action:
+    """An elastic action that runs `run_s[m]` seconds on m cores, exactly: T_ori is the least
+    m x run_s[m], so no efficiency exceeds 1 even where the measured times are superlinear
+    (noise), and none is clipped (a clipped one would play a longer time than measured)."""
+    t_ori = min(m * t for m, t in run_s.items())
+    eff = {m: min(1.0, t_ori / (m * t)) for m, t in run_s.items()}
+    return Action(aid, {"cpu": sorted(run_s)}, elasticity=Elasticity("cpu", t_ori, eff),
+                  trajectory=trajectory, kind=kind, timeout=TIMEOUT_S)
+
+
 def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
     """The same trajectories for the simulator, each action's truth its command's profile."""
     out = []
@@ -244,10 +190,8 @@ def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
         for j, s in enumerate(t.steps):
             aid, kind = f"{t.id}.{j}", exec_kind(t.id, s.command, twin_kind(s.command))
             if s.elastic and len(prof.dops) > 1:
-                t1 = prof.run_s[(s.command, 1)]
-                eff = {m: min(1.0, t1 / (m * prof.run_s[(s.command, m)])) for m in prof.dops}
-                act = Action(aid, {"cpu": list(prof.dops)}, elasticity=Elasticity("cpu", t1, eff),
-                             trajectory=t.id, kind=kind, timeout=TIMEOUT_S)
+                act = elastic_action(aid, {m: prof.run_s[(s.command, m)] for m in prof.dops},
+                                     t.id, kind)
             else:
                 act = Action(aid, {"cpu": 1}, duration=prof.run_s[(s.command, 1)],
                              trajectory=t.id, kind=kind, timeout=TIMEOUT_S)
@@ -259,19 +203,48 @@ def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
     return Workload("twin", tuple(out), pools, None, tasks=("coding",))
 
 
-def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
-    """The simulator's figures: the closed-loop engine, or (`on_runtime`) the runtime itself on
-    virtual time with the sim backend (`evaluation.runtime_sim`); the two grant alike."""
-    w = twin_workload(trajs, prof)
+def replay_workload(real: Observed, prof: Profile) -> Workload:
+    """The real run's trajectories for the simulator: each starts when its environment was
+    opened, each action is submitted after its measured gap (sleep overshoot and the client's
+    own latency included), and runs its own measured time at the cores it got (at other core
+    counts, an elastic one's time scaled by its calibrated speed-up)."""
+    assert real.trace is not None
+    out = []
+    for tid, (start, done) in real.trace.items():
+        steps = []
+        for j, d in enumerate(done):
+            aid, kind = f"{tid}.{j}", exec_kind(tid, d.command, twin_kind(d.command))
+            if d.elastic and len(prof.dops) > 1:
+                scale = d.run_s / prof.run_s[(d.command, d.cores)]
+                act = elastic_action(aid, {m: scale * prof.run_s[(d.command, m)]
+                                           for m in prof.dops}, tid, kind)
+            else:
+                act = Action(aid, {"cpu": 1}, duration=d.run_s, trajectory=tid, kind=kind,
+                             timeout=TIMEOUT_S)
+            steps.append(Step(d.gap, act))
+        out.append(Trajectory(tid, "coding", start, tuple(steps)))
+
+    def pools():
+        return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
+    return Workload("twin", tuple(out), pools, None, tasks=("coding",))
+
+
+def simulate(w: Workload, cores: int, open_s: float, on_runtime: bool = False) -> Observed:
+    """The simulator's figures for `w`: the closed-loop engine, or (`on_runtime`) the runtime
+    itself on virtual time with the sim backend (`evaluation.runtime_sim`); the two grant
+    alike."""
     if on_runtime:
-        r = run_on_runtime(w, DEFAULT_POLICY, prof.open_s)
+        r = run_on_runtime(w, DEFAULT_POLICY, open_s)
     else:
-        r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY),
-                          EnvironmentStart(prof.open_s)))
+        r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY), EnvironmentStart(open_s)))
     busy = sum(x.units["cpu"] * (x.end - x.start) for x in r.records.values())
     return Observed([x.end - x.arrival for x in r.records.values()],
-                    [x.end - x.start for x in r.records.values()], busy, r.makespan,
-                    prof.node.capacity)
+                    [x.end - x.start for x in r.records.values()], busy, r.makespan, cores)
+
+
+def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
+    """The offline prediction: the plan with the calibrated profiles alone."""
+    return simulate(twin_workload(trajs, prof), prof.node.capacity, prof.open_s, on_runtime)
 
 
 # -- figures ------------------------------------------------------------------------------------
@@ -288,39 +261,52 @@ def figures(o: Observed) -> dict[str, float]:
 
 
 def compare(p: TwinParams) -> dict:
+    """Calibrate, then `p.runs` real runs, each predicted by replaying it (`replay_workload`);
+    each figure the median over the runs of the measured and of the predicted values."""
     trajs = plan(p)
     load = [os.getloadavg()[0]]
     t0 = time.monotonic()
-    before = asyncio.run(calibrate(p, trajs))
+    prof = asyncio.run(calibrate(p, trajs))
     t1 = time.monotonic()
-    load.append(os.getloadavg()[0])
-    measured = figures(asyncio.run(measure(p, trajs, before.dops)))
-    load.append(os.getloadavg()[0])
+    runs: list[tuple[dict, dict, dict]] = []
+    for _ in range(p.runs):
+        real = asyncio.run(measure(p, trajs, prof.dops))
+        load.append(os.getloadavg()[0])
+        w = replay_workload(real, prof)
+        runs.append((figures(real), figures(simulate(w, real.cores, 0.0)),
+                     figures(simulate(w, real.cores, 0.0, on_runtime=True))))
     t2 = time.monotonic()
-    prof = before.merged(asyncio.run(calibrate(p, trajs)))
-    t1 += time.monotonic() - t2
-    t2 = time.monotonic()
-    predicted = figures(predict(trajs, prof))
+    offline = figures(predict(trajs, prof))
     t3 = time.monotonic()
-    by_runtime = figures(predict(trajs, prof, on_runtime=True))
     doc: dict = {"experiment": "twin", "trajectories": len(trajs),
                  "actions": sum(len(t.steps) for t in trajs), "cores": prof.node.capacity,
-                 "policy": DEFAULT_POLICY,
-                 "load_avg_1m": {"start": load[0], "before_run": load[1], "after_run": load[2]},
+                 "policy": DEFAULT_POLICY, "runs": p.runs,
+                 "load_avg_1m": {"start": load[0], "after_runs": load[1:]},
                  "wall_s": {"calibrate": round(t1 - t0, 2), "measure": round(t2 - t1, 2),
-                            "simulate": round(t3 - t2, 3)},
+                            "simulate_offline": round(t3 - t2, 3)},
                  "profile": {"open_s": prof.open_s,
                              "run_s": {f"{twin_kind(c)} {c if isinstance(c, str) else 'reward'}"
                                        f" @{m}": v for (c, m), v in prof.run_s.items()}}}
-    for k in measured:
-        m, pr = measured[k], predicted[k]
-        doc[k] = {"predicted": pr, "measured": m, "error": (pr - m) / m if m else None,
-                  "predicted_by_runtime": by_runtime[k]}
+    for k in offline:
+        m = statistics.median(r[0][k] for r in runs)
+        pr = statistics.median(r[1][k] for r in runs)
+        doc[k] = {"predicted": pr, "measured": m, "error": _err(pr, m),
+                  "predicted_by_runtime": statistics.median(r[2][k] for r in runs),
+                  "error_per_run": [_err(r[1][k], r[0][k]) for r in runs],
+                  "predicted_offline": offline[k], "error_offline": _err(offline[k], m)}
     return doc
+
+
+def _err(predicted: float, measured: float) -> float | None:
+    return (predicted - measured) / measured if measured else None
 
 
 FIGURES = ("mean_act_s", "p99_act_s", "step_s", "core_utilisation")
 DIAGNOSTICS = ("mean_run_s", "mean_queued_s")  # where an ACT error comes from
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{100 * e:+.1f}%"
 
 
 def main(argv: list[str]) -> int:
@@ -341,15 +327,15 @@ def main(argv: list[str]) -> int:
         return 0
     la = doc["load_avg_1m"]
     t = Table(title=f"twin: {doc['trajectories']} trajectories, {doc['actions']} actions on "
-                    f"{doc['cores']} cores, policy {doc['policy']} (calibrate "
-                    f"{doc['wall_s']['calibrate']} s, run {doc['wall_s']['measure']} s, "
-                    f"simulate {doc['wall_s']['simulate']} s; load average "
-                    f"{la['before_run']:.1f} before the run, {la['after_run']:.1f} after)")
-    for c in ("figure", "predicted", "measured", "error"):
+                    f"{doc['cores']} cores, policy {doc['policy']}, medians of {doc['runs']} "
+                    f"real runs (calibrate {doc['wall_s']['calibrate']} s, runs "
+                    f"{doc['wall_s']['measure']} s; load average {la['start']:.1f} at start, "
+                    f"{', '.join(f'{x:.1f}' for x in la['after_runs'])} after each run)")
+    for c in ("figure", "predicted", "measured", "error", "offline", "offline error"):
         t.add_column(c)
     for k in FIGURES + DIAGNOSTICS:
         f = doc[k]
-        t.add_row(k, f"{f['predicted']:.3f}", f"{f['measured']:.3f}",
-                  "-" if f["error"] is None else f"{100 * f['error']:+.1f}%")
+        t.add_row(k, f"{f['predicted']:.3f}", f"{f['measured']:.3f}", _pct(f["error"]),
+                  f"{f['predicted_offline']:.3f}", _pct(f["error_offline"]))
     Console().print(t)
     return 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import httpx
 
 from managers.basic import BasicManager, Gate, Limits
 from managers.flow import AimdWindow, WindowGate
+from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.results import Result, Status
@@ -78,6 +80,17 @@ class ApiRequest:
     json: Any = None
     params: Mapping[str, str] | None = None
     method: str | None = None
+
+
+def api_action(name: str, payload: Any, now: float, kind: str | None = None) -> Action:
+    """The action of one call of API `name` (one unit of `api:<name>`), submitted at `now`;
+    a payload that is not an `ApiRequest` is its JSON body. `kind`: the trusted caller's
+    name for what it is (the estimates it shares), else `api:<name>`."""
+    if not isinstance(payload, ApiRequest):
+        payload = ApiRequest(json=payload)
+    return Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1},
+                  kind=kind if kind is not None else f"api:{name}", payload=payload,
+                  submit_time=now)
 
 
 @dataclass(frozen=True, slots=True)

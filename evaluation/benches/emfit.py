@@ -17,8 +17,8 @@ import json
 import os
 import sys
 
-from tangram.profiles import exec_kind
-from tangram.runtime.facade import DEFAULT_T_ORI, SERIAL_FRACTION, Tangram
+from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
+from tangram.runtime.facade import Tangram
 
 TEST = '''
 import pytest
@@ -46,14 +46,14 @@ async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
         cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider test_suite.py"
         await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300,
                       kind="emfit-suite")  # warm-up
-        tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI).reset()
+        tg.scheduler.profiles.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI).reset()
         for i in range(runs):
             # every third run on one core (a fixed grant of the same kind): the fit needs
             # more than one amount, and an idle machine always grants the elastic run all
             single = i % 3 == 1
             r = await tg.exec(env, cmd, cpu=1 if single else (1, cores),
                               elastic=not single, timeout=300, kind="emfit-suite")
-            fit = tg.scheduler.profiles.speedup(kind, SERIAL_FRACTION, DEFAULT_T_ORI)
+            fit = tg.scheduler.profiles.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI)
             t, s = fit.params()
             out.append({"run": i, "status": str(r.status), "cores": r.units.get("cpu"),
                         "observed_s": round(r.run_s, 3), "fit_t_ori_s": round(t, 3),

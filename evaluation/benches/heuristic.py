@@ -12,8 +12,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from evaluation.closedloop import EnvironmentStart, Policy, run
 from evaluation.decisions import open_instance
+from evaluation.runtime_sim import run_on_runtime
 from evaluation.simulator import simulate
+from evaluation.workloads import get_workload
 from solvers import get_allocator
 from solvers.heuristic.dparrange import dp_arrange
 from tangram import Action, ClusterView, Elasticity
@@ -167,8 +170,34 @@ def scheduler(argv: list[str]) -> int:
         ("  one node", f"{one:,.0f} actions/s", ""),
         ("  two nodes, the other idle", f"{two:,.0f} actions/s ({one / two:.2f}x slower)",
          "within 2x of one node"),
+        *_closed_loop_rows(ref),
     ])
     return 0
+
+
+def _closed_loop_rows(ref: float) -> list[tuple[str, str, str]]:
+    """The closed loop (AI coding, batch 128 on 128 cores, heuristic depth 2) on the engine and
+    through the runtime's own facade on virtual time (`evaluation.runtime_sim`): what running
+    production code end to end costs. CPU seconds of this process (the wall clock swings with
+    a shared machine's load); an action's time beside the reference DP's."""
+    w = get_workload("coding", batch=128, nodes=1, cores_per_node=128)
+    t0 = time.process_time()
+    eng = run(w, Policy("tangram", get_allocator("heuristic", depth=2)))
+    t1 = time.process_time()
+    rt = run_on_runtime(w, "heuristic", EnvironmentStart().start_s, {"depth": 2})
+    t2 = time.process_time()
+    n = len(eng.records)
+    same = all(abs(rt.records[a].start - r.start) < 1e-6
+               and dict(rt.records[a].units) == dict(r.units) for a, r in eng.records.items())
+    rate_e, rate_r = n / (t1 - t0), n / (t2 - t1)
+    return [
+        (f"closed loop, AI coding batch 128 on 128 cores ({n:,} actions)", "", ""),
+        ("  engine (evaluation.engine)", f"{rate_e:,.0f} actions/CPU s "
+         f"({(t1 - t0) / n * 1e6:.0f} us an action, reference DP {ref * 1e6:.0f} us)", ""),
+        ("  runtime facade on virtual time", f"{rate_r:,.0f} actions/CPU s "
+         f"({rate_e / rate_r:.2f}x the engine's cost)", "grants identical"),
+        ("  grants identical", str(same), "True"),
+    ]
 
 
 def _queue_rate(n: int, nodes: int) -> float:

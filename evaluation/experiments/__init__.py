@@ -1,11 +1,12 @@
-"""`tangram experiment NAME [--quick] [--out DIR] [--json] [--oracle] [--no-range]`: the
-paper's experiments, and `sensitivity`.
+"""`tangram experiment NAME [--quick] [--out DIR] [--json] [--oracle] [--no-range]
+[--engine engine|runtime]`: the paper's experiments, and `sensitivity`.
 
 Each writes NAME.csv, NAME.json and NAME.png under --out and prints our ratios beside the
 paper's, each with its range over the one-at-a-time sweep of every parameter that has a range
 (`evaluation.experiments.sweep`). `--quick` runs small sizes (CI); `--oracle` hands the
-scheduler each action's sampled duration instead of learned means; `bench` is the simulator
-benchmark.
+scheduler each action's sampled duration instead of learned means; `--engine runtime` runs
+Tangram's CPU workloads through the runtime's own facade on virtual time
+(`evaluation.experiments.common._run`); `bench` is the simulator benchmark.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from evaluation.bench import main as bench
 from evaluation.experiments.common import (
+    engine,
     oracle_estimates,
     print_table,
     tangram_policy,
@@ -67,6 +69,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--oracle", action="store_true",
                    help="the scheduler sees sampled durations, not learned means")
     p.add_argument("--no-range", action="store_true", help="skip the sensitivity sweep")
+    p.add_argument("--engine", choices=("engine", "runtime"), default="engine",
+                   help="Tangram's CPU runs on the simulator's event loop (default) or through "
+                   "the runtime itself (the Tangram facade, the CPU manager, a sim backend) on "
+                   "a virtual-time loop; baselines and GPU/API workloads stay on the engine")
     p.add_argument("--policy", default="heuristic",
                    help="Tangram's policy (default: heuristic, the paper's; e.g. backfill-srpt)")
     ns, rest = p.parse_known_args(argv)
@@ -86,7 +92,7 @@ def main(argv: list[str]) -> int:
     names = list(EXPERIMENTS) if ns.name == "all" else [ns.name]
     docs = []
     for name in names:
-        with tangram_policy(ns.policy):
+        with tangram_policy(ns.policy), engine(ns.engine):
             outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty(),
                                      ranges=not ns.no_range, oracle=ns.oracle)
         paths = write(outcome, Path(ns.out))

@@ -24,7 +24,8 @@ from evaluation.baselines import (
 )
 from evaluation.baselines.api import ApiRetry
 from evaluation.baselines.batching import batched_static
-from evaluation.closedloop import LoopResult, Policy, run
+from evaluation.closedloop import EnvironmentStart, LoopResult, Policy, run
+from evaluation.runtime_sim import run_on_runtime, runs_on_runtime
 from evaluation.workloads import Workload, get_workload
 from solvers import get_allocator
 
@@ -59,8 +60,11 @@ def tangram() -> Policy:
     """Tangram's policy in the experiments: the paper's heuristic with depth 2, or the policy
     named by `tangram experiment --policy` (`backfill`, `backfill-srpt`, ...)."""
     name = TANGRAM_POLICY.get()
-    return Policy("tangram", get_allocator(name, depth=2) if name.startswith(
-        ("heuristic", "backfill")) else get_allocator(name))
+    return Policy("tangram", get_allocator(name, **tangram_options(name)))
+
+
+def tangram_options(name: str) -> dict[str, Any]:
+    return {"depth": 2} if name.startswith(("heuristic", "backfill")) else {}
 
 
 def kubernetes(seed: int = 0) -> Policy:
@@ -161,14 +165,29 @@ def cached_run(workload: Workload, policy: Policy) -> LoopResult:
     key = (workload.name, repr(workload.params), len(workload.trajectories), policy.name,
            workload.gpu.nodes if workload.gpu else 0, repr(overrides("k8s")),
            repr(overrides("api-retry")), repr(overrides("batching")), ORACLE.get(),
-           TANGRAM_POLICY.get())
+           TANGRAM_POLICY.get(), ENGINE.get())
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
-        res = run(workload, policy, oracle=ORACLE.get())
+        res = _run(workload, policy)
         res.counters["client_429"] = float(client_rejections(policy))  # kept with the result
         _CACHE[key] = res
     return _CACHE[key]
+
+
+def _run(workload: Workload, policy: Policy) -> LoopResult:
+    """The closed-loop engine, or under `--engine runtime` the runtime itself on virtual time
+    (`evaluation.runtime_sim`: the `Tangram` facade, the CPU, GPU and API managers on sim
+    backends) for Tangram's runs. A baseline stays on the engine: its lifecycle (a
+    Kubernetes pod reserving cores per trajectory, static GPU replicas, retrying API clients)
+    is not one the runtime has; so does `--oracle` (the runtime never sees an action's true
+    duration)."""
+    if (ENGINE.get() == "runtime" and policy.name == "tangram" and not ORACLE.get()
+            and policy.executors is None and isinstance(policy.lifecycle, EnvironmentStart)
+            and runs_on_runtime(workload)):
+        name = TANGRAM_POLICY.get()
+        return run_on_runtime(workload, name, policy.lifecycle.start_s, tangram_options(name))
+    return run(workload, policy, oracle=ORACLE.get())
 
 
 # The paper's ACT (DIGEST, section 4.1): "the sum of action completion times, ACTs = sum_i
@@ -209,6 +228,7 @@ _NONE: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
 _OVERRIDES: ContextVar[Mapping[str, Mapping[str, Any]]] = ContextVar("overrides", default=_NONE)
 ORACLE: ContextVar[bool] = ContextVar("oracle", default=False)
 TANGRAM_POLICY: ContextVar[str] = ContextVar("tangram_policy", default="heuristic")
+ENGINE: ContextVar[str] = ContextVar("engine", default="engine")  # or "runtime" (`_run`)
 PARAMS_TARGET = {"coding": "coding", "deepsearch": "search", "mopd": "mopd"}
 
 
@@ -243,6 +263,11 @@ def _set(var: ContextVar[Any], value: Any) -> Iterator[None]:
 def tangram_policy(name: str):
     """Tangram's policy for the runs inside (`tangram experiment --policy`)."""
     return _set(TANGRAM_POLICY, name)
+
+
+def engine(name: str):
+    """Which engine Tangram's CPU runs use inside: "engine" or "runtime" (`_run`)."""
+    return _set(ENGINE, name)
 
 
 def oracle_estimates(on: bool):

@@ -19,24 +19,22 @@ import asyncio
 import functools
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
-from managers.api import ApiManager, ApiRequest
+from managers.api import ApiManager, api_action
 from managers.base import EnvironmentManager, Manager
-from managers.cpu.request import DEFAULT_OUTPUT_CAP, ExecRequest
+from managers.cpu.actions import exec_action
 from managers.gpu import GpuManager
+from managers.gpu.actions import invoke_action
 from solvers import get_allocator
-from tangram.actions import Action, Elasticity
+from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, ShuttingDown, TangramError, ValidationError
-from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
-from tangram.resources import Demand
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.distributed import build_ray
+from tangram.runtime.entries import UNKNOWN_ENV, EnvEntry, Pending
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.shards import ShardedScheduler
 from tangram.runtime.snapshot import NodeUnits, PoolStatus, StatusSnapshot
@@ -44,30 +42,6 @@ from tangram.scheduler import Scheduler
 from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
-
-UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
-               "the server or the scheduler)")
-DEFAULT_T_ORI = PRIOR_T_ORI  # the estimator's priors live with it (tangram.profiles)
-SERIAL_FRACTION = PRIOR_SERIAL
-
-
-@dataclass(slots=True)
-class _Pending:
-    action: Action
-    manager: Manager
-    future: asyncio.Future
-    submitted: float
-    started: float = 0.0
-    metric_kind: str = "exec"
-
-
-@dataclass(slots=True)
-class _Env:
-    env_id: str
-    trajectory: str
-    last_used: float
-    running: set[str] = field(default_factory=set)
-
 
 class Tangram:
     """One scheduler, its managers and the environments of the trajectories it serves."""
@@ -97,8 +71,8 @@ class Tangram:
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
-        self._envs: dict[str, _Env] = {}
-        self._pending: dict[str, _Pending] = {}
+        self._envs: dict[str, EnvEntry] = {}
+        self._pending: dict[str, Pending] = {}
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = False
@@ -170,7 +144,7 @@ class Tangram:
     def _opened(self, env_id: str, trajectory: str) -> None:
         assert self.cpu is not None
         self.scheduler.bind(trajectory, self.cpu.resource, self.cpu.binding(trajectory))
-        self._envs[env_id] = _Env(env_id, trajectory, self._clock())
+        self._envs[env_id] = EnvEntry(env_id, trajectory, self._clock())
         if not self._closed and self.scheduler.queue:
             self._kick()  # an environment opening is an event, as in the simulator's engine
 
@@ -247,7 +221,7 @@ class Tangram:
         self.scheduler.unbind(env.trajectory)
         log.info("env %s closed", env_id)
 
-    def _env(self, env_id: str) -> _Env:
+    def _env(self, env_id: str) -> EnvEntry:
         env = self._envs.get(env_id)
         if env is None:
             raise NotFound("env_id", env_id, UNKNOWN_ENV)
@@ -259,21 +233,13 @@ class Tangram:
                    kind: str | None = None) -> Result:
         """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
         keys the duration estimates every trajectory shares; without it, the estimates are the
-        trajectory's own (`profiles.exec_kind`)."""
+        trajectory's own (`profiles.exec_kind`). The action: `managers.cpu.actions`."""
         self._admitting()
         e = self._env(env)
-        boolean("elastic", elastic)
-        demand = Demand.parse(cpu, "cpu")
-        req = ExecRequest(env, command if isinstance(command, str) else tuple(command),
-                          timeout, elastic, DEFAULT_OUTPUT_CAP if output_cap is None
-                          else output_cap)
-        key = exec_kind(e.trajectory, command, kind)
-        elasticity = None
-        if elastic and not demand.is_fixed:  # what the history knows, as in the simulator
-            elasticity = self.scheduler.profiles.learned_elasticity(key, self.cpu.resource)
-        action = Action(f"x-{uuid.uuid4().hex[:12]}", {self.cpu.resource: demand},
-                        elasticity=elasticity, trajectory=e.trajectory, kind=key,
-                        payload=req, submit_time=self._now(), timeout=timeout)
+        assert self.cpu is not None
+        action = exec_action(self.cpu.resource, env, e.trajectory, command, cpu,
+                             elastic=elastic, timeout=timeout, output_cap=output_cap, kind=kind,
+                             profiles=self.scheduler.profiles, now=self._now())
         e.running.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
@@ -281,47 +247,26 @@ class Tangram:
             e.running.discard(action.id)
             e.last_used = self._clock()
 
-    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
+    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1,
+                     kind: str | None = None) -> Result:
+        """One call of a registered GPU service; `kind` as for `exec` (default
+        `invoke:<service>`). The action: `managers.gpu.actions`."""
         self._admitting()
         if self.gpu is None:
             raise NotFound("service", service, "no GPU pool is configured")
-        registry = self.gpu.residency.registry
-        if not isinstance(service, str) or service not in registry:
-            raise NotFound("service", service, f"unknown service (registered: "
-                                  f"{registry.names()})")
-        svc = registry.get(service)
-        if isinstance(gpus, tuple) and len(gpus) == 2:
-            lo, hi = Demand.parse(gpus, "gpus").min, Demand.parse(gpus, "gpus").max
-            amounts = [k for k in svc.dops if lo <= k <= hi]
-        else:
-            amounts = list(Demand.parse(gpus, "gpus").amounts)
-            bad = [k for k in amounts if k not in svc.dops]
-            if bad:
-                raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
-        if not amounts:
-            raise ValidationError("gpus", gpus, f"{service} has variants of {svc.dops} GPUs")
-        demand = Demand.choices(amounts)
-        elasticity = None
-        duration = svc.infer_s.get(demand.min)
-        if not demand.is_fixed and all(k in svc.infer_s for k in amounts):
-            base = demand.min * svc.infer_s[demand.min]
-            table = {k: min(1.0, base / (k * svc.infer_s[k])) for k in amounts}
-            elasticity = Elasticity(self.gpu.resource, base, table)
-            duration = None
-        action = Action(f"g-{uuid.uuid4().hex[:12]}", {self.gpu.resource: demand},
-                        elasticity=elasticity, duration=duration, kind=f"invoke:{service}",
-                        service=service, payload=payload, submit_time=self._now())
+        action = invoke_action(self.gpu.residency.registry, self.gpu.resource, service,
+                               payload, gpus, self._now(), profiles=self.scheduler.profiles,
+                               kind=kind)
         return await self._submit(action, self.gpu, f"invoke:{service}")
 
-    async def call_api(self, name: str, payload: Any = None) -> Result:
+    async def call_api(self, name: str, payload: Any = None, kind: str | None = None) -> Result:
+        """One call of a configured API; `kind` as for `exec` (default `api:<name>`). The
+        action: `managers.api.api_action`."""
         self._admitting()
         manager = self.apis.get(name) if isinstance(name, str) else None
         if manager is None:
             raise NotFound("api", name, f"unknown API (configured: {sorted(self.apis)})")
-        if not isinstance(payload, ApiRequest):
-            payload = ApiRequest(json=payload)
-        action = Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1}, kind=f"api:{name}",
-                        payload=payload, submit_time=self._now())
+        action = api_action(name, payload, self._now(), kind)
         return await self._submit(action, manager, f"api:{name}")
 
     # -- the loop ------------------------------------------------------------------------------
@@ -335,7 +280,7 @@ class Tangram:
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
         fut = asyncio.get_running_loop().create_future()
-        self._pending[action.id] = _Pending(action, manager, fut, self._clock(),
+        self._pending[action.id] = Pending(action, manager, fut, self._clock(),
                                             metric_kind=metric_kind)
         self._kick()
         try:
@@ -366,7 +311,7 @@ class Tangram:
                       head.id, dict(head.mins),
                       {r: self.scheduler.pools[r].free() for r in head.mins})
 
-    async def _run(self, p: _Pending, a: Assignment) -> None:
+    async def _run(self, p: Pending, a: Assignment) -> None:
         try:
             outcome = await p.manager.run(a)
         except asyncio.CancelledError:
@@ -374,8 +319,9 @@ class Tangram:
         except Exception as exc:  # a manager bug must not take other actions down
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
-        end = self._clock()
-        self.scheduler.complete(a.action.id, self._now(), run_s=end - p.started,
+        end = self._clock()  # learned: its own run, not its restore; at 1 ns as the engine
+        self.scheduler.complete(a.action.id, self._now(),
+                                run_s=round(max(0.0, end - p.started - outcome.restore_s), 9),
                                 status=outcome.status)
         self._pending.pop(a.action.id, None)
         result = outcome.granted(a.action.id, a.units, a.placement, p.started - p.submitted,

@@ -1,11 +1,15 @@
 """The digital twin in CI (`tangram experiment twin --quick`): a small AI-coding workload run
-for real through `Tangram.local()` and through the simulator with the commands' measured
-profiles. Tolerance: each of mean ACT, p99 ACT, step time and core utilisation predicted within
-a factor of 3 of the measured figure. That is wide because a 2-core CI runner shared with other
-jobs swings a command's run time by 2x between the calibration and the run (the figures and
-their error sources: docs/architecture.md, "The digital twin"); it still fails a simulator that
-loses actions or plays durations off by more than 3x (a unit slip). The prediction through the
-runtime itself on virtual time (`predicted_by_runtime`) must equal the engine's."""
+for real through `Tangram.local()`, twice, and each run predicted by the simulator replaying
+it (each action's measured run time and the client's measured gaps; the grants, the queueing,
+ACT, p99, step time and utilisation are the simulator's own). Tolerance: each of mean ACT,
+p99 ACT, step time and core utilisation predicted within 10% of the measured figure (the
+median over the runs), and in every run. Measured on the loaded 2-core machine (load average
+7-9): errors 0.0-0.2% once the replay played elastic times exactly, 3-11% before (a clipped
+efficiency); 10% leaves room for a CI runner's event-loop latency. The offline prediction
+(the calibrated profiles alone, `predicted_offline`) is held only to a factor of 3: a shared
+2-core machine swings a command's run time by 2x between calibration and run
+(docs/architecture.md, "The digital twin"). The prediction through the runtime itself on
+virtual time (`predicted_by_runtime`) must equal the engine's."""
 
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ from evaluation import twin
 from tangram.runtime.cli import main as cli
 from topology import CpuNode
 
-TOLERANCE = 3.0  # predicted / measured within [1/3, 3]
+TOLERANCE = 0.10  # replayed prediction: |predicted / measured - 1| <= 10%
+OFFLINE = 3.0  # offline prediction: predicted / measured within [1/3, 3]
 
 
 def test_twin_quick_predicts_within_tolerance(capsys):
@@ -29,7 +34,10 @@ def test_twin_quick_predicts_within_tolerance(capsys):
         f = doc[k]
         assert set(f) >= {"predicted", "measured"}
         assert f["predicted"] > 0 and f["measured"] > 0, k
-        assert abs(math.log(f["predicted"] / f["measured"])) <= math.log(TOLERANCE), (k, f)
+        assert abs(f["predicted"] / f["measured"] - 1) <= TOLERANCE, (k, f)
+        assert all(abs(e) <= TOLERANCE for e in f["error_per_run"]), (k, f)
+        assert f["predicted_offline"] > 0, k
+        assert abs(math.log(f["predicted_offline"] / f["measured"])) <= math.log(OFFLINE), (k, f)
         assert f["predicted_by_runtime"] == pytest.approx(f["predicted"], rel=1e-9), (k, f)
     assert 0 < doc["core_utilisation"]["measured"] <= 1.0 + 1e-9
 

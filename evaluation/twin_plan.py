@@ -1,0 +1,100 @@
+"""The twin's workload (`tangram experiment twin`, `evaluation.twin`): its commands (tool calls
+`head -c N /dev/zero | sha256sum` on one core; a reward, a Python program forking one worker
+per granted core over a serial and a parallel part) and its plan (trajectories, turns and
+LLM gaps drawn as the AI-coding workload draws them, `evaluation.workloads.coding`)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from evaluation.workloads.base import lognormal_mean
+from evaluation.workloads.coding import CodingParams
+from managers.cpu.request import Command
+
+REWARD_PROGRAM = r"""
+import os, sys
+n = len(os.sched_getaffinity(0))
+serial, par = int(float(sys.argv[1])), int(float(sys.argv[2]))
+def spin(k):
+    x = 0
+    for i in range(k):
+        x += i
+spin(serial)
+kids = []
+for _ in range(n - 1):
+    pid = os.fork()
+    if pid == 0:
+        spin(par // n)
+        os._exit(0)
+    kids.append(pid)
+spin(par // n)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+TIMEOUT_S = 60.0  # every exec's timeout, in the runtime and in the simulated actions
+
+
+@dataclass(frozen=True)
+class TwinParams:
+    trajectories: int = 8
+    turns_mean: float = 5.0  # tool calls per trajectory (lognormal as in AI coding)
+    tool_bytes: tuple[int, ...] = (20_000_000, 40_000_000, 80_000_000)
+    reward_serial: float = 2e6  # loop iterations of the reward's serial part
+    reward_parallel: float = 3e7  # ... and of its parallel part, split over the granted cores
+    think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
+    start_spread_s: float = 2.0
+    max_dop: int = 4
+    reps: int = 3  # calibration runs per (command, amount)
+    runs: int = 3  # real runs, each predicted from its own trace; figures are medians over them
+    seed: int = 0
+
+
+QUICK = TwinParams(trajectories=3, turns_mean=3.0, tool_bytes=(20_000_000, 40_000_000),
+                   reward_parallel=1.2e7, think_scale=0.05, start_spread_s=0.5, reps=2, runs=2)
+
+
+@dataclass(frozen=True)
+class TwinStep:
+    think_s: float
+    command: Command
+    elastic: bool
+
+
+@dataclass(frozen=True)
+class TwinTrajectory:
+    id: str
+    start: float
+    steps: tuple[TwinStep, ...]
+
+
+def tool_command(nbytes: int) -> str:
+    return f"head -c {nbytes} /dev/zero | sha256sum"
+
+
+def reward_command(p: TwinParams) -> tuple[str, ...]:
+    return ("python3", "-c", REWARD_PROGRAM, f"{p.reward_serial:g}", f"{p.reward_parallel:g}")
+
+
+def plan(p: TwinParams) -> list[TwinTrajectory]:
+    """The workload: turns and LLM generation gaps drawn as the AI-coding workload draws them
+    (`CodingParams`' distributions), tool sizes uniformly from `tool_bytes`."""
+    c = CodingParams()
+    rng = random.Random(p.seed)
+    out = []
+    for i in range(p.trajectories):
+        turns = max(1, round(lognormal_mean(rng, p.turns_mean, c.turns_sigma)))
+        steps = []
+        for _ in range(turns):
+            tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
+            steps.append(TwinStep(p.think_scale * tokens / c.decode_tok_s,
+                                  tool_command(rng.choice(p.tool_bytes)), False))
+        steps.append(TwinStep(0.0, reward_command(p), True))
+        out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
+    return out
+
+
+def twin_kind(command: Command) -> str:
+    """The trusted kind the twin gives each command (its program's name), on both sides."""
+    first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
+    return first.rsplit("/", 1)[-1]
