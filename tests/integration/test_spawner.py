@@ -88,3 +88,31 @@ def test_the_spawner_cannot_be_read_and_its_death_harms_only_its_own_sandbox(loo
     again = execute(loop, fast, env, "cat /sandbox/kept")  # restarted, same work directory
     assert again.status == "ok" and again.stdout == "kept\n", again
     assert env not in fast.broken
+
+
+def test_commands_inherit_the_sandbox_filter_with_no_loader_per_exec(loop, pair):
+    """The fast path runs no seccomp loader: the command is the spawner's direct child and
+    carries the filter bwrap loaded for the spawner (one filter, not two)."""
+    (fast, env), _ = pair
+    r = execute(loop, fast, env, "grep -E '^Seccomp(_filters)?:' /proc/self/status; "
+                                 "grep -c tangram_spawne[r] /proc/$PPID/cmdline; "
+                                 "unshare -U true 2>/dev/null; echo unshare=$?")
+    lines = r.stdout.splitlines()
+    assert "Seccomp:\t2" in lines and "Seccomp_filters:\t1" in lines, r.stdout
+    assert "unshare=1" in lines, r.stdout  # the filter refuses new namespaces
+
+
+@settings(max_examples=5, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cap=st.integers(1, 70_000), extra=st.integers(1, 3_000_000))
+def test_output_past_the_cap_is_drained_inside_and_the_command_runs_on(loop, pair, cap, extra):
+    """Past the cap the spawner drops the rest in the sandbox: the command is not killed by a
+    closed pipe and ends normally; exactly `cap` bytes come back, flagged truncated."""
+    (fast, env), _ = pair
+    script = (f"head -c {cap + extra} /dev/zero | tr '\\0' a; "
+              f"head -c {cap + extra} /dev/zero >&2; echo finished > /sandbox/finished")
+    r = loop.run_until_complete(fast.execute(ExecRequest(env, script, 30, output_cap=cap)))
+    assert r.status == "ok" and r.exit_code == 0, r.detail
+    assert r.truncated and r.stdout == "a" * cap and len(r.stderr) == cap
+    done = execute(loop, fast, env, "cat /sandbox/finished; rm /sandbox/finished")
+    assert done.stdout == "finished\n"

@@ -15,8 +15,9 @@ Entering costs a few milliseconds where building a sandbox per exec costs ~15.
 The fast path (default, `spawner=True`, where the server's Python is visible inside): the
 holder is a resident spawner (`spawner.py`) that starts each command in the exec's slot from
 inside the sandbox, with the same uid, capabilities and `no_new_privs` as `setpriv` gives, and
-through the same seccomp loader (the holder itself runs under the filter too); the nsenter path
-above stays as the reference. A holder (or spawner) that died is restarted before the next exec.
+under the same seccomp filter (bwrap loads it before the spawner starts, and the commands
+inherit it: no loader per exec); the nsenter path above stays as the reference. A holder (or
+spawner) that died is restarted before the next exec.
 Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
@@ -414,10 +415,10 @@ class BwrapBackend(CgroupBackend):
             return await super()._run(env, slot, cores, command, timeout, output_cap, elastic,
                                       fds)
         leaf = slot.folders["cpu"]
-        # the same loader as the nsenter path: the filter again, and output capped inside
-        argv = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(output_cap),
-                *argv_of(command))
-        return await holder.spawner.run(argv, env=self._environ(env, cores, elastic),
+        # no loader: the command inherits the spawner's filter (bwrap's --seccomp), and the
+        # spawner drains what passes the cap inside the sandbox
+        return await holder.spawner.run(argv_of(command),
+                                        env=self._environ(env, cores, elastic),
                                         cgroups=slot.procs, home=holder.slot.procs,
                                         timeout=timeout, output_cap=output_cap,
                                         kill_rest=lambda: fs.kill_all(leaf))
