@@ -5,6 +5,7 @@ command that attacks its spawner harms only its own sandbox, which comes back.""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
+from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.request import ExecRequest
 
@@ -77,7 +79,7 @@ def test_the_spawner_cannot_be_read_and_its_death_harms_only_its_own_sandbox(loo
     (fast, env), _ = pair
     peek = execute(loop, fast, env,
                    "for p in /proc/[0-9]*; do [ $p = /proc/$$ ] && continue; "
-                   "if grep -q 'tangram_spawne[r].py' $p/cmdline 2>/dev/null; then echo FOUND; "
+                   "if grep -q 'tangram_spawne[r]' $p/cmdline 2>/dev/null; then echo FOUND; "
                    "ls $p/fd >/dev/null 2>&1 && echo READABLE; "
                    "cat $p/environ >/dev/null 2>&1 && echo READABLE; fi; done")
     # the spawner and bwrap's init (its command line names the spawner too)
@@ -116,3 +118,32 @@ def test_output_past_the_cap_is_drained_inside_and_the_command_runs_on(loop, pai
     assert r.truncated and r.stdout == "a" * cap and len(r.stderr) == cap
     done = execute(loop, fast, env, "cat /sandbox/finished; rm /sandbox/finished")
     assert done.stdout == "finished\n"
+
+
+def parent_cmdline(loop, m: CpuManager, env: str) -> str:
+    r = execute(loop, m, env, "tr '\\0' ' ' < /proc/$PPID/cmdline")
+    assert r.status == "ok", r
+    return r.stdout
+
+
+def test_the_native_spawner_runs_where_a_compiler_builds_it(loop, pair):
+    (fast, env), _ = pair
+    line = parent_cmdline(loop, fast, env)
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert line.startswith("/opt/tangram/tangram_spawner "), line
+    else:
+        assert "tangram_spawner.py" in line, line
+
+
+def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch):
+    monkeypatch.setattr(native, "build", lambda folder: False)
+    m = CpuManager(BwrapBackend(spawner=True))
+    try:
+        env = loop.run_until_complete(m.open_env("spawner-py", 128))
+        assert "tangram_spawner.py" in parent_cmdline(loop, m, env)
+        r = execute(loop, m, env, "echo out; echo err >&2; exit 7")
+        assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
+        missing = execute(loop, m, env, ("no-such-program-here",))
+        assert missing.exit_code == 127 and "no-such-program-here" in missing.stderr
+    finally:
+        loop.run_until_complete(m.close())

@@ -267,8 +267,8 @@ class BwrapBackend(CgroupBackend):
         self._uids[env.id] = uid
         try:
             if self._spawner and not self._spawner_installed:
-                fast.install(self.support)
-                self._install_launcher()
+                self._install_launcher(fast.install(self.support, INSIDE_SUPPORT,
+                                                    shlex.quote(sys.executable)))
                 self._spawner_installed = True
             slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
             self._confine(slot, cores)
@@ -300,13 +300,12 @@ class BwrapBackend(CgroupBackend):
             self._loader = ((f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",) if native else
                             (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}"))
 
-    def _install_launcher(self) -> None:
+    def _install_launcher(self, spawner: tuple[str, ...]) -> None:
         """The spawner's start inside: a script in the support folder, so the sandbox's init
         (bwrap's argv) names no host path. $1 is the uid, $2 the spawner's socket."""
         drop = " ".join(_drop_to(0)).replace("=0", '="$1"')  # --reuid="$1" --regid="$1"
         script = self.support / HOLDER_LAUNCHER
-        script.write_text(f'exec {drop} {shlex.quote(sys.executable)} -I -S '
-                          f'{INSIDE_SUPPORT}/{fast.INSIDE_NAME} "$2" {INSIDE_WORK}\n')
+        script.write_text(f'exec {drop} {" ".join(spawner)} "$2" {INSIDE_WORK}\n')
         script.chmod(0o644)
 
     def _spawn_holder(self, env: Environment, slot: Slot

@@ -2,17 +2,17 @@
 
 Entering a sandbox per exec (a joining shell, `nsenter` into six namespaces, `setpriv`) costs
 several milliseconds of process starts. Instead, each sandbox's holder is a small resident
-program (`spawner_inside.py`, run by the server's own Python) that forks the commands it is
-sent. It runs as the sandbox's uid with no capabilities and `no_new_privs` (as every command
-did before) and is non-dumpable; per command it moves itself into the exec's cgroup slot
-(through cgroup.procs files the server opened, passed over the socket: the sandbox sees no
-cgroup file), `posix_spawn`s the command there and moves back, so the command is confined from
-its first instruction. What the server does per exec: two pipes, a memfd holding the request,
-one message; the start and the exit come back as one message each, and the timeout counts from
-the start. The commands inherit the sandbox's seccomp filter (bwrap loads it before the
-spawner starts; no loader runs per command), and a stream that passes the output cap is handed
-to the spawner, which drops the rest inside the sandbox, on its cores (the server reads no
-more than the cap and one chunk).
+program (`spawner_native`, built with the host's C compiler; else `spawner_inside.py`, run by
+the server's own Python) that forks the commands it is sent. It runs as the sandbox's uid with
+no capabilities and `no_new_privs` (as every command did before) and is non-dumpable; per
+command it moves itself into the exec's cgroup slot (through cgroup.procs files the server
+opened, passed over the socket: the sandbox sees no cgroup file), `posix_spawn`s the command
+there and moves back, so the command is confined from its first instruction. What the server
+does per exec: two pipes, a memfd holding the request, one message; the start and the exit come
+back as one message each, and the timeout counts from the start. The commands inherit the
+sandbox's seccomp filter (bwrap loads it before the spawner starts; no loader runs per
+command), and a stream that passes the output cap is handed to the spawner, which drops the
+rest inside the sandbox, on its cores (the server reads no more than the cap and one chunk).
 
 The contract is the backend's: output capped per stream, the command's whole cgroup slot killed
 at the timeout and after the exit, the exit code as `subprocess` gives it (negative: a signal).
@@ -33,6 +33,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.base import EnvironmentBroken, outcome_of
 from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
 from tangram.results import Result
@@ -44,12 +45,16 @@ START_TIMEOUT_S = 10.0  # how long the spawner may take to start a command
 SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setpriv drops them all
 
 
-def install(folder: Path) -> Path:
-    """Copy the in-sandbox program into `folder` (world-readable); returns its path there."""
+def install(folder: Path, inside: str, python: str) -> tuple[str, ...]:
+    """Put the spawner into `folder` (seen as `inside` in the sandbox): the native one where a
+    C compiler builds it (`spawner_native`), else a copy of the Python one (world-readable),
+    run by `python`. Returns its command line inside, before the socket and the folder."""
+    if native.build(folder):
+        return (f"{inside}/{native.NATIVE_NAME}",)
     target = folder / INSIDE_NAME
     target.write_bytes(INSIDE_SOURCE.read_bytes())
     target.chmod(0o644)
-    return target
+    return (python, "-I", "-S", f"{inside}/{INSIDE_NAME}")
 
 
 def request_bytes(argv: Sequence[str], env: Mapping[str, str]) -> bytes:

@@ -8,7 +8,8 @@ one background task, off the requests' path: it starts when a request is done (a
 used environment is closed, also in the background, once the response is on its way), so it
 does not compete with a request's run for the cores; when the pool is empty a request opens its
 own (never waits for the refill). Only requests at the pool's memory size take from it (the server's
-default: `memory_limit_MB` -1, or the same number); others open their own.
+default: `memory_limit_MB` -1, or the same number); others open their own. The refill opens
+the missing sandboxes side by side.
 
 Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off). Each warm
 sandbox holds its memory reservation while it waits, so the pool is small, and a request whose
@@ -99,13 +100,23 @@ class WarmPool:
             self._refill = asyncio.ensure_future(self._fill())
 
     async def _fill(self) -> None:
+        """Open the missing ones side by side (a sandbox's start is mostly kernel set-up, not
+        CPU: one after another the refill would cap the request rate), until the pool is
+        full or an open fails."""
         while len(self._ready) < self.size:
-            try:
-                env = await self.tg.open_env(fresh_trajectory(), self.memory_mb)
-            except TangramError as exc:  # shutting down, memory taken by running requests
-                log.debug("warm pool: not refilled (%s)", exc)
+            wanted = self.size - len(self._ready)
+            opened = await asyncio.gather(*(self._open_one() for _ in range(wanted)))
+            if not all(opened):
                 return
-            self._ready.append((env, time.monotonic()))
+
+    async def _open_one(self) -> bool:
+        try:
+            env = await self.tg.open_env(fresh_trajectory(), self.memory_mb)
+        except TangramError as exc:  # shutting down, memory taken by running requests
+            log.debug("warm pool: not refilled (%s)", exc)
+            return False
+        self._ready.append((env, time.monotonic()))
+        return True
 
     @property
     def idle(self) -> int:
