@@ -47,10 +47,7 @@ is the namespace setup per exec (`tangram bench exec` measures it beside raw sub
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import select
 import shlex
 import shutil
 import socket
@@ -72,6 +69,7 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     ISOLATE,
     LOADER_PYTHON,
     NAMESPACES,
+    SPAWNING,
     SYSTEM_LINKS,
     _descriptors_to_spare,
     _drop_to,
@@ -79,9 +77,11 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     _Holder,
     _idle,
     _system_binds,
+    discard_spawned,
+    hold_ready,
     server_python,
 )
-from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
+from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, _Env, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH, command_env
 from managers.cpu.pool import Environment
@@ -179,21 +179,37 @@ class BwrapBackend(CgroupBackend):
                 self._install_launcher(fast.install(self.support, INSIDE_SUPPORT,
                                                     shlex.quote(sys.executable)))
                 self._spawner_installed = True
-            slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
-            self._confine(slot, cores)
+            slot = await asyncio.to_thread(self._holder_slot, env, self._envs[env.id], cores)
             await self._start_holder(env, slot)
         except BaseException:
             await self.close(env)
             raise
 
+    def _holder_slot(self, env: Environment, e: _Env, cores: tuple[int, ...]) -> Slot:
+        """The holder's slot (never freed: the holder lives in it) and one exec slot made
+        ahead, so the first exec makes none. Run in a thread: each cgroup mkdir takes
+        milliseconds, which the event loop would wait for."""
+        slot = self._slot(env, e)
+        self._confine(slot, cores)
+        ahead = self._slot(env, e)
+        self._confine(ahead, cores)
+        e.free.append(ahead)
+        return slot
+
     async def _start_holder(self, env: Environment, slot: Slot) -> None:
         """Start the environment's sandbox in its cgroup slot and hold its namespaces open;
-        raises `BackendUnavailable` saying why when it does not come up. Spawned from the
-        loop's thread: `--die-with-parent` follows the spawning thread, which lives as long as
-        the server."""
-        proc, info_r, ours = self._spawn_holder(env, slot)
+        raises `BackendUnavailable` saying why when it does not come up. Spawned from one
+        thread kept for it (`SPAWNING`), not the loop's (a spawn waits for the child's exec):
+        `--die-with-parent` follows the spawning thread, which lives as long as the server."""
+        spawned = asyncio.get_running_loop().run_in_executor(SPAWNING, self._spawn_holder, env,
+                                                             slot)
         try:
-            holder = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
+            proc, info_r, ours = await asyncio.shield(spawned)
+        except asyncio.CancelledError:
+            spawned.add_done_callback(discard_spawned)  # the sandbox comes up for no one
+            raise
+        try:
+            holder = await asyncio.to_thread(hold_ready, env, slot, proc, info_r)
         except BaseException:
             if ours is not None:
                 ours.close()
@@ -272,35 +288,6 @@ class BwrapBackend(CgroupBackend):
             if theirs is not None:
                 theirs.close()
         return proc, info_r, ours
-
-    def _hold(self, env: Environment, slot: Slot, proc: subprocess.Popen,
-              info_r: int) -> _Holder:
-        """Wait until the sandbox is set up, then open its namespaces."""
-        try:
-            with os.fdopen(info_r, "rb") as info:
-                raw = info.read()  # bwrap closes it once its init runs
-            pid = int(json.loads(raw)["child-pid"])
-            # the payload starts only when every mount is in place: enter no sooner
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
-            if not ready or proc.stdout.readline() != b"ready\n":
-                raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
-            started = hold.start_time(pid)
-            if started is None:
-                raise OSError("the sandbox's init exited")
-        except (ValueError, KeyError, OSError) as exc:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(HOLDER_START_S)
-            assert proc.stderr is not None
-            err = proc.stderr.read().decode(errors="replace").strip()
-            raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
-                                     f"({err or exc})") from exc
-        finally:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-        return _Holder(proc, pid, started, slot)
 
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:

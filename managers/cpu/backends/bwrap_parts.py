@@ -5,17 +5,22 @@ the host files every sandbox sees, the uid drop, the holder's payload and its re
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
+import select
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
 from managers.cpu.backends.cgroup import Slot
 from managers.cpu.pool import Environment
+from tangram.errors import BackendUnavailable
 
 INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
 INSIDE_SUPPORT = "/opt/tangram"
@@ -27,6 +32,26 @@ HOLDER_LAUNCHER = "start-spawner.sh"  # in the support folder: see `_install_lau
 SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 # runs the seccomp loader inside (always visible: /usr is bound); else the server's own
 LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+# the one thread that starts every sandbox (`BwrapBackend._start_holder`): it lives as long as
+# the process, so bwrap's --die-with-parent (which follows the spawning thread) holds
+SPAWNING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tangram-sandbox-spawn")
+
+
+def discard_spawned(done: Future) -> None:
+    """Kill a sandbox started for an open that was cancelled meanwhile."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    proc, info_r, ours = done.result()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(OSError):
+        os.close(info_r)
+    if ours is not None:
+        ours.close()
+    with contextlib.suppress(Exception):
+        proc.wait(5)
 
 
 def server_python() -> tuple[str, ...]:
@@ -122,3 +147,32 @@ class _Holder:
             self.proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(5)
+
+
+def hold_ready(env: Environment, slot: Slot, proc: subprocess.Popen, info_r: int) -> _Holder:
+    """Wait until the sandbox is set up, then open its namespaces."""
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            raw = info.read()  # bwrap closes it once its init runs
+        pid = int(json.loads(raw)["child-pid"])
+        # the payload starts only when every mount is in place: enter no sooner
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
+        if not ready or proc.stdout.readline() != b"ready\n":
+            raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
+        started = hold.start_time(pid)
+        if started is None:
+            raise OSError("the sandbox's init exited")
+    except (ValueError, KeyError, OSError) as exc:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(HOLDER_START_S)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace").strip()
+        raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
+                                 f"({err or exc})") from exc
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return _Holder(proc, pid, started, slot)
