@@ -9,6 +9,9 @@ machine's state:
   does with `isolation: none` (`sf_shaped`: its models, a fresh temporary folder, the code in a
   file, bash through asyncio's subprocess, `fetch_files`, a log line): the reference the goals
   are held against (latency <= 1.0x, 16-client throughput >= 0.9x);
+- `SF-shaped, 1 run per core`: the same with at most one program per core at a time, as Tangram
+  grants whole cores (on a machine shared with other work, 16 programs at once take a larger
+  share of it than 2 do: this one compares like with like);
 - `tangram`: `tangram serve` (this machine's best CPU backend: bwrap where it runs) with its
   warm pool of never-used sandboxes;
 - `tangram, no warm pool`: the same with `TANGRAM_SANDBOXFUSION_WARM=0` (a sandbox opened per
@@ -45,6 +48,7 @@ from managers.cpu.grant import SAFE_PATH
 PRINT = {"code": "print(1)", "language": "python"}
 MINIMAL = "minimal (no sandbox)"
 SHAPED = "SandboxFusion-shaped"
+PER_CORE = "SF-shaped, 1 run per core"
 
 
 def _free_port() -> int:
@@ -53,8 +57,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time of a process and of its children it has waited for (the programs it ran, and
+    for Tangram the sandboxes it closed), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 @contextmanager
-def _server(argv: list[str], env: dict[str, str]) -> Iterator[str]:
+def _server(argv: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
     port = _free_port()
     proc = subprocess.Popen([*argv, "--port", str(port)], env={**os.environ, **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -73,7 +85,7 @@ def _server(argv: list[str], env: dict[str, str]) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv} did not start")
             time.sleep(0.2)
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -141,18 +153,20 @@ def _table(servers: dict, lat: dict[str, list[float]], rps: dict[str, list[float
            ok: dict[str, list[int]], raw: list[float], clients: int) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     ref, ref_rps = statistics.median(lat[SHAPED]), statistics.median(rps[SHAPED])
+    core_rps = statistics.median(rps[PER_CORE])
     base, base_rps = statistics.median(lat[MINIMAL]), statistics.median(rps[MINIMAL])
     print(f"{'raw python3 main.py':28s} median {statistics.median(raw):7.1f} ms")
     head = f"req/s @{clients}"
     print(f"{'server':28s} {'median':>8s} {'p90':>8s} {'x SF':>6s} {'x min':>6s} {head:>10s}"
-          f" {'x SF':>6s} {'x min':>6s} {'ok':>9s} {'0.05s ok':>8s}")
+          f" {'x SF':>6s} {'x 1/core':>8s} {'x min':>6s} {'ok':>9s} {'0.05s ok':>8s}")
     for name in servers:
         s = sorted(lat[name])
         med, p90 = statistics.median(s), s[int(0.9 * (len(s) - 1))]
         tput = statistics.median(rps[name])
         figures[name] = {"median_ms": med, "p90_ms": p90, "rps": tput}
         print(f"{name:28s} {med:6.1f}ms {p90:6.1f}ms {med / ref:5.2f}x {med / base:5.2f}x "
-              f"{tput:10.1f} {tput / ref_rps:5.2f}x {tput / base_rps:5.2f}x "
+              f"{tput:10.1f} {tput / ref_rps:5.2f}x {tput / core_rps:7.2f}x "
+              f"{tput / base_rps:5.2f}x "
               f"{ok[name][0]:>4d}/{ok[name][1]:<4d} {ok[name][3]:>5d}/10")
     return figures
 
@@ -174,6 +188,8 @@ def main(argv: list[str]) -> int:
         # the sandbox's PATH, so that every server runs the same python3
         MINIMAL: ([py, "-m", "evaluation.benches.sf_minimal"], {"PATH": SAFE_PATH}),
         SHAPED: ([py, "-m", "evaluation.benches.sf_shaped"], {"PATH": SAFE_PATH}),
+        PER_CORE: ([py, "-m", "evaluation.benches.sf_shaped", "--runs-per-core"],
+                   {"PATH": SAFE_PATH}),
         "tangram": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level", "warning"], {}),
         "tangram, no warm pool": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level",
                                    "warning"], {"TANGRAM_SANDBOXFUSION_WARM": "0"}),
@@ -183,23 +199,30 @@ def main(argv: list[str]) -> int:
     lat: dict[str, list[float]] = {k: [] for k in servers}
     rps: dict[str, list[float]] = {k: [] for k in servers}
     ok: dict[str, list[int]] = {k: [0, 0, 0, 0] for k in servers}  # seq ok, seq n, tput ok, tight
+    cpu: dict[str, list[float]] = {k: [] for k in servers}  # CPU ms per request, throughput
     raw: list[float] = []
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in range(ns.rounds):
         raw += _raw_ms(ns.requests)
         for name, (cmd, env) in servers.items():
-            with _server(cmd, env) as url:
+            with _server(cmd, env) as (url, pid):
                 samples, good = asyncio.run(_sequential(url, ns.requests))
                 lat[name] += samples
                 ok[name][0] += good
                 ok[name][1] += len(samples)
+                c0 = cpu_seconds(pid)
                 tput, tgood = asyncio.run(_throughput(url, ns.clients, ns.seconds))
+                time.sleep(1.0)  # the last sandboxes closed (and waited for)
+                cpu[name].append((cpu_seconds(pid) - c0) * 1e3 / max(tput * ns.seconds, 1))
                 rps[name].append(tput)
                 ok[name][2] += tgood
                 if r == 0:
                     ok[name][3] = asyncio.run(_tight(url))
         print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
     _table(servers, lat, rps, ok, raw, ns.clients)
+    print("CPU per request under load (the server process and what it waited for: programs, "
+          "closed sandboxes): " + "; ".join(f"{k} {statistics.median(v):.1f} ms"
+                                            for k, v in cpu.items()))
     print("real SandboxFusion: its server is not on the package registries (only the SDK, "
           "sandbox-fusion), so it is not measured here; `SandboxFusion-shaped` stands in")
     print(f"load average after: {os.getloadavg()[0]:.2f}")

@@ -12,7 +12,9 @@ so this is our own code doing per request what its runner does with `isolation: 
 - `fetch_files` read back as base64, the outputs decoded leniently, one log line per request.
 
 No scheduler, no sandbox, no memory limit (SandboxFusion's default `memory_limit_MB` -1). Run it
-as `python -m evaluation.benches.sf_shaped --port P`.
+as `python -m evaluation.benches.sf_shaped --port P [--runs-per-core]`: with `--runs-per-core`
+at most one program per core runs at a time (the others wait), as Tangram grants whole cores;
+without, every request runs at once, as SandboxFusion does by default.
 """
 
 from __future__ import annotations
@@ -115,7 +117,17 @@ def _fetch(folder: str, paths: list[str]) -> dict[str, str]:
     return out
 
 
+_SLOTS: asyncio.Semaphore | None = None  # one per core with --runs-per-core
+
+
 async def run_code(req: RunCodeRequest) -> RunCodeResponse:
+    if _SLOTS is None:
+        return await _run_code(req)
+    async with _SLOTS:
+        return await _run_code(req)
+
+
+async def _run_code(req: RunCodeRequest) -> RunCodeResponse:
     source, compile_cmd, run_cmd = COMMANDS[req.language]
     with tempfile.TemporaryDirectory(prefix="sf-shaped-") as d:
         _restore(d, req.files)
@@ -155,7 +167,11 @@ def app() -> FastAPI:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--runs-per-core", action="store_true")
     ns = p.parse_args()
+    global _SLOTS
+    if ns.runs_per_core:
+        _SLOTS = asyncio.Semaphore(len(os.sched_getaffinity(0)))
     logging.basicConfig(level=logging.INFO, stream=sys.stdout)  # as SandboxFusion, stdout
     uvicorn.run(app(), host="127.0.0.1", port=ns.port, log_level="warning")
 
