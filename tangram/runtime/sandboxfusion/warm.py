@@ -13,7 +13,8 @@ the missing sandboxes side by side.
 
 Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off). Each warm
 sandbox holds its memory reservation while it waits, so the pool is small, and a request whose
-memory does not fit closes warm ones until it does (a request never fails for the pool).
+memory does not fit closes warm ones until it does, or waits for a used one being closed in the
+background (a request never fails for the pool).
 """
 
 from __future__ import annotations
@@ -63,11 +64,21 @@ class WarmPool:
             try:
                 return await self.tg.open_env(fresh_trajectory(), memory_mb)
             except Infeasible:
-                # the memory a request needs comes before the pool's: give back a warm one
+                # the memory a request needs comes before the pool's: take a warm one that
+                # fits or give one back, else wait for the background (a used one being
+                # closed, the refill) to let go of memory or to bring a warm one
                 env = self._pop()
-                if env is None:
+                if env is not None and memory_mb == self.memory_mb:
+                    return env
+                if env is not None:
+                    await self._close(env)
+                    continue
+                pending = set(self._closing)
+                if self._refill is not None and not self._refill.done():
+                    pending.add(self._refill)
+                if not pending:
                     raise
-                await self._close(env)
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
 
     def _pop(self) -> str | None:
         idle = getattr(self.tg, "idle_env_s", None)
