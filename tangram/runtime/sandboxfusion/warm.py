@@ -7,7 +7,8 @@ only, so isolation between requests is the same as with a fresh one. The pool is
 one background task, off the requests' path: it starts when a request is done (after the
 used environment is closed, also in the background, once the response is on its way), so it
 does not compete with a request's run for the cores; when the pool is empty a request opens its
-own (never waits for the refill). Only requests at the pool's memory size take from it (the server's
+own (never waits for the refill); when requests drain it below half, the refill starts at once,
+beside them. Only requests at the pool's memory size take from it (the server's
 default: `memory_limit_MB` -1, or the same number); others open their own. The refill opens
 the missing sandboxes side by side.
 
@@ -56,6 +57,8 @@ class WarmPool:
         opened now. The caller owns it (and closes it)."""
         if memory_mb == self.memory_mb:
             env = self._pop()
+            if len(self._ready) * 2 < self.size:  # draining faster than it refills: start now
+                self._start_refill()
             if env is not None:
                 self.hits += 1
                 return env
