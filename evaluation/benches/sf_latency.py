@@ -49,6 +49,10 @@ PRINT = {"code": "print(1)", "language": "python"}
 MINIMAL = "minimal (no sandbox)"
 SHAPED = "SandboxFusion-shaped"
 PER_CORE = "SF-shaped, 1 run per core"
+# `tangram serve`, started from the module (works from a source checkout, whatever entry points
+# the installed metadata lists)
+SERVE = (sys.executable, "-c", "import sys; from tangram.runtime.server import main; "
+         "sys.exit(main(sys.argv[1:]))")
 
 
 def _free_port() -> int:
@@ -193,9 +197,9 @@ def main(argv: list[str]) -> int:
         SHAPED: ([py, "-m", "evaluation.benches.sf_shaped"], {"PATH": SAFE_PATH}),
         PER_CORE: ([py, "-m", "evaluation.benches.sf_shaped", "--runs-per-core"],
                    {"PATH": SAFE_PATH}),
-        "tangram": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level", "warning"], {}),
-        "tangram, no warm pool": ([py, "-m", "tangram.runtime.cli", "serve", "--log-level",
-                                   "warning"], {"TANGRAM_SANDBOXFUSION_WARM": "0"}),
+        "tangram": ([*SERVE, "--log-level", "warning"], {}),
+        "tangram, no warm pool": ([*SERVE, "--log-level", "warning"],
+                                  {"TANGRAM_SANDBOXFUSION_WARM": "0"}),
     }
     if ns.no_cold:
         del servers["tangram, no warm pool"]
