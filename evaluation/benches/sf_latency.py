@@ -125,7 +125,7 @@ async def _sequential(url: str, n: int) -> tuple[list[float], int]:
     return samples, ok
 
 
-async def _throughput(url: str, clients: int, seconds: float) -> tuple[float, int]:
+async def _throughput(url: str, clients: int, seconds: float) -> tuple[float, int, int]:
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as http:
         done = ok = 0
@@ -140,7 +140,7 @@ async def _throughput(url: str, clients: int, seconds: float) -> tuple[float, in
 
         t = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
-        return done / (time.perf_counter() - t), ok
+        return done / (time.perf_counter() - t), ok, done
 
 
 async def _tight(url: str) -> int:
@@ -219,12 +219,12 @@ def main(argv: list[str]) -> int:
                 ok[name][0] += good
                 ok[name][1] += len(samples)
                 c0 = cpu_seconds(pid)
-                tput, tgood = asyncio.run(_throughput(url, ns.clients, ns.seconds))
+                tput, tgood, answered = asyncio.run(_throughput(url, ns.clients, ns.seconds))
                 time.sleep(1.0)  # the last sandboxes closed (and waited for)
-                cpu[name].append((cpu_seconds(pid) - c0) * 1e3 / max(tput * ns.seconds, 1))
+                cpu[name].append((cpu_seconds(pid) - c0) * 1e3 / max(answered, 1))
                 rps[name].append(tput)
                 ok[name][2] += tgood
-                done[name] += round(tput * ns.seconds)
+                done[name] += answered
                 if r == 0:
                     ok[name][3] = asyncio.run(_tight(url))
         print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
