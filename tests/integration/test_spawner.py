@@ -111,13 +111,13 @@ def test_output_past_the_cap_is_drained_inside_and_the_command_runs_on(loop, pai
     """Past the cap the spawner drops the rest in the sandbox: the command is not killed by a
     closed pipe and ends normally; exactly `cap` bytes come back, flagged truncated."""
     (fast, env), _ = pair
-    script = (f"head -c {cap + extra} /dev/zero | tr '\\0' a; "
-              f"head -c {cap + extra} /dev/zero >&2; echo finished > /sandbox/finished")
+    script = (f"head -c {cap + extra} /dev/zero | tr '\\0' a; echo $? > /sandbox/finished; "
+              f"head -c {cap + extra} /dev/zero >&2; echo $? >> /sandbox/finished")
     r = loop.run_until_complete(fast.execute(ExecRequest(env, script, 30, output_cap=cap)))
     assert r.status == "ok" and r.exit_code == 0, r.detail
     assert r.truncated and r.stdout == "a" * cap and len(r.stderr) == cap
     done = execute(loop, fast, env, "cat /sandbox/finished; rm /sandbox/finished")
-    assert done.stdout == "finished\n"
+    assert done.stdout == "0\n0\n"  # both writers ran to their end: no SIGPIPE (141)
 
 
 def parent_cmdline(loop, m: CpuManager, env: str) -> str:
@@ -145,5 +145,9 @@ def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch
         assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
         missing = execute(loop, m, env, ("no-such-program-here",))
         assert missing.exit_code == 127 and "no-such-program-here" in missing.stderr
+        big = loop.run_until_complete(m.execute(ExecRequest(
+            env, "head -c 2000000 /dev/zero | tr '\\0' b; echo rc=$? >&2", 30, output_cap=1000)))
+        assert big.exit_code == 0 and big.truncated and big.stdout == "b" * 1000 \
+            and big.stderr == "rc=0\n", big.detail  # drained: no SIGPIPE (rc=141)
     finally:
         loop.run_until_complete(m.close())
