@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import subprocess
 import time
@@ -46,7 +47,24 @@ async def _time_async(n: int, fn: Callable[[int], Awaitable[object]]) -> float:
     return _median_ms(samples)
 
 
-async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
+async def _paired(n: int, fn: Callable[[int], Awaitable[object]]) -> tuple[float, float, float]:
+    """Each sample: the raw command, then the action, back to back (one machine state for
+    both, on a loaded machine). Returns the medians of raw, of ours and of ours - raw."""
+    raw, ours, diff = [], [], []
+    for i in range(n):
+        t = time.perf_counter()
+        subprocess.run(["true"], check=True)
+        t1 = time.perf_counter()
+        await fn(i)
+        t2 = time.perf_counter()
+        raw.append(t1 - t)
+        ours.append(t2 - t1)
+        diff.append(t2 - t1 - (t1 - t))
+    return _median_ms(raw), _median_ms(ours), _median_ms(diff)
+
+
+async def _action_ms(backend: str, n: int, alternate: bool, paired: bool = False,
+                     **options) -> float | tuple[float, float, float]:
     m = CpuManager(create(backend, **options))
     await m.start()
     try:
@@ -72,7 +90,7 @@ async def _action_ms(backend: str, n: int, alternate: bool, **options) -> float:
                 raise RuntimeError(f"{backend}: `true` did not succeed: {o.detail}")
 
         await one(0)  # warm up (slot creation, connections)
-        return await _time_async(n, one)
+        return await (_paired(n, one) if paired else _time_async(n, one))
     finally:
         await m.close()
 
@@ -105,20 +123,23 @@ def _raw_exec_run_ms(n: int, image: str | None) -> float:
 
 
 def _interleaved(n: int, rounds: int) -> int:
-    """Each round measures every variant once, so all see nearly the same machine state."""
+    """Each round measures every variant once, each sample paired with a raw run just before
+    it (the overhead is the median of the pairs' differences: robust on a loaded machine)."""
     variants = (("bwrap", "bwrap", {}), ("bwrap (nsenter)", "bwrap", {"spawner": False}),
                 ("cgroup", "cgroup", {}))
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in range(rounds):
-        raw = _raw_subprocess_ms(n)
-        parts = [f"round {r + 1}: raw {raw:.2f} ms"]
+        parts = []
         for label, backend, options in variants:
             try:
-                ms = asyncio.run(_action_ms(backend, n, alternate=True, **options))
+                raw, ours, diff = asyncio.run(_action_ms(backend, n, alternate=True,
+                                                         paired=True, **options))
             except BackendUnavailable as exc:
                 parts.append(f"{label} unavailable ({exc})")
                 continue
-            parts.append(f"{label} +{ms - raw:.2f} ms")
-        print("; ".join(parts))
+            parts.append(f"{label} {ours:.2f} ms vs raw {raw:.2f} ms (paired +{diff:.2f} ms)")
+        print(f"round {r + 1}: " + "; ".join(parts))
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
 
 
@@ -128,8 +149,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
     parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
     parser.add_argument("--rounds", type=int, default=0,
-                        help="instead: R interleaved rounds of raw, bwrap (spawner), bwrap "
-                             "(nsenter) and cgroup, alternating grants, one line per round")
+                        help="instead: R rounds of bwrap (spawner), bwrap (nsenter) and cgroup, "
+                             "alternating grants, each sample paired with a raw run; one line "
+                             "per round")
     ns = parser.parse_args(argv)
     n = ns.runs
     if ns.rounds:

@@ -4,6 +4,7 @@ for real (the `affinity` backend, no root needed); every request leaves no envir
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import logging
 import os
@@ -345,3 +346,33 @@ def test_warm_sandboxes_give_way_to_a_request_that_needs_their_memory(tmp_path):
         assert pool is not None and pool.idle == 2
         big = httpx.post(f"{url}/run_code", json={**body, "memory_limit_MB": 2500}, timeout=60)
         assert big.status_code == 200 and big.json()["status"] == "Success", big.text
+
+
+def test_a_request_waits_for_memory_the_pool_is_letting_go_of(tmp_path, monkeypatch):
+    """On a node of 2,100 MiB (two 1,024 MiB sandboxes) with one warm sandbox: while two
+    requests hold the memory, a third that arrives as one of them is being closed waits for it
+    (or for the refill's warm sandbox) instead of failing."""
+    monkeypatch.setenv("TANGRAM_SANDBOXFUSION_WARM", "1")
+    tg = Tangram(cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path),
+                                memory_mb={"local": 2100}))
+
+    async def scenario() -> tuple[str, int]:
+        await tg.start()
+        try:
+            pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+            assert pool is not None
+            a, b = await pool.take(DEFAULT_MEMORY_MB), await pool.take(DEFAULT_MEMORY_MB)
+            pool.release(a)  # closed in the background, then the pool refills
+            c = await pool.take(DEFAULT_MEMORY_MB)  # no memory free now: waits, no raise
+            pool.release(b)
+            pool.release(c)
+            for _ in range(400):
+                if not pool.filling:
+                    break
+                await asyncio.sleep(0.01)
+            return c, tg.status().envs
+        finally:
+            await tg.shutdown()
+
+    c, left = asyncio.run(scenario())
+    assert c and left == 1  # only the refilled warm one was left

@@ -15,8 +15,9 @@ Entering costs a few milliseconds where building a sandbox per exec costs ~15.
 The fast path (default, `spawner=True`, where the server's Python is visible inside): the
 holder is a resident spawner (`spawner.py`) that starts each command in the exec's slot from
 inside the sandbox, with the same uid, capabilities and `no_new_privs` as `setpriv` gives, and
-through the same seccomp loader (the holder itself runs under the filter too); the nsenter path
-above stays as the reference. A holder (or spawner) that died is restarted before the next exec.
+under the same seccomp filter (bwrap loads it before the spawner starts, and the commands
+inherit it: no loader per exec); the nsenter path above stays as the reference. A holder (or
+spawner) that died is restarted before the next exec.
 Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
@@ -46,18 +47,12 @@ is the namespace setup per exec (`tangram bench exec` measures it beside raw sub
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import os
-import resource
-import select
 import shlex
 import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
@@ -65,7 +60,28 @@ from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
+from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modules import)
+    HOLDER_LAUNCHER,
+    HOLDER_SCRIPT,
+    HOLDER_START_S,
+    INSIDE_SUPPORT,
+    INSIDE_WORK,
+    ISOLATE,
+    LOADER_PYTHON,
+    NAMESPACES,
+    SPAWNING,
+    SYSTEM_LINKS,
+    _descriptors_to_spare,
+    _drop_to,
+    _extra_binds,
+    _Holder,
+    _idle,
+    _system_binds,
+    discard_spawned,
+    hold_ready,
+    server_python,
+)
+from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, _Env, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH
 from managers.cpu.pool import Environment
@@ -73,112 +89,6 @@ from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
-
-INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
-INSIDE_SUPPORT = "/opt/tangram"
-ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
-NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup")
-HOLDER_START_S = 10.0
-HOLDER_SCRIPT = "echo ready; exec sleep infinity"
-HOLDER_LAUNCHER = "start-spawner.sh"  # in the support folder: see `_install_launcher`
-SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
-# runs the seccomp loader inside (always visible: /usr is bound); else the server's own
-LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
-
-
-def server_python() -> tuple[str, ...]:
-    """The folders of the server's own Python (its virtual environment and base installation),
-    outside /usr: bound read-only so that commands can run `sys.executable`."""
-    found: list[str] = []
-    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
-        real = os.path.realpath(p)
-        if not real.startswith(("/usr/", "/etc/")) and real not in ("/", "/usr") \
-                and real not in found:
-            found.append(real)
-    return tuple(found)
-
-
-def _system_binds(ro_paths: tuple[str, ...]) -> list[str]:
-    """The read-only host files every sandbox sees: /usr, /etc, the merged-/usr links (or the
-    folders themselves on a host without merged /usr); `_extra_binds` adds `ro_paths` after the
-    sandbox's own /tmp is mounted (a virtual environment under /tmp stays visible)."""
-    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
-    for name in SYSTEM_LINKS:
-        host = Path("/") / name
-        if host.is_symlink():
-            args += ["--symlink", os.readlink(host), str(host)]
-        elif host.is_dir():
-            args += ["--ro-bind", str(host), str(host)]
-    return args
-
-
-def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
-    """Each of `ro_paths` that exists, read-only at its own path, below folders that the
-    sandbox's user may enter (the host's may be root's only, like /root). Given after the
-    sandbox's mounts, so a path under /tmp or /opt is not hidden by them."""
-    args: list[str] = []
-    made: set[str] = {"/", "/tmp", "/opt", "/usr", "/etc", "/proc", "/dev"}
-    for p in ro_paths:
-        for parent in reversed(Path(p).parents[:-1]):
-            if str(parent) not in made:
-                made.add(str(parent))
-                args += ["--perms", "0755", "--dir", str(parent)]
-        args += ["--ro-bind-try", p, p]
-    return args
-
-
-def _drop_to(uid: int) -> list[str]:
-    """`setpriv` as the sandbox's last step: the uid, no groups, no capabilities, no_new_privs."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-            "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
-
-
-def _descriptors_to_spare() -> bool:
-    """True while this process uses under half its open-file limit: a spawner holds one
-    descriptor per environment (its socket), so past that new environments take the nsenter
-    path, which holds none (`holder`), and the capacity stays that of the limit."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    if soft == resource.RLIM_INFINITY:
-        return True
-    try:
-        return len(os.listdir("/proc/self/fd")) < soft // 2
-    except OSError:
-        return False
-
-
-def _idle(env: Environment) -> list[str]:
-    """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
-    if env.root is None:
-        return ["sh", "-c", HOLDER_SCRIPT]
-    return [*toolkit.run(INSIDE_SUPPORT, "sh"), "-c", 'echo ready; exec "$@"', "sh",
-            *toolkit.run(INSIDE_SUPPORT, "sleep"), "infinity"]
-
-
-@dataclass(slots=True)
-class _Holder:
-    """An environment's long-lived sandbox: the bwrap process and its init (by PID and start
-    time), whose namespaces each exec enters."""
-
-    proc: subprocess.Popen
-    pid: int  # the sandbox's init, whose namespaces each exec enters (see `holder`)
-    started: int  # its start time: a recycled PID never passes for it
-    slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
-    spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def healthy(self) -> bool:
-        """Alive, and so is its spawner (a command of the sandbox may have killed it)."""
-        return self.alive() and (self.spawner is None or self.spawner.dead is None)
-
-    def release(self) -> None:
-        if self.spawner is not None:
-            self.spawner.close()
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        with contextlib.suppress(Exception):
-            self.proc.wait(5)
 
 
 class BwrapBackend(CgroupBackend):
@@ -268,24 +178,40 @@ class BwrapBackend(CgroupBackend):
             if env.root is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
-                fast.install(self.support)
-                self._install_launcher()
+                self._install_launcher(fast.install(self.support, INSIDE_SUPPORT,
+                                                    shlex.quote(sys.executable)))
                 self._spawner_installed = True
-            slot = self._slot(env, self._envs[env.id])  # never freed: the holder lives in it
-            self._confine(slot, cores)
+            slot = await asyncio.to_thread(self._holder_slot, env, self._envs[env.id], cores)
             await self._start_holder(env, slot)
         except BaseException:
             await self._close(env)
             raise
 
+    def _holder_slot(self, env: Environment, e: _Env, cores: tuple[int, ...]) -> Slot:
+        """The holder's slot (never freed: the holder lives in it) and one exec slot made
+        ahead, so the first exec makes none. Run in a thread: each cgroup mkdir takes
+        milliseconds, which the event loop would wait for."""
+        slot = self._slot(env, e)
+        self._confine(slot, cores)
+        ahead = self._slot(env, e)
+        self._confine(ahead, cores)
+        e.free.append(ahead)
+        return slot
+
     async def _start_holder(self, env: Environment, slot: Slot) -> None:
         """Start the environment's sandbox in its cgroup slot and hold its namespaces open;
-        raises `BackendUnavailable` saying why when it does not come up. Spawned from the
-        loop's thread: `--die-with-parent` follows the spawning thread, which lives as long as
-        the server."""
-        proc, info_r, ours = self._spawn_holder(env, slot)
+        raises `BackendUnavailable` saying why when it does not come up. Spawned from one
+        thread kept for it (`SPAWNING`), not the loop's (a spawn waits for the child's exec):
+        `--die-with-parent` follows the spawning thread, which lives as long as the server."""
+        spawned = asyncio.get_running_loop().run_in_executor(SPAWNING, self._spawn_holder, env,
+                                                             slot)
         try:
-            holder = await asyncio.to_thread(self._hold, env, slot, proc, info_r)
+            proc, info_r, ours = await asyncio.shield(spawned)
+        except asyncio.CancelledError:
+            spawned.add_done_callback(discard_spawned)  # the sandbox comes up for no one
+            raise
+        try:
+            holder = await asyncio.to_thread(hold_ready, env, slot, proc, info_r)
         except BaseException:
             if ours is not None:
                 ours.close()
@@ -301,13 +227,12 @@ class BwrapBackend(CgroupBackend):
             self._loader = ((f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",) if native else
                             (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}"))
 
-    def _install_launcher(self) -> None:
+    def _install_launcher(self, spawner: tuple[str, ...]) -> None:
         """The spawner's start inside: a script in the support folder, so the sandbox's init
         (bwrap's argv) names no host path. $1 is the uid, $2 the spawner's socket."""
         drop = " ".join(_drop_to(0)).replace("=0", '="$1"')  # --reuid="$1" --regid="$1"
         script = self.support / HOLDER_LAUNCHER
-        script.write_text(f'exec {drop} {shlex.quote(sys.executable)} -I -S '
-                          f'{INSIDE_SUPPORT}/{fast.INSIDE_NAME} "$2" {INSIDE_WORK}\n')
+        script.write_text(f'exec {drop} {" ".join(spawner)} "$2" {INSIDE_WORK}\n')
         script.chmod(0o644)
 
     def _spawn_holder(self, env: Environment, slot: Slot
@@ -366,35 +291,6 @@ class BwrapBackend(CgroupBackend):
                 theirs.close()
         return proc, info_r, ours
 
-    def _hold(self, env: Environment, slot: Slot, proc: subprocess.Popen,
-              info_r: int) -> _Holder:
-        """Wait until the sandbox is set up, then open its namespaces."""
-        try:
-            with os.fdopen(info_r, "rb") as info:
-                raw = info.read()  # bwrap closes it once its init runs
-            pid = int(json.loads(raw)["child-pid"])
-            # the payload starts only when every mount is in place: enter no sooner
-            assert proc.stdout is not None
-            ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
-            if not ready or proc.stdout.readline() != b"ready\n":
-                raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
-            started = hold.start_time(pid)
-            if started is None:
-                raise OSError("the sandbox's init exited")
-        except (ValueError, KeyError, OSError) as exc:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            proc.wait(HOLDER_START_S)
-            assert proc.stderr is not None
-            err = proc.stderr.read().decode(errors="replace").strip()
-            raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
-                                     f"({err or exc})") from exc
-        finally:
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
-        return _Holder(proc, pid, started, slot)
-
     async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
                    timeout: float, output_cap: int, elastic: bool = False) -> Result:
         holder = self._holders.get(env.id)
@@ -416,10 +312,10 @@ class BwrapBackend(CgroupBackend):
             return await super()._run(env, slot, cores, command, timeout, output_cap, elastic,
                                       fds)
         leaf = slot.folders["cpu"]
-        # the same loader as the nsenter path: the filter again, and output capped inside
-        argv = (*self._loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(output_cap),
-                *argv_of(command))
-        return await holder.spawner.run(argv, env=self._environ(env, cores, elastic),
+        # no loader: the command inherits the spawner's filter (bwrap's --seccomp), and the
+        # spawner drains what passes the cap inside the sandbox
+        return await holder.spawner.run(argv_of(command),
+                                        env=self._environ(env, cores, elastic),
                                         cgroups=slot.procs, home=holder.slot.procs,
                                         timeout=timeout, output_cap=output_cap,
                                         kill_rest=lambda: fs.kill_all(leaf))

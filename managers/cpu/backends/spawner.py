@@ -2,14 +2,17 @@
 
 Entering a sandbox per exec (a joining shell, `nsenter` into six namespaces, `setpriv`) costs
 several milliseconds of process starts. Instead, each sandbox's holder is a small resident
-program (`spawner_inside.py`, run by the server's own Python) that forks the commands it is
-sent. It runs as the sandbox's uid with no capabilities and `no_new_privs` (as every command
-did before) and is non-dumpable; per command it moves itself into the exec's cgroup slot
-(through cgroup.procs files the server opened, passed over the socket: the sandbox sees no
-cgroup file), `posix_spawn`s the command there and moves back, so the command is confined from
-its first instruction. What the server does per exec: two pipes, a memfd holding the request,
-one message; the start and the exit come back as one message each, and the timeout counts from
-the start.
+program (`spawner_native`, built with the host's C compiler; else `spawner_inside.py`, run by
+the server's own Python) that forks the commands it is sent. It runs as the sandbox's uid with
+no capabilities and `no_new_privs` (as every command did before) and is non-dumpable; per
+command it moves itself into the exec's cgroup slot (through cgroup.procs files the server
+opened, passed over the socket: the sandbox sees no cgroup file), `posix_spawn`s the command
+there and moves back, so the command is confined from its first instruction. What the server
+does per exec: two pipes, a memfd holding the request, one message; the start and the exit come
+back as one message each, and the timeout counts from the start. The commands inherit the
+sandbox's seccomp filter (bwrap loads it before the spawner starts; no loader runs per
+command), and a stream that passes the output cap is handed to the spawner, which drops the
+rest inside the sandbox, on its cores (the server reads no more than the cap and one chunk).
 
 The contract is the backend's: output capped per stream, the command's whole cgroup slot killed
 at the timeout and after the exit, the exit code as `subprocess` gives it (negative: a signal).
@@ -30,6 +33,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.base import EnvironmentBroken, outcome_of
 from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
 from tangram.results import Result, Status
@@ -41,12 +45,16 @@ START_TIMEOUT_S = 10.0  # how long the spawner may take to start a command
 SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setpriv drops them all
 
 
-def install(folder: Path) -> Path:
-    """Copy the in-sandbox program into `folder` (world-readable); returns its path there."""
+def install(folder: Path, inside: str, python: str) -> tuple[str, ...]:
+    """Put the spawner into `folder` (seen as `inside` in the sandbox): the native one where a
+    C compiler builds it (`spawner_native`), else a copy of the Python one (world-readable),
+    run by `python`. Returns its command line inside, before the socket and the folder."""
+    if native.build(folder):
+        return (f"{inside}/{native.NATIVE_NAME}",)
     target = folder / INSIDE_NAME
     target.write_bytes(INSIDE_SOURCE.read_bytes())
     target.chmod(0o644)
-    return target
+    return (python, "-I", "-S", f"{inside}/{INSIDE_NAME}")
 
 
 def request_bytes(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
@@ -119,25 +127,47 @@ class Spawner:
                   cgroups: Sequence[Path], home: Sequence[Path], timeout: float,
                   output_cap: int, kill_rest: Callable[[], None]) -> Result:
         """Run `argv` in the sandbox's work directory, in the cgroups whose cgroup.procs are
-        `cgroups` (`home`: those of the holder's own slot, where the spawner returns). The
-        timeout counts from the command's start, not from the request."""
+        `cgroups` (`home`: those of the holder's own slot, where the spawner returns; a file in
+        both is written neither way). The timeout counts from the command's start, not from
+        the request. Output past `output_cap` is drained by the spawner, inside the sandbox."""
         self._attach()
         if self.dead is not None:
             raise EnvironmentBroken(f"the sandbox is gone ({self.dead})")
         loop = asyncio.get_running_loop()
         cid = str(next(self._ids))
+        started: asyncio.Future[int] = loop.create_future()
+        ended: asyncio.Future[int] = loop.create_future()
+        both = set(cgroups) & set(home)
+        out_r, err_r = self._send(cid, argv, env, [c for c in cgroups if c not in both],
+                                  [h for h in home if h not in both], (started, ended))
+        capture = _Handing(loop, [out_r, err_r], output_cap,
+                           lambda fd: self._hand_over(cid, fd))
+        code, timed_out, lost = await self._wait(cid, started, ended, timeout, kill_rest)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
+        capture.abandon()
+        out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
+        if lost:
+            return Result(Status.ERROR, None, out.decode(errors="replace"),
+                          err.decode(errors="replace"), truncated=capture.truncated,
+                          detail=f"killed: the sandbox's spawner died while the command ran "
+                                 f"({self.dead}); the sandbox restarts before the next exec")
+        return outcome_of(code, out, err, capture.truncated, timed_out, timeout, output_cap)
+
+    def _send(self, cid: str, argv: Sequence[str], env: Mapping[str, str],
+              cgroups: Sequence[Path], home: Sequence[Path],
+              futs: tuple[asyncio.Future[int], asyncio.Future[int]]) -> tuple[int, int]:
+        """Hand the command over: returns the read ends of its stdout and stderr."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         passed = [out_w, err_w]
-        started: asyncio.Future[int] = loop.create_future()
-        ended: asyncio.Future[int] = loop.create_future()
         try:
             memfd = os.memfd_create("tangram-exec", os.MFD_CLOEXEC)
             passed.insert(0, memfd)
             os.write(memfd, request_bytes(argv, env))
             for procs in (*cgroups, *home):
                 passed.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
-            self._pending[cid] = (started, ended)
+            self._pending[cid] = futs
             self.sock.sendmsg([f"run {cid} {len(cgroups)}".encode()],
                               [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
         except OSError as exc:
@@ -148,7 +178,24 @@ class Spawner:
         finally:
             for fd in passed:
                 os.close(fd)
-        capture = _Capture(loop, [out_r, err_r], output_cap)
+        return out_r, err_r
+
+    def _hand_over(self, cid: str, fd: int) -> bool:
+        """Pass a pipe whose output passed the cap to the spawner, which drops the rest."""
+        if self.dead is not None or cid not in self._pending:
+            return False
+        try:
+            self.sock.sendmsg([f"drain {cid}".encode()],
+                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+        except OSError:
+            return False
+        return True
+
+    async def _wait(self, cid: str, started: asyncio.Future[int], ended: asyncio.Future[int],
+                    timeout: float, kill_rest: Callable[[], None]
+                    ) -> tuple[int | None, bool, bool]:
+        """Wait for the start, then the exit within `timeout`; kill the slot. Returns the exit
+        code, whether it timed out, and whether the spawner died meanwhile."""
         timed_out = lost = False
         code: int | None = None
         try:
@@ -172,13 +219,20 @@ class Spawner:
                 with contextlib.suppress(TimeoutError, EnvironmentBroken):
                     code = await asyncio.wait_for(asyncio.shield(ended), KILL_GRACE_S)
             self._pending.pop(cid, None)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
-            capture.abandon()
-        out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
-        if lost:
-            return Result(Status.ERROR, None, out.decode(errors="replace"),
-                          err.decode(errors="replace"), truncated=capture.truncated,
-                          detail=f"killed: the sandbox's spawner died while the command ran "
-                                 f"({self.dead}); the sandbox restarts before the next exec")
-        return outcome_of(code, out, err, capture.truncated, timed_out, timeout, output_cap)
+        return code, timed_out, lost
+
+
+class _Handing(_Capture):
+    """A capture that, once a stream passes the cap, hands its pipe to the spawner to drain
+    inside the sandbox (`over(fd)`: True when handed) instead of reading on in the server."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fds: list[int], cap: int,
+                 over: Callable[[int], bool]) -> None:
+        super().__init__(loop, fds, cap)
+        self._over = over
+
+    def _read(self, fd: int) -> None:
+        super()._read(fd)
+        if fd in self._open and len(self.kept[fd]) >= self.cap and self.truncated \
+                and self._over(fd):
+            self._close(fd)

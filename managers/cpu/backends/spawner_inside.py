@@ -17,6 +17,10 @@ Protocol, on the SOCK_SEQPACKET socket given as argv[1] (the server holds the ot
     spawner -> server   b"started <id> 0"       the command runs (or b"exit <id> 127" with the
                                                 reason on its stderr when it cannot start)
     server -> spawner   b"kill <id>"            SIGKILL the command's process group
+    server -> spawner   b"drain <id>" + fd      the read end of a pipe of the command whose
+                                                output passed the cap: read and dropped here
+                                                (on the sandbox's cores) until its end or the
+                                                command's exit, so the server reads no more
     spawner -> server   b"exit <id> <code>"     the command ended (negative: killed by signal)
 
 Per command the spawner moves itself into the exec's cgroup slot, starts the command there with
@@ -107,6 +111,76 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     return msg, list(fds)
 
 
+class Spawner:
+    """The commands in flight (pid <-> id) and the pipes drained for them."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.running: dict[int, str] = {}  # pid -> id
+        self.by_id: dict[str, int] = {}
+        self.drains: dict[int, str] = {}  # read end -> id
+
+    def reap(self) -> None:
+        while self.running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            cid = self.running.pop(pid, None)
+            if cid is not None:
+                self.by_id.pop(cid, None)
+                for fd in [fd for fd, c in self.drains.items() if c == cid]:
+                    self.undrain(fd)  # leftovers holding the pipe do not keep it
+                self.sock.send(f"exit {cid} {os.waitstatus_to_exitcode(status)}".encode())
+
+    def drain(self, fd: int) -> None:
+        try:
+            data = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.undrain(fd)
+
+    def undrain(self, fd: int) -> None:
+        self.drains.pop(fd, None)
+        os.close(fd)
+
+    def kill(self, cid: str) -> None:
+        pid = self.by_id.get(cid)
+        if pid is not None:
+            for target in (-pid, pid):
+                try:
+                    os.kill(target, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def handle(self, words: list[str], fds: list[int]) -> list[int]:
+        """Act on one message; returns the descriptors to close now."""
+        if words[0] == "kill" and len(words) == 2:
+            self.kill(words[1])
+        elif words[0] == "drain" and len(words) == 2 and len(fds) == 1:
+            if words[1] in self.by_id:
+                os.set_blocking(fds[0], False)
+                self.drains[fds[0]] = words[1]
+                return []
+        elif words[0] == "run" and len(words) == 3 and len(fds) >= 3:
+            cid, k = words[1], int(words[2])
+            try:
+                pid = spawn(read_all(fds[0]), fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
+            except (OSError, ValueError, KeyError, IndexError) as exc:
+                os.write(fds[2], f"tangram spawner: cannot run the command: {exc}\n".encode())
+                self.sock.send(f"exit {cid} 127".encode())
+            else:
+                self.running[pid] = cid
+                self.by_id[cid] = pid
+                self.sock.send(f"started {cid} 0".encode())
+        return fds
+
+
 def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))  # AF_UNIX, SOCK_SEQPACKET
     os.set_inheritable(sock.fileno(), False)
@@ -116,51 +190,23 @@ def main() -> None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    running: dict[int, str] = {}  # pid -> id
-    by_id: dict[str, int] = {}
+    s = Spawner(sock)
     os.write(1, b"ready\n")
     os.close(1)
     while True:
-        ready, _, _ = select.select([sock, wake_r], [], [])
+        ready, _, _ = select.select([sock, wake_r, *s.drains], [], [])
         if wake_r in ready:
             os.read(wake_r, 4096)
-        while running:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            cid = running.pop(pid, None)
-            if cid is not None:
-                by_id.pop(cid, None)
-                sock.send(f"exit {cid} {os.waitstatus_to_exitcode(status)}".encode())
+        for fd in ready:
+            if fd in s.drains:
+                s.drain(fd)
+        s.reap()
         if sock not in ready:
             continue
         msg, fds = receive(sock)
         if not msg:
             return  # the server is gone
-        words = msg.decode().split(" ")
-        if words[0] == "kill" and len(words) == 2:
-            pid = by_id.get(words[1])
-            if pid is not None:
-                for target in (-pid, pid):
-                    try:
-                        os.kill(target, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-        elif words[0] == "run" and len(words) == 3 and len(fds) >= 3:
-            cid, k = words[1], int(words[2])
-            try:
-                pid = spawn(read_all(fds[0]), fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
-            except (OSError, ValueError, KeyError, IndexError) as exc:
-                os.write(fds[2], f"tangram spawner: cannot run the command: {exc}\n".encode())
-                sock.send(f"exit {cid} 127".encode())
-            else:
-                running[pid] = cid
-                by_id[cid] = pid
-                sock.send(f"started {cid} 0".encode())
-        for fd in fds:
+        for fd in s.handle(msg.decode().split(" "), fds):
             os.close(fd)
 
 

@@ -7,12 +7,15 @@ only, so isolation between requests is the same as with a fresh one. The pool is
 one background task, off the requests' path: it starts when a request is done (after the
 used environment is closed, also in the background, once the response is on its way), so it
 does not compete with a request's run for the cores; when the pool is empty a request opens its
-own (never waits for the refill). Only requests at the pool's memory size take from it (the server's
-default: `memory_limit_MB` -1, or the same number); others open their own.
+own (never waits for the refill); when requests drain it below half, the refill starts at once,
+beside them. Only requests at the pool's memory size take from it (the server's
+default: `memory_limit_MB` -1, or the same number); others open their own. The refill opens
+the missing sandboxes side by side.
 
 Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off). Each warm
 sandbox holds its memory reservation while it waits, so the pool is small, and a request whose
-memory does not fit closes warm ones until it does (a request never fails for the pool).
+memory does not fit closes warm ones until it does, or waits for a used one being closed in the
+background (a request never fails for the pool).
 """
 
 from __future__ import annotations
@@ -54,6 +57,8 @@ class WarmPool:
         opened now. The caller owns it (and closes it)."""
         if memory_mb == self.memory_mb:
             env = self._pop()
+            if len(self._ready) * 2 < self.size:  # draining faster than it refills: start now
+                self._start_refill()
             if env is not None:
                 self.hits += 1
                 return env
@@ -62,11 +67,21 @@ class WarmPool:
             try:
                 return await self.tg.open_env(fresh_trajectory(), memory_mb)
             except Infeasible:
-                # the memory a request needs comes before the pool's: give back a warm one
+                # the memory a request needs comes before the pool's: take a warm one that
+                # fits or give one back, else wait for the background (a used one being
+                # closed, the refill) to let go of memory or to bring a warm one
                 env = self._pop()
-                if env is None:
+                if env is not None and memory_mb == self.memory_mb:
+                    return env
+                if env is not None:
+                    await self._close(env)
+                    continue
+                pending = set(self._closing)
+                if self._refill is not None and not self._refill.done():
+                    pending.add(self._refill)
+                if not pending:
                     raise
-                await self._close(env)
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
 
     def _pop(self) -> str | None:
         idle = getattr(self.tg, "idle_env_s", None)
@@ -99,13 +114,23 @@ class WarmPool:
             self._refill = asyncio.ensure_future(self._fill())
 
     async def _fill(self) -> None:
+        """Open the missing ones side by side (a sandbox's start is mostly kernel set-up, not
+        CPU: one after another the refill would cap the request rate), until the pool is
+        full or an open fails."""
         while len(self._ready) < self.size:
-            try:
-                env = await self.tg.open_env(fresh_trajectory(), self.memory_mb)
-            except TangramError as exc:  # shutting down, memory taken by running requests
-                log.debug("warm pool: not refilled (%s)", exc)
+            wanted = self.size - len(self._ready)
+            opened = await asyncio.gather(*(self._open_one() for _ in range(wanted)))
+            if not all(opened):
                 return
-            self._ready.append((env, time.monotonic()))
+
+    async def _open_one(self) -> bool:
+        try:
+            env = await self.tg.open_env(fresh_trajectory(), self.memory_mb)
+        except TangramError as exc:  # shutting down, memory taken by running requests
+            log.debug("warm pool: not refilled (%s)", exc)
+            return False
+        self._ready.append((env, time.monotonic()))
+        return True
 
     @property
     def idle(self) -> int:

@@ -1,0 +1,178 @@
+"""The pieces of a bwrap sandbox that are not the backend's state: where things are inside,
+the host files every sandbox sees, the uid drop, the holder's payload and its record
+(`_Holder`). Split from `bwrap` by job; see it for what the sandbox is."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import select
+import subprocess
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from managers.cpu.backends import holder as hold
+from managers.cpu.backends import spawner as fast
+from managers.cpu.backends import toolkit
+from managers.cpu.backends.cgroup import Slot
+from managers.cpu.pool import Environment
+from tangram.errors import BackendUnavailable
+
+INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
+INSIDE_SUPPORT = "/opt/tangram"
+ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
+NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup")
+HOLDER_START_S = 10.0
+HOLDER_SCRIPT = "echo ready; exec sleep infinity"
+HOLDER_LAUNCHER = "start-spawner.sh"  # in the support folder: see `_install_launcher`
+SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
+# runs the seccomp loader inside (always visible: /usr is bound); else the server's own
+LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+# the one thread that starts every sandbox (`BwrapBackend._start_holder`): it lives as long as
+# the process, so bwrap's --die-with-parent (which follows the spawning thread) holds
+SPAWNING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tangram-sandbox-spawn")
+
+
+def discard_spawned(done: Future) -> None:
+    """Kill a sandbox started for an open that was cancelled meanwhile."""
+    if done.cancelled() or done.exception() is not None:
+        return
+    proc, info_r, ours = done.result()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(OSError):
+        os.close(info_r)
+    if ours is not None:
+        ours.close()
+    with contextlib.suppress(Exception):
+        proc.wait(5)
+
+
+def server_python() -> tuple[str, ...]:
+    """The folders of the server's own Python (its virtual environment and base installation),
+    outside /usr: bound read-only so that commands can run `sys.executable`."""
+    found: list[str] = []
+    for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
+        real = os.path.realpath(p)
+        if not real.startswith(("/usr/", "/etc/")) and real not in ("/", "/usr") \
+                and real not in found:
+            found.append(real)
+    return tuple(found)
+
+
+def _system_binds(ro_paths: tuple[str, ...]) -> list[str]:
+    """The read-only host files every sandbox sees: /usr, /etc, the merged-/usr links (or the
+    folders themselves on a host without merged /usr); `_extra_binds` adds `ro_paths` after the
+    sandbox's own /tmp is mounted (a virtual environment under /tmp stays visible)."""
+    args = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/etc", "/etc"]
+    for name in SYSTEM_LINKS:
+        host = Path("/") / name
+        if host.is_symlink():
+            args += ["--symlink", os.readlink(host), str(host)]
+        elif host.is_dir():
+            args += ["--ro-bind", str(host), str(host)]
+    return args
+
+
+def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
+    """Each of `ro_paths` that exists, read-only at its own path, below folders that the
+    sandbox's user may enter (the host's may be root's only, like /root). Given after the
+    sandbox's mounts, so a path under /tmp or /opt is not hidden by them."""
+    args: list[str] = []
+    made: set[str] = {"/", "/tmp", "/opt", "/usr", "/etc", "/proc", "/dev"}
+    for p in ro_paths:
+        for parent in reversed(Path(p).parents[:-1]):
+            if str(parent) not in made:
+                made.add(str(parent))
+                args += ["--perms", "0755", "--dir", str(parent)]
+        args += ["--ro-bind-try", p, p]
+    return args
+
+
+def _drop_to(uid: int) -> list[str]:
+    """`setpriv` as the sandbox's last step: the uid, no groups, no capabilities, no_new_privs."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
+            "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
+
+
+def _descriptors_to_spare() -> bool:
+    """True while this process uses under half its open-file limit: a spawner holds one
+    descriptor per environment (its socket), so past that new environments take the nsenter
+    path, which holds none (`holder`), and the capacity stays that of the limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if soft == resource.RLIM_INFINITY:
+        return True
+    try:
+        return len(os.listdir("/proc/self/fd")) < soft // 2
+    except OSError:
+        return False
+
+
+def _idle(env: Environment) -> list[str]:
+    """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
+    if env.root is None:
+        return ["sh", "-c", HOLDER_SCRIPT]
+    return [*toolkit.run(INSIDE_SUPPORT, "sh"), "-c", 'echo ready; exec "$@"', "sh",
+            *toolkit.run(INSIDE_SUPPORT, "sleep"), "infinity"]
+
+
+@dataclass(slots=True)
+class _Holder:
+    """An environment's long-lived sandbox: the bwrap process and its init (by PID and start
+    time), whose namespaces each exec enters."""
+
+    proc: subprocess.Popen
+    pid: int  # the sandbox's init, whose namespaces each exec enters (see `holder`)
+    started: int  # its start time: a recycled PID never passes for it
+    slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
+    spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def healthy(self) -> bool:
+        """Alive, and so is its spawner (a command of the sandbox may have killed it)."""
+        return self.alive() and (self.spawner is None or self.spawner.dead is None)
+
+    def release(self) -> None:
+        if self.spawner is not None:
+            self.spawner.close()
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.proc.wait(5)
+
+
+def hold_ready(env: Environment, slot: Slot, proc: subprocess.Popen, info_r: int) -> _Holder:
+    """Wait until the sandbox is set up, then open its namespaces."""
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            raw = info.read()  # bwrap closes it once its init runs
+        pid = int(json.loads(raw)["child-pid"])
+        # the payload starts only when every mount is in place: enter no sooner
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], HOLDER_START_S)
+        if not ready or proc.stdout.readline() != b"ready\n":
+            raise OSError(f"no sign of life within {HOLDER_START_S:g} s")
+        started = hold.start_time(pid)
+        if started is None:
+            raise OSError("the sandbox's init exited")
+    except (ValueError, KeyError, OSError) as exc:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(HOLDER_START_S)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace").strip()
+        raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
+                                 f"({err or exc})") from exc
+    finally:
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+    return _Holder(proc, pid, started, slot)
