@@ -26,6 +26,7 @@ an arrival, completion, cancel or `touch` changed since the last decision.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tangram.actions import Action
 from tangram.allocation import (
@@ -46,6 +47,21 @@ from tangram.results import Status
 
 def _never(_: object) -> bool:
     return False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedDecision:
+    """A decision whose policy call may run in another thread (`Scheduler.prepare`): the
+    policy, the snapshot it reads and the time it decides for."""
+
+    allocator: Allocator
+    view: ClusterView
+    queue: ActionQueue
+    now: float
+
+    def allocate(self) -> list[Assignment]:
+        """The policy's answer (thread-safe: it reads only this snapshot)."""
+        return list(self.allocator.allocate(self.view, self.queue, self.now))
 
 
 DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
@@ -194,10 +210,39 @@ class Scheduler:
         apply the liveness and the work-conservation rules (module docstring)."""
         if not self.queue:
             return []
-        self.decisions += 1
-        view = self.view(self._scope() if self.scoped else None)
-        self.last_scope = view.scope
+        view = self._open_decision(self.view)
         assignments = list(self.allocator.allocate(view, self.queue, now))
+        return self._close_decision(view, assignments, now)
+
+    def prepare(self, now: float) -> PreparedDecision | None:
+        """The same decision as `decide`, split so that the policy's part can run off the
+        event loop (`tangram.runtime.decisions`): the policy reads a snapshot of the pools,
+        the running actions, the bindings and the queue taken here, so events applied to the
+        scheduler meanwhile never change what it reads. None when nothing is queued."""
+        if not self.queue:
+            return None
+        view = self._open_decision(self._snapshot_view)
+        return PreparedDecision(self.allocator, view, self.queue.copy(), now)
+
+    def finish(self, prepared: PreparedDecision, assignments: list[Assignment],
+               now: float) -> list[Assignment]:
+        """Apply a prepared decision's answer at `now`, as `decide` applies it, less the
+        actions no longer queued (cancelled while the policy ran); then the liveness and
+        work-conservation rules on the live state. Capacity only came back meanwhile (units
+        are taken by decisions alone, and one decision runs at a time), so every placement
+        the policy chose is still free."""
+        self.queue.visited += prepared.queue.visited
+        live = [a for a in assignments if self.queue.get(a.action.id) is a.action]
+        return self._close_decision(prepared.view, live, now)
+
+    def _open_decision(self, make_view) -> ClusterView:
+        self.decisions += 1
+        view = make_view(self._scope() if self.scoped else None)
+        self.last_scope = view.scope
+        return view
+
+    def _close_decision(self, view: ClusterView, assignments: list[Assignment],
+                        now: float) -> list[Assignment]:
         for a in assignments:
             self._start(a, now)
         if not self.running and self.queue:
@@ -215,6 +260,14 @@ class Scheduler:
                 self._start(a, now)
                 assignments.append(a)
         return assignments
+
+    def _snapshot_view(self, scope: list[tuple[str, str | None]] | None) -> ClusterView:
+        """A view that owns its state: copied pools, running actions, bindings and holdings."""
+        holding = {k: list(v.values()) for k, v in self._holding.items()}
+        return ClusterView({r: p.copy() for r, p in self.pools.items()},
+                           list(self.running.values()), dict(self.bindings), self.estimate,
+                           tuple(self._queued_per_resource), scope,
+                           lambda r, n=None: holding.get((r, n), ()))
 
     def wants_next_decision(self) -> bool:
         """True when a class waits to be re-read at the next decision whatever happens (a

@@ -34,7 +34,13 @@ from solvers.exact.schedule import realise, solve_model
 from solvers.exact.timeline import EPS
 from solvers.registry import register
 from tangram.actions import Action
-from tangram.allocation import Assignment, ClusterView, RunningAction, check_assignments
+from tangram.allocation import (
+    Assignment,
+    ClusterView,
+    RunningAction,
+    SlowPolicy,
+    check_assignments,
+)
 from tangram.pools import ChunkPool, CorePool, Pool
 
 
@@ -99,7 +105,7 @@ def _concrete(pools: Mapping[str, Pool], starts: list[Assignment]) -> list[Assig
 
 
 @dataclass(frozen=True)
-class ExactAllocator:
+class ExactAllocator(SlowPolicy):
     """Receding-horizon exact policy (see the module docstring)."""
 
     backend: str = "cpsat"
