@@ -38,7 +38,15 @@ from managers.base import EnvironmentManager, Manager
 from managers.basic import Limits
 from managers.cpu import CpuManager
 from managers.cpu.backends import select
-from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
+from managers.gpu import (
+    GB,
+    GpuBackend,
+    GpuManager,
+    Residency,
+    Service,
+    ServiceRegistry,
+    create_backend,
+)
 from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
 from tangram.errors import ValidationError
@@ -99,8 +107,7 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None,
         nodes = pos_int(f"{path}.nodes", spec.get("nodes", 1))
         per_node = power_of_two(f"{path}.gpus_per_node", spec.get("gpus_per_node", 8))
         mem = int(pos_num(f"{path}.memory_gb", spec.get("memory_gb", 80)) * GB)
-        trees = {f"gpu{i}": ChunkTree(per_node, f"gpu{i}") for i in range(nodes)}
-        memory = {n: [mem] * per_node for n in trees}
+        trees, memory = uniform_gpus({f"gpu{i}": per_node for i in range(nodes)}, mem)
         origin = (f"configured: {nodes} x {per_node} GPUs of {mem / GB:g} GB" if sized else
                   f"default: {nodes} x {per_node} GPUs of {mem / GB:g} GB")
     else:
@@ -115,17 +122,37 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None,
         log.warning("gpu: %s: calls return modelled times, no model runs", origin)
     else:
         log.info("gpu: %s backend; %s", backend, origin)
-    try:
-        residency = Residency(memory, registry)
-    except ValidationError as exc:
-        raise ValidationError(f"{path}.services", exc.value, exc.problem) from None
-    options = dict(mapping(f"{path}.options", spec.get("options"),
-                           set(spec.get("options") or {})))
-    if backend == "torch" and "models" not in options:
-        options["models"] = torch_models(f"{path}.services", spec.get("services"))
-    manager = GpuManager(ChunkPool("gpu", trees), residency, create_backend(backend, **options))
+
+    def make_backend() -> GpuBackend:  # after the pool and residency are valid
+        options = dict(mapping(f"{path}.options", spec.get("options"),
+                               set(spec.get("options") or {})))
+        if backend == "torch" and "models" not in options:
+            options["models"] = torch_models(f"{path}.services", spec.get("services"))
+        return create_backend(backend, **options)
+
+    manager = gpu_manager(path, trees, memory, registry, make_backend)
     manager.origin = origin
     return manager
+
+
+def uniform_gpus(gpus: Mapping[str, int], memory_b: int
+                 ) -> tuple[dict[str, ChunkTree], dict[str, list[int]]]:
+    """A chunk tree per node of `gpus[node]` GPUs (a power of two), each GPU `memory_b` bytes."""
+    return ({n: ChunkTree(g, n) for n, g in gpus.items()},
+            {n: [memory_b] * g for n, g in gpus.items()})
+
+
+def gpu_manager(path: str, trees: Mapping[str, ChunkTree], memory: Mapping[str, list[int]],
+                registry: ServiceRegistry, backend: Callable[[], GpuBackend]) -> GpuManager:
+    """The one GPU pool builder (local, configured and Ray): the chunk pool of `trees`, the
+    residency of `registry`'s services in `memory` (bytes per GPU per node; a service that
+    fits no GPU is an error at `path.services`), over the backend `backend` makes (made only
+    once the pool is valid)."""
+    try:
+        residency = Residency(dict(memory), registry)
+    except ValidationError as exc:
+        raise ValidationError(f"{path}.services", exc.value, exc.problem) from None
+    return GpuManager(ChunkPool("gpu", dict(trees)), residency, backend())
 
 
 def torch_models(path: str, spec: Any) -> dict[str, Any]:
