@@ -37,6 +37,7 @@ from tangram.allocation import (
     RunningAction,
     check_assignment_shape,
 )
+from tangram.bindings import Bindings
 from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
 from tangram.pools import Placement, Pool
@@ -83,8 +84,8 @@ class Scheduler:
         self.running: dict[str, RunningAction] = {}
         # (resource, node) and (resource, None) -> running actions holding its units there
         self._holding: dict[tuple[str, str | None], dict[str, RunningAction]] = {}
-        self.bindings: dict[tuple[str, str], str] = {}
-        self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
+        # trajectory -> node per resource; the runtime attaches the environments' own record
+        self.bindings = Bindings()
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
         # enforce work conservation after every decision (not on a baseline's: `IdleByDesign`)
@@ -162,12 +163,12 @@ class Scheduler:
         return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
-        self.bindings[(trajectory, resource)] = node
-        self._bound.setdefault(trajectory, set()).add(resource)
+        """Bind a trajectory on a resource whose bindings no environment owner keeps (the
+        simulator's); on an attached one, check it agrees (`tangram.bindings`)."""
+        self.bindings.bind(trajectory, resource, node)
 
     def unbind(self, trajectory: str) -> None:
-        for r in self._bound.pop(trajectory, ()):
-            self.bindings.pop((trajectory, r), None)
+        self.bindings.unbind(trajectory)
 
     # -- decisions -------------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:

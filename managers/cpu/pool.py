@@ -8,7 +8,7 @@ them the least memory-loaded. Every later action of the trajectory stays on that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from tangram.errors import Infeasible, ValidationError
@@ -52,8 +52,29 @@ def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
     return min(ready, key=lambda n: (memory_load(n), -cores_free(n), n))
 
 
+class TrajectoryNodes(Mapping[str, str]):
+    """trajectory -> node of an `EnvironmentTable`'s environments, live (read-only)."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: EnvironmentTable) -> None:
+        self._table = table
+
+    def __getitem__(self, trajectory: str) -> str:
+        t = self._table
+        return t._envs[t._by_trajectory[trajectory]].node
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table._by_trajectory)
+
+    def __len__(self) -> int:
+        return len(self._table._by_trajectory)
+
+
 class EnvironmentTable:
-    """Environments, their memory reservations per node and the trajectory -> node bindings."""
+    """Environments, their memory reservations per node and the trajectory -> node bindings:
+    the one record of where each trajectory runs (`nodes`, which the scheduler reads through
+    `tangram.bindings.Bindings.attach`)."""
 
     def __init__(self, memory_mb: Mapping[str, int],
                  disk_mb: Mapping[str, int] | None = None) -> None:
@@ -67,6 +88,7 @@ class EnvironmentTable:
         self.disk_reserved = {n: 0 for n in memory_mb}
         self._envs: dict[str, Environment] = {}
         self._by_trajectory: dict[str, str] = {}
+        self.nodes: Mapping[str, str] = TrajectoryNodes(self)
 
     # -- membership (Ray's nodes join and leave; a machine's manager has fixed ones) -----------
     def add_node(self, node: str, memory_mb: int, disk_mb: int | None = None) -> None:

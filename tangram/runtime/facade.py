@@ -100,6 +100,8 @@ class Tangram:
                 pools[r] = p
         make = functools.partial(ShardedScheduler, shards=shards) if shards else Scheduler
         self.scheduler = make(pools, get_allocator(policy, **dict(policy_options or {})))
+        if cpu is not None and isinstance(self.scheduler, Scheduler):  # one binding record
+            self.scheduler.bindings.attach(cpu.resource, cpu.trajectory_nodes)
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
