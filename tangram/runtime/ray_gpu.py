@@ -11,9 +11,9 @@ from typing import Any
 
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Service
 from tangram.runtime.config import build_services, gpu_manager, uniform_gpus
+from tangram.runtime.config_schema import GpuSpec, parse
 from tangram.runtime.ray_cpu import RayCpuManager
 from tangram.runtime.ray_remote import RemoteAgent
-from tangram.validation import pos_num
 
 
 class RayGpuBackend(GpuBackend):
@@ -50,7 +50,7 @@ class RayGpuBackend(GpuBackend):
         return await self._agent(node).gpu_invoke(service, chunk, payload)
 
 
-def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | None:
+def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any] | None) -> GpuManager | None:
     """A chunk pool over the agents that report GPUs (the largest power of two of each node's
     GPUs), residency with `spec`'s memory per GPU and services, and `RayGpuBackend`. Nodes are
     those present now; GPU nodes joining later are not added in this version."""
@@ -58,9 +58,9 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any]) -> GpuManager | N
              for name, node in cpu.nodes.items() if node.info.gpus > 0}
     if not sizes:
         return None
-    mem = int(pos_num("gpu.memory_gb", spec.get("memory_gb", 80)) * GB)
-    registry = build_services("gpu.services", spec.get("services"))
-    trees, memory = uniform_gpus(sizes, mem)
+    gpu = parse(GpuSpec, "gpu", spec)  # the config's schema: the same checks, the same paths
+    registry = build_services("gpu.services", gpu.services)
+    trees, memory = uniform_gpus(sizes, int(gpu.memory_gb * GB))
 
     def lost(node: str) -> str | None:
         state = cpu.nodes.get(node)
