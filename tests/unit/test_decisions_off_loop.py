@@ -198,3 +198,21 @@ def test_a_policy_measured_slow_moves_off_the_loop():
     first, second = asyncio.run(go())
     assert first.status == second.status == "ok"
     assert tg._decisions.slow and tg._decisions.inline >= 1 and tg._decisions.offloaded >= 1
+
+
+def test_the_exact_policy_decides_off_the_loop_end_to_end():
+    """The real CP-SAT policy (`SlowPolicy`) through the runtime: every decision off the loop,
+    every action served."""
+    cpu = CpuManager(SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})},
+                     memory_mb={"n0": 8192})
+    tg = Tangram(cpu=cpu, policy="cpsat", policy_options={"time_limit": 1.0})
+
+    async def go():
+        async with tg:
+            envs = [await tg.open_env(f"t{i}") for i in range(3)]
+            return await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 2), elastic=True)
+                                          for e in envs))
+
+    results = asyncio.run(go())
+    assert all(r.status == "ok" for r in results), [r.detail for r in results]
+    assert tg._decisions.inline == 0 and tg._decisions.offloaded >= 1
