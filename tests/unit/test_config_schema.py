@@ -6,9 +6,11 @@ from __future__ import annotations
 import copy
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import tangram.runtime.config as config
 from tangram.errors import ValidationError
 from tangram.runtime.config import build
 from tangram.runtime.config_schema import ConfigSpec, parse
@@ -107,3 +109,10 @@ def test_cpu_false_means_no_cpu_pool_and_a_bad_policy_names_its_option():
         build({"cpu": False, "policy": 3})
     with pytest.raises(ValidationError, match=r"^config: must be a mapping"):
         build([1, 2])  # type: ignore[arg-type]
+
+
+def test_the_documented_example_parses():
+    """The YAML in `tangram.runtime.config`'s docstring is a valid document."""
+    text = config.__doc__.split("```yaml", 1)[1].split("```", 1)[0]
+    spec = parse(ConfigSpec, "", yaml.safe_load(text))
+    assert spec.gpu.services["judge"].dops == [1, 2] and spec.apis["search"].quota == 20
