@@ -138,8 +138,11 @@ class EnvironmentTable:
                          min_cores)
         if node is None:
             best = max(nodes, key=self.memory_free, default=None)
+            if best is None:  # every node is excluded (lost) or full on disk
+                raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (none of "
+                                 f"the {len(self._capacity)} takes new environments)")
             raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
-                             f"{self.memory_free(best) if best else 0} MiB on {best})")
+                             f"{self.memory_free(best)} MiB on {best})")
         return node
 
     def add(self, env: Environment) -> None:

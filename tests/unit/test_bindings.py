@@ -13,7 +13,8 @@ from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
 from managers.cpu.pool import Environment, EnvironmentTable
 from tangram.bindings import Bindings
-from tangram.errors import InvariantError
+from tangram.errors import Infeasible, InvariantError, ValidationError
+from tangram.pools import CorePool
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
 
@@ -82,3 +83,22 @@ def test_the_runtime_scheduler_reads_the_managers_environments():
     assert seen == own and len(seen) == 3 and set(seen.values()) == {"n0", "n1"}
     assert ("t0", "cpu") not in after and after == own_after and len(after) == 2
     assert tg.scheduler.bindings.owner("cpu") is cpu.trajectory_nodes
+
+
+def test_the_table_takes_nodes_joining_and_leaving_and_never_chooses_an_excluded_one():
+    """Ray's membership through the one node-choice rule: a joining node is chosen when it
+    is the least loaded, a lost (excluded) one never, and a node leaves only when empty."""
+    cores = CorePool("cpu", {n: CpuNode(n, {0: (0, 1)}) for n in ("a", "b")})
+    table = EnvironmentTable({})
+    table.add_node("a", 1000)
+    table.add(Environment("e1", "t1", "a", 500, workdir=""))
+    table.add_node("b", 1000)
+    assert table.choose_node(cores, 100) == "b"  # the least memory-loaded
+    assert table.choose_node(cores, 100, exclude={"b"}) == "a"
+    with pytest.raises(Infeasible, match="none of the 2 takes new environments"):
+        table.choose_node(cores, 100, exclude={"a", "b"})
+    with pytest.raises(ValidationError, match="still holds environments"):
+        table.remove_node("a")
+    table.remove(table.of_trajectory("t1").id)
+    table.remove_node("a")
+    assert table.choose_node(cores, 100) == "b" and "a" not in dict(table.nodes).values()
