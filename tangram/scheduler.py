@@ -229,12 +229,22 @@ class Scheduler:
                now: float) -> list[Assignment]:
         """Apply a prepared decision's answer at `now`, as `decide` applies it, less the
         actions no longer queued (cancelled while the policy ran); then the liveness and
-        work-conservation rules on the live state. Capacity only came back meanwhile (units
-        are taken by decisions alone, and one decision runs at a time), so every placement
-        the policy chose is still free."""
+        work-conservation rules on the live state. Units are taken by decisions alone and one
+        decision runs at a time, so a placement the policy chose is still free unless its node
+        left the pool meanwhile (a lost node's chunks): such an assignment is dropped too, and
+        its action waits for the next decision."""
         self.queue.visited += prepared.queue.visited
-        live = [a for a in assignments if self.queue.get(a.action.id) is a.action]
+        live = [a for a in assignments
+                if self.queue.get(a.action.id) is a.action and self._still_free(a)]
         return self._close_decision(prepared.view, live, now)
+
+    def _still_free(self, a: Assignment) -> bool:
+        for r, u in a.units.items():
+            try:  # on a copy: `take` checks the placement against the live units
+                self.pools[r].copy().take(a.placement[r], u)
+            except Exception:  # the node left, or (a bug) the units are taken
+                return False
+        return True
 
     def _open_decision(self, make_view) -> ClusterView:
         self.decisions += 1

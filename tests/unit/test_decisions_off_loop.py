@@ -17,12 +17,12 @@ from managers.cpu.backends.sim import SimBackend
 from solvers import get_allocator, register
 from tangram.actions import Action
 from tangram.allocation import SlowPolicy
-from tangram.pools import CorePool, FlatPool
+from tangram.pools import ChunkPool, CorePool, FlatPool
 from tangram.resources import Demand
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app
 from tangram.scheduler import Scheduler
-from topology import CpuNode
+from topology import ChunkTree, CpuNode
 
 GATE_S = 10.0  # a gated decision gives up waiting after this: an inline one then fails the test
 
@@ -216,3 +216,20 @@ def test_the_exact_policy_decides_off_the_loop_end_to_end():
     results = asyncio.run(go())
     assert all(r.status == "ok" for r in results), [r.detail for r in results]
     assert tg._decisions.inline == 0 and tg._decisions.offloaded >= 1
+
+
+def test_a_placement_on_a_node_lost_during_the_decision_is_dropped_not_an_error():
+    """A GPU node leaves the pool while the policy runs: its assignment is dropped, and the
+    liveness rule starts the action on the node that is left (nothing else runs)."""
+    pools = {"gpu": ChunkPool("gpu", {n: ChunkTree(2, n) for n in ("g0", "g1")})}
+    s = Scheduler(pools, get_allocator("heuristic"))
+    s.submit(Action("a", {"gpu": 2}, duration=1.0))
+    prepared = s.prepare(0.0)
+    answer = prepared.allocate()
+    (chosen,) = [a.placement["gpu"].node for a in answer]
+    pools["gpu"].retire(chosen)  # idle: it leaves the pool at once
+    assert chosen not in pools["gpu"].nodes()
+    started = s.finish(prepared, answer, 0.1)
+    assert [a.placement["gpu"].node for a in started] == [n for n in ("g0", "g1")
+                                                          if n != chosen]
+    assert s.rescued == 1 and "a" in s.running
