@@ -239,10 +239,11 @@ class Scheduler:
         return self._close_decision(prepared.view, live, now)
 
     def _still_free(self, a: Assignment) -> bool:
+        """Its placement's nodes still take placements (not gone, not retiring); units taken
+        meanwhile would be a broken invariant, which `_start` reports loudly."""
         for r, u in a.units.items():
-            try:  # on a copy: `take` checks the placement against the live units
-                self.pools[r].copy().take(a.placement[r], u)
-            except Exception:  # the node left, or (a bug) the units are taken
+            pool, node = self.pools[r], a.placement[r].node
+            if u and (node not in pool.nodes() or pool.fits(u, node) is None):
                 return False
         return True
 
