@@ -54,7 +54,7 @@ class Decisions:
         self._inflight: asyncio.Task | None = None
         self._again = False  # an event came while a decision was in flight
         self._executor: ThreadPoolExecutor | None = None
-        self.mean_inline_s = 0.0  # running mean of inline decision time
+        self.mean_inline_s = 0.0  # running mean of inline decisions' CPU time
 
     @property
     def in_flight(self) -> bool:
@@ -100,9 +100,12 @@ class Decisions:
         except Exception:  # a policy bug: its actions stay queued for the next decision
             log.exception("decisions: the policy raised; its actions stay queued")
             assignments = []
+        granted: list[Assignment] = []
         try:
             granted = self.scheduler.finish(prepared, assignments, self._now())
             self.offloaded += 1
+        except Exception:  # a broken invariant: loud, as inline, but the loop goes on
+            log.exception("decisions: applying the policy's answer failed")
         finally:
             self._inflight = None
         self._started(granted)
