@@ -22,7 +22,10 @@ import sys
 import time
 from typing import Any
 
+from managers.gpu.tinylm import TinyLMConfig
+from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram import Tangram
+from topology import is_pow2
 
 
 def raw_copy_gbps(nbytes: int, repeats: int) -> float:
@@ -44,11 +47,7 @@ def raw_copy_gbps(nbytes: int, repeats: int) -> float:
 
 
 def backend_check(size_mb: int, repeats: int) -> dict:
-    # torch is optional (the gpu extra): torch and the two modules that import it load here
-    import torch
-
-    from managers.gpu.tinylm import TinyLMConfig
-    from managers.gpu.torch_backend import TorchBackend, torch_service
+    import torch  # optional third-party dependency (the gpu extra)
 
     cfg = TinyLMConfig.of_size(size_mb * 10**6, dtype="bfloat16")
     backend = TorchBackend({"svc": cfg}, use_cuda=True)
@@ -105,8 +104,8 @@ def pool_check() -> dict:
     out = asyncio.run(go())
     n = out["cuda_devices"]
     out["pool_ok"] = (out["gpu_backend"] == "torch" and out["gpu_simulated"] is False
-                      and 1 <= out["pool_gpus"] <= n and out["pool_gpus"] & (out["pool_gpus"] - 1)
-                      == 0 and out["call_status"] == "ok" and out["call_logprobs"] == 3)
+                      and 1 <= out["pool_gpus"] <= n and is_pow2(out["pool_gpus"])
+                      and out["call_status"] == "ok" and out["call_logprobs"] == 3)
     return out
 
 

@@ -39,6 +39,7 @@ from solvers.exact.random_instances import InstanceClass, random_instance_doc
 from solvers.registry import runtime_policies
 from tangram.allocation import Allocator
 from tangram.instance import parse_instance
+from tangram.profiles import amdahl_efficiency
 
 KINDS = ("online", "batch", "spread", "bursty")
 
@@ -53,7 +54,7 @@ def amdahl_doc(rng: random.Random, online: bool) -> dict:
             t += rng.choice([0.0, 0.0, 0.3, 1.0])
         amounts = sorted({1, *[rng.randint(1, units) for _ in range(rng.randint(0, 4))]})
         alpha = rng.uniform(0, 0.3)
-        eff = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m)) for m in amounts}
+        eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
         acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
                      "t_ori": rng.uniform(1, 10), "efficiency": eff})
     return {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
@@ -135,8 +136,7 @@ def _mutate(rng: random.Random, doc: dict) -> dict:
         a["demand"]["cpu"] = sorted({1, *[rng.randint(1, units)
                                          for _ in range(rng.randint(0, 3))]})
         alpha = rng.uniform(0, 0.5)
-        a["efficiency"] = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m))
-                           for m in a["demand"]["cpu"]}
+        a["efficiency"] = {str(m): amdahl_efficiency(m, alpha) for m in a["demand"]["cpu"]}
     elif what == 1:  # its work
         a["t_ori"] = max(0.05, a["t_ori"] * rng.uniform(0.5, 2.0))
     else:  # one efficiency, kept in (0, 1] and at 1 for one unit

@@ -20,6 +20,7 @@ from tangram.pools import Placement, Pool
 from tangram.queue import ActionQueue
 
 ALL = None  # blocked value meaning: every node of the resource
+Blocked = dict[str, set[str] | None]  # resource -> its blocked nodes, or ALL
 
 
 class ScratchPools(Mapping[str, Pool]):
@@ -83,7 +84,7 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
     anything behind it; `advised=False` ignores the advisors' waiting (a baseline that does not
     wait), not their preference.
     """
-    blocked: dict[str, set[str] | None] = {}
+    blocked: Blocked = {}
     fully = 0
     # the scan can stop once every resource that some queued action needs is blocked
     needed = view.queued_resources if view.queued_resources is not None else view.pools
@@ -103,48 +104,71 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
         if fully == n_res:
             break
         mins = a.mins if amounts is None else amounts(a)
-        fits = True
-        for r in mins:
-            if r in blocked:
-                b = blocked[r]
-                if b is ALL:
-                    fits = False
-                    break
-                node = view.node_for(a, r)
-                if node is None or node in b:
-                    # unbound: may still go to an unblocked node; bound to a blocked node: wait
-                    if node is not None:
-                        fits = False
-                        break
-        placed: dict[str, Placement] = {}
-        if fits:
-            for r, k in mins.items():
-                b = blocked.get(r) or ()
-                if exclude is not None:
-                    b = {*b, *exclude(a, r)}
-                try:
-                    placed[r] = pools[r].place(k, view.node_for(a, r), b, _prefer(view, a, r))
-                except Infeasible:
-                    fits = False
-                    break
-        if fits and advised and deferred(view, a, placed, now):
-            for r, p in placed.items():
-                pools[r].release(p, mins[r])
-            continue
-        if fits:
+        placed = None if blocked and _waits_behind(view, a, mins, blocked) else \
+            _place_all(view, a, mins, pools, blocked, exclude)
+        if placed is not None and advised and deferred(view, a, placed, now):
+            _release(pools, placed, mins)
+        elif placed is not None:
             out.append(Candidate(a, dict(mins), placed))
-            continue
-        for r, p in placed.items():
-            pools[r].release(p, mins[r])
-        for r in mins:
-            if blocked.get(r, 0) is ALL:
-                continue
-            node = view.node_for(a, r)
-            nodes = blocked.setdefault(r, set())
-            if node is not None and view.pools[r].per_node:
-                nodes.add(node)  # type: ignore[union-attr]
-            if node is None or not view.pools[r].per_node or \
-                    len(nodes) >= len(view.pools[r].nodes()):  # type: ignore[arg-type]
-                blocked[r] = ALL
-                fully += r in needed
+        else:
+            fully += _block(view, a, mins, blocked, needed)
     return out
+
+
+def _waits_behind(view: ClusterView, a: Action, mins: Mapping[str, int],
+                  blocked: Blocked) -> bool:
+    """Whether `a` must wait behind an earlier action that did not fit (FCFS per pool)."""
+    for r in mins:
+        if r in blocked:
+            b = blocked[r]
+            if b is ALL:
+                return True
+            node = view.node_for(a, r)
+            # unbound: may still go to an unblocked node; bound to a blocked node: wait
+            if node is not None and node in b:  # type: ignore[operator]
+                return True
+    return False
+
+
+def _place_all(view: ClusterView, a: Action, mins: Mapping[str, int], pools: Mapping[str, Pool],
+               blocked: Blocked,
+               exclude: Callable[[Action, str], Collection[str]] | None
+               ) -> dict[str, Placement] | None:
+    """Place every resource of `a` at `mins` off the blocked nodes (None: some did not fit,
+    and what was placed is released)."""
+    placed: dict[str, Placement] = {}
+    for r, k in mins.items():
+        b = blocked.get(r) or ()
+        if exclude is not None:
+            b = {*b, *exclude(a, r)}
+        try:
+            placed[r] = pools[r].place(k, view.node_for(a, r), b, _prefer(view, a, r))
+        except Infeasible:
+            _release(pools, placed, mins)
+            return None
+    return placed
+
+
+def _release(pools: Mapping[str, Pool], placed: Mapping[str, Placement],
+             mins: Mapping[str, int]) -> None:
+    for r, p in placed.items():
+        pools[r].release(p, mins[r])
+
+
+def _block(view: ClusterView, a: Action, mins: Mapping[str, int], blocked: Blocked,
+           needed: Collection[str]) -> int:
+    """Block what `a` waits for (its bound node, or the whole pool); returns how many of the
+    `needed` resources became wholly blocked."""
+    fully = 0
+    for r in mins:
+        if blocked.get(r, 0) is ALL:
+            continue
+        node = view.node_for(a, r)
+        nodes = blocked.setdefault(r, set())
+        if node is not None and view.pools[r].per_node:
+            nodes.add(node)  # type: ignore[union-attr]
+        if node is None or not view.pools[r].per_node or \
+                len(nodes) >= len(view.pools[r].nodes()):  # type: ignore[arg-type]
+            blocked[r] = ALL
+            fully += r in needed
+    return fully

@@ -6,12 +6,10 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from solvers.fcfs import ScratchPools, scan_candidates
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 
 
-@register("min")
 @dataclass(frozen=True)
 class MinAllocator:
     def allocate(self, view: ClusterView, queue: Collection[Action],

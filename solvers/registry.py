@@ -1,37 +1,37 @@
-"""Allocator registry: policies are found by name through the entry points of the group
-`tangram.policies` (pyproject.toml), so this module names no implementation, least of all one
-in a higher layer (the evaluation's baselines). `register` adds one programmatically (a user's
-own policy, a test's)."""
+"""Allocator registry (`tangram.registry.Registry`): the policies of this package are built-ins,
+named as lazy paths below, so a source checkout finds them with no installed metadata; others
+(the evaluation's baselines, a third party's) are entry points of the group `tangram.policies`
+(pyproject.toml), so this module imports no implementation, least of all one in a higher layer.
+`register` adds one programmatically (a user's own policy, a test's)."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from importlib.metadata import entry_points
 
 from tangram.allocation import Allocator
 from tangram.errors import ValidationError
+from tangram.registry import Registry
 
 GROUP = "tangram.policies"
 
-_REGISTRY: dict[str, Callable[..., Allocator]] = {}
+POLICIES: Registry[Callable[..., Allocator]] = Registry("allocator", {
+    "heuristic": "solvers.heuristic.policy:HeuristicAllocator",
+    "backfill": "solvers.heuristic.backfill:BackfillAllocator",
+    "backfill-srpt": "solvers.heuristic.backfill:BackfillSrptAllocator",
+    "min": "solvers.minimal:MinAllocator",
+    "cpsat": "solvers.exact.allocator:CpSatAllocator",
+    "pulp": "solvers.exact.allocator:PulpAllocator",
+}, group=GROUP)
 
 
 def register(name: str) -> Callable[[type], type]:
-    def deco(cls: type) -> type:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"allocator {name!r} registered twice")
-        _REGISTRY[name] = cls
-        return cls
-    return deco
-
-
-def _installed() -> dict[str, object]:
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
+    """Class decorator: register the policy as `name`."""
+    return POLICIES.register(name)  # type: ignore[return-value]
 
 
 def available() -> list[str]:
-    return sorted({*_REGISTRY, *_installed()})
+    return POLICIES.names()
 
 
 def runtime_policies() -> list[str]:
@@ -39,26 +39,12 @@ def runtime_policies() -> list[str]:
     the evaluation's baselines: what a property about policies runs over, so a new policy is
     covered without editing the test."""
     own = __name__.split(".")[0]
-    names = {n for n, ep in _installed().items()
-             if ep.value.split(".")[0] == own}  # type: ignore[attr-defined]
-    names |= {n for n, cls in _REGISTRY.items() if cls.__module__.split(".")[0] == own}
-    return sorted(names)
-
-
-def _lookup(name: str) -> Callable[..., Allocator] | None:
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    ep = _installed().get(name)
-    if ep is None:
-        return None
-    cls = ep.load()  # type: ignore[attr-defined]
-    _REGISTRY.setdefault(name, cls)
-    return cls
+    return [n for n in POLICIES.names() if (POLICIES.module_of(n) or "").split(".")[0] == own]
 
 
 def get_allocator(name: str, **options: object) -> Allocator:
     """Build the policy registered as `name` with its options (validated, named on error)."""
-    cls = _lookup(name) if isinstance(name, str) else None
+    cls = POLICIES.get(name) if isinstance(name, str) else None
     if cls is None:
         raise ValidationError("allocator", name, f"unknown policy (known: {available()})")
     if dataclasses.is_dataclass(cls):

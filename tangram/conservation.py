@@ -77,68 +77,93 @@ def wasted_now(pools: Mapping[str, Pool], queue: Iterable[Action], node_of: Node
     `pools` are read, never changed. `excused(action, placement)`: True when the action may
     wait on those free units by choice (a deferral); it then blocks nothing. `scope`: with an
     `ActionQueue`, walk only these classes (a scoped decision's: the others did not change)."""
-    scratch: dict[str, Pool] = {}
-    blocked: dict[str, set[str] | None] = {}
-
-    def pool(r: str) -> Pool:
-        p = scratch.get(r)
-        if p is None:
-            p = scratch[r] = pools[r].copy()
-        return p
-
-    def is_blocked(c: tuple[str, str | None]) -> bool:
-        r, node = c
-        if r not in blocked:
-            return False
-        b = blocked[r]
-        return b is ALL or (node is not None and node in b)  # type: ignore[operator]
-
-    def block(a: Action) -> None:
-        for r in a.demands:
-            if blocked.get(r, 0) is ALL:
-                continue
-            node = node_of(a, r)
-            nodes = blocked.setdefault(r, set())
-            if node is not None and pools[r].per_node:
-                nodes.add(node)  # type: ignore[union-attr]
-            else:
-                blocked[r] = ALL
-
     # a pool with nothing free cannot be wasted: skip the walk when every pool is full
     if not any(p.free() for p in pools.values()):
         return []
-    walk = queue.scan(is_blocked, scope) if isinstance(queue, ActionQueue) else queue
+    w = _Walk(pools, node_of)
+    walk = queue.scan(w.is_blocked, scope) if isinstance(queue, ActionQueue) else queue
     out: list[Waste] = []
     for a in walk:
-        if any(is_blocked((r, node_of(a, r) if pools[r].per_node else None))
-               for r in a.demands):
-            block(a)
+        if w.waits_behind(a):
+            w.block(a)
             continue
+        units, placed = w.start(a, estimate)
+        if len(units) == len(a.demands) and not (excused is not None and excused(a, placed)):
+            out.append(Waste(a, units, placed))
+            continue
+        w.release(placed, units)
+        if len(units) < len(a.demands):
+            w.block(a)
+    return out
+
+
+class _Walk:
+    """The state of one `wasted_now` walk: scratch copies of the pools (made on first use)
+    and what is blocked so far (resource -> its blocked nodes, or ALL)."""
+
+    __slots__ = ("pools", "node_of", "scratch", "blocked")
+
+    def __init__(self, pools: Mapping[str, Pool], node_of: NodeOf) -> None:
+        self.pools = pools
+        self.node_of = node_of
+        self.scratch: dict[str, Pool] = {}
+        self.blocked: dict[str, set[str] | None] = {}
+
+    def pool(self, r: str) -> Pool:
+        p = self.scratch.get(r)
+        if p is None:
+            p = self.scratch[r] = self.pools[r].copy()
+        return p
+
+    def is_blocked(self, c: tuple[str, str | None]) -> bool:
+        r, node = c
+        if r not in self.blocked:
+            return False
+        b = self.blocked[r]
+        return b is ALL or (node is not None and node in b)  # type: ignore[operator]
+
+    def waits_behind(self, a: Action) -> bool:
+        """Whether an action ahead of `a` is blocked on one of its pools."""
+        return any(self.is_blocked((r, self.node_of(a, r) if self.pools[r].per_node else None))
+                   for r in a.demands)
+
+    def block(self, a: Action) -> None:
+        for r in a.demands:
+            if self.blocked.get(r, 0) is ALL:
+                continue
+            node = self.node_of(a, r)
+            nodes = self.blocked.setdefault(r, set())
+            if node is not None and self.pools[r].per_node:
+                nodes.add(node)  # type: ignore[union-attr]
+            else:
+                self.blocked[r] = ALL
+
+    def start(self, a: Action, estimate: Estimate
+              ) -> tuple[dict[str, int], dict[str, Placement]]:
+        """Start `a` on the scratch pools where every amount it allows is free, resource by
+        resource, stopping at the first that is not: (units, placements) of those started."""
         units: dict[str, int] = {}
         placed: dict[str, Placement] = {}
         for r in a.demands:
-            p = pool(r)
-            node = node_of(a, r)
+            p = self.pool(r)
+            node = self.node_of(a, r)
             amounts = usable_amounts(a, r, p, node)
             # an unbound action never takes a node on which an action ahead is blocked
-            skip = blocked.get(r) or ()
+            skip = self.blocked.get(r) or ()
             if p.fits(amounts[-1], node, skip) is None:  # not every amount it allows is free
                 break
             k = _start_amount(a, amounts, estimate) if r == a.key else amounts[-1]
-            like = _preference(pools[r].advisor, a)  # the pool's own advice, if any
+            like = _preference(self.pools[r].advisor, a)  # the pool's own advice, if any
             try:
                 placed[r] = p.place(k, node, skip, like)
             except Infeasible:
                 break
             units[r] = k
-        if len(units) == len(a.demands) and not (excused is not None and excused(a, placed)):
-            out.append(Waste(a, units, placed))
-            continue
+        return units, placed
+
+    def release(self, placed: Mapping[str, Placement], units: Mapping[str, int]) -> None:
         for r, pl in placed.items():
-            scratch[r].release(pl, units[r])
-        if len(units) < len(a.demands):
-            block(a)
-    return out
+            self.scratch[r].release(pl, units[r])
 
 
 def _preference(adv: PlacementAdvisor | None, a: Action):

@@ -25,7 +25,7 @@ from tangram.errors import Infeasible, ValidationError
 from tangram.pools import ChunkPool, FlatPool, Pool
 from tangram.resources import Demand
 from tangram.validation import integer, keys, number, power_of_two, read_document
-from topology import ChunkTree
+from topology import ChunkTree, is_pow2
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,61 +129,93 @@ def parse_resource(name: str, obj: Any) -> ResourceSpec:
                         services=services)
 
 
+ACTION_REQUIRED = {"id", "demand"}
+ACTION_OPTIONAL = {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory",
+                   "kind", "node"}
+
+
 def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Action:
-    path = f"actions[{i}]"
-    keys(path, obj, {"id", "demand"},
-          {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory", "kind",
-           "node"})
+    """One action of the file, each field checked by its own step below, every error naming
+    the field's path (`actions[<id>].<field>`)."""
+    keys(f"actions[{i}]", obj, ACTION_REQUIRED, ACTION_OPTIONAL)
     aid = obj["id"]
     if not isinstance(aid, str) or not aid:
-        raise ValidationError(f"{path}.id", aid, "must be a non-empty string")
+        raise ValidationError(f"actions[{i}].id", aid, "must be a non-empty string")
     path = f"actions[{aid}]"
-    if not isinstance(obj["demand"], dict) or not obj["demand"]:
-        raise ValidationError(f"{path}.demand", obj["demand"], "must map resources to amounts")
+    demands = _demands(path, obj["demand"], resources)
+    elastic = "key" in obj or "t_ori" in obj or "efficiency" in obj
+    elasticity = _elasticity(path, obj, demands) if elastic else None
+    duration = None if elastic else _fixed_duration(path, obj)
+    service = _service(path, obj.get("service"), demands, resources)
+    arrival = number(f"{path}.arrival", obj.get("arrival", 0.0))
+    trajectory = obj.get("trajectory")
+    node = obj.get("node")
+    if node is not None:
+        _check_node(path, node, demands, resources)
+        trajectory = trajectory or aid  # an action bound alone is its own trajectory
+    action = Action(aid, demands, elasticity=elasticity, duration=duration,
+                    trajectory=trajectory, kind=obj.get("kind", "default"),
+                    service=service, submit_time=arrival)
+    _check_fits(path, demands, resources)
+    return action
+
+
+def _demands(path: str, demand: Any, resources: Mapping[str, ResourceSpec]) -> dict[str, Demand]:
+    if not isinstance(demand, dict) or not demand:
+        raise ValidationError(f"{path}.demand", demand, "must map resources to amounts")
     demands = {}
-    for r, d in obj["demand"].items():
+    for r, d in demand.items():
         if r not in resources:
             raise ValidationError(f"{path}.demand.{r}", d,
                                   f"unknown resource (declared: {sorted(resources)})")
         demands[r] = Demand.parse(d, f"{path}.demand.{r}")
-    elastic = "key" in obj or "t_ori" in obj or "efficiency" in obj
-    elasticity = None
-    duration = None
-    if elastic:
-        for k in ("key", "t_ori", "efficiency"):
-            if k not in obj:
-                raise ValidationError(f"{path}.{k}", None, "is required for an elastic action")
-        if "duration" in obj:
-            raise ValidationError(f"{path}.duration", obj["duration"],
-                                  "an elastic action has t_ori and efficiency, not a duration")
-        if obj["key"] not in demands:
-            raise ValidationError(f"{path}.key", obj["key"], "must be one of the demanded "
-                                  f"resources {sorted(demands)}")
-        eff = obj["efficiency"]
-        if not isinstance(eff, dict):
-            raise ValidationError(f"{path}.efficiency", eff, "must map amounts to E(m)")
-        table = {}
-        for m, e in eff.items():
-            try:
-                mi = int(m)
-            except (TypeError, ValueError):
-                raise ValidationError(f"{path}.efficiency", m, "keys must be integers") from None
-            table[mi] = e
-        for m in demands[obj["key"]].amounts:
-            if m not in table:
-                raise ValidationError(f"{path}.efficiency.{m}", None,
-                                      "missing: every allowed amount of the key needs E(m)")
+    return demands
+
+
+def _elasticity(path: str, obj: Mapping[str, Any], demands: Mapping[str, Demand]) -> Elasticity:
+    for k in ("key", "t_ori", "efficiency"):
+        if k not in obj:
+            raise ValidationError(f"{path}.{k}", None, "is required for an elastic action")
+    if "duration" in obj:
+        raise ValidationError(f"{path}.duration", obj["duration"],
+                              "an elastic action has t_ori and efficiency, not a duration")
+    if obj["key"] not in demands:
+        raise ValidationError(f"{path}.key", obj["key"], "must be one of the demanded "
+                              f"resources {sorted(demands)}")
+    table = _efficiency_table(path, obj["efficiency"])
+    for m in demands[obj["key"]].amounts:
+        if m not in table:
+            raise ValidationError(f"{path}.efficiency.{m}", None,
+                                  "missing: every allowed amount of the key needs E(m)")
+    try:
+        return Elasticity(obj["key"], obj["t_ori"], table)
+    except ValidationError as exc:
+        raise ValidationError(f"{path}.{exc.field.removeprefix('elasticity.')}", exc.value,
+                              exc.problem) from None
+
+
+def _efficiency_table(path: str, eff: Any) -> dict[int, Any]:
+    if not isinstance(eff, dict):
+        raise ValidationError(f"{path}.efficiency", eff, "must map amounts to E(m)")
+    table = {}
+    for m, e in eff.items():
         try:
-            elasticity = Elasticity(obj["key"], obj["t_ori"], table)
-        except ValidationError as exc:
-            raise ValidationError(f"{path}.{exc.field.removeprefix('elasticity.')}", exc.value,
-                                  exc.problem) from None
-    else:
-        if "duration" not in obj:
-            raise ValidationError(f"{path}.duration", None,
-                                  "is required (or key, t_ori and efficiency for elastic)")
-        duration = number(f"{path}.duration", obj["duration"], positive=True)
-    service = obj.get("service")
+            mi = int(m)
+        except (TypeError, ValueError):
+            raise ValidationError(f"{path}.efficiency", m, "keys must be integers") from None
+        table[mi] = e
+    return table
+
+
+def _fixed_duration(path: str, obj: Mapping[str, Any]) -> float:
+    if "duration" not in obj:
+        raise ValidationError(f"{path}.duration", None,
+                              "is required (or key, t_ori and efficiency for elastic)")
+    return number(f"{path}.duration", obj["duration"], positive=True)
+
+
+def _service(path: str, service: Any, demands: Mapping[str, Demand],
+             resources: Mapping[str, ResourceSpec]) -> Any:
     if service is not None:
         gpu_res = [r for r in demands if resources[r].topology == "chunks"]
         if not gpu_res:
@@ -191,39 +223,40 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
         if service not in resources[gpu_res[0]].services:
             raise ValidationError(f"{path}.service", service, "unknown service (declared: "
                                   f"{sorted(resources[gpu_res[0]].services)})")
-    arrival = number(f"{path}.arrival", obj.get("arrival", 0.0))
-    trajectory = obj.get("trajectory")
-    node = obj.get("node")
-    if node is not None:
-        flat = [r for r in demands if resources[r].topology == "flat"]
-        if not flat or any(node not in resources[r].node_names() for r in flat):
-            names = {r: resources[r].node_names() for r in flat}
-            raise ValidationError(f"{path}.node", node,
-                                  f"must name a node of every flat resource it demands ({names})")
-        for r in flat:
-            if demands[r].min > resources[r].node_units.get(node, resources[r].units):
-                raise Infeasible(f"{path}.demand.{r}: needs at least {demands[r].min}, node "
-                                 f"{node} has {resources[r].node_units.get(node)}")
-        trajectory = trajectory or aid  # an action bound alone is its own trajectory
-    action = Action(aid, demands, elasticity=elasticity, duration=duration,
-                    trajectory=trajectory, kind=obj.get("kind", "default"),
-                    service=service, submit_time=arrival)
+    return service
+
+
+def _check_node(path: str, node: Any, demands: Mapping[str, Demand],
+                resources: Mapping[str, ResourceSpec]) -> None:
+    """A bound action names a node of every flat resource it demands, big enough for it."""
+    flat = [r for r in demands if resources[r].topology == "flat"]
+    if not flat or any(node not in resources[r].node_names() for r in flat):
+        names = {r: resources[r].node_names() for r in flat}
+        raise ValidationError(f"{path}.node", node,
+                              f"must name a node of every flat resource it demands ({names})")
+    for r in flat:
+        if demands[r].min > resources[r].node_units.get(node, resources[r].units):
+            raise Infeasible(f"{path}.demand.{r}: needs at least {demands[r].min}, node "
+                             f"{node} has {resources[r].node_units.get(node)}")
+
+
+def _check_fits(path: str, demands: Mapping[str, Demand],
+                resources: Mapping[str, ResourceSpec]) -> None:
+    """Every demand is one some placement of its pool could meet (GPU amounts whole chunks)."""
     for r, d in demands.items():
         spec = resources[r]
-        pool = spec.build_pool() if spec.topology == "flat" else None
         if spec.topology == "chunks":
             for amount in d.amounts:
-                if amount & (amount - 1):
+                if not is_pow2(amount):
                     raise ValidationError(f"{path}.demand.{r}", amount, "GPU amounts must be "
                                           "powers of two (a k-GPU action takes one aligned "
                                           "k-chunk)")
             biggest = spec.gpus_per_node
         else:
-            biggest = pool.largest_request() if pool else spec.units
+            biggest = spec.build_pool().largest_request()
         if d.min > biggest:
             raise Infeasible(f"{path}.demand.{r}: needs at least {d.min}, can never fit "
                              f"(the largest placement is {biggest})")
-    return action
 
 
 def parse_instance(doc: Any) -> Instance:

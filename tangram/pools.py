@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tangram.errors import Infeasible, ValidationError
-from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError
+from topology import (
+    ChunkOperator,
+    ChunkTree,
+    CpuNode,
+    FlatOperator,
+    TopologyError,
+    is_pow2,
+)
 
 if TYPE_CHECKING:
     from tangram.actions import Action
@@ -290,20 +297,18 @@ class ChunkPool(Pool):
 
     def validate_amounts(self, field, amounts):
         for k in amounts:
-            if k & (k - 1):
+            if not is_pow2(k):
                 raise ValidationError(field, k, "GPU amounts must be powers of two (an action "
                                       "of k GPUs takes one aligned chunk of k)")
         super().validate_amounts(field, amounts)
 
     def _best_level(self, k, node, exclude):
         """Smallest free chunk level >= level(k) over the allowed nodes: (level, nodes at it)."""
-        a = (k - 1).bit_length()
         best, at = None, []
         for n, t in self._trees.items():
-            if (node is not None and n != node) or n in exclude or a >= t.levels \
-                    or n in self._retiring:
+            if (node is not None and n != node) or n in exclude or n in self._retiring:
                 continue
-            lv = next((b for b in range(a, t.levels) if t.free[b]), None)
+            lv = t.smallest_free_level(k)
             if lv is None:
                 continue
             if best is None or lv < best:
@@ -313,13 +318,13 @@ class ChunkPool(Pool):
         return best, at
 
     def fits(self, k, node=None, exclude=()):
-        if k & (k - 1):
+        if not is_pow2(k):
             return None
         _, at = self._best_level(k, node, exclude)
         return at[0] if at else None
 
     def place(self, k, node=None, exclude=(), prefer=None):
-        if k & (k - 1):
+        if not is_pow2(k):
             raise Infeasible(f"{self.resource}: {k} GPUs is not a power of two")
         _, at = self._best_level(k, node, exclude)
         if not at:
@@ -330,15 +335,11 @@ class ChunkPool(Pool):
         # among equal-level choices on every node, the highest preference wins
         best = None
         for n in at:
-            t = self._trees[n]
-            size = k
-            b = (k - 1).bit_length()
-            lv = next(x for x in range(b, t.levels) if t.free[x])
-            for p0, p1 in t.free[lv]:
-                for s in range(p0, p1, size):
-                    score = prefer(n, (s, s + size))
-                    if best is None or score > best[0] or (score == best[0] and (n, s) < best[1:]):
-                        best = (score, n, s)
+            for chunk in self._trees[n].options(k):
+                score = prefer(n, chunk)
+                key = (n, chunk[0])
+                if best is None or score > best[0] or (score == best[0] and key < best[1:]):
+                    best = (score, *key)
         assert best is not None
         _, n, s = best
         self._trees[n].take((s, s + k))

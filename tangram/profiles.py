@@ -98,7 +98,7 @@ class AmdahlFit:
         s[1] += sign * duration
         s[2] += sign * x * x
         s[3] += sign * x * duration
-        s[4] += sign * duration * _efficiency(self.prior_serial, m) * m
+        s[4] += sign * duration * amdahl_efficiency(m, self.prior_serial) * m
 
     def params(self) -> tuple[float, float]:
         """(T_ori, serial fraction) of the fit."""
@@ -137,15 +137,27 @@ class AmdahlFit:
 
     def efficiency(self) -> Callable[[int], float]:
         s = self.serial
-        return lambda m: _efficiency(s, m)
+        return amdahl(s)
 
     def predict(self, m: int) -> float:
         t, s = self.params()
-        return t / (_efficiency(s, m) * m)
+        return t / (amdahl_efficiency(m, s) * m)
 
 
-def _efficiency(serial: float, m: int) -> float:
-    return min(1.0, 1.0 / (m * serial + 1.0 - serial))  # min: rounding at m = 1
+def amdahl_efficiency(m: int, serial: float, t_ori: float = 1.0, spawn_s: float = 0.0) -> float:
+    """Amdahl's law, the one home of the formula: E(m) of a run with serial fraction `serial`
+    (and `spawn_s` seconds per extra worker, out of `t_ori`), so that
+    `t_ori / (E(m) m) = t_ori (serial + (1 - serial) / m) + spawn_s (m - 1)`.
+    In (0, 1] for every serial >= 0 (min: rounding at m = 1)."""
+    if m == 1:
+        return 1.0
+    duration = t_ori * (serial + (1.0 - serial) / m) + spawn_s * (m - 1)
+    return min(1.0, t_ori / (m * duration))
+
+
+def amdahl(serial: float, t_ori: float = 1.0, spawn_s: float = 0.0) -> Callable[[int], float]:
+    """`amdahl_efficiency` as an efficiency function E(m), what an `Elasticity` takes."""
+    return lambda m: amdahl_efficiency(m, serial, t_ori, spawn_s)
 
 
 
@@ -223,7 +235,7 @@ class DurationProfiles:
         `AmdahlFit` (the prior `PRIOR_T_ORI`, `PRIOR_SERIAL` before any run)."""
         fit = self.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI, key)
         t_ori, serial = fit.params()
-        return Elasticity(key, t_ori, lambda m: _efficiency(serial, m))
+        return Elasticity(key, t_ori, amdahl(serial))
 
     def as_seen(self, action: Action, now: float) -> Action:
         """`action` as a scheduler sees it when it is submitted at `now`: its timeout and its

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tangram.errors import TangramError, ValidationError
+from topology import is_pow2
 
 
 def is_number(v: Any) -> bool:
@@ -43,7 +44,7 @@ def optional_pos_int(path: str, v: Any) -> int | None:
 
 def power_of_two(path: str, v: Any) -> int:
     pos_int(path, v)
-    if v & (v - 1):
+    if not is_pow2(v):
         raise ValidationError(path, v, "must be a power of two")
     return v
 

@@ -25,6 +25,43 @@ def chunk_level(k: int) -> int:
     return (k - 1).bit_length()
 
 
+def is_pow2(k: int) -> bool:
+    """Whether k GPUs make one whole chunk (k a positive power of two)."""
+    return k > 0 and not k & (k - 1)
+
+
+def pow2_floor(n: int) -> int:
+    """The largest power of two <= n (n >= 1): how many GPUs of n make one chunk tree."""
+    if n <= 0:
+        raise TopologyError(f"a GPU count must be positive, got {n!r}")
+    return 1 << (n.bit_length() - 1)
+
+
+def chunk_sizes(num_gpus: int) -> tuple[int, ...]:
+    """Every chunk size up to `num_gpus`: 1, 2, 4, ... (the DoPs a node's chunks allow)."""
+    return tuple(1 << i for i in range(num_gpus.bit_length()))
+
+
+def is_aligned(chunk: Chunk, num_gpus: int) -> bool:
+    """Whether `chunk` is an aligned power-of-two interval of a node of `num_gpus` GPUs."""
+    s, e = chunk
+    return is_pow2(e - s) and s >= 0 and not s % (e - s) and e <= num_gpus
+
+
+def buddy(chunk: Chunk) -> Chunk:
+    """The other half of `chunk`'s parent."""
+    size = chunk[1] - chunk[0]
+    s = chunk[0] ^ size
+    return (s, s + size)
+
+
+def enclosing(chunk: Chunk, level: int) -> Chunk:
+    """The aligned chunk of level `level` (>= the chunk's own) that contains `chunk`."""
+    size = 1 << level
+    s = chunk[0] - chunk[0] % size
+    return (s, s + size)
+
+
 def build_chunk_graph(num_gpus: int) -> nx.DiGraph:
     """All aligned intervals of a node with `num_gpus` GPUs, edges parent -> the two halves."""
     g = nx.DiGraph()
@@ -77,8 +114,28 @@ class ChunkTree:
         return 0
 
     def can_allocate(self, k: int) -> bool:
-        a = chunk_level(k)
-        return a < self.levels and any(self.free[b] for b in range(a, self.levels))
+        return self.smallest_free_level(k) is not None
+
+    def smallest_free_level(self, k: int) -> int | None:
+        """The lowest level >= level(k) that has a free chunk (None: k GPUs do not fit)."""
+        return next((b for b in range(chunk_level(k), self.levels) if self.free[b]), None)
+
+    def options(self, k: int) -> list[Chunk]:
+        """The chunks a request of k GPUs could take, in start order: every aligned
+        ceil-pow2(k) sub-chunk of every free chunk of the smallest level that holds one."""
+        b = self.smallest_free_level(k)
+        if b is None:
+            return []
+        size = 1 << chunk_level(k)
+        return sorted((s, s + size) for (p0, p1) in self.free[b] for s in range(p0, p1, size))
+
+    def free_container(self, chunk: Chunk) -> Chunk | None:
+        """The free chunk that contains the aligned `chunk` (None: some of it is in use)."""
+        for b in range((chunk[1] - chunk[0]).bit_length() - 1, self.levels):
+            parent = enclosing(chunk, b)
+            if parent in self.free[b]:
+                return parent
+        return None
 
     def copy(self) -> ChunkTree:
         t = ChunkTree.__new__(ChunkTree)
@@ -101,44 +158,36 @@ class ChunkTree:
         a = chunk_level(k)
         if a >= self.levels:
             raise TopologyError(f"{self.node}: {k} GPUs exceed the node's {self.num_gpus}")
-        b = next((lv for lv in range(a, self.levels) if self.free[lv]), None)
-        if b is None:
+        options = self.options(k)
+        if not options:
             raise TopologyError(f"{self.node}: no free chunk of {1 << a} GPUs")
-        size = 1 << a
-        options = sorted(
-            (s, s + size) for (p0, p1) in self.free[b] for s in range(p0, p1, size)
-        )
         target = max(options, key=score) if score is not None else options[0]
         self.take(target)
         return target
 
     def take(self, chunk: Chunk) -> None:
         """Mark exactly `chunk` used, splitting the free chunk that contains it."""
-        s, e = chunk
-        size = e - s
-        if size <= 0 or size & (size - 1) or s % size or e > self.num_gpus or s < 0:
+        if not is_aligned(chunk, self.num_gpus):
             raise TopologyError(f"{self.node}: {chunk} is not an aligned chunk of this node")
-        a = size.bit_length() - 1
-        for b in range(a, self.levels):
-            bs = 1 << b
-            parent = (s - s % bs, s - s % bs + bs)
-            if parent in self.free[b]:
-                self.free[b].remove(parent)
-                # split down toward the target, freeing the sibling halves
-                lo, hi = parent
-                for lv in range(b - 1, a - 1, -1):
-                    half = 1 << lv
-                    left, right = (lo, lo + half), (lo + half, hi)
-                    if s < lo + half:
-                        self.free[lv].add(right)
-                        lo, hi = left
-                    else:
-                        self.free[lv].add(left)
-                        lo, hi = right
-                self.used.add(chunk)
-                self._check()
-                return
-        raise TopologyError(f"{self.node}: chunk {chunk} is not free")
+        parent = self.free_container(chunk)
+        if parent is None:
+            raise TopologyError(f"{self.node}: chunk {chunk} is not free")
+        s, a = chunk[0], (chunk[1] - chunk[0]).bit_length() - 1
+        b = (parent[1] - parent[0]).bit_length() - 1
+        self.free[b].remove(parent)
+        # split down toward the target, freeing the sibling halves
+        lo, hi = parent
+        for lv in range(b - 1, a - 1, -1):
+            half = 1 << lv
+            left, right = (lo, lo + half), (lo + half, hi)
+            if s < lo + half:
+                self.free[lv].add(right)
+                lo, hi = left
+            else:
+                self.free[lv].add(left)
+                lo, hi = right
+        self.used.add(chunk)
+        self._check()
 
     def release(self, chunk: Chunk) -> None:
         """Free a used chunk and merge buddies upward."""
@@ -149,11 +198,11 @@ class ChunkTree:
         size = e - s
         lv = size.bit_length() - 1
         while lv < self.levels - 1:
-            buddy = (s ^ size, (s ^ size) + size)
-            if buddy not in self.free[lv]:
+            other = buddy((s, s + size))
+            if other not in self.free[lv]:
                 break
-            self.free[lv].remove(buddy)
-            s = min(s, buddy[0])
+            self.free[lv].remove(other)
+            s = min(s, other[0])
             size *= 2
             lv += 1
         self.free[lv].add((s, s + size))
@@ -172,14 +221,10 @@ class ChunkTree:
             for c in level_free:
                 if c[1] - c[0] != 1 << lv:
                     raise InvariantViolation(f"{self.node}: free chunk {c} filed at level {lv}")
-                if lv < self.levels - 1:
-                    size = 1 << lv
-                    buddy = (c[0] ^ size, (c[0] ^ size) + size)
-                    if buddy in level_free:
-                        raise InvariantViolation(f"{self.node}: free buddies {c} {buddy} unmerged")
+                if lv < self.levels - 1 and buddy(c) in level_free:
+                    raise InvariantViolation(f"{self.node}: free buddies {c} {buddy(c)} unmerged")
         for start, end in chunks:
-            size = end - start
-            if size <= 0 or size & (size - 1) or start % size:
+            if not is_aligned((start, end), self.num_gpus):
                 raise InvariantViolation(f"{self.node}: chunk {(start, end)} is not aligned")
             for g in range(start, end):
                 covered[g] += 1

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from topology.chunks import chunk_sizes, is_pow2
+
 INF = np.inf
 
 
@@ -87,12 +89,12 @@ class ChunkOperator:
     def __init__(self, free: Mapping[int, int]) -> None:
         sizes = sorted(int(s) for s in free)
         for s in sizes:
-            if s <= 0 or s & (s - 1):
+            if not is_pow2(s):
                 raise ValueError(f"ChunkOperator: chunk size must be a power of two, got {s!r}")
             if int(free[s]) < 0:
                 raise ValueError(f"ChunkOperator: free[{s}] must be >= 0, got {free[s]!r}")
         top = sizes[-1] if sizes else 1
-        self.sizes = tuple(1 << i for i in range(top.bit_length()))
+        self.sizes = chunk_sizes(top)
         self._size_col = {s: i for i, s in enumerate(self.sizes)}
         start = tuple(int(free.get(s, 0)) for s in self.sizes)
         self.states, self._next = self._enumerate(start)

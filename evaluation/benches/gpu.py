@@ -21,8 +21,10 @@ from typing import Any
 from evaluation.gpu_trace import chunk_of, serve
 from managers.gpu.residency import RandomEviction, Residency
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
+from managers.gpu.tinylm import TinyLMConfig
+from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram.actions import Action
-from tangram.errors import Infeasible
+from tangram.errors import BackendUnavailable, Infeasible
 from tangram.pools import ChunkPool, Placement
 from tangram.resources import Demand
 from topology import ChunkTree
@@ -31,13 +33,11 @@ NODES, GPUS, GPU_MEM = 5, 8, 80 * GB
 
 
 def bench_torch(size_mb: int, repeats: int) -> dict:
-    try:  # torch is optional (the gpu extra); these two modules import it at their top
-        from managers.gpu.tinylm import TinyLMConfig
-        from managers.gpu.torch_backend import TorchBackend, torch_service
-    except ImportError as exc:
-        return {"skipped": f"torch is not installed ({exc}); pip install 'arl-tangram[gpu]'"}
     cfg = TinyLMConfig.of_size(size_mb * 10**6)
-    backend = TorchBackend({"svc": cfg}, cpu_stand_in=True)  # CUDA when present, else the CPU
+    try:  # torch is optional (the gpu extra): the backend imports it when built
+        backend = TorchBackend({"svc": cfg}, cpu_stand_in=True)  # CUDA when present, else CPU
+    except BackendUnavailable as exc:
+        return {"skipped": f"torch is not installed ({exc})"}
     service = torch_service("svc", cfg)
 
     async def go():

@@ -19,6 +19,7 @@ from solvers.heuristic.dparrange import dp_arrange
 from tangram import Action, ClusterView, Elasticity
 from tangram.instance import parse_instance
 from tangram.pools import FlatPool
+from tangram.profiles import amdahl_efficiency
 from topology import ChunkOperator, FlatOperator, operators
 
 
@@ -110,7 +111,7 @@ def _scheduler_view(rng: random.Random):
         if i % 2 == 0:
             amounts = sorted({4, *rng.sample(range(5, 65), 15)})
             alpha = rng.uniform(0.0, 0.2)
-            eff = {m: 1.0 / (m * (alpha + (1 - alpha) / m)) for m in amounts}
+            eff = {m: amdahl_efficiency(m, alpha) for m in amounts}
             queue.append(Action(f"a{i}", {"cpu": amounts},
                                 elasticity=Elasticity("cpu", rng.uniform(10, 100), eff)))
         else:

@@ -76,10 +76,3 @@ def sigma_from_p95(median: float, p95: float) -> float:
     return math.log(p95 / median) / 1.6449
 
 
-def amdahl_efficiency(m: int, serial: float, t_ori: float, spawn_s: float) -> float:
-    """E(m) of a run with serial fraction `serial` and `spawn_s` per extra worker, so that
-    `t_ori / (E(m) m) = t_ori (serial + (1 - serial) / m) + spawn_s (m - 1)`."""
-    if m == 1:
-        return 1.0
-    dur = t_ori * (serial + (1 - serial) / m) + spawn_s * (m - 1)
-    return min(1.0, t_ori / (m * dur))

@@ -15,13 +15,12 @@ from evaluation.workloads.base import (
     Step,
     Trajectory,
     Workload,
-    amdahl_efficiency,
     lognormal,
     lognormal_mean,
 )
-from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
+from tangram.profiles import amdahl_efficiency
 from topology import CpuNode
 
 
@@ -99,7 +98,6 @@ def coding_pools(nodes: int, cores_per_node: int):
     return make
 
 
-@register("coding")
 def coding(params: CodingParams | None = None, **overrides) -> Workload:
     p = params or CodingParams(**overrides)
     rng = random.Random(p.seed)

@@ -17,7 +17,6 @@ from evaluation.workloads.base import (
     lognormal_mean,
     sigma_from_p95,
 )
-from evaluation.workloads.registry import register
 from tangram.actions import Action, Elasticity
 from tangram.instance import ResourceSpec, ServiceSpec
 from tangram.pools import FlatPool
@@ -139,7 +138,6 @@ def _gpu_spec(nodes: int, memory_gb: float,
                                   for s, (w, kv) in services.items()})
 
 
-@register("deepsearch")
 def deepsearch(params: SearchParams | None = None, **overrides) -> Workload:
     p = params or SearchParams(**overrides)
     rng = random.Random(p.seed)
@@ -220,7 +218,6 @@ def _teachers(p: MopdParams) -> dict[str, tuple[float, float]]:
     return {f"teacher{i}": (p.teacher_weights_gb, p.kv_gb) for i in range(p.teachers)}
 
 
-@register("mopd")
 def mopd(params: MopdParams | None = None, **overrides) -> Workload:
     p = params or MopdParams(**overrides)
     rng = random.Random(p.seed)
@@ -229,7 +226,6 @@ def mopd(params: MopdParams | None = None, **overrides) -> Workload:
                     tasks=("mopd",))
 
 
-@register("mopd+search")
 def mopd_search(mopd_params: MopdParams | None = None,
                 search_params: SearchParams | None = None, batch: int | None = None,
                 gpu_nodes: int | None = None, seed: int = 0) -> Workload:

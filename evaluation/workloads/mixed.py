@@ -19,7 +19,6 @@ from evaluation.workloads.gpu import (
     _search_trajs,
     _teachers,
 )
-from evaluation.workloads.registry import register
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,6 @@ class MixedParams:
     seed: int = field(default=0, metadata=setting("seed"))
 
 
-@register("mixed")
 def mixed(params: MixedParams | None = None, **overrides) -> Workload:
     p = params or MixedParams(**overrides)
     rng = random.Random(p.seed)

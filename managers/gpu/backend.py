@@ -1,29 +1,29 @@
 """The executor backend of the GPU manager: how a restore, an evict and an invoke happen.
 
 The pool logic (`Residency`) decides *whether* to restore and *what* to evict; a backend
-carries it out. Backends register themselves by name at the bottom of their module
-(`register("sim", SimBackend)`); `create_backend(name, **options)` imports the module lazily,
-so the runtime never imports torch or an HTTP client it does not use.
+carries it out. Backends are found by name through a `tangram.registry.Registry`: the built-ins
+as lazy paths below, third parties' as entry points of the group `tangram.gpu_backends`,
+run-time ones through `register`; `create_backend(name, **options)` imports only the chosen
+backend's module, so the runtime never imports torch or an HTTP client it does not use.
 """
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
 from managers.gpu.services import Service
 from tangram.errors import BackendUnavailable, ValidationError
+from tangram.registry import Registry
 
 Chunk = tuple[int, int]
 
-_MODULES = {
-    "sim": "managers.gpu.sim",
-    "torch": "managers.gpu.torch_backend",
-    "http": "managers.gpu.http_backend",
-}
-BACKENDS: dict[str, Callable[..., GpuBackend]] = {}
+BACKENDS: Registry[Callable[..., GpuBackend]] = Registry("gpu.backend", {
+    "sim": "managers.gpu.sim:SimBackend",
+    "torch": "managers.gpu.torch_backend:TorchBackend",
+    "http": "managers.gpu.http_backend:HttpBackend",
+}, group="tangram.gpu_backends")
 
 
 class NodeLost(Exception):
@@ -58,19 +58,21 @@ class GpuBackend(ABC):
 
 
 def register(name: str, factory: Callable[..., GpuBackend]) -> None:
-    if name in BACKENDS and BACKENDS[name] is not factory:
-        raise ValidationError("gpu.backend", name, "registered twice")
-    BACKENDS[name] = factory
+    """Add a backend made at run time (a user's own, a test's)."""
+    try:
+        BACKENDS.register(name, factory)
+    except ValueError:
+        raise ValidationError("gpu.backend", name, "registered twice") from None
 
 
 def create_backend(name: str, **options: Any) -> GpuBackend:
     """The backend registered as `name`; raises `BackendUnavailable` naming the fix."""
-    if name not in _MODULES and name not in BACKENDS:
-        raise ValidationError("gpu.backend", name, f"unknown (known: {sorted(_MODULES)})")
     if name not in BACKENDS:
-        try:
-            importlib.import_module(_MODULES[name])
-        except ImportError as exc:
-            raise BackendUnavailable(f"GPU backend {name!r} cannot load ({exc}); for torch "
-                                     "install the extra: pip install 'arl-tangram[gpu]'") from None
-    return BACKENDS[name](**options)
+        raise ValidationError("gpu.backend", name, f"unknown (known: {BACKENDS.names()})")
+    try:
+        factory = BACKENDS.get(name)
+    except ImportError as exc:
+        raise BackendUnavailable(f"GPU backend {name!r} cannot load ({exc}); for torch "
+                                 "install the extra: pip install 'arl-tangram[gpu]'") from None
+    assert factory is not None
+    return factory(**options)

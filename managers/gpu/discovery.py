@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass, field
 
 from tangram.pools import ChunkPool
-from topology import ChunkTree, GpuDiscovery, discover_gpus
+from topology import ChunkTree, GpuDiscovery, discover_gpus, pow2_floor
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ def inventory_from(found: GpuDiscovery, node: str | None = None) -> GpuInventory
     if not found.gpus:
         return GpuInventory(reason=found.reason or "no GPUs found")
     gpus = sorted(found.gpus, key=lambda g: g.index)
-    count = 1 << (len(gpus).bit_length() - 1)
+    count = pow2_floor(len(gpus))
     notes = []
     if count < len(gpus):
         notes.append(f"{len(gpus)} GPUs is not a power of two: chunk tree over GPUs 0..{count - 1}")

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu.backend import Chunk, GpuBackend
 from managers.gpu.services import Service
 from tangram.errors import ValidationError
 
@@ -102,6 +102,3 @@ class HttpBackend(GpuBackend):
 
     async def close(self) -> None:
         await self._client.aclose()
-
-
-register("http", HttpBackend)

@@ -27,6 +27,7 @@ from managers.gpu.services import RestoreModel, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import InvariantError, ValidationError
 from tangram.pools import Placement, PlacementAdvisor
+from topology import is_aligned
 
 Chunk = tuple[int, int]
 
@@ -300,8 +301,7 @@ class Residency:
         if node not in self._gpus:
             raise InvariantError(f"{self.resource}: no node {node!r} (nodes: {self.nodes()})")
         s, e = int(chunk[0]), int(chunk[1])
-        size = e - s
-        if size <= 0 or size & (size - 1) or s % size or e > len(self._gpus[node]):
+        if not is_aligned((s, e), len(self._gpus[node])):
             raise InvariantError(f"{self.resource}.{node}: {chunk} is not an aligned chunk")
         return (s, e)
 

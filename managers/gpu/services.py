@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from tangram.errors import ValidationError
+from topology import is_pow2
 
 GB = 10**9
 """Bytes per GB: instance files and docs/calibration.md are in decimal GB."""
@@ -79,7 +80,7 @@ class Service:
             raise ValidationError(f"services.{self.name}.memory_bytes", self.memory_bytes,
                                   "must allow at least one DoP")
         for k in self.memory_bytes:
-            if isinstance(k, bool) or not isinstance(k, int) or k <= 0 or k & (k - 1):
+            if isinstance(k, bool) or not isinstance(k, int) or not is_pow2(k):
                 raise ValidationError(f"services.{self.name}.dop", k,
                                       "DoP variants are powers of two (one aligned chunk each)")
         dops = tuple(sorted(self.memory_bytes))

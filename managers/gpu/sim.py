@@ -12,19 +12,20 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu.backend import Chunk, GpuBackend
 from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.instance import ResourceSpec
+from topology import chunk_sizes
 
 
 def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:
     """The instance's services: memory per GPU and restore time (sharded weights over k GPUs
     when `weights_gb` is given, `ServiceSpec.per_gpu_gb`) at every DoP the node allows (a
     chunk of any power-of-two size up to `gpus_per_node`)."""
-    dops = tuple(1 << i for i in range(spec.gpus_per_node.bit_length()))
+    dops = chunk_sizes(spec.gpus_per_node)
     return ServiceRegistry({
         name: Service(name, {k: round(s.per_gpu_gb(k) * GB) for k in dops},
                       {k: s.restore_at(k) for k in dops})
@@ -118,6 +119,3 @@ class SimBackend(GpuBackend):
         return {"simulated": True, "service": service.name, "node": node, "chunk": list(chunk),
                 "infer_s": seconds, "request": payload,
                 "note": "simulated GPU backend: no model ran; the time is the profile's"}
-
-
-register("sim", SimBackend)

@@ -23,6 +23,9 @@ or a factory returning an `nn.Module`.
 
 One backend object serves one machine; `node` only keys the resident copies (a multi-node
 deployment runs one backend per node agent).
+
+torch is the gpu extra: it is imported when a backend is built (`BackendUnavailable` naming the
+fix where it is missing), never when this module is, so callers import this module at their top.
 """
 
 from __future__ import annotations
@@ -30,18 +33,31 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from managers.gpu.backend import Chunk, GpuBackend, register
+from managers.gpu import tinylm
+from managers.gpu.backend import Chunk, GpuBackend
 from managers.gpu.services import Service
-from managers.gpu.tinylm import TinyLM, TinyLMConfig
+from managers.gpu.tinylm import TinyLMConfig
 from tangram.errors import BackendUnavailable, ValidationError
 
-ModelSource = TinyLMConfig | Callable[[], nn.Module]
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+ModelSource = TinyLMConfig | Callable[[], Any]  # a config, or a factory of an `nn.Module`
 Key = tuple[str, str, Chunk]
+
+
+def _torch() -> ModuleType:
+    """torch, imported on first use (the gpu extra)."""
+    try:
+        import torch  # optional third-party dependency
+    except ImportError as exc:
+        raise BackendUnavailable(f"GPU backend 'torch' cannot load ({exc}); install the extra: "
+                                 "pip install 'arl-tangram[gpu]'") from None
+    return torch
 
 
 def torch_service(name: str, cfg: TinyLMConfig, dops: tuple[int, ...] = (1,),
@@ -69,6 +85,7 @@ class TorchBackend(GpuBackend):
     def __init__(self, models: Mapping[str, ModelSource | Mapping[str, Any]],
                  use_cuda: bool | None = None, release_cached: bool = True,
                  cpu_stand_in: bool = False) -> None:
+        torch = _torch()
         self.models = {n: _source(n, m) for n, m in models.items()}
         have = torch.cuda.is_available()
         if use_cuda is None and not have and not cpu_stand_in:
@@ -85,6 +102,7 @@ class TorchBackend(GpuBackend):
 
     # -- what tests and benchmarks read -------------------------------------------------------
     def device_of(self, gpu: int) -> torch.device:
+        torch = _torch()
         if not self.cuda:
             return torch.device("cpu")
         if gpu >= torch.cuda.device_count():
@@ -104,7 +122,7 @@ class TorchBackend(GpuBackend):
         if source is None:
             raise ValidationError(f"gpu.torch.models.{service.name}", None,
                                   f"no model for this service (models: {sorted(self.models)})")
-        module = TinyLM(source) if isinstance(source, TinyLMConfig) else source()
+        module = tinylm.TinyLM(source) if isinstance(source, TinyLMConfig) else source()
         module.eval()
         state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
         host = {n: (t.detach().pin_memory() if self.cuda else t.detach()) for n, t in state.items()}
@@ -128,7 +146,7 @@ class TorchBackend(GpuBackend):
                              for n, t in self.host[name].items()})
         if self.cuda:
             for g in range(*chunk):
-                torch.cuda.synchronize(self.device_of(g))
+                _torch().cuda.synchronize(self.device_of(g))
         self.device[key] = replicas
         return time.perf_counter() - t0
 
@@ -136,7 +154,7 @@ class TorchBackend(GpuBackend):
         replicas = self.device.pop((service.name, node, (chunk[0], chunk[1])), None)
         del replicas
         if self.cuda and self.release_cached:
-            torch.cuda.empty_cache()
+            _torch().cuda.empty_cache()
 
     async def invoke(self, service: Service, node: str, chunk: Chunk, payload: Any) -> Any:
         key = (service.name, node, (chunk[0], chunk[1]))
@@ -148,6 +166,7 @@ class TorchBackend(GpuBackend):
     def _invoke(self, name: str, key: Key, tokens: list[list[int]]) -> dict[str, Any]:
         module, replicas = self._modules[name], self.device[key]
         out: list[list[float]] = [[] for _ in tokens]
+        torch = _torch()
         with torch.inference_mode():
             for i, seq in enumerate(tokens):
                 params = replicas[i % len(replicas)]
@@ -161,7 +180,7 @@ class TorchBackend(GpuBackend):
         self.host.clear()
         self._modules.clear()
         if self.cuda and self.release_cached:
-            torch.cuda.empty_cache()
+            _torch().cuda.empty_cache()
 
 
 def _source(name: str, model: Any) -> ModelSource:
@@ -191,6 +210,3 @@ def _tokens(payload: Any) -> list[list[int]]:
         raise ValidationError("payload.tokens", seqs,
                               "must be a list of token-id lists of length >= 2")
     return seqs
-
-
-register("torch", TorchBackend)

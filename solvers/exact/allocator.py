@@ -32,7 +32,6 @@ from solvers.exact.model import (
 )
 from solvers.exact.schedule import realise, solve_model
 from solvers.exact.timeline import EPS
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import (
     Assignment,
@@ -132,13 +131,11 @@ class ExactAllocator(SlowPolicy):
         return out
 
 
-@register("cpsat")
 @dataclass(frozen=True)
 class CpSatAllocator(ExactAllocator):
     backend: str = "cpsat"
 
 
-@register("pulp")
 @dataclass(frozen=True)
 class PulpAllocator(ExactAllocator):
     backend: str = "pulp-cbc"

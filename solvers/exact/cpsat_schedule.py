@@ -19,6 +19,7 @@ What makes it prove bigger instances (measured with `tangram bench exact --sweep
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -35,41 +36,71 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
     `fcfs`: queued jobs start in arrival order (the order-constrained optimum of the gap
     study). `dominance`: add the semi-active constraint (see the module docstring)."""
     # data
-    jobs, horizon = model.jobs, model.horizon
+    jobs = model.jobs
     cp = cp_model.CpModel()
-
     # variables: a start per job, a presence literal and an optional interval per mode
-    starts, ends, present, intervals = [], [], [], []
-    for i, job in enumerate(jobs):
-        lo, hi = (0, 0) if job.pinned else (job.release, horizon)
+    v = _variables(cp, model)
+    # constraints: modes and pools, then the order of starts
+    _pool_constraints(cp, model, v)
+    _order_constraints(cp, model, v, fcfs, dominance)
+    if hint is not None:
+        for i, (mode, tick) in enumerate(zip(*hint)):
+            cp.add_hint(v.starts[i], tick)
+            for m, lit in enumerate(v.present[i]):
+                cp.add_hint(lit, m == mode)
+    # objective: the weighted sum of end ticks (arrivals are constants)
+    cp.minimize(sum(round(job.weight) * v.ends[i] for i, job in enumerate(jobs)))  # 0 or 1
+    return _solve(cp, v, time_limit, workers)
+
+
+@dataclass(slots=True)
+class _Vars:
+    starts: list = field(default_factory=list)
+    ends: list = field(default_factory=list)
+    present: list = field(default_factory=list)  # per job, a literal per mode
+    intervals: list = field(default_factory=list)  # per job, an optional interval per mode
+
+
+def _variables(cp: cp_model.CpModel, model: ScheduleModel) -> _Vars:
+    v = _Vars()
+    for i, job in enumerate(model.jobs):
+        lo, hi = (0, 0) if job.pinned else (job.release, model.horizon)
         s = cp.new_int_var(lo, hi, f"start_{i}")
         lits = [cp.new_bool_var(f"mode_{i}_{m}") for m in range(len(job.modes))]
         ivs = [cp.new_optional_fixed_size_interval_var(s, mode.ticks, lit, f"iv_{i}_{m}")
                for m, (mode, lit) in enumerate(zip(job.modes, lits))]
-        e = cp.new_int_var(lo + min(m.ticks for m in job.modes), horizon, f"end_{i}")
-        starts.append(s)
-        ends.append(e)
-        present.append(lits)
-        intervals.append(ivs)
+        e = cp.new_int_var(lo + min(m.ticks for m in job.modes), model.horizon, f"end_{i}")
+        v.starts.append(s)
+        v.ends.append(e)
+        v.present.append(lits)
+        v.intervals.append(ivs)
+    return v
 
+
+def _pool_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars) -> None:
     # each job runs in exactly one mode
-    for lits in present:
+    for lits in v.present:
         cp.add_exactly_one(lits)
     # a job ends its chosen mode's duration after it starts
-    for i, job in enumerate(jobs):
-        cp.add(ends[i] == starts[i] + sum(m.ticks * lit
-                                          for m, lit in zip(job.modes, present[i])))
+    for i, job in enumerate(model.jobs):
+        cp.add(v.ends[i] == v.starts[i] + sum(m.ticks * lit
+                                              for m, lit in zip(job.modes, v.present[i])))
     # flat pools: the units in use on a node never exceed its capacity
     for key, users in model.flat_users.items():
-        cp.add_cumulative([intervals[i][m] for i, m, _ in users], [k for _, _, k in users],
+        cp.add_cumulative([v.intervals[i][m] for i, m, _ in users], [k for _, _, k in users],
                           model.flat_capacity[key])
     # GPU pools: at most one action at a time on each GPU (its chunk's root-to-leaf path)
     for on_gpu in model.gpu_users.values():
         if len(on_gpu) > 1:
-            cp.add_no_overlap([intervals[i][m] for i, m in on_gpu])
+            cp.add_no_overlap([v.intervals[i][m] for i, m in on_gpu])
     # redundant: one always-present interval per job on single-node flat pools
     for key, users in model.flat_users.items():
-        _area_cumulative(cp, model, key, users, starts, ends, present)
+        _area_cumulative(cp, model, key, users, v.starts, v.ends, v.present)
+
+
+def _order_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars, fcfs: bool,
+                       dominance: bool) -> None:
+    jobs, starts, ends = model.jobs, v.starts, v.ends
     queued = [i for i, job in enumerate(jobs) if not job.pinned]
     order = sorted(queued, key=lambda i: (jobs[i].arrival, i))
     # fcfs: a queued job never starts before one that arrived earlier
@@ -93,15 +124,11 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
                 cp.add(starts[j] == starts[prev[j]]).only_enforce_if(lit)
                 at.append(lit)
             cp.add_bool_or(at)
-    if hint is not None:
-        for i, (mode, tick) in enumerate(zip(*hint)):
-            cp.add_hint(starts[i], tick)
-            for m, lit in enumerate(present[i]):
-                cp.add_hint(lit, m == mode)
 
-    # objective: the weighted sum of end ticks (arrivals are constants)
-    cp.minimize(sum(round(job.weight) * ends[i] for i, job in enumerate(jobs)))  # 0 or 1
 
+def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float,
+           workers: int | None) -> RawSolution:
+    """Solve with the injected time limit, check the status, extract."""
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = workers or default_workers()
@@ -117,12 +144,11 @@ def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = N
         raise TangramError(f"CP-SAT found no schedule within {time_limit:g} s "
                            f"({solver.status_name(status)}); raise the time limit")
     modes = tuple(next(m for m, lit in enumerate(lits) if solver.boolean_value(lit))
-                  for lits in present)
+                  for lits in v.present)
     return RawSolution(OPTIMAL if status == cp_model.OPTIMAL else FEASIBLE, modes,
-                       tuple(solver.value(s) for s in starts),
+                       tuple(solver.value(s) for s in v.starts),
                        # the objective is a sum of integer ticks: CP-SAT reports it as a float
                        float(round(solver.objective_value)), solver.best_objective_bound, wall)
-
 
 
 def _area_cumulative(cp: cp_model.CpModel, model: ScheduleModel, key: tuple[str, str],

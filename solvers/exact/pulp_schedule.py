@@ -50,6 +50,28 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     flat_pairs = {(i, j) for g in groups for i in g for j in g if i != j}
     b = {ij: prob.add_variable(f"b_{ij[0]}_{ij[1]}", cat="Binary") for ij in flat_pairs}
 
+    # constraints: one mode per job, the two orders, then the pools
+    _order_constraints(prob, model, x, s, e, p, b, groups, big_m)
+    _pool_constraints(prob, model, x, p, b)
+
+    # objective: the weighted sum of end ticks (arrivals are constants)
+    prob += pulp.lpSum(job.weight * e[i] for i, job in enumerate(jobs))
+
+    t0 = time.perf_counter()
+    status, bound = solve_pulp_problem(prob, backend, time_limit)
+    wall = time.perf_counter() - t0
+    if status not in (OPTIMAL, "feasible"):
+        raise Infeasible(f"{backend} proved the schedule infeasible")
+    modes = tuple(chosen(x, i, len(job.modes)) for i, job in enumerate(jobs))
+    objective = float(pulp.value(prob.objective))
+    # a start in no constraint is absent from the solved problem: it sits at its lower bound
+    starts = tuple(round(v.lowBound if v.value() is None else v.value()) for v in s)
+    return RawSolution(status, modes, starts, objective, bound, wall)
+
+
+def _order_constraints(prob: pulp.LpProblem, model: ScheduleModel, x: dict, s: list, e: list,
+                       p: dict, b: dict, groups: list[list[int]], big_m: int) -> None:
+    jobs = model.jobs
     # each job runs in exactly one mode
     for i, job in enumerate(jobs):
         prob += pulp.lpSum(x[i, m] for m in range(len(job.modes))) == 1, f"one_mode_{i}"
@@ -67,6 +89,10 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
         for i, j, k in itertools.permutations(g, 3):
             if i < j and i < k:
                 prob += b[i, j] + b[j, k] + b[k, i] <= 2, f"transitive_{i}_{j}_{k}"
+
+
+def _pool_constraints(prob: pulp.LpProblem, model: ScheduleModel, x: dict, p: dict,
+                      b: dict) -> None:
     # flat pools: at each start, the units of every job started and not ended fit the node
     for n, (key, users) in enumerate(model.flat_users.items()):
         amount = {i: pulp.lpSum(k * x[i, m] for ii, m, k in users if ii == i)
@@ -86,17 +112,3 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
         for i, j in itertools.combinations(sorted(on), 2):
             if (i, j) in p:
                 prob += p[i, j] + p[j, i] >= on[i] + on[j] - 1, f"gpu_{n}_{i}_{j}"
-
-    # objective: the weighted sum of end ticks (arrivals are constants)
-    prob += pulp.lpSum(job.weight * e[i] for i, job in enumerate(jobs))
-
-    t0 = time.perf_counter()
-    status, bound = solve_pulp_problem(prob, backend, time_limit)
-    wall = time.perf_counter() - t0
-    if status not in (OPTIMAL, "feasible"):
-        raise Infeasible(f"{backend} proved the schedule infeasible")
-    modes = tuple(chosen(x, i, len(job.modes)) for i, job in enumerate(jobs))
-    objective = float(pulp.value(prob.objective))
-    # a start in no constraint is absent from the solved problem: it sits at its lower bound
-    starts = tuple(round(v.lowBound if v.value() is None else v.value()) for v in s)
-    return RawSolution(status, modes, starts, objective, bound, wall)

@@ -3,8 +3,8 @@
 Classes: pool `flat` (8 interchangeable units) or `chunks` (GPU nodes of 8); arrivals `spread`
 (uniform over a window), `bursty` (a few bursts of simultaneous arrivals) or `batch` (all at
 time 0: nothing to forecast, so a policy's gap is its approximation alone). About half the
-actions are elastic, with Amdahl-like efficiency `E(m) = 1 / (1 + s (m - 1))`; the rest have a
-fixed duration and a fixed small demand.
+actions are elastic, with Amdahl efficiency `E(m) = 1 / (1 + s (m - 1))`
+(`tangram.profiles.amdahl_efficiency`); the rest have a fixed duration and a fixed small demand.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any
+
+from tangram.profiles import amdahl_efficiency
 
 POOLS = ("flat", "chunks")
 ARRIVALS = ("spread", "bursty", "batch")
@@ -43,7 +45,7 @@ def _action(rng: random.Random, i: int, res: str, arrival: float) -> dict[str, A
         s = rng.uniform(0.05, 0.5)
         return {"id": f"a{i}", "arrival": arrival, "key": res, "demand": {res: amounts},
                 "t_ori": round(rng.uniform(2.0, 20.0), 1),
-                "efficiency": {str(m): 1.0 / (1.0 + s * (m - 1)) for m in amounts}}
+                "efficiency": {str(m): amdahl_efficiency(m, s) for m in amounts}}
     return {"id": f"a{i}", "arrival": arrival, "demand": {res: rng.choice([1, 1, 2, 4])},
             "duration": round(rng.uniform(0.5, 5.0), 1)}
 

@@ -45,12 +45,12 @@ from solvers.fcfs import ScratchPools, deferred
 from solvers.heuristic.objective import spread
 from solvers.heuristic.policy import HeuristicAllocator
 from solvers.heuristic.timeline import ChunkTimeline, CountTimeline, Slot, Timeline
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement, Pool
+from topology import chunk_level
 
 ORDERS = ("fcfs", "srpt")
 RESERVE_OPTIONS = 3
@@ -169,13 +169,8 @@ def _now_ok(pool: Pool, k: int) -> Callable[[Slot], bool]:
         if chunk is None:
             return pool.fits(k, node) is not None
         assert isinstance(pool, ChunkPool)
-        tree = pool.tree(node)
-        s = chunk[0]
-        for lv in range((k - 1).bit_length(), tree.levels):
-            size = 1 << lv
-            if (s - s % size, s - s % size + size) in tree.free[lv]:
-                return True
-        return False
+        size = 1 << chunk_level(k)
+        return pool.tree(node).free_container((chunk[0], chunk[0] + size)) is not None
     return ok
 
 
@@ -296,7 +291,6 @@ def srpt_order(view: ClusterView, queue: Collection[Action], now: float,
 
 
 # -- the policy --------------------------------------------------------------------------------
-@register("backfill")
 @dataclass(frozen=True)
 class BackfillAllocator(HeuristicAllocator):
     """The heuristic's options, plus:
@@ -342,7 +336,6 @@ class BackfillAllocator(HeuristicAllocator):
                                 reservations)
 
 
-@register("backfill-srpt")
 @dataclass(frozen=True)
 class BackfillSrptAllocator(BackfillAllocator):
     """`backfill` with the order option on: shortest estimated work first, with aging."""

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
 from solvers.heuristic.dparrange import dp_table
 from solvers.heuristic.objective import Waiting, estimate_waiting
-from solvers.registry import register
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.errors import Infeasible, ValidationError
@@ -66,7 +65,6 @@ def hold_back(releases: list[tuple[float, int]], capacity: int, target: int,
     return reservation, allowed, held
 
 
-@register("heuristic")
 @dataclass(frozen=True)
 class HeuristicAllocator:
     """depth: options the first waiting action tries in the estimate (paper: 2).
@@ -230,26 +228,10 @@ class HeuristicAllocator:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
-        if len(idxs) == 1 and pool.per_node:
-            c = cands[idxs[0]]
-            if (not self.allow_wait or cap == pool.capacity(node)
-                    or c.action.options[-1][0] <= cap):
-                # one candidate that cannot get more units by waiting: no split to search
-                m, best = 0, None
-                for units, d in c.action.options:
-                    if units <= cap and (best is None or d < best):
-                        m, best = units, d
-                c.units[r] = m
-                c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
-                return []
-        tasks = []
-        for i in idxs:
-            am, du = cands[i].action.option_arrays  # type: ignore[misc]
-            if am[-1] > cap:
-                keep = am <= cap
-                am, du = am[keep], du[keep]
-            tasks.append((am, du))
-        table = dp_table(tasks, pool.operator(node))
+        if len(idxs) == 1 and pool.per_node and self._alone(view, pool, cands[idxs[0]], r,
+                                                            node, cap):
+            return []
+        table = dp_table(_tasks(cands, idxs, cap), pool.operator(node))
         running, others, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
@@ -286,6 +268,20 @@ class HeuristicAllocator:
             c.units[r] = best_units[j]
             c.placement[r] = pool.place(best_units[j], node, (), _prefer(view, c.action, r))
         return idxs[best_t:]
+
+    def _alone(self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None,
+               cap: int) -> bool:
+        """One candidate that cannot get more units by waiting: placed at its fastest amount
+        that fits, no split to search (True); False where waiting could get it more."""
+        if self.allow_wait and cap != pool.capacity(node) and c.action.options[-1][0] > cap:
+            return False
+        m, best = 0, None
+        for units, d in c.action.options:
+            if units <= cap and (best is None or d < best):
+                m, best = units, d
+        c.units[r] = m
+        c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
+        return True
 
     def _rest(self, running: list[tuple[float, int]], others: list[tuple[int, float, int]],
               base_all: tuple[list[tuple[float, int]], float],
@@ -376,3 +372,15 @@ class HeuristicAllocator:
                 if len(tail) >= self.lookahead:
                     break
         return running, others, tail
+
+
+def _tasks(cands: list[Candidate], idxs: list[int], cap: int) -> list[tuple]:
+    """The DP's tasks: each candidate's (amounts, durations), cut to what `cap` can hold."""
+    tasks = []
+    for i in idxs:
+        am, du = cands[i].action.option_arrays  # type: ignore[misc]
+        if am[-1] > cap:
+            keep = am <= cap
+            am, du = am[keep], du[keep]
+        tasks.append((am, du))
+    return tasks

@@ -187,9 +187,15 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
 def backend_options(path: str, backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """`options` checked against what the backend's constructor takes (for `auto`: what some
     backend takes), so a misspelt option is named here, not raised as a `TypeError` later."""
-    classes = [BACKENDS[backend]] if backend in BACKENDS else list(BACKENDS.values())
+    names = [backend] if backend in BACKENDS else BACKENDS.names()
     takes: set[str] = set()
-    for cls in classes:
+    for name in names:
+        try:
+            cls = BACKENDS.get(name)
+        except ImportError:  # its module cannot load here: `select` says why
+            continue
+        if cls is None:
+            continue
         params = inspect.signature(cls.__init__).parameters.values()
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return dict(options)

@@ -51,12 +51,6 @@ DEFAULT_T_ORI = PRIOR_T_ORI  # the estimator's priors live with it (tangram.prof
 SERIAL_FRACTION = PRIOR_SERIAL
 
 
-def amdahl(serial: float):
-    def efficiency(m: int) -> float:
-        return 1.0 / (m * (serial + (1.0 - serial) / m))
-    return efficiency
-
-
 @dataclass(slots=True)
 class _Pending:
     action: Action

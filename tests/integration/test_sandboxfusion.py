@@ -152,6 +152,16 @@ def test_pytest_runs_the_test_file_with_its_grant(client):
     assert 1 <= d["tangram"]["steps"][0]["cores"] <= (os.cpu_count() or 1)
 
 
+def test_an_elastic_pytest_run_gets_its_workers_from_the_grant_plugin(client):
+    """/run_code keeps no worker rule of its own: an elastic run loads the grant's plugin."""
+    code = ("def test_plugin(request):\n"
+            "    assert request.config.pluginmanager.has_plugin('tangram_pytest_grant')\n")
+    d = run(client, language="pytest", code=code, cpu={"min": 1, "max": 2})
+    assert d["status"] == "Success", d["run_result"]
+    d = run(client, language="pytest", code=code)  # not elastic: no plugin
+    assert d["status"] == "Failed" and "1 failed" in d["run_result"]["stdout"], d["run_result"]
+
+
 def test_known_language_without_a_runner_is_a_sandbox_error(client):
     d = run(client, language="lean", code="theorem x : 1 = 1 := rfl")
     assert d["status"] == "SandboxError" and "lean" in d["message"]

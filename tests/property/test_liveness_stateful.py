@@ -31,14 +31,10 @@ from tangram.actions import Action, Elasticity
 from tangram.conservation import wasted_now
 from tangram.errors import Infeasible
 from tangram.pools import CorePool
+from tangram.profiles import amdahl
 from tangram.runtime.facade import Tangram
 from tangram.scheduler import Scheduler
 from topology import CpuNode
-
-
-def amdahl(serial: float):
-    return lambda m: 1.0 / (m * (serial + (1.0 - serial) / m))
-
 
 POLICIES = [p for p in runtime_policies() if p not in ("cpsat", "pulp")]
 # shortest work first lets later arrivals go ahead (up to its aging bound), so the serial

@@ -10,6 +10,7 @@ from solvers import get_allocator
 from solvers.registry import runtime_policies
 from tangram import ValidationError, check_assignments
 from tangram.instance import load_instance, parse_instance
+from tangram.profiles import amdahl_efficiency
 
 SCEN = Path(__file__).parents[1] / "scenarios"
 
@@ -110,7 +111,7 @@ def elastic_batch(draw):
     for i in range(draw(st.integers(2, 15))):
         amounts = sorted({1, *draw(st.lists(st.integers(1, units), max_size=4))})
         alpha = draw(st.floats(0.0, 0.3))  # Amdahl serial fraction
-        eff = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m)) for m in amounts}
+        eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
         acts.append({"id": f"a{i}", "arrival": 0.0, "key": "cpu", "demand": {"cpu": amounts},
                      "t_ori": draw(st.floats(1, 10)), "efficiency": eff})
     return parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},
@@ -150,7 +151,7 @@ def test_heuristic_beats_min_on_average():
             t += rng.choice([0.0, 0.0, 0.3, 1.0])
             amounts = sorted({1, *[rng.randint(1, units) for _ in range(rng.randint(0, 4))]})
             alpha = rng.uniform(0, 0.3)
-            eff = {str(m): 1.0 / (m * (alpha + (1 - alpha) / m)) for m in amounts}
+            eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
             acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
                          "t_ori": rng.uniform(1, 10), "efficiency": eff})
         inst = parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},

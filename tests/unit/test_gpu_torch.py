@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from managers.gpu import GB, GpuManager, Residency, ServiceRegistry, create_backend
-from managers.gpu.tinylm import TinyLM, TinyLMConfig
+from managers.gpu.tinylm import DTYPE_BYTES, TinyLM, TinyLMConfig
 from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram.actions import Action
 from tangram.allocation import Assignment
@@ -111,3 +111,11 @@ def test_bad_request_is_an_error_outcome_naming_the_field() -> None:
     a = Action("x", {"gpu": 1}, duration=1.0, service="lm", payload={"tokens": [[1]]})
     out = asyncio.run(m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))})))
     assert out.status == "error" and "payload.tokens" in out.detail
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPE_BYTES))
+def test_the_dtype_table_agrees_with_torch(dtype):
+    """A config's size needs no torch; its table says what torch's element size says."""
+    assert DTYPE_BYTES[dtype] == torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    cfg = TinyLMConfig(vocab=64, dim=32, layers=1, dtype=dtype)
+    assert cfg.nbytes() == sum(p.numel() for p in TinyLM(cfg).parameters()) * DTYPE_BYTES[dtype]

@@ -9,12 +9,9 @@ from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.errors import Infeasible, QueueFull
 from tangram.pools import CorePool
+from tangram.profiles import amdahl
 from tangram.scheduler import Scheduler
 from topology import CpuNode
-
-
-def amdahl(serial: float):
-    return lambda m: 1.0 / (m * (serial + (1.0 - serial) / m))
 
 
 def pool(**nodes: int) -> CorePool:

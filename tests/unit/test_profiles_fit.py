@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tangram.actions import Action, Elasticity
-from tangram.profiles import AmdahlFit, DurationProfiles
+from tangram.profiles import AmdahlFit, DurationProfiles, amdahl, amdahl_efficiency
 
 
 @settings(max_examples=60, deadline=None)
@@ -50,3 +50,18 @@ def test_profiles_feed_the_fit_from_fixed_and_elastic_runs():
     prof.observe(Action("c", {"cpu": 1}, kind="other"), {"cpu": 1}, 1.0)
     assert list(fit.obs) == [(2, 6.0), (1, 8.0)]
     assert prof.speedup("exec:pytest", 0.5, 1.0) is fit
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 64), st.floats(0, 1), st.floats(0.01, 100), st.floats(0, 5))
+def test_amdahl_has_one_formula_in_its_forms(m, serial, t_ori, spawn_s):
+    """The one Amdahl: the closed forms the estimator, the workloads and the instance
+    generators used before agree with it, and it stays in (0, 1]."""
+    e = amdahl_efficiency(m, serial, t_ori, spawn_s)
+    assert 0 < e <= 1
+    want = t_ori / (m * (t_ori * (serial + (1 - serial) / m) + spawn_s * (m - 1)))
+    assert e == pytest.approx(min(1.0, want), rel=1e-12)
+    plain = amdahl_efficiency(m, serial)
+    assert plain == pytest.approx(1 / (1 + serial * (m - 1)), rel=1e-12)
+    assert plain == pytest.approx(1 / (m * serial + 1 - serial), rel=1e-12)
+    assert amdahl(serial)(m) == plain

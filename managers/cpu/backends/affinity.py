@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.cpu.backends.base import Backend, register
+from managers.cpu.backends.base import Backend
 from managers.cpu.backends.process import run_local
 from managers.cpu.grant import PLUGIN_SOURCE, command_env
 from managers.cpu.pool import Environment
@@ -55,6 +55,3 @@ class AffinityBackend(Backend):
 
     async def close(self, env: Environment) -> None:
         shutil.rmtree(env.workdir, ignore_errors=True)
-
-
-register("affinity", AffinityBackend)

@@ -73,13 +73,6 @@ class Backend(ABC):
         return self.name
 
 
-BACKENDS: dict[str, type[Backend]] = {}
-
-
-def register(name: str, cls: type[Backend]) -> None:
-    BACKENDS[name] = cls
-
-
 def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: bool,
                timed_out: bool, timeout: float, output_cap: int) -> Result:
     """Map a finished process to an `Result` whose detail says what happened."""

@@ -64,7 +64,7 @@ from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
-from managers.cpu.backends.base import EnvironmentBroken, register
+from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.grant import SAFE_PATH, command_env
@@ -489,6 +489,3 @@ class BwrapBackend(CgroupBackend):
         self._holders.clear()
         await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
         await super().shutdown()
-
-
-register("bwrap", BwrapBackend)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.base import Backend, EnvironmentBroken, register
+from managers.cpu.backends.base import Backend, EnvironmentBroken
 from managers.cpu.backends.process import run_local
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import owned_name, sweep_workdirs
@@ -354,6 +354,3 @@ def joined(join: str, command: Command) -> list[str]:
     if isinstance(command, str):
         return ["/bin/sh", "-c", f"{join}\n{command}"]
     return ["/bin/sh", "-c", f'{join}\nexec "$@"', "sh", *command]
-
-
-register("cgroup", CgroupBackend)

@@ -36,7 +36,7 @@ from typing import Any
 
 from managers.cpu import seccomp
 from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of, register
+from managers.cpu.backends.base import Backend, EnvironmentBroken, not_found, outcome_of
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, SIGKILLED
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import gone, owned_name, sweep_workdirs
@@ -348,6 +348,3 @@ def _descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
-
-
-register("docker", DockerBackend)

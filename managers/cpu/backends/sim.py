@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from managers.cpu.backends.base import Backend, EnvironmentBroken, register
+from managers.cpu.backends.base import Backend, EnvironmentBroken
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, describe
 from tangram.results import Result
@@ -50,6 +50,3 @@ class SimBackend(Backend):
 
     async def close(self, env: Environment) -> None:
         self.envs.pop(env.id, None)
-
-
-register("sim", SimBackend)

@@ -298,11 +298,10 @@ set +e
 eval "$1"
 """
 
-# An elastic pytest run gets its granted cores (`nproc` counts the cores it may run on) as
-# pytest-xdist workers, only where xdist imports and more than one core was granted: `-n` makes
-# a pytest without xdist fail outright.
-_WORKERS = 'n=$(nproc); workers=; if [ "$n" -gt 1 ] && python3 -c "import xdist" 2>/dev/null; ' \
-           'then workers="-n $n"; fi; '
+# An elastic pytest run gets its granted cores as pytest-xdist workers from the grant's pytest
+# plugin (managers/cpu/pytest_grant: the one home of that rule), loaded in every elastic exec;
+# `$workers` stays empty here.
+_WORKERS = "workers=; "
 
 # Prints "<index> <base64>" for each argument that is a regular file; missing ones are left out.
 _FETCH = r"""i=0
@@ -398,8 +397,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
         and resp.compile_result.return_code == 0)
     if compiled:
         elastic = req.language == "pytest" and req.is_elastic()
-        workers = _WORKERS if elastic else "workers=; "
-        r = await tg.exec(env, staged(files, f"{guard}{workers}exec {plan.run} {stdin}"),
+        r = await tg.exec(env, staged(files, f"{guard}{_WORKERS}exec {plan.run} {stdin}"),
                           cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout,
                           kind=f"run_code:{req.language}")
         resp.tangram.steps.append(_grant("run", r))
