@@ -14,12 +14,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import CorePool, Pool
 from tangram.results import Result
+
+if TYPE_CHECKING:
+    from managers.cpu.pool import EnvironmentTable
 
 
 class Manager(ABC):
@@ -58,6 +61,13 @@ class EnvironmentManager(Manager):
     resource: str = "cpu"
     pool: CorePool
     backend: Any  # has a `name`: a `managers.cpu.backends.Backend`, or Ray's stand-in
+    envs: EnvironmentTable  # the one record of its environments and where they live
+
+    @property
+    def trajectory_nodes(self) -> Mapping[str, str]:
+        """trajectory -> node of this manager's environments, live: what the scheduler reads
+        for its bindings (`tangram.bindings.Bindings.attach`), never a copy."""
+        return self.envs.nodes
 
     @property
     def backend_name(self) -> str | None:

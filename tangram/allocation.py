@@ -99,6 +99,13 @@ class IdleByDesign:
     every policy."""
 
 
+class SlowPolicy:
+    """Marks a policy whose decision may take long (a solver with a time limit: the exact
+    policies). The runtime runs its decisions in a worker thread, off the event loop, so no
+    client waits on the solver (`tangram.runtime.decisions`); a policy not marked is moved off
+    the loop too once one of its decisions is measured slow."""
+
+
 def check_assignment_shape(a: Assignment, pools: Mapping[str, Pool],
                            bindings: Mapping[tuple[str, str], str] | None = None) -> None:
     """Amounts among the allowed ones, a placement per demanded resource, bound nodes kept."""

@@ -75,6 +75,15 @@ class ActionQueue:
     def classes_of(self, action_id: str) -> tuple[Class, ...]:
         return self._of[action_id]
 
+    def copy(self) -> ActionQueue:
+        """An independent queue of the same actions in the same order (what a policy running
+        off the event loop reads while the live queue changes)."""
+        q = ActionQueue()
+        q._all, q._seq, q._of = dict(self._all), dict(self._seq), dict(self._of)
+        q._classes = {c: dict(m) for c, m in self._classes.items()}
+        q._next = self._next
+        return q
+
     # -- changes ---------------------------------------------------------------------------------
     def add(self, action: Action, classes: Iterable[Class]) -> None:
         cls = tuple(dict.fromkeys(classes))

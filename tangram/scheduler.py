@@ -26,6 +26,7 @@ an arrival, completion, cancel or `touch` changed since the last decision.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from tangram.actions import Action
 from tangram.allocation import (
@@ -36,6 +37,7 @@ from tangram.allocation import (
     RunningAction,
     check_assignment_shape,
 )
+from tangram.bindings import Bindings
 from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
 from tangram.pools import Placement, Pool
@@ -46,6 +48,21 @@ from tangram.results import Status
 
 def _never(_: object) -> bool:
     return False
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PreparedDecision:
+    """A decision whose policy call may run in another thread (`Scheduler.prepare`): the
+    policy, the snapshot it reads and the time it decides for."""
+
+    allocator: Allocator
+    view: ClusterView
+    queue: ActionQueue
+    now: float
+
+    def allocate(self) -> list[Assignment]:
+        """The policy's answer (thread-safe: it reads only this snapshot)."""
+        return list(self.allocator.allocate(self.view, self.queue, self.now))
 
 
 DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull (HTTP 429)
@@ -67,8 +84,8 @@ class Scheduler:
         self.running: dict[str, RunningAction] = {}
         # (resource, node) and (resource, None) -> running actions holding its units there
         self._holding: dict[tuple[str, str | None], dict[str, RunningAction]] = {}
-        self.bindings: dict[tuple[str, str], str] = {}
-        self._bound: dict[str, set[str]] = {}  # trajectory -> resources it is bound on
+        # trajectory -> node per resource; the runtime attaches the environments' own record
+        self.bindings = Bindings()
         self.decisions = 0
         self.rescued = 0  # actions started by the liveness rule, not by the policy
         # enforce work conservation after every decision (not on a baseline's: `IdleByDesign`)
@@ -146,12 +163,12 @@ class Scheduler:
         return True
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
-        self.bindings[(trajectory, resource)] = node
-        self._bound.setdefault(trajectory, set()).add(resource)
+        """Bind a trajectory on a resource whose bindings no environment owner keeps (the
+        simulator's); on an attached one, check it agrees (`tangram.bindings`)."""
+        self.bindings.bind(trajectory, resource, node)
 
     def unbind(self, trajectory: str) -> None:
-        for r in self._bound.pop(trajectory, ()):
-            self.bindings.pop((trajectory, r), None)
+        self.bindings.unbind(trajectory)
 
     # -- decisions -------------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:
@@ -194,10 +211,50 @@ class Scheduler:
         apply the liveness and the work-conservation rules (module docstring)."""
         if not self.queue:
             return []
-        self.decisions += 1
-        view = self.view(self._scope() if self.scoped else None)
-        self.last_scope = view.scope
+        view = self._open_decision(self.view)
         assignments = list(self.allocator.allocate(view, self.queue, now))
+        return self._close_decision(view, assignments, now)
+
+    def prepare(self, now: float) -> PreparedDecision | None:
+        """The same decision as `decide`, split so that the policy's part can run off the
+        event loop (`tangram.runtime.decisions`): the policy reads a snapshot of the pools,
+        the running actions, the bindings and the queue taken here, so events applied to the
+        scheduler meanwhile never change what it reads. None when nothing is queued."""
+        if not self.queue:
+            return None
+        view = self._open_decision(self._snapshot_view)
+        return PreparedDecision(self.allocator, view, self.queue.copy(), now)
+
+    def finish(self, prepared: PreparedDecision, assignments: list[Assignment],
+               now: float) -> list[Assignment]:
+        """Apply a prepared decision's answer at `now`, as `decide` applies it, less the
+        actions no longer queued (cancelled while the policy ran); then the liveness and
+        work-conservation rules on the live state. Units are taken by decisions alone and one
+        decision runs at a time, so a placement the policy chose is still free unless its node
+        left the pool meanwhile (a lost node's chunks): such an assignment is dropped too, and
+        its action waits for the next decision."""
+        self.queue.visited += prepared.queue.visited
+        live = [a for a in assignments
+                if self.queue.get(a.action.id) is a.action and self._still_free(a)]
+        return self._close_decision(prepared.view, live, now)
+
+    def _still_free(self, a: Assignment) -> bool:
+        """Its placement's nodes still take placements (not gone, not retiring); units taken
+        meanwhile would be a broken invariant, which `_start` reports loudly."""
+        for r, u in a.units.items():
+            pool, node = self.pools[r], a.placement[r].node
+            if u and (node not in pool.nodes() or pool.fits(u, node) is None):
+                return False
+        return True
+
+    def _open_decision(self, make_view) -> ClusterView:
+        self.decisions += 1
+        view = make_view(self._scope() if self.scoped else None)
+        self.last_scope = view.scope
+        return view
+
+    def _close_decision(self, view: ClusterView, assignments: list[Assignment],
+                        now: float) -> list[Assignment]:
         for a in assignments:
             self._start(a, now)
         if not self.running and self.queue:
@@ -215,6 +272,14 @@ class Scheduler:
                 self._start(a, now)
                 assignments.append(a)
         return assignments
+
+    def _snapshot_view(self, scope: list[tuple[str, str | None]] | None) -> ClusterView:
+        """A view that owns its state: copied pools, running actions, bindings and holdings."""
+        holding = {k: list(v.values()) for k, v in self._holding.items()}
+        return ClusterView({r: p.copy() for r, p in self.pools.items()},
+                           list(self.running.values()), dict(self.bindings), self.estimate,
+                           tuple(self._queued_per_resource), scope,
+                           lambda r, n=None: holding.get((r, n), ()))
 
     def wants_next_decision(self) -> bool:
         """True when a class waits to be re-read at the next decision whatever happens (a

@@ -17,6 +17,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "exec": ("evaluation.benches.cpu_exec:main", "exec overhead of the cgroup and docker backends"),
     "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),
     "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
+    "decisions": ("evaluation.benches.decisions:main",
+                  "a client's wait while a slow policy decides: off the loop vs inline"),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
     "emfit": ("evaluation.benches.emfit:main", "E(m) learned online on a real elastic pytest"),
     "env": ("evaluation.benches.env_layers:main",

@@ -8,7 +8,7 @@ them the least memory-loaded. Every later action of the trajectory stays on that
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 
 from tangram.errors import Infeasible, ValidationError
@@ -52,8 +52,29 @@ def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
     return min(ready, key=lambda n: (memory_load(n), -cores_free(n), n))
 
 
+class TrajectoryNodes(Mapping[str, str]):
+    """trajectory -> node of an `EnvironmentTable`'s environments, live (read-only)."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: EnvironmentTable) -> None:
+        self._table = table
+
+    def __getitem__(self, trajectory: str) -> str:
+        t = self._table
+        return t._envs[t._by_trajectory[trajectory]].node
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table._by_trajectory)
+
+    def __len__(self) -> int:
+        return len(self._table._by_trajectory)
+
+
 class EnvironmentTable:
-    """Environments, their memory reservations per node and the trajectory -> node bindings."""
+    """Environments, their memory reservations per node and the trajectory -> node bindings:
+    the one record of where each trajectory runs (`nodes`, which the scheduler reads through
+    `tangram.bindings.Bindings.attach`)."""
 
     def __init__(self, memory_mb: Mapping[str, int],
                  disk_mb: Mapping[str, int] | None = None) -> None:
@@ -67,6 +88,27 @@ class EnvironmentTable:
         self.disk_reserved = {n: 0 for n in memory_mb}
         self._envs: dict[str, Environment] = {}
         self._by_trajectory: dict[str, str] = {}
+        self.nodes: Mapping[str, str] = TrajectoryNodes(self)
+
+    # -- membership (Ray's nodes join and leave; a machine's manager has fixed ones) -----------
+    def add_node(self, node: str, memory_mb: int, disk_mb: int | None = None) -> None:
+        if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
+            raise ValidationError(f"memory_mb[{node}]", memory_mb,
+                                  "must be a positive integer (MiB)")
+        self._capacity[node] = memory_mb
+        self._reserved.setdefault(node, 0)
+        self.disk_capacity[node] = 1 << 40 if disk_mb is None else disk_mb
+        self.disk_reserved.setdefault(node, 0)
+
+    def remove_node(self, node: str) -> None:
+        """Forget a node none of whose environments is left."""
+        if self.on_node(node):
+            raise ValidationError("node", node, "still holds environments")
+        for table in (self._capacity, self._reserved, self.disk_capacity, self.disk_reserved):
+            table.pop(node, None)
+
+    def on_node(self, node: str) -> list[Environment]:
+        return [e for e in self._envs.values() if e.node == node]
 
     def memory_free(self, node: str) -> int:
         return self._capacity[node] - self._reserved[node]
@@ -82,22 +124,25 @@ class EnvironmentTable:
         self.disk_reserved[node] += mb
 
     def choose_node(self, cores: Pool, memory_mb: int, min_cores: int = 1,
-                    disk_mb: int = 0) -> str:
-        """The node for a new environment; raises `Infeasible` when no node has the memory
-        (and the disk)."""
+                    disk_mb: int = 0, exclude: Collection[str] = ()) -> str:
+        """The node for a new environment, never one of `exclude` (lost nodes); raises
+        `Infeasible` when no node has the memory (and the disk)."""
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
             raise ValidationError("env.memory_mb", memory_mb, "must be a positive integer (MiB)")
         if disk_mb and not [n for n in self._capacity if self.disk_free(n) >= disk_mb]:
             best = max(self._capacity, key=self.disk_free)
             raise Infeasible(f"env.disk_mb: {disk_mb} MiB fits on no node (most free: "
                              f"{self.disk_free(best)} MiB on {best})")
-        nodes = [n for n in self._capacity if self.disk_free(n) >= disk_mb]
+        nodes = [n for n in self._capacity if self.disk_free(n) >= disk_mb and n not in exclude]
         node = pick_node(nodes, self.memory_free, self.memory_load, cores.free, memory_mb,
                          min_cores)
         if node is None:
-            best = max(self._capacity, key=self.memory_free, default=None)
+            best = max(nodes, key=self.memory_free, default=None)
+            if best is None:  # every node is excluded (lost) or full on disk
+                raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (none of "
+                                 f"the {len(self._capacity)} takes new environments)")
             raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
-                             f"{self.memory_free(best) if best else 0} MiB on {best})")
+                             f"{self.memory_free(best)} MiB on {best})")
         return node
 
     def add(self, env: Environment) -> None:

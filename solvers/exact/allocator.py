@@ -33,7 +33,13 @@ from solvers.exact.model import (
 from solvers.exact.schedule import realise, solve_model
 from solvers.exact.timeline import EPS
 from tangram.actions import Action
-from tangram.allocation import Assignment, ClusterView, RunningAction, check_assignments
+from tangram.allocation import (
+    Assignment,
+    ClusterView,
+    RunningAction,
+    SlowPolicy,
+    check_assignments,
+)
 from tangram.pools import ChunkPool, CorePool, Pool
 
 
@@ -98,7 +104,7 @@ def _concrete(pools: Mapping[str, Pool], starts: list[Assignment]) -> list[Assig
 
 
 @dataclass(frozen=True)
-class ExactAllocator:
+class ExactAllocator(SlowPolicy):
     """Receding-horizon exact policy (see the module docstring)."""
 
     backend: str = "cpsat"

@@ -20,7 +20,8 @@ apis:
            quota: 20, period_s: 1.0, timeout_s: 10, retries: 2,
            learn: true}                  # learn the real limit from 429s (the default)
 ```
-Every error names the path of the bad key, e.g. `gpu.services.judge.dops`.
+The document is checked whole against one schema (`config_schema`, pydantic models) before
+anything is built; every error names the path of the bad key, e.g. `gpu.services.judge.dops`.
 """
 
 from __future__ import annotations
@@ -37,12 +38,29 @@ from managers.api import ApiConfig, ApiManager
 from managers.base import EnvironmentManager, Manager
 from managers.basic import Limits
 from managers.cpu import CpuManager
-from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry, create_backend
+from managers.cpu.backends import BACKENDS, options_of
+from managers.gpu import (
+    GB,
+    GpuBackend,
+    GpuManager,
+    Residency,
+    Service,
+    ServiceRegistry,
+    create_backend,
+)
 from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
-from tangram.errors import ValidationError
+from tangram.errors import BackendUnavailable, ValidationError
 from tangram.pools import ChunkPool
-from tangram.validation import mapping, pos_int, pos_num, power_of_two, read_document
+from tangram.runtime.config_schema import (
+    ApiSpec,
+    ConfigSpec,
+    CpuSpec,
+    GpuSpec,
+    ServiceSpec,
+    parse,
+)
+from tangram.validation import read_document
 from topology import ChunkTree, GpuDiscovery, discover_gpus
 
 log = logging.getLogger("tangram")
@@ -53,55 +71,41 @@ DEFAULT_POLICY = "backfill-srpt"
 
 
 def build_services(path: str, spec: Any) -> ServiceRegistry:
+    """The services of `gpu.services` (a document's mapping, or its parsed specs)."""
+    if not isinstance(spec, Mapping) or not all(isinstance(s, ServiceSpec)
+                                                 for s in spec.values()):
+        spec = parse(GpuSpec, path.removesuffix(".services"), {"services": spec}).services
     registry = ServiceRegistry()
-    for name, s in mapping(path, spec, set(spec or {})).items():
+    for name, s in spec.items():
         sp = f"{path}.{name}"
-        s = mapping(sp, s, {"memory_gb", "dops", "infer_s", "restore_s", "model"})
-        if "memory_gb" not in s:
-            raise ValidationError(f"{sp}.memory_gb", None, "is required")
-        mem = int(pos_num(f"{sp}.memory_gb", s["memory_gb"]) * GB)
-        dops = s.get("dops", [1])
-        if not isinstance(dops, list) or not dops:
-            raise ValidationError(f"{sp}.dops", dops, "must be a list of GPU counts")
-        dops = tuple(pos_int(f"{sp}.dops", d) for d in dops)
-        infer = {int(k): pos_num(f"{sp}.infer_s.{k}", v)
-                 for k, v in mapping(f"{sp}.infer_s", s.get("infer_s"),
-                                      {*dops, *map(str, dops)}).items()}
-        restore = s.get("restore_s")
+        mem = int(s.memory_gb * GB)
+        restore = {k: s.restore_s for k in s.dops} if s.restore_s is not None else {}
         try:
-            registry.register(Service(name, {k: mem for k in dops},
-                                      {k: pos_num(f"{sp}.restore_s", restore, True)
-                                       for k in dops} if restore is not None else {},
-                                      infer))
+            registry.register(Service(name, {k: mem for k in s.dops}, restore, dict(s.infer_s)))
         except ValidationError as exc:
             raise ValidationError(f"{sp}.{exc.field.split('.')[-1]}", exc.value,
                                   exc.problem) from None
     return registry
 
 
-def build_gpu(path: str, spec: Mapping[str, Any] | None,
+def build_gpu(path: str, spec: Mapping[str, Any] | GpuSpec | None,
               discover: Callable[[], GpuDiscovery] = discover_gpus) -> GpuManager:
     """The GPU pool and backend. Without `backend`: `torch` on the GPUs NVML finds (`discover`),
     the pool sized from them (count, memory, NVLink groups: `managers.gpu.discovery`), else
     `sim` on a simulated pool, said at WARNING and in `/v1/status` (`gpu_simulated`). `nodes`,
     `gpus_per_node` and `memory_gb` size the pool instead of discovery when given."""
-    spec = mapping(path, spec, {"backend", "nodes", "gpus_per_node", "memory_gb", "services",
-                                 "options"})
+    spec = spec if isinstance(spec, GpuSpec) else parse(GpuSpec, path, spec)
     found = discover()
     inventory = inventory_from(found, "gpu0")
-    backend = spec.get("backend")
-    if backend is None:
-        backend = "sim" if inventory.empty else "torch"
-    sized = any(k in spec for k in ("nodes", "gpus_per_node", "memory_gb"))
-    registry = build_services(f"{path}.services", spec.get("services"))
+    backend = spec.backend or ("sim" if inventory.empty else "torch")
+    sized = spec.given("nodes", "gpus_per_node", "memory_gb")
+    registry = build_services(f"{path}.services", spec.services)
     if inventory.empty or sized:
-        nodes = pos_int(f"{path}.nodes", spec.get("nodes", 1))
-        per_node = power_of_two(f"{path}.gpus_per_node", spec.get("gpus_per_node", 8))
-        mem = int(pos_num(f"{path}.memory_gb", spec.get("memory_gb", 80)) * GB)
-        trees = {f"gpu{i}": ChunkTree(per_node, f"gpu{i}") for i in range(nodes)}
-        memory = {n: [mem] * per_node for n in trees}
-        origin = (f"configured: {nodes} x {per_node} GPUs of {mem / GB:g} GB" if sized else
-                  f"default: {nodes} x {per_node} GPUs of {mem / GB:g} GB")
+        mem = int(spec.memory_gb * GB)
+        trees, memory = uniform_gpus({f"gpu{i}": spec.gpus_per_node
+                                      for i in range(spec.nodes)}, mem)
+        origin = (f"{'configured' if sized else 'default'}: {spec.nodes} x "
+                  f"{spec.gpus_per_node} GPUs of {mem / GB:g} GB")
     else:
         trees, memory = dict(inventory.trees), dict(inventory.memory)
         origin = (f"discovered (NVML): {len(found.gpus)} GPUs, pool of "
@@ -114,70 +118,102 @@ def build_gpu(path: str, spec: Mapping[str, Any] | None,
         log.warning("gpu: %s: calls return modelled times, no model runs", origin)
     else:
         log.info("gpu: %s backend; %s", backend, origin)
-    try:
-        residency = Residency(memory, registry)
-    except ValidationError as exc:
-        raise ValidationError(f"{path}.services", exc.value, exc.problem) from None
-    options = dict(mapping(f"{path}.options", spec.get("options"),
-                           set(spec.get("options") or {})))
-    if backend == "torch" and "models" not in options:
-        options["models"] = torch_models(f"{path}.services", spec.get("services"))
-    manager = GpuManager(ChunkPool("gpu", trees), residency, create_backend(backend, **options))
+
+    def make_backend() -> GpuBackend:  # after the pool and residency are valid
+        options = dict(spec.options)
+        if backend == "torch" and "models" not in options:
+            options["models"] = torch_models(f"{path}.services", spec.services)
+        return create_backend(backend, **options)
+
+    manager = gpu_manager(path, trees, memory, registry, make_backend)
     manager.origin = origin
     return manager
 
 
-def torch_models(path: str, spec: Any) -> dict[str, Any]:
+def uniform_gpus(gpus: Mapping[str, int], memory_b: int
+                 ) -> tuple[dict[str, ChunkTree], dict[str, list[int]]]:
+    """A chunk tree per node of `gpus[node]` GPUs (a power of two), each GPU `memory_b` bytes."""
+    return ({n: ChunkTree(g, n) for n, g in gpus.items()},
+            {n: [memory_b] * g for n, g in gpus.items()})
+
+
+def gpu_manager(path: str, trees: Mapping[str, ChunkTree], memory: Mapping[str, list[int]],
+                registry: ServiceRegistry, backend: Callable[[], GpuBackend]) -> GpuManager:
+    """The one GPU pool builder (local, configured and Ray): the chunk pool of `trees`, the
+    residency of `registry`'s services in `memory` (bytes per GPU per node; a service that
+    fits no GPU is an error at `path.services`), over the backend `backend` makes (made only
+    once the pool is valid)."""
+    try:
+        residency = Residency(dict(memory), registry)
+    except ValidationError as exc:
+        raise ValidationError(f"{path}.services", exc.value, exc.problem) from None
+    return GpuManager(ChunkPool("gpu", dict(trees)), residency, backend())
+
+
+def torch_models(path: str, services: Mapping[str, ServiceSpec]) -> dict[str, Any]:
     """Each service's `model` (TinyLM sizes) for the torch backend, which runs one per service."""
     models = {}
-    for name, s in (spec or {}).items():
-        if not isinstance(s, Mapping) or s.get("model") is None:
+    for name, s in services.items():
+        if s.model is None:
             raise ValidationError(f"{path}.{name}.model", None,
                                   "the torch backend runs a model per service: give its TinyLM "
                                   "sizes (model: {dim: 64, layers: 2}), or set gpu.backend: "
                                   "http (an inference server) or sim")
-        models[name] = mapping(f"{path}.{name}.model", s["model"], set(s["model"]))
+        models[name] = dict(s.model)
     return models
-
-
-API_KEYS = {"url", "method", "headers", "concurrency", "quota", "period_s", "timeout_s",
-            "retries", "backoff_s", "learn"}
 
 
 def build_apis(path: str, spec: Any) -> dict[str, Manager]:
     """One `ApiManager` serving every configured API; returns {name: manager}."""
     if not spec:
         return {}
+    if not isinstance(spec, Mapping) or not all(isinstance(s, ApiSpec) for s in spec.values()):
+        spec = parse(ConfigSpec, "", {"apis": spec}).apis
     configs = []
-    for name, s in mapping(path, spec, set(spec)).items():
-        sp = f"{path}.{name}"
-        s = mapping(sp, s, API_KEYS)
-        if "url" not in s:
-            raise ValidationError(f"{sp}.url", None, "is required")
+    for name, s in spec.items():
         try:
-            limits = Limits(s.get("concurrency"), s.get("quota"), s.get("period_s", 1.0))
-            configs.append(ApiConfig(
-                str(name), s["url"], limits, s.get("method", "POST"), s.get("headers") or {},
-                s.get("timeout_s", 30.0), s.get("retries", 0), s.get("backoff_s", 0.1),
-                s.get("learn", True)))
+            limits = Limits(s.concurrency, s.quota, s.period_s)
+            configs.append(ApiConfig(str(name), s.url, limits, s.method, dict(s.headers),
+                                     s.timeout_s, s.retries, s.backoff_s, s.learn))
         except ValidationError as exc:
-            field = exc.field.split(".")[-1].removeprefix(f"api[{name}]")
-            raise ValidationError(f"{sp}.{field or 'limits'}", exc.value, exc.problem) from None
+            key = exc.field.split(".")[-1].removeprefix(f"api[{name}]")
+            raise ValidationError(f"{path}.{name}.{key or 'limits'}", exc.value,
+                                  exc.problem) from None
     manager = ApiManager(configs)
     return {c.name: manager for c in configs}
 
 
-def build_cpu(path: str, spec: Mapping[str, Any] | None) -> CpuManager:
+def backend_options(path: str, backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` checked against what the backend's constructor takes (for `auto`: what some
+    backend takes; the rule is `managers.cpu.backends.options_of`), so a misspelt option is
+    named here with its key path."""
+    names = [backend] if backend in BACKENDS else BACKENDS.names()
+    takes: set[str] = set()
+    for name in names:
+        try:
+            known = options_of(name)
+        except BackendUnavailable:  # its module cannot load here: starting it says why
+            continue
+        if known is None:
+            return dict(options)
+        takes |= known
+    for key, value in options.items():
+        if key not in takes:
+            raise ValidationError(f"{path}.{key}", value, f"not an option of the {backend} "
+                                  f"backend (options: {sorted(takes)})")
+    return dict(options)
+
+
+def build_cpu(path: str, spec: Mapping[str, Any] | CpuSpec | None) -> CpuManager:
     """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
     `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker); `state_dir`, `disk_mb`
     (the default disk bound of an environment with an image) and `disk_capacity_mb` (the
     node's disk for environments) of the CPU manager."""
-    spec = mapping(path, spec, {"backend", "options", "state_dir", "disk_mb",
-                                "disk_capacity_mb"})
-    options = mapping(f"{path}.options", spec.get("options"))
-    layers = {k: spec[k] for k in ("state_dir", "disk_mb", "disk_capacity_mb") if k in spec}
-    # an option the backend does not take fails here (`backends.create`), naming what it takes
-    return CpuManager(spec.get("backend", "auto"), backend_options=options, **layers)
+    spec = spec if isinstance(spec, CpuSpec) else parse(CpuSpec, path, spec)
+    options = backend_options(f"{path}.options", spec.backend, spec.options)
+    layers = spec.model_dump(include={"state_dir", "disk_mb", "disk_capacity_mb"},
+                             exclude_unset=True)
+    return CpuManager(spec.backend, backend_options=options, **layers)
 
 
 @dataclass(frozen=True)
@@ -204,23 +240,33 @@ def check_policy(policy: str, options: Mapping[str, Any]) -> None:
                               exc.problem) from None
 
 
+def policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
+    """`policy: NAME` or `policy: {name: NAME, <option>: <value>}` as (name, options)."""
+    if spec is None:
+        return DEFAULT_POLICY, {}
+    options: dict[str, Any] = {}
+    if isinstance(spec, dict):
+        options = dict(spec)
+        spec = options.pop("name", DEFAULT_POLICY)
+    if not isinstance(spec, str):
+        raise ValidationError("policy", spec, "must be a policy name or {name: ..., options}")
+    check_policy(spec, options)
+    return spec, options
+
+
 def build(doc: Mapping[str, Any],
           discover: Callable[[], GpuDiscovery] = discover_gpus) -> Components:
-    doc = mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s"})
-    policy = doc.get("policy", DEFAULT_POLICY)
-    options: dict[str, Any] = {}
-    if isinstance(policy, dict):
-        options = dict(policy)
-        policy = options.pop("name", DEFAULT_POLICY)
-    if not isinstance(policy, str):
-        raise ValidationError("policy", policy, "must be a policy name or {name: ..., options}")
-    check_policy(policy, options)
-    idle = doc.get("idle_env_s")
-    cpu = build_cpu("cpu", doc.get("cpu")) if doc.get("cpu", {}) is not False else None
-    gpu = build_gpu("gpu", doc["gpu"], discover) if doc.get("gpu") else None
-    apis = build_apis("apis", doc.get("apis"))
-    return Components(cpu=cpu, gpu=gpu, apis=apis, policy=policy, policy_options=options,
-                      idle_env_s=None if idle is None else pos_num("idle_env_s", idle))
+    """A config document (module docstring) checked whole against `config_schema`, then
+    built; `cpu: false` means no CPU pool, an absent or empty `gpu` no GPU pool."""
+    no_cpu = isinstance(doc, Mapping) and doc.get("cpu") is False
+    if no_cpu:
+        doc = {k: v for k, v in doc.items() if k != "cpu"}
+    spec = parse(ConfigSpec, "", doc)
+    policy, options = policy_of(spec.policy)
+    cpu = None if no_cpu else build_cpu("cpu", spec.cpu or CpuSpec())
+    gpu = build_gpu("gpu", spec.gpu, discover) if doc.get("gpu") else None
+    return Components(cpu=cpu, gpu=gpu, apis=build_apis("apis", spec.apis), policy=policy,
+                      policy_options=options, idle_env_s=spec.idle_env_s)
 
 
 def load_config(path: str | Path) -> Components:

@@ -33,6 +33,7 @@ from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, ShuttingDown, TangramError, ValidationError
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
+from tangram.runtime.decisions import Decisions
 from tangram.runtime.distributed import build_ray
 from tangram.runtime.entries import UNKNOWN_ENV, EnvEntry, Pending
 from tangram.runtime.metrics import Metrics
@@ -68,6 +69,8 @@ class Tangram:
                 pools[r] = p
         make = functools.partial(ShardedScheduler, shards=shards) if shards else Scheduler
         self.scheduler = make(pools, get_allocator(policy, **dict(policy_options or {})))
+        if cpu is not None and isinstance(self.scheduler, Scheduler):  # one binding record
+            self.scheduler.bindings.attach(cpu.resource, cpu.trajectory_nodes)
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
@@ -79,6 +82,9 @@ class Tangram:
         self._clock = clock
         self._t0 = clock()
         self._reaper: asyncio.Task | None = None
+        # a slow policy decides in a worker thread; never on a virtual clock (module docstring)
+        self._decisions = Decisions(self.scheduler, self._now, self._started,
+                                    offload=clock is time.monotonic)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -294,8 +300,10 @@ class Tangram:
             raise
 
     def _kick(self) -> None:
-        """Run the policy now and start whatever it granted."""
-        granted = self.scheduler.decide(self._now())
+        """Run the policy now (or, for a slow one, off the loop) and start what it grants."""
+        self._decisions.kick()
+
+    def _started(self, granted: list[Assignment]) -> None:
         if isinstance(self.scheduler, ShardedScheduler):  # a lost shard's queue fails
             for aid, err in self.scheduler.take_failed():
                 self._finish_cancelled(aid, str(err), Status.FAILED)
@@ -384,6 +392,7 @@ class Tangram:
         for aid in list(self.scheduler.queue.keys()):
             self.scheduler.cancel(aid)
             self._finish_cancelled(aid, "Tangram shut down before it started")
+        await self._decisions.close()
         if self._tasks:
             done, late = await asyncio.wait(set(self._tasks), timeout=deadline)
             for t in late:

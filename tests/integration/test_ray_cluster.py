@@ -164,7 +164,7 @@ def test_gpu_services_run_on_the_agents(cluster):
             async with tg:
                 results = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
                                                  for i in range(6)))
-                calls = {n: await tg.cpu.nodes[n].agent.gpu_calls.remote()
+                calls = {n: await tg.cpu.nodes[n].agent.gpu_calls()
                          for n in cpu_nodes(tg)}  # before shutdown stops the agents
                 return results, calls
 
@@ -196,8 +196,8 @@ def test_concurrent_open_env_of_one_trajectory_is_atomic(cluster):
             assert len(envs) == 1 and len(errors) == 1, got
             assert "twice" in str(errors[0]) and "environment" in str(errors[0])
             await tg.close_env(envs[0])
-            assert tg.cpu.envs == {} and all(
-                s.reserved_mb == 0 for s in tg.cpu.nodes.values())
+            assert tg.cpu.envs.all() == [] and all(
+                tg.cpu.envs.memory_load(n) == 0 for n in tg.cpu.nodes)
 
     asyncio.run(main())
 
