@@ -73,6 +73,7 @@ class Slice:
     share: float  # one process: its scheduler CPU; sharded: the router's (decide, queueing,
     # completions: this thread's CPU in those calls)
     shard_max: float = 0.0  # sharded: the busiest shard process's CPU per simulated second
+    queued: int = 0  # actions queued at the slice's end
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,12 @@ class RunFigures:
     def spread(self, field_name: str = "share") -> tuple[float, float]:
         xs = [getattr(s, field_name) for s in self.slices]
         return (min(xs), max(xs)) if xs else (0.0, 0.0)
+
+
+# workloads built in the bench's process, once per (workload, batch), before it forks that
+# size's runs: each run reads its copy-on-write pages instead of building it again
+_BUILT: dict[tuple[str, int], object] = {}
+_BUILT_S: dict[tuple[str, int], float] = {}
 
 
 def workload_for(name: str, batch: int):
@@ -173,7 +180,7 @@ class _Probe:
     sched: _Timed
     bounds: list[float]
     cpu: float = 0.0  # decide CPU of this process so far
-    marks: list[tuple[float, float, list[float], int, float]] = field(default_factory=list)
+    marks: list[tuple[float, float, list[float], int, int]] = field(default_factory=list)
 
     def __call__(self, sched, cpu_s: float) -> None:
         self.cpu += cpu_s
@@ -187,7 +194,7 @@ class _Probe:
     def mark(self, now: float) -> None:
         shards = self.sched.shard_cpu_s() if isinstance(self.sched, ShardedScheduler) else []
         self.marks.append((now, self.cpu + self.sched.book_cpu, shards, self.sched.decisions,
-                           time.perf_counter()))
+                           len(self.sched.queue)))
 
 
 def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
@@ -195,8 +202,8 @@ def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
     policy, _, mode = label.partition("/")
     c0 = os.times()
     t0 = time.perf_counter()
-    w = workload_for(name, batch)
-    gen = time.perf_counter() - t0
+    w = _BUILT.get((name, batch)) or workload_for(name, batch)
+    gen = _BUILT_S.get((name, batch), time.perf_counter() - t0)
     nodes = max(1, batch // CORES_PER_NODE)
     make = TimedScheduler
     if mode == "sharded":
@@ -234,10 +241,10 @@ def _figures(name, batch, label, nodes, layout, actions, probe, sched, gen, wall
         raise RuntimeError(f"{name} {batch} {label}: the run ended before the window "
                            f"({probe.bounds[0]} s of warm-up)")
     out = []
-    for (a, ca, sa, da, _), (b, cb, sb, db, _) in zip(marks, marks[1:]):
+    for (a, ca, sa, da, _), (b, cb, sb, db, qb) in zip(marks, marks[1:]):
         dt = max(b - a, 1e-9)
         out.append(Slice(a, b, db - da, (cb - ca) / dt,
-                         max((y - x for x, y in zip(sa, sb)), default=0.0) / dt))
+                         max((y - x for x, y in zip(sa, sb)), default=0.0) / dt, qb))
     (t0, c0, s0, d0, _), (t1, c1, s1, d1, _) = marks[0], marks[-1]
     span = max(t1 - t0, 1e-9)
     lat = sorted(sched.latency)
@@ -267,21 +274,39 @@ def _job_main(conn, parent: int, job) -> None:
         conn.send(run_one(job))
     except BaseException as exc:  # the bench reports it with the job's name
         conn.send(f"{type(exc).__name__}: {exc}")
+    conn.close()
+    os._exit(0)  # the figures are sent: no teardown of the simulated run's heap
+
+
+def _build(key: tuple[str, int], log) -> None:
+    t0 = time.perf_counter()
+    _BUILT[key] = workload_for(*key)
+    _BUILT_S[key] = time.perf_counter() - t0
+    log(f"  built: {key[0]} {key[1]}: {_BUILT[key].num_actions:,} actions in "
+        f"{_BUILT_S[key]:.1f} s (shared by its runs)")
 
 
 def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
     """Each job in a fresh process forked from this thread (so a killed bench kills it)."""
     ctx = multiprocessing.get_context("fork")
-    todo, live, out = list(jobs), {}, []
+    # the longest first (the biggest batch, shards before one process), so the short ones fill in
+    rank = {label: k for k, label in enumerate(LABELS[1:] + LABELS[:1])}
+    todo = sorted(jobs, key=lambda j: (-j[1], rank.get(j[2], 9)))
+    live, out = {}, []
     while todo or live:
         while todo and len(live) < parallel:
             job = todo.pop(0)
+            key = (job[0], job[1])
+            if key not in _BUILT:
+                _build(key, log)
             ours, theirs = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_job_main, args=(theirs, os.getpid(), job),
                             name=f"scale-{job[0]}-{job[1]}-{job[2]}")
             p.start()
             theirs.close()
             live[ours] = (p, job)
+            if not any((j[0], j[1]) == key for j in todo):
+                _BUILT.pop(key)  # its last run is forked: this process lets go of it
         for conn in wait(list(live)):
             p, job = live.pop(conn)
             try:
@@ -377,7 +402,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--window", type=float, help="simulated seconds measured (default 60; 20 "
                    "with --quick)")
     p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one process each)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="runs in parallel, one process each (default: 2 or the cores, fewer)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
