@@ -43,7 +43,8 @@ from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool
-from tangram.validation import mapping, pos_int, pos_num, power_of_two, read_document
+from tangram.validation import (integer, mapping, pos_int, pos_num, power_of_two,
+                                read_document)
 from topology import ChunkTree, GpuDiscovery, discover_gpus
 
 log = logging.getLogger("tangram")
@@ -194,6 +195,7 @@ class Components:
     policy: str = DEFAULT_POLICY
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     idle_env_s: float | None = None
+    shards: int = 0  # node-shard processes of the scheduler (0: one process; docs/scale.md)
 
     def kwargs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -210,7 +212,7 @@ def check_policy(policy: str, options: Mapping[str, Any]) -> None:
 
 def build(doc: Mapping[str, Any],
           discover: Callable[[], GpuDiscovery] = discover_gpus) -> Components:
-    doc = mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s"})
+    doc = mapping("config", doc, {"policy", "cpu", "gpu", "apis", "idle_env_s", "shards"})
     policy = doc.get("policy", DEFAULT_POLICY)
     options: dict[str, Any] = {}
     if isinstance(policy, dict):
@@ -224,7 +226,8 @@ def build(doc: Mapping[str, Any],
     gpu = build_gpu("gpu", doc["gpu"], discover) if doc.get("gpu") else None
     apis = build_apis("apis", doc.get("apis"))
     return Components(cpu=cpu, gpu=gpu, apis=apis, policy=policy, policy_options=options,
-                      idle_env_s=None if idle is None else pos_num("idle_env_s", idle))
+                      idle_env_s=None if idle is None else pos_num("idle_env_s", idle),
+                      shards=integer("shards", doc.get("shards", 0), minimum=0))
 
 
 def load_config(path: str | Path) -> Components:
@@ -237,7 +240,8 @@ def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = 
                 policy_options: Mapping[str, Any] | None = None,
                 idle_env_s: float | None = None,
                 gpu: Mapping[str, Any] | None = None,
-                discover: Callable[[], GpuDiscovery] = discover_gpus) -> Components:
+                discover: Callable[[], GpuDiscovery] = discover_gpus,
+                shards: int = 0) -> Components:
     """The embedded default: this machine's cores, a GPU pool (the GPUs `discover` finds on
     the torch backend; simulated, with a warning, when there is none), the given services and
     APIs. Nothing to start."""
@@ -248,4 +252,6 @@ def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = 
         doc["apis"] = dict(apis)
     if idle_env_s is not None:
         doc["idle_env_s"] = idle_env_s
+    if shards:
+        doc["shards"] = shards
     return build(doc, discover)
