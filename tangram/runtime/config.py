@@ -43,8 +43,7 @@ from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool
-from tangram.validation import (integer, mapping, pos_int, pos_num, power_of_two,
-                                read_document)
+from tangram.validation import integer, mapping, pos_int, pos_num, power_of_two, read_document
 from topology import ChunkTree, GpuDiscovery, discover_gpus
 
 log = logging.getLogger("tangram")
