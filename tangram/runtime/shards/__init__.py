@@ -28,9 +28,11 @@ with the router (`PR_SET_PDEATHSIG`), even when it is killed.
 """
 
 from tangram.runtime.shards.router import BACKENDS, PENDING, ShardedScheduler
+from tangram.runtime.shards.takeover import take_over
 from tangram.runtime.shards.views import QueueView, ShardLost
 from tangram.runtime.shards.wire import wire_dumps, wire_loads
 from tangram.runtime.shards.worker import MirroredProfiles, die_with_parent, process_cpu_s
 
 __all__ = ["BACKENDS", "PENDING", "MirroredProfiles", "QueueView", "ShardLost",
-           "ShardedScheduler", "die_with_parent", "process_cpu_s", "wire_dumps", "wire_loads"]
+           "ShardedScheduler", "die_with_parent", "process_cpu_s", "take_over", "wire_dumps",
+           "wire_loads"]

@@ -34,9 +34,10 @@ class ShardedScheduler:
     def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *, shards: int,
                  profiles: DurationProfiles | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
                  scoped: bool = True, max_restarts: int = 3, log_stream: bool = False,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", start: bool = True) -> None:
         """`backend`: where each node shard runs, "process" (forked here), "ray" (a Ray
-        actor), or "auto": a Ray actor when this process is connected to Ray."""
+        actor), or "auto": a Ray actor when this process is connected to Ray. `start=False`:
+        no shard yet (`take_over` fills the router, then calls `start_shards`)."""
         if backend == "auto":
             backend = "ray" if ray_is_running() else "process"
         if backend not in BACKENDS:
@@ -74,10 +75,18 @@ class ShardedScheduler:
         self._sent = [0] * shards  # the version each shard's means are at
         self.stream: list[tuple] | None = [] if log_stream else None
         self._shards: list[ShardHandle] = []
-        for i in range(shards):
-            self._shards.append(self._spawn(i, [], []))
+        if start:
+            self.start_shards()
 
     # -- processes --------------------------------------------------------------------------------
+    def start_shards(self) -> None:
+        """Start every node shard from the router's copies (its running and queued actions)."""
+        assert not self._shards, "shards already started"
+        for i in range(len(self.layout.groups)):
+            running = [(ra.assignment, ra.start) for ra in self._running[i].values()]
+            self._out[i] = Outbox()  # all of it is in the copies
+            self._shards.append(self._spawn(i, running, list(self._queued[i].values())))
+
     def _spawn(self, i: int, running: list, queued: list[Action]) -> ShardHandle:
         nodes = self.layout.groups[i]
         mine = set(nodes)

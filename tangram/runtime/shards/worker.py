@@ -51,14 +51,13 @@ class MirroredProfiles(DurationProfiles):
         return self.means.get(kind)
 
 
-class _ShardScheduler(Scheduler):
-    def adopt(self, a: Assignment, start: float) -> None:
-        """Take over an action a dead shard had started: its units are taken in the pools this
-        shard was built from, so they are released first and taken back through `_start`."""
-        for r, u in a.units.items():
-            self.pools[r].release(a.placement[r], u)
-        self.enqueue(a.action)
-        self._start(a, start)
+def adopt(sched: Scheduler, a: Assignment, start: float) -> None:
+    """Make `sched` run `a` (started at `start`) as if it had granted it: the units are taken
+    in its pools already, so they are released first and taken back through its start."""
+    for r, u in a.units.items():
+        sched.pools[r].release(a.placement[r], u)
+    sched.enqueue(a.action)
+    sched._start(a, start)
 
 
 @dataclass
@@ -90,13 +89,13 @@ class ShardWorker:
     """The shard's state and its answer to each message (`handle`: wire bytes in and out)."""
 
     def __init__(self, init: ShardInit) -> None:
-        self.sched = _ShardScheduler(init.pools, init.allocator,
+        self.sched = Scheduler(init.pools, init.allocator,
                                      profiles=MirroredProfiles(init.default, init.means),
                                      scoped=True)
         for (t, r), n in init.bindings:
             self.sched.bind(t, r, n)
         for a, start in init.running:
-            self.sched.adopt(a, start)
+            adopt(self.sched, a, start)  # a dead shard's, taken over
         for act in init.queued:
             self.sched.enqueue(act)
 
