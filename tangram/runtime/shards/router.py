@@ -242,7 +242,7 @@ class ShardedScheduler:
         self.decisions += 1
         if self._pending:
             place_pending(self._pending, self.layout, self.bindings, self.pools, self.bind,
-                          self._to_shard)
+                          self._to_shard, (a for q in self._queued for a in q.values()))
         self._log("decide", now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
