@@ -139,9 +139,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--window", type=float, help="simulated seconds measured (default 30; 20 "
                    "with --quick)")
     p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
-    p.add_argument("--jobs", type=int, default=3,
-                   help="runs in parallel, one process each (default 3: while the sharded run "
-                        "at the largest size goes on, the others run beside it)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="runs in parallel, one process each (default: 2 or the cores, fewer)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
