@@ -31,222 +31,33 @@ Worker processes (each run, each shard) die with the bench, however it ends (PR_
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import multiprocessing
 import os
 import random
-import resource
 import statistics
 import sys
 import time
-from array import array
-from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from evaluation.benches.heuristic import plain_numpy_dp, reference_tasks
-from evaluation.closedloop import ClosedLoopSimulator, Policy
-from evaluation.workloads import get_workload
-from solvers import get_allocator
-from tangram.runtime.shards import ShardedScheduler, die_with_parent
-from tangram.scheduler import Scheduler
-
-FULL = (2048, 4096, 8192, 16384)
-QUICK = (256, 512)
-CORES_PER_NODE = 128
-GOAL_SHARE = 0.10
-LABELS = ("heuristic/scoped", "heuristic/sharded", "min")
-
-
-@dataclass(frozen=True, slots=True)
-class Slice:
-    """One slice of the window: [t0, t1) simulated seconds."""
-
-    t0: float
-    t1: float
-    decisions: int
-    share: float  # one process: its scheduler CPU; sharded: the router's (decide, queueing,
-    # completions: this thread's CPU in those calls)
-    shard_max: float = 0.0  # sharded: the busiest shard process's CPU per simulated second
-
-
-@dataclass(frozen=True)
-class RunFigures:
-    """One (workload, batch, configuration) run over its window."""
-
-    workload: str
-    batch: int
-    policy: str
-    nodes: int
-    layout: str
-    actions: int  # in the whole workload (the run stops at the window's end)
-    window: tuple[float, float]  # simulated seconds measured
-    decisions: int  # in the window
-    share: float  # CPU s per simulated s over the window (one process, or the router)
-    shard_shares: tuple[float, ...]  # sharded: each shard process over the window
-    slices: tuple[Slice, ...]
-    latency_ms: tuple[float, float, float]  # submit to grant, wall: p50, p99, max
-    latency_n: int
-    peak_rss_mb: float  # the run's process (sharded: the router's)
-    generate_s: float
-    wall_s: float  # the simulation up to the window's end
-    shard_pids: tuple[int, ...] = ()
-    run_cpu_s: float = 0.0  # CPU of the whole run (generation, simulation, shard processes)
-
-    @property
-    def busiest(self) -> float:
-        return max(self.shard_shares, default=0.0)
-
-    def spread(self, field_name: str = "share") -> tuple[float, float]:
-        xs = [getattr(s, field_name) for s in self.slices]
-        return (min(xs), max(xs)) if xs else (0.0, 0.0)
-
-
-def workload_for(name: str, batch: int):
-    nodes = max(1, batch // CORES_PER_NODE)
-    return get_workload("coding" if name == "coding" else "mixed", batch=batch, nodes=nodes,
-                        cores_per_node=CORES_PER_NODE)
-
-
-class _Timed:
-    """Submit-to-grant wall latency, the virtual clock, and the CPU of the scheduler's
-    bookkeeping outside `decide` (queueing an arrival, returning a completion's units), on
-    either scheduler: a shard process's CPU holds its share of that work too."""
-
-    clock = 0.0
-    measuring = False
-    book_cpu = 0.0
-
-    def _timed_init(self) -> None:
-        self._t_in: dict[str, float] = {}
-        self.latency = array("d")
-
-    def enqueue(self, action) -> None:
-        c0 = time.thread_time()
-        self._t_in[action.id] = time.perf_counter()
-        super().enqueue(action)  # type: ignore[misc]
-        self.book_cpu += time.thread_time() - c0
-
-    def complete(self, *args, **kw):
-        c0 = time.thread_time()
-        out = super().complete(*args, **kw)  # type: ignore[misc]
-        self.book_cpu += time.thread_time() - c0
-        return out
-
-    def decide(self, now: float):
-        self.clock = now
-        out = super().decide(now)  # type: ignore[misc]
-        t = time.perf_counter()
-        t_in = self._t_in
-        for a in out:
-            t0 = t_in.pop(a.action.id)
-            if self.measuring and a.action.submit_time == now:
-                self.latency.append(t - t0)
-        return out
-
-
-class TimedScheduler(_Timed, Scheduler):
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self._timed_init()
-
-
-class TimedSharded(_Timed, ShardedScheduler):
-    def __init__(self, *args, **kw) -> None:
-        super().__init__(*args, **kw)
-        self._timed_init()
-
-
-class WindowDone(Exception):
-    """Raised from the decision hook once the window is measured: the run stops there."""
-
-
-@dataclass
-class _Probe:
-    """Samples CPU at the slice boundaries of the window (simulated time)."""
-
-    sched: _Timed
-    bounds: list[float]
-    cpu: float = 0.0  # decide CPU of this process so far
-    marks: list[tuple[float, float, list[float], int, float]] = field(default_factory=list)
-
-    def __call__(self, sched, cpu_s: float) -> None:
-        self.cpu += cpu_s
-        if sched.clock < self.bounds[len(self.marks)]:
-            return
-        self.mark(sched.clock)
-        sched.measuring = True
-        if len(self.marks) == len(self.bounds):
-            raise WindowDone
-
-    def mark(self, now: float) -> None:
-        shards = self.sched.shard_cpu_s() if isinstance(self.sched, ShardedScheduler) else []
-        self.marks.append((now, self.cpu + self.sched.book_cpu, shards, self.sched.decisions,
-                           time.perf_counter()))
-
-
-def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
-    name, batch, label, per_shard, warmup, window, slices = job
-    policy, _, mode = label.partition("/")
-    c0 = os.times()
-    t0 = time.perf_counter()
-    w = workload_for(name, batch)
-    gen = time.perf_counter() - t0
-    nodes = max(1, batch // CORES_PER_NODE)
-    make = TimedScheduler
-    if mode == "sharded":
-        make = functools.partial(TimedSharded, shards=max(1, nodes // per_shard))
-    sim = ClosedLoopSimulator(w, Policy(label, get_allocator(policy), scoped=bool(mode),
-                                        make_scheduler=make))
-    sched = sim.scheduler
-    bounds = [warmup + window * i / slices for i in range(slices + 1)]
-    probe = _Probe(sched, bounds)
-    sim.on_decision = probe
-    t1 = time.perf_counter()
-    try:
-        sim.run()
-        probe.mark(sched.clock)  # the run ended inside the window: measure what there was
-    except WindowDone:
-        pass
-    finally:
-        wall = time.perf_counter() - t1
-        pids = tuple(sched.shard_pids()) if isinstance(sched, ShardedScheduler) else ()
-        layout = sched.describe() if isinstance(sched, ShardedScheduler) else "one process"
-        if isinstance(sched, ShardedScheduler):
-            sched.close()  # joined: their CPU is in this process's children times now
-        c1 = os.times()
-    cpu = c1.user + c1.system + c1.children_user + c1.children_system - (
-        c0.user + c0.system + c0.children_user + c0.children_system)
-    f = _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall,
-                 pids)
-    return dataclasses.replace(f, run_cpu_s=cpu)
-
-
-def _figures(name, batch, label, nodes, layout, actions, probe, sched, gen, wall,
-             pids) -> RunFigures:
-    marks = probe.marks
-    if len(marks) < 2:
-        raise RuntimeError(f"{name} {batch} {label}: the run ended before the window "
-                           f"({probe.bounds[0]} s of warm-up)")
-    out = []
-    for (a, ca, sa, da, _), (b, cb, sb, db, _) in zip(marks, marks[1:]):
-        dt = max(b - a, 1e-9)
-        out.append(Slice(a, b, db - da, (cb - ca) / dt,
-                         max((y - x for x, y in zip(sa, sb)), default=0.0) / dt))
-    (t0, c0, s0, d0, _), (t1, c1, s1, d1, _) = marks[0], marks[-1]
-    span = max(t1 - t0, 1e-9)
-    lat = sorted(sched.latency)
-    pick = (lambda q: lat[int(q * (len(lat) - 1))] * 1e3) if lat else (lambda q: 0.0)
-    return RunFigures(name, batch, label, nodes, layout, actions, (t0, t1), d1 - d0,
-                      (c1 - c0) / span, tuple((y - x) / span for x, y in zip(s0, s1)),
-                      tuple(out), (pick(0.5), pick(0.99), pick(1.0)), len(lat),
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, gen, wall,
-                      pids)
+from evaluation.benches.scale_report import document, done_line, plot, table
+from evaluation.benches.scale_run import (
+    BUILT,
+    BUILT_S,
+    FULL,
+    GOAL_SHARE,
+    LABELS,
+    QUICK,
+    RunFigures,
+    run_one,
+    workload_for,
+)
+from tangram.runtime.shards import die_with_parent
 
 
 def reference_dp_ms(reps: int = 30) -> float:
@@ -267,21 +78,39 @@ def _job_main(conn, parent: int, job) -> None:
         conn.send(run_one(job))
     except BaseException as exc:  # the bench reports it with the job's name
         conn.send(f"{type(exc).__name__}: {exc}")
+    conn.close()
+    os._exit(0)  # the figures are sent: no teardown of the simulated run's heap
+
+
+def _build(key: tuple[str, int], log) -> None:
+    t0 = time.perf_counter()
+    BUILT[key] = workload_for(*key)
+    BUILT_S[key] = time.perf_counter() - t0
+    log(f"  built: {key[0]} {key[1]}: {BUILT[key].num_actions:,} actions in "
+        f"{BUILT_S[key]:.1f} s (shared by its runs)")
 
 
 def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
     """Each job in a fresh process forked from this thread (so a killed bench kills it)."""
     ctx = multiprocessing.get_context("fork")
-    todo, live, out = list(jobs), {}, []
+    # the longest first (the biggest batch, shards before one process), so the short ones fill in
+    rank = {"heuristic/sharded": 0, "heuristic/scoped": 1, "min": 2}
+    todo = sorted(jobs, key=lambda j: (-j[1], rank.get(j[2], 9)))
+    live, out = {}, []
     while todo or live:
         while todo and len(live) < parallel:
             job = todo.pop(0)
+            key = (job[0], job[1])
+            if key not in BUILT:
+                _build(key, log)
             ours, theirs = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_job_main, args=(theirs, os.getpid(), job),
                             name=f"scale-{job[0]}-{job[1]}-{job[2]}")
             p.start()
             theirs.close()
             live[ours] = (p, job)
+            if not any((j[0], j[1]) == key for j in todo):
+                BUILT.pop(key)  # its last run is forked: this process lets go of it
         for conn in wait(list(live)):
             p, job = live.pop(conn)
             try:
@@ -291,76 +120,9 @@ def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
             p.join()
             if isinstance(f, str):
                 raise RuntimeError(f"{job[0]} {job[1]} {job[2]}: {f}")
-            log(_done_line(f))
+            log(done_line(f))
             out.append(f)
     return sorted(out, key=lambda f: (f.workload, f.batch, f.policy))
-
-
-def _done_line(f: RunFigures) -> str:
-    lo, hi = f.spread("shard_max" if f.shard_shares else "share")
-    head = (f"busiest shard {f.busiest:.4f} (slices {lo:.4f}-{hi:.4f}), router {f.share:.4f}"
-            if f.shard_shares else f"share {f.share:.4f} (slices {lo:.4f}-{hi:.4f})")
-    return (f"  done: {f.workload} {f.batch} {f.policy}: window {f.window[0]:.1f}-"
-            f"{f.window[1]:.1f} sim s, {f.decisions:,} decisions, {head}, latency p50/p99 "
-            f"{f.latency_ms[0]:.3f}/{f.latency_ms[1]:.3f} ms, wall {f.wall_s:.0f} s, CPU "
-            f"{f.run_cpu_s:.0f} s")
-
-
-def _table(figs: list[RunFigures], ref_ms: float) -> Table:
-    t = Table(title=f"scheduler CPU per simulated second over the window (plain numpy DP "
-                    f"64x16x256 in the same run: {ref_ms:.3f} ms CPU; min: same-run reference)")
-    for c in ("workload", "batch", "config", "window sim s", "decisions", "one process / router",
-              "busiest shard (slices)", "shards", "latency p50 / p99 ms", "RSS MB", "wall s",
-              "run CPU s"):
-        t.add_column(c)
-    for f in figs:
-        lo, hi = f.spread("shard_max" if f.shard_shares else "share")
-        t.add_row(f.workload, f"{f.batch:,}", f.policy, f"{f.window[0]:.0f}-{f.window[1]:.0f}",
-                  f"{f.decisions:,}",
-                  f"{f.share:.4f}" + ("" if f.shard_shares else f" ({lo:.4f}-{hi:.4f})"),
-                  f"{f.busiest:.4f} ({lo:.4f}-{hi:.4f})" if f.shard_shares else "-",
-                  f"{len(f.shard_shares)}" if f.shard_shares else "-",
-                  f"{f.latency_ms[0]:.3f} / {f.latency_ms[1]:.3f}", f"{f.peak_rss_mb:,.0f}",
-                  f"{f.wall_s:.0f}", f"{f.run_cpu_s:.0f}")
-    return t
-
-
-def _doc(figs: list[RunFigures], ref_ms: float, ns) -> dict:
-    runs = []
-    for f in figs:
-        d = asdict(f)
-        d["busiest_shard"] = f.busiest
-        d["spread"] = f.spread("shard_max" if f.shard_shares else "share")
-        runs.append(d)
-    return {"reference_dp_ms": ref_ms, "goal_share": GOAL_SHARE, "warmup_s": ns.warmup,
-            "window_s": ns.window, "slices": ns.slices, "nodes_per_shard": ns.nodes_per_shard,
-            "runs": runs}
-
-
-def plot(figs: list[RunFigures], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for w in sorted({f.workload for f in figs}):
-        for pol in sorted({f.policy for f in figs}):
-            xs = [f for f in figs if (f.workload, f.policy) == (w, pol)]
-            if not xs:
-                continue
-            ys = [f.busiest if f.shard_shares else f.share for f in xs]
-            label = f"{w} / {pol}" + (" (busiest shard)" if xs[0].shard_shares else "")
-            ax.plot([f.batch for f in xs], ys, "o-", label=label)
-    ax.axhline(GOAL_SHARE, color="grey", lw=0.8, ls=":", label="goal 0.10")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("batch (trajectories)")
-    ax.set_ylabel("scheduler CPU s per simulated s (window)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
@@ -374,10 +136,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--nodes-per-shard", type=int, help="default 4 (1 with --quick)")
     p.add_argument("--warmup", type=float, help="simulated seconds before the window "
                    "(default 60; 10 with --quick)")
-    p.add_argument("--window", type=float, help="simulated seconds measured (default 60; 20 "
+    p.add_argument("--window", type=float, help="simulated seconds measured (default 30; 20 "
                    "with --quick)")
     p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one process each)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                   help="runs in parallel, one process each (default: 2 or the cores, fewer)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
@@ -388,7 +151,7 @@ def main(argv: list[str]) -> int:
     sizes = ns.sizes or (QUICK if ns.quick else FULL)
     workloads = ns.workloads or (["coding", "mixed"] if ns.quick else ["coding"])
     ns.warmup = ns.warmup if ns.warmup is not None else (10.0 if ns.quick else 60.0)
-    ns.window = ns.window if ns.window is not None else (20.0 if ns.quick else 60.0)
+    ns.window = ns.window if ns.window is not None else (20.0 if ns.quick else 30.0)
     if ns.warmup < 0 or ns.window <= 0:
         p.error("--warmup must be >= 0 and --window > 0")
     log = functools.partial(print, file=sys.stderr if ns.json else sys.stdout, flush=True)
@@ -397,11 +160,11 @@ def main(argv: list[str]) -> int:
     ref_before = reference_dp_ms()
     figs = run_all(jobs, ns.jobs, log)
     ref_ms = statistics.median([ref_before, reference_dp_ms()])
-    doc = _doc(figs, ref_ms, ns)
+    doc = document(figs, ref_ms, ns)
     if ns.json:
         print(json.dumps(doc, indent=2))
     else:
-        Console(width=200).print(_table(figs, ref_ms))
+        Console(width=200).print(table(figs, ref_ms))
         for f in figs:
             if f.shard_shares and f.batch == max(sizes):
                 print(f"{f.workload} {f.policy} at batch {f.batch:,}: busiest shard "

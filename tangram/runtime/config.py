@@ -226,6 +226,7 @@ class Components:
     policy: str = DEFAULT_POLICY
     policy_options: Mapping[str, Any] = field(default_factory=dict)
     idle_env_s: float | None = None
+    shards: int = 0  # node-shard processes of the scheduler (0: one process; docs/scale.md)
 
     def kwargs(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -266,7 +267,8 @@ def build(doc: Mapping[str, Any],
     cpu = None if no_cpu else build_cpu("cpu", spec.cpu or CpuSpec())
     gpu = build_gpu("gpu", spec.gpu, discover) if doc.get("gpu") else None
     return Components(cpu=cpu, gpu=gpu, apis=build_apis("apis", spec.apis), policy=policy,
-                      policy_options=options, idle_env_s=spec.idle_env_s)
+                      policy_options=options, idle_env_s=spec.idle_env_s,
+                      shards=spec.shards)
 
 
 def load_config(path: str | Path) -> Components:
@@ -279,7 +281,8 @@ def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = 
                 policy_options: Mapping[str, Any] | None = None,
                 idle_env_s: float | None = None,
                 gpu: Mapping[str, Any] | None = None,
-                discover: Callable[[], GpuDiscovery] = discover_gpus) -> Components:
+                discover: Callable[[], GpuDiscovery] = discover_gpus,
+                shards: int = 0) -> Components:
     """The embedded default: this machine's cores, a GPU pool (the GPUs `discover` finds on
     the torch backend; simulated, with a warning, when there is none), the given services and
     APIs. Nothing to start."""
@@ -290,4 +293,6 @@ def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = 
         doc["apis"] = dict(apis)
     if idle_env_s is not None:
         doc["idle_env_s"] = idle_env_s
+    if shards:
+        doc["shards"] = shards
     return build(doc, discover)

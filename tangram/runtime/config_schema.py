@@ -104,6 +104,7 @@ class ConfigSpec(Spec):
     cpu: CpuSpec | None = None  # `cpu: false`: no CPU pool (`config.build` reads it first)
     gpu: GpuSpec | None = None
     apis: dict[str, ApiSpec] = {}
+    shards: NonNegInt = 0  # node-shard processes of the scheduler (0: one process)
 
 
 M = TypeVar("M", bound=BaseModel)

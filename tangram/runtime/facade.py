@@ -54,8 +54,9 @@ class Tangram:
                  clock: Callable[[], float] = time.monotonic, shards: int = 0) -> None:
         """`clock`: the time source of every timing and decision (a virtual-time loop's
         `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`).
-        `shards` > 0: the scheduler split into that many node-shard processes plus the
-        global shard here (`tangram.runtime.shards`, docs/scale.md)."""
+        `shards` > 0: the scheduler split into that many node shards plus the global shard
+        here (`tangram.runtime.shards`, docs/scale.md): each a process, or a Ray actor when
+        this process is connected to Ray."""
         self.cpu = cpu
         self.gpu = gpu
         self.apis = dict(apis or {})
@@ -94,10 +95,11 @@ class Tangram:
         return cls(**build_local(**options).kwargs())
 
     @classmethod
-    def ray(cls, address: str | None = None, **options: Any) -> Tangram:
+    def ray(cls, address: str | None = None, *, shards: int = 0, **options: Any) -> Tangram:
         """The same API over a Ray cluster: a node agent per machine enforces its cores, the
-        scheduler here keeps the global state. See `tangram.runtime.distributed.build_ray`."""
-        return cls(**build_ray(address, **options).kwargs())
+        scheduler here keeps the global state (`shards` > 0: split into node shards, each a Ray
+        actor). See `tangram.runtime.distributed.build_ray`."""
+        return cls(**{**build_ray(address, **options).kwargs(), "shards": shards})
 
     @classmethod
     def from_config(cls, path: str) -> Tangram:

@@ -225,7 +225,14 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ray", metavar="ADDRESS",
                         help="serve over a Ray cluster: auto, ray://head:10001, or local:N[xC] "
                              "to start N local nodes of C cores (sim backend)")
+    parser.add_argument("--shards", type=int, metavar="N",
+                        help="split the scheduler into N node shards, each a process (a Ray "
+                             "actor with --ray); with --config, set `shards:` there")
     ns = parser.parse_args(argv)
+    if ns.shards is not None and (ns.shards < 0 or ns.config):
+        parser.error("--shards must be >= 0 (0: one scheduler process)" if ns.shards < 0 else
+                     "--shards and --config are exclusive: set `shards: N` in the config file")
+    shards = {"shards": ns.shards} if ns.shards else {}
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     guard.raise_nofile()  # before anything opens: the connection bound is derived from it
     guard.quiet_floods()
@@ -238,8 +245,8 @@ def main(argv: list[str]) -> int:
         if ns.config:
             parser.error("--ray and --config are exclusive")
         with ray_session(ns.ray) as (address, opts):
-            return _serve(ns, Tangram.ray(address, **opts))
-    return _serve(ns, Tangram.from_config(ns.config) if ns.config else Tangram.local())
+            return _serve(ns, Tangram.ray(address, **opts, **shards))
+    return _serve(ns, Tangram.from_config(ns.config) if ns.config else Tangram.local(**shards))
 
 
 def _serve(ns: argparse.Namespace, tg: Tangram) -> int:

@@ -24,7 +24,7 @@ from tangram.actions import Action, Elasticity
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, CorePool
 from tangram.runtime.facade import Tangram
-from tangram.runtime.shards import ShardedScheduler, ShardLost, wire_dumps
+from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire_dumps
 from tangram.scheduler import Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
 from topology import ChunkTree, CpuNode
@@ -242,3 +242,51 @@ def test_tangram_runs_on_shards_and_closes_them():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# -- shards that continue a one-process scheduler (`take_over`, the scale bench's warm-up) ------
+class _Switching:
+    """One scoped `Scheduler` until decision `at`, then node shards continuing its state; logs
+    every decision's grants (time, action, units, node, cores)."""
+
+    def __init__(self, pools, allocator, *, at: int, kinds, scoped: bool = True) -> None:
+        self.inner = Scheduler(pools, allocator, scoped=True)
+        self.at, self.kinds, self.log = at, kinds, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def enqueue(self, action) -> None:
+        self.inner.enqueue(action)
+
+    def complete(self, *args, **kw):
+        return self.inner.complete(*args, **kw)
+
+    def decide(self, now: float):
+        if self.inner.decisions == self.at and not isinstance(self.inner, ShardedScheduler):
+            self.inner = take_over(self.inner, shards=4, kinds=self.kinds)
+        out = self.inner.decide(now)
+        self.log.append((now, sorted((a.action.id, tuple(sorted(a.units.items())),
+                                      tuple((r, p.node, p.cores)
+                                            for r, p in sorted(a.placement.items())))
+                                     for a in out)))
+        return out
+
+
+def test_shards_taking_over_mid_run_grant_what_one_process_grants():
+    w = get_workload("coding", batch=40, nodes=4, cores_per_node=24, seed=2)
+    kinds = {s.action.kind for t in w.trajectories for s in t.steps}
+    runs = []
+    for at in (-1, 200):  # never, and at the 200th decision (running and queued actions)
+        make = functools.partial(_Switching, at=at, kinds=kinds)
+        sim = ClosedLoopSimulator(w, Policy("heuristic", get_allocator("heuristic"),
+                                            scoped=True, make_scheduler=make))
+        try:
+            sim.run()
+        finally:
+            if isinstance(sim.scheduler.inner, ShardedScheduler):
+                sim.scheduler.inner.close()
+        runs.append(sim.scheduler)
+    single, switched = runs
+    assert isinstance(switched.inner, ShardedScheduler) and len(switched.log) > 400
+    assert switched.log == single.log

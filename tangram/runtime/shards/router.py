@@ -1,0 +1,372 @@
+"""The router: `ShardedScheduler`, the scheduler's interface over node shards plus the global
+shard (the package's docstring, docs/scale.md "Shards")."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping
+
+from tangram.actions import Action
+from tangram.allocation import Allocator, Assignment, RunningAction
+from tangram.errors import InvariantError, QueueFull, TangramError, ValidationError
+from tangram.pools import CorePool, Pool
+from tangram.profiles import CENSORED, LEARNED, DurationProfiles
+from tangram.results import Status
+from tangram.runtime.shards.actors import RayShard, ray_is_running
+from tangram.runtime.shards.handles import ProcessShard, ShardHandle
+from tangram.runtime.shards.pending import place_pending
+from tangram.runtime.shards.views import QueueView, ShardLost
+from tangram.runtime.shards.wire import STATE, TICK, wire_dumps, wire_loads
+from tangram.runtime.shards.worker import Outbox, ShardInit
+from tangram.scheduler import DEFAULT_MAX_QUEUE, Scheduler
+from tangram.sharding import GLOBAL, ShardLayout
+
+log = logging.getLogger("tangram.shards")
+PENDING = -2  # `_where` of an action waiting for its trajectory's node
+BACKENDS = {"process": ProcessShard, "ray": RayShard}
+
+
+class ShardedScheduler:
+    """The scheduler's interface over `shards` node shards plus the global shard (module
+    docstring). Node shards always decide scoped (a shard decides what an event touched)."""
+
+    def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *, shards: int,
+                 profiles: DurationProfiles | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
+                 scoped: bool = True, max_restarts: int = 3, log_stream: bool = False,
+                 backend: str = "auto", start: bool = True) -> None:
+        """`backend`: where each node shard runs, "process" (forked here), "ray" (a Ray
+        actor), or "auto": a Ray actor when this process is connected to Ray. `start=False`:
+        no shard yet (`take_over` fills the router, then calls `start_shards`)."""
+        if backend == "auto":
+            backend = "ray" if ray_is_running() else "process"
+        if backend not in BACKENDS:
+            raise ValidationError("shards.backend", backend, f"one of auto, {', '.join(BACKENDS)}")
+        self.backend = backend
+        self._start_shard = BACKENDS[backend].start
+        self.pools = dict(pools)
+        self.allocator = allocator
+        sharded = [r for r, p in self.pools.items() if isinstance(p, CorePool)]
+        nodes = list(dict.fromkeys(n for r in sharded for n in self.pools[r].nodes()))
+        # no core pool (a GPU-only cluster): everything is the global shard's
+        self.layout = (ShardLayout.contiguous(sharded, nodes, shards) if sharded
+                       else ShardLayout((), ()))
+        shards = len(self.layout.groups)
+        # the global shard: every pooled resource, in this process (scoped as asked)
+        self._global = Scheduler(self.pools, allocator, profiles=profiles, max_queue=max_queue,
+                                 scoped=scoped)
+        self.profiles = self._global.profiles
+        self.bindings = self._global.bindings  # one binding table: the router's
+        self.max_queue = max_queue
+        self.max_restarts = max_restarts
+        self.decisions = 0
+        self.restarts = [0] * shards
+        self.failed: dict[str, ShardLost] = {}  # action id -> why it failed
+        self.last_scope = None
+        self._where: dict[str, int] = {}  # queued or running action -> shard (GLOBAL, PENDING)
+        self._queued: list[dict[str, Action]] = [{} for _ in range(shards)]
+        self._running: list[dict[str, RunningAction]] = [{} for _ in range(shards)]
+        self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
+        self._out = [Outbox() for _ in range(shards)]
+        self._dirty: set[int] = set()
+        self._dead: set[int] = set()
+        self._kind_at: dict[str, int] = {}  # kind -> version of its last observation
+        self._version = 0
+        self._sent = [0] * shards  # the version each shard's means are at
+        self.stream: list[tuple] | None = [] if log_stream else None
+        self._shards: list[ShardHandle] = []
+        if start:
+            self.start_shards()
+
+    # -- processes --------------------------------------------------------------------------------
+    def start_shards(self) -> None:
+        """Start every node shard from the router's copies (its running and queued actions)."""
+        assert not self._shards, "shards already started"
+        for i in range(len(self.layout.groups)):
+            running = [(ra.assignment, ra.start) for ra in self._running[i].values()]
+            self._out[i] = Outbox()  # all of it is in the copies
+            self._shards.append(self._spawn(i, running, list(self._queued[i].values())))
+
+    def _spawn(self, i: int, running: list, queued: list[Action]) -> ShardHandle:
+        nodes = self.layout.groups[i]
+        mine = set(nodes)
+        pools: dict[str, Pool] = {}
+        for r in self.layout.resources:
+            pool = self.pools[r]
+            have = set(pool.nodes())
+            pools[r] = CorePool(r, {n: pool.cpu_node(n) for n in nodes if n in have})
+        init = ShardInit(pools, self.allocator, self.profiles.default,
+                         {k: m for k in self._kind_at if (m := self.profiles.mean(k)) is not None},
+                         [(k, n) for k, n in self.bindings.items() if n in mine], running, queued)
+        others = [s for s in self._shards if s.index != i]
+        self._sent[i] = self._version
+        return self._start_shard(i, nodes, init, others)
+
+    def describe(self) -> str:
+        """The layout in one line: shards, nodes per shard, the global shard's resources."""
+        sizes = sorted({len(g) for g in self.layout.groups})
+        pooled = sorted(set(self.pools) - set(self.layout.resources))
+        return (f"{len(self.layout.groups)} node shards x {'-'.join(map(str, sizes))} nodes "
+                f"({', '.join(self.layout.resources)}), each a {self._each()}; global shard "
+                f"(in the router): {', '.join(pooled) or 'nothing pooled'}")
+
+    def _each(self) -> str:
+        return "Ray actor" if self.backend == "ray" else "process"
+
+    def shard_pids(self) -> list[int | None]:
+        return [s.pid for s in self._shards]
+
+    def shard_cpu_s(self) -> list[float]:
+        """Each node shard's own CPU seconds so far (a process: read from /proc; an actor: as
+        its process counts them; 0 for a dead one)."""
+        return [s.cpu_s() for s in self._shards]
+
+    def close(self) -> None:
+        for s in self._shards:
+            s.stop()
+        for s in self._shards:
+            s.reap(timeout=5)
+
+    def __enter__(self) -> ShardedScheduler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- admission --------------------------------------------------------------------------------
+    @property
+    def queue(self) -> QueueView:
+        """Every queued action (the global shard's, the pending, each node shard's)."""
+        out = dict(self._global.queue.items())
+        out.update((a.id, a) for a in self._pending)
+        for q in self._queued:
+            out.update(q)
+        return QueueView(out)
+
+    @property
+    def running(self) -> dict[str, RunningAction]:
+        """Every running action by id, as the router holds them."""
+        out = dict(self._global.running)
+        for r in self._running:
+            out.update(r)
+        return out
+
+    def queued(self) -> int:
+        return len(self._global.queue) + len(self._pending) + sum(map(len, self._queued))
+
+    def validate(self, action: Action) -> None:
+        self._global.validate(action)
+        self.layout.route(action, self.bindings)  # refuses a demand no shard can decide
+
+    def node_of(self, action: Action, resource: str) -> str | None:
+        return self._global.node_of(action, resource)
+
+    def submit(self, action: Action) -> None:
+        if action.id in self._where:
+            raise ValidationError("action.id", action.id, "already queued or running")
+        if self.queued() >= self.max_queue:
+            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; "
+                            "retry later")
+        self.validate(action)
+        self.enqueue(action)
+
+    def enqueue(self, action: Action) -> None:
+        i = self.layout.route(action, self.bindings)
+        if i is None or (self._pending and i != GLOBAL):
+            # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
+            self._where[action.id] = PENDING
+            self._pending.append(action)
+            return
+        if i == GLOBAL:
+            self._where[action.id] = GLOBAL
+            self._global.enqueue(action)
+            self._log("enqueue", action)
+            return
+        self._to_shard(i, action)
+
+    def _to_shard(self, i: int, action: Action) -> None:
+        if i in self._dead:
+            raise ShardLost(f"action {action.id}: shard {i} ({self._span(i)}) is lost")
+        self._where[action.id] = i
+        self._queued[i][action.id] = action
+        self._out[i].arrivals.append(action)
+        self._dirty.add(i)
+        self._log("enqueue", action)
+
+    def cancel(self, action_id: str) -> bool:
+        i = self._where.get(action_id)
+        if i is None:
+            return False
+        if i == GLOBAL:
+            ok = self._global.cancel(action_id)
+        elif i == PENDING:
+            act = next((a for a in self._pending if a.id == action_id), None)
+            ok = act is not None
+            if ok:
+                self._pending.remove(act)
+        else:
+            ok = self._queued[i].pop(action_id, None) is not None
+            if ok:
+                self._out[i].cancels.append(action_id)
+                self._dirty.add(i)
+        if ok:
+            del self._where[action_id]
+            self._log("cancel", action_id)
+        return ok
+
+    def bind(self, trajectory: str, resource: str, node: str) -> None:
+        if self.bindings.get((trajectory, resource)) == node:
+            return
+        self._global.bind(trajectory, resource, node)
+        if resource in self.layout.resources:
+            self._out[self.layout.shard_of(node)].binds.append((trajectory, resource, node))
+        self._log("bind", trajectory, resource, node)
+
+    def unbind(self, trajectory: str) -> None:
+        for r in self.layout.resources:
+            node = self.bindings.get((trajectory, r))
+            if node is not None:
+                self._out[self.layout.shard_of(node)].unbinds.append(trajectory)
+        self._global.unbind(trajectory)
+        self._log("unbind", trajectory)
+
+    # -- decisions ----------------------------------------------------------------------------
+    def estimate(self, action: Action, units: int | None = None) -> float:
+        return self.profiles.estimate(action, units)
+
+    def decide(self, now: float) -> list[Assignment]:
+        """Bind waiting first actions, ask every shard that an event touched (in parallel), the
+        global shard meanwhile, and gather the grants."""
+        if not self.queued():
+            return []
+        self.decisions += 1
+        if self._pending:
+            place_pending(self._pending, self.layout, self.bindings, self.pools, self.bind,
+                          self._to_shard, (a for q in self._queued for a in q.values()))
+        self._log("decide", now)
+        asked = [i for i in sorted(self._dirty) if self._queued[i]]
+        self._dirty.difference_update(asked)
+        for i in asked:
+            self._send_tick(i, now)
+        out = self._global.decide(now)
+        for i in asked:
+            out.extend(self._receive(i, now))
+        self._log("granted", now, tuple(out))
+        return out
+
+    def _means_for(self, i: int) -> dict[str, float]:
+        sent = self._sent[i]
+        self._sent[i] = self._version
+        if sent == self._version:
+            return {}
+        return {k: m for k, v in self._kind_at.items()
+                if v > sent and (m := self.profiles.mean(k)) is not None}
+
+    def _send_tick(self, i: int, now: float) -> None:
+        box, self._out[i] = self._out[i], Outbox()
+        try:
+            self._shards[i].send(wire_dumps((TICK, now, self._means_for(i), box)))
+        except OSError:
+            pass  # dead: `_receive` notices and recovers
+
+    def _receive(self, i: int, now: float) -> list[Assignment]:
+        while True:
+            try:
+                reply = wire_loads(self._shards[i].recv())
+            except (EOFError, OSError):
+                reply = None
+            if isinstance(reply, list):
+                return self._granted(i, reply, now)
+            if isinstance(reply, tuple):
+                raise TangramError(f"shard {i} ({self._span(i)}) failed: {reply[1]}")
+            if not self._recover(i):
+                return []
+            self._send_tick(i, now)
+
+    def _granted(self, i: int, reply: list, now: float) -> list[Assignment]:
+        out = []
+        queued, running = self._queued[i], self._running[i]
+        if reply and reply[-1] is None:  # a put-off class, re-read at every decision as the
+            reply.pop()                  # one-process scoped scheduler does
+            self._dirty.add(i)
+        for aid, units, placement in reply:
+            act = queued.pop(aid, None)
+            if act is None:
+                raise InvariantError(f"shard {i} started {aid!r}, which it does not hold")
+            a = Assignment(act, units, placement)
+            for r, u in units.items():  # the mirror refuses a core granted twice
+                try:
+                    self.pools[r].take(placement[r], u)
+                except Exception as exc:
+                    raise InvariantError(f"shard {i}: action {aid}: {r}: {exc}") from exc
+            key = act.key
+            running[aid] = RunningAction(a, now, now + self.estimate(
+                act, units[key] if key else None))
+            out.append(a)
+        return out
+
+    def _span(self, i: int) -> str:
+        g = self.layout.groups[i]
+        return f"nodes {g[0]}..{g[-1]}" if len(g) > 1 else f"node {g[0]}"
+
+    def _recover(self, i: int) -> bool:
+        """Replace dead shard i from the router's copies; after `max_restarts` fail its queued
+        actions naming it. True when a replacement runs."""
+        old = self._shards[i]
+        exit_code = old.reap()
+        self._out[i] = Outbox()  # all of it is in the router's copies
+        if self.restarts[i] < self.max_restarts:
+            self.restarts[i] += 1
+            log.warning("shard %d (%s) died (exit %s): restarted with %d running and %d queued "
+                        "actions", i, self._span(i), exit_code, len(self._running[i]),
+                        len(self._queued[i]))
+            running = [(ra.assignment, ra.start) for ra in self._running[i].values()]
+            self._shards[i] = self._spawn(i, running, list(self._queued[i].values()))
+            return True
+        err = ShardLost(f"shard {i} ({self._span(i)}) died {self.restarts[i] + 1} times "
+                        f"(exit {exit_code}); its queued actions failed")
+        log.error("%s", err)
+        for aid in self._queued[i]:
+            self.failed[aid] = err
+            del self._where[aid]
+        self._queued[i].clear()
+        self._dead.add(i)
+        return False
+
+    def complete(self, action_id: str, now: float, run_s: float | None = None,
+                 status: Status = Status.OK) -> RunningAction:
+        i = self._where.pop(action_id)
+        learn = status in LEARNED or status in CENSORED  # the one learning rule's statuses
+        if i == GLOBAL:
+            ra = self._global.complete(action_id, now, run_s, status)
+        else:
+            ra = self._running[i].pop(action_id)
+            a = ra.assignment
+            for r, u in a.units.items():
+                self.pools[r].release(a.placement[r], u)
+            self._out[i].completes.append(action_id)
+            self._dirty.add(i)
+            if learn:
+                self.profiles.record(a.action, dict(a.units),
+                                     now - ra.start if run_s is None else run_s, status)
+        if learn:
+            self._version += 1
+            self._kind_at[ra.assignment.action.kind] = self._version
+        self._log("complete", action_id, now, run_s, status)
+        return ra
+
+    def take_failed(self) -> list[tuple[str, ShardLost]]:
+        """The actions failed since the last call (a lost shard's queue), to report."""
+        out = list(self.failed.items())
+        self.failed.clear()
+        return out
+
+    def state(self, i: int) -> tuple[list[str], list[str]]:
+        """(queued ids, running ids) as shard i itself holds them (tests)."""
+        s = self._shards[i]
+        s.send(wire_dumps((STATE,)))
+        return wire_loads(s.recv())
+
+    def _log(self, *event) -> None:
+        if self.stream is not None:
+            self.stream.append(event)

@@ -1,0 +1,87 @@
+"""The wire between the router and its shards: actions go out, grants come back, pickled with
+the reducers below (for this pipe only: other pickling of these types is untouched). They send
+what a value is made of and rebuild it without the dataclass machinery (`fields()` on every
+object) and without validating again what the router validated. An action's payload stays in
+the router: a shard decides, it never runs anything."""
+
+from __future__ import annotations
+
+import copyreg
+import dataclasses
+import io
+import pickle
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from tangram.actions import Action, Elasticity
+from tangram.pools import Placement
+from tangram.resources import Demand
+
+TICK, STATE, STOP = "tick", "state", "stop"  # the messages a shard answers
+
+# shard decides, it never runs anything.
+# every field of `Action` but those rebuilt here (so a new field crosses the pipe unasked)
+_ACTION_FIELDS = tuple(f.name for f in dataclasses.fields(Action)
+                       if f.name not in ("demands", "mins", "payload", "option_arrays"))
+assert _ACTION_FIELDS[0] == "id" and _ACTION_FIELDS[1] == "elasticity"  # `_reduce_action`
+
+
+def _read_only(d: dict) -> MappingProxyType:
+    return MappingProxyType(d)
+
+
+def _action(demands: dict, mins: dict, values: tuple) -> Action:
+    a = object.__new__(Action)
+    put = object.__setattr__
+    put(a, "demands", MappingProxyType(demands))
+    put(a, "mins", MappingProxyType(mins))
+    put(a, "payload", None)
+    for name, v in zip(_ACTION_FIELDS, values):
+        put(a, name, v)
+    options = a.options
+    put(a, "option_arrays", (np.array([m for m, _ in options], dtype=np.int64),
+                             np.array([d for _, d in options], dtype=np.float64))
+        if options else None)
+    return a
+
+
+def _reduce_action(a: Action):
+    values = tuple(getattr(a, name) for name in _ACTION_FIELDS)
+    el = a.elasticity
+    if el is not None and not isinstance(el.efficiency, Mapping):
+        # E(m) as a function (a learned fit's closure) goes as its table over the allowed
+        # amounts, the only ones a decision or a completion reads
+        table = MappingProxyType({m: el.e(m) for m in a.demands[el.key].amounts})
+        values = (values[0], _elasticity(el.key, el.t_ori, table)) + values[2:]
+    return _action, (dict(a.demands), dict(a.mins), values)
+
+
+def _elasticity(key: str, t_ori: float, efficiency) -> Elasticity:
+    e = object.__new__(Elasticity)
+    object.__setattr__(e, "key", key)
+    object.__setattr__(e, "t_ori", t_ori)
+    object.__setattr__(e, "efficiency", efficiency)
+    return e
+
+
+_WIRE = {**copyreg.dispatch_table,
+         MappingProxyType: lambda m: (_read_only, (dict(m),)),
+         Action: _reduce_action,
+         Elasticity: lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)),
+         Demand: lambda d: (Demand, (d.amounts,)),
+         Placement: lambda p: (Placement, (p.node, p.cores, p.chunk))}
+
+
+def wire_dumps(msg: Any) -> bytes:
+    buf = io.BytesIO()
+    p = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    p.dispatch_table = _WIRE
+    p.dump(msg)
+    return buf.getvalue()
+
+
+def wire_loads(data: bytes) -> Any:
+    return pickle.loads(data)

@@ -1,0 +1,156 @@
+"""One node shard: a scoped `Scheduler` over its nodes' slice of the core pools, applying what
+the router sends and answering its grants. The same `ShardWorker` runs in a forked process
+(`shard_main`, locally) and in a Ray actor (`tangram.runtime.shards.actors`)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import os
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from tangram.actions import Action
+from tangram.allocation import Allocator, Assignment
+from tangram.pools import Pool
+from tangram.profiles import DurationProfiles
+from tangram.results import Status
+from tangram.runtime.shards.wire import STATE, STOP, TICK, wire_dumps, wire_loads
+from tangram.scheduler import Scheduler
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (`PR_SET_PDEATHSIG`), and
+    exit at once if the parent is already gone (it died between fork and this call)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU seconds of process `pid` so far (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class MirroredProfiles(DurationProfiles):
+    """A shard's copy of what a decision reads from the router's profiles: the mean run time
+    per kind (an elastic action carries its own fitted `T_ori`), sent before every decision."""
+
+    def __init__(self, default: float, means: Mapping[str, float]) -> None:
+        super().__init__(default)
+        self.means = dict(means)
+
+    def mean(self, kind: str) -> float | None:
+        return self.means.get(kind)
+
+
+def adopt(sched: Scheduler, a: Assignment, start: float) -> None:
+    """Make `sched` run `a` (started at `start`) as if it had granted it: the units are taken
+    in its pools already, so they are released first and taken back through its start."""
+    for r, u in a.units.items():
+        sched.pools[r].release(a.placement[r], u)
+    sched.enqueue(a.action)
+    sched._start(a, start)
+
+
+@dataclass
+class Outbox:
+    """What a shard has not been told yet, in the order it must apply it."""
+
+    unbinds: list[str] = field(default_factory=list)
+    binds: list[tuple[str, str, str]] = field(default_factory=list)
+    completes: list[str] = field(default_factory=list)
+    cancels: list[str] = field(default_factory=list)
+    arrivals: list[Action] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ShardInit:
+    """Everything a shard is built from: its pools, the allocator, the learned means, its
+    nodes' bindings, and (a replacement's) the running actions to adopt and the queue."""
+
+    pools: dict[str, Pool]
+    allocator: Allocator
+    default: float
+    means: dict[str, float]
+    bindings: list
+    running: list
+    queued: list[Action]
+
+
+class ShardWorker:
+    """The shard's state and its answer to each message (`handle`: wire bytes in and out)."""
+
+    def __init__(self, init: ShardInit) -> None:
+        self.sched = Scheduler(init.pools, init.allocator,
+                                     profiles=MirroredProfiles(init.default, init.means),
+                                     scoped=True)
+        for (t, r), n in init.bindings:
+            self.sched.bind(t, r, n)
+        for a, start in init.running:
+            adopt(self.sched, a, start)  # a dead shard's, taken over
+        for act in init.queued:
+            self.sched.enqueue(act)
+
+    def tick(self, now: float, mean_updates: dict[str, float], box: Outbox) -> list:
+        """Apply what changed, decide, and answer the grants (a trailing None: a put-off class
+        to re-read at the router's next decision, as the one-process scoped scheduler does)."""
+        sched = self.sched
+        sched.profiles.means.update(mean_updates)
+        for t in box.unbinds:
+            sched.unbind(t)
+        for t, r, n in box.binds:
+            sched.bind(t, r, n)
+        for aid in box.completes:
+            sched.complete(aid, now, status=Status.CANCELLED)  # the router learns
+        for aid in box.cancels:
+            sched.cancel(aid)
+        for act in box.arrivals:
+            sched.enqueue(act)
+        grants: list = [(a.action.id, dict(a.units), dict(a.placement))
+                        for a in sched.decide(now)]
+        if sched.wants_next_decision():
+            grants.append(None)
+        return grants
+
+    def handle(self, data: bytes) -> tuple[bytes, bool]:
+        """(the reply, whether to stop). An error is answered as ("error", text): the router
+        names the shard and fails loudly."""
+        msg = wire_loads(data)
+        try:
+            if msg[0] == TICK:
+                return wire_dumps(self.tick(*msg[1:])), False
+            if msg[0] == STATE:
+                state = (list(self.sched.queue.keys()), sorted(self.sched.running))
+                return wire_dumps(state), False
+            if msg[0] == STOP:
+                return wire_dumps(None), True
+            raise ValueError(f"unknown message {msg[0]!r}")
+        except Exception as exc:
+            return wire_dumps(("error", f"{type(exc).__name__}: {exc}")), True
+
+
+def shard_main(conn, parent: int, inherited: list, init: ShardInit) -> None:
+    """A forked shard process's loop: the router's messages in, the answers out, until STOP,
+    an error, or the pipe closes."""
+    die_with_parent(parent)
+    for c in inherited:  # the other shards' pipe ends, copied by fork
+        c.close()
+    gc.enable()
+    worker = ShardWorker(init)
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        reply, stop = worker.handle(data)
+        conn.send_bytes(reply)
+        if stop:
+            return
