@@ -208,6 +208,17 @@ def test_bad_requests_are_4xx_json(client, body, field):
     assert r.json()["field"].split(".")[0] == field
 
 
+@pytest.mark.parametrize("body, field", [  # found by the schema fuzzer: a 500 before
+    ({"cells": ["1"], "files": {"a.txt": "x"}}, "files"),
+    ({"cells": ["1"], "files": {"../x": "aGk="}}, "files"),
+    ({"cells": ["1"], "fetch_files": ["../../etc/passwd"]}, "fetch_files"),
+])
+def test_bad_jupyter_files_are_4xx_json(client, body, field):
+    r = client.post("/run_jupyter", json=body)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json()["field"].split(".")[0] == field
+
+
 def test_token_in_the_url_or_the_header(server):
     url, _ = server
     body = {"code": "print(1)", "language": "python"}

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.results import Result, Status
 from tangram.runtime.http.limits import MAX_CODE, MAX_ITEMS, MAX_MEMORY_MB, MAX_TIMEOUT, Seconds
+from tangram.runtime.sandboxfusion.paths import check_fetch, check_files
 
 DRIVER = Path(__file__).with_name("jupyter_driver.py")
 DRIVER_NAME = ".tangram-jupyter-driver.py"
@@ -56,6 +57,16 @@ class RunJupyterRequest(BaseModel):
     @classmethod
     def _memory(cls, v: int) -> int:
         return memory_limit(v)
+
+    @field_validator("files")
+    @classmethod
+    def _files(cls, v: dict[str, str | None]) -> dict[str, str | None]:
+        return check_files(v)
+
+    @field_validator("fetch_files")
+    @classmethod
+    def _fetch(cls, v: list[str]) -> list[str]:
+        return check_fetch(v)
 
 
 def memory_limit(v: int) -> int:

@@ -3,10 +3,7 @@ rules that map Tangram's results onto them (see the package docstring)."""
 
 from __future__ import annotations
 
-import base64
-import binascii
 import os
-import posixpath
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -24,6 +21,7 @@ from tangram.runtime.http.limits import (
 )
 from tangram.runtime.sandboxfusion import jupyter
 from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
+from tangram.runtime.sandboxfusion.paths import check_fetch, check_files
 from tangram.runtime.sandboxfusion.runners import missing_toolchain
 
 # an environment's memory when the request says -1 (no per-request limit): the server's default
@@ -47,22 +45,6 @@ class CpuRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
     min: Units
     max: Units
-
-
-def _sandbox_path(path: str) -> str:
-    """A path inside the sandbox, normalised: relative to its work directory, or absolute (in
-    the sandbox's own view: its private /tmp, its work directory; see `absolute_allowed`);
-    ValueError when a relative one escapes the work directory or it cannot be a file name."""
-    if not path or "\x00" in path or "\\" in path:
-        raise ValueError(f"{path!r} is not a file path")
-    norm = posixpath.normpath(path)
-    if path.startswith("/"):
-        if norm in ("/", "//"):
-            raise ValueError(f"{path!r} is not a file path")
-        return norm
-    if norm in (".", "") or norm == ".." or norm.startswith("../"):
-        raise ValueError(f"{path!r} escapes the sandbox's work directory")
-    return norm
 
 
 def _inside(path: str) -> str:
@@ -122,21 +104,12 @@ class RunCodeRequest(BaseModel):
     @field_validator("files")
     @classmethod
     def _files(cls, v: dict[str, str | None]) -> dict[str, str | None]:
-        for path, content in v.items():
-            _sandbox_path(path)
-            if content is not None:
-                try:
-                    base64.b64decode(content, validate=True)
-                except (binascii.Error, ValueError) as exc:
-                    raise ValueError(f"{path!r}: content is not base64 ({exc})") from None
-        return v
+        return check_files(v)
 
     @field_validator("fetch_files")
     @classmethod
     def _fetch(cls, v: list[str]) -> list[str]:
-        for path in v:
-            _sandbox_path(path)
-        return v
+        return check_fetch(v)
 
     def cpu_demand(self) -> Any:
         """The demand as the Python API takes it."""

@@ -35,11 +35,11 @@ from tangram.runtime.sandboxfusion.models import (
     RunStatus,
     StepGrant,
     _inside,
-    _sandbox_path,
     absolute_allowed,
     command_result,
     overall,
 )
+from tangram.runtime.sandboxfusion.paths import sandbox_path as _sandbox_path
 from tangram.runtime.sandboxfusion.runners import Plan, plan_for
 from tangram.runtime.sandboxfusion.warm import fresh_trajectory, warm_pool
 
