@@ -5,7 +5,7 @@ tg = Tangram.ray(address="auto", cpu_backend="cgroup")   # or "ray://head:10001"
 async with tg:
     env = await tg.open_env("traj-1")                      # placed on some node, bound there
     r = await tg.exec(env, "pytest -q", cpu=(1, 8), elastic=True)
-    r.placement["cpu"]["node"]                              # e.g. "n-77f33c71"
+    r.placement["cpu"].node                                 # e.g. "n-77f33c71"
 ```
 
 The Ray layer, one job per module (this one re-exports their public names):

@@ -52,7 +52,7 @@ def test_shards_are_ray_actors_and_a_killed_one_is_replaced():
 
         first, second = asyncio.run(main())
         assert all(r.ok for r in first + second), [r.detail for r in first + second]
-        assert len({r.placement["cpu"]["node"] for r in first}) == 2  # both nodes' shards grant
+        assert len({r.placement["cpu"].node for r in first}) == 2  # both nodes' shards grant
         assert sched.restarts[0] == 1 and sched.restarts[1] == 0
         assert sched.shard_pids()[0] != pids[0]
         assert all(_gone(p) for p in sched.shard_pids())  # shutdown ended the actors
