@@ -23,13 +23,20 @@ from solvers import get_allocator
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram experiment bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram experiment bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--batch", type=int, default=2048)
     p.add_argument("--nodes", type=int, default=15)
     p.add_argument("--policy", default="heuristic")
-    p.add_argument("--engine", choices=("engine", "runtime"), default="engine",
-                   help="the simulator's event loop (default) or the runtime on virtual time")
+    p.add_argument(
+        "--engine",
+        choices=("engine", "runtime"),
+        default="engine",
+        help="the simulator's event loop (default) or the runtime on virtual time",
+    )
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
 
@@ -42,12 +49,18 @@ def main(argv: list[str]) -> int:
     else:
         r = run(w, Policy(ns.policy, get_allocator(ns.policy)))
     wall = time.perf_counter() - t1
-    doc = {"engine": ns.engine, "batch": ns.batch, "cores": 256 * ns.nodes,
-           "actions": len(r.records),
-           "decisions": int(r.counters["decisions"]), "generate_s": round(gen, 2),
-           "simulate_s": round(wall, 2), "actions_per_s": round(len(r.records) / wall),
-           "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-           "goal": "simulate_s < 60"}
+    doc = {
+        "engine": ns.engine,
+        "batch": ns.batch,
+        "cores": 256 * ns.nodes,
+        "actions": len(r.records),
+        "decisions": int(r.counters["decisions"]),
+        "generate_s": round(gen, 2),
+        "simulate_s": round(wall, 2),
+        "actions_per_s": round(len(r.records) / wall),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        "goal": "simulate_s < 60",
+    }
     if ns.json:
         print(json.dumps(doc, indent=2))
     else:

@@ -47,6 +47,7 @@ class Lifecycle(Protocol):
         environment opens on, bound for its life. A resource not named is bound where the
         trajectory's first action of it is placed (a baseline that places its own pods)."""
         ...
+
     def end(self, traj: Trajectory, now: float) -> None: ...
     def wakeup(self, now: float) -> float | None: ...
 
@@ -64,12 +65,14 @@ class EnvironmentStart:
     moment the trajectory begins)."""
 
     start_s: float = 0.5
-    _tables: dict[str, tuple[CorePool, EnvironmentTable]] = field(default_factory=dict,
-                                                                   init=False)
+    _tables: dict[str, tuple[CorePool, EnvironmentTable]] = field(default_factory=dict, init=False)
 
     def attach(self, pools, executors) -> None:
-        self._tables = {r: (p, EnvironmentTable({n: NODE_MEMORY_MB for n in p.nodes()}))
-                        for r, p in pools.items() if isinstance(p, CorePool)}
+        self._tables = {
+            r: (p, EnvironmentTable({n: NODE_MEMORY_MB for n in p.nodes()}))
+            for r, p in pools.items()
+            if isinstance(p, CorePool)
+        }
 
     def start(self, traj: Trajectory, now: float) -> float | None:
         return self.start_s
@@ -194,8 +197,11 @@ class _Trajectories(Driver):
             return bool(self.sim.core_pools)
         tid, step = key
         truth = self.trajs[tid].steps[step].action
-        seen = (dataclasses.replace(truth, submit_time=now) if self.sim.oracle
-                else engine.scheduler.profiles.as_seen(truth, now))
+        seen = (
+            dataclasses.replace(truth, submit_time=now)
+            if self.sim.oracle
+            else engine.scheduler.profiles.as_seen(truth, now)
+        )
         engine.submit(seen, truth)
         self.kinds[seen.id] = (tid, seen.task or "", seen.kind)
         self.step[seen.id] = (tid, step)
@@ -229,10 +235,14 @@ class ClosedLoopSimulator:
     """`oracle=False` (the default, as in the paper): the scheduler estimates durations from
     history per action kind (`blind`); `oracle=True` hands it each action's sampled duration."""
 
-    def __init__(self, workload: Workload, policy: Policy,
-                 progress: Callable[[int, int], None] | None = None,
-                 oracle: bool = False,
-                 on_decision: Callable[[Scheduler, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        progress: Callable[[int, int], None] | None = None,
+        oracle: bool = False,
+        on_decision: Callable[[Scheduler, float], None] | None = None,
+    ) -> None:
         """`on_decision(scheduler, cpu_s)` is called after every decision the scheduler made
         (the scale bench attributes its CPU to the nodes it touched)."""
         self.on_decision = on_decision
@@ -240,8 +250,14 @@ class ClosedLoopSimulator:
         self.policy = policy
         self.oracle = oracle
         pools = workload.make_pools()
-        self.executors = {**(policy.executors(workload) if policy.executors is not None
-                             else default_executors(workload)), **api_executors(workload)}
+        self.executors = {
+            **(
+                policy.executors(workload)
+                if policy.executors is not None
+                else default_executors(workload)
+            ),
+            **api_executors(workload),
+        }
         for r, ex in self.executors.items():
             if isinstance(ex, SimServiceModel) and r in pools:
                 pools[r].advisor = ex.advisor  # the pool's own residency advice
@@ -257,8 +273,12 @@ class ClosedLoopSimulator:
                 sched.validate(s.action)
         total = self.workload.num_actions
         progress = self.progress
-        engine = Engine(sched, self.executors, on_decision=self.on_decision,
-                        progress=None if progress is None else (lambda d: progress(d, total)))
+        engine = Engine(
+            sched,
+            self.executors,
+            on_decision=self.on_decision,
+            progress=None if progress is None else (lambda d: progress(d, total)),
+        )
         driver = _Trajectories(self)
         out = engine.run(driver)
         if driver.pending:
@@ -267,10 +287,10 @@ class ClosedLoopSimulator:
         ups = {id(e): e for e in self.executors.values() if isinstance(e, ApiUpstream)}
         counters["api_429"] = float(sum(u.total for u in ups.values()))
         half = max((e for _, e in driver.spans.values()), default=0.0) / 2  # 429s after it: late
-        counters["api_429_late"] = float(sum(t > half for u in ups.values()
-                                             for t in u.refused_at))
-        return LoopResult(out.records, driver.kinds, driver.setups, driver.spans, counters,
-                          out.decision_cpu_s)
+        counters["api_429_late"] = float(sum(t > half for u in ups.values() for t in u.refused_at))
+        return LoopResult(
+            out.records, driver.kinds, driver.setups, driver.spans, counters, out.decision_cpu_s
+        )
 
 
 def default_executors(workload: Workload) -> dict[str, SimExecutor]:
@@ -290,6 +310,7 @@ def api_executors(workload: Workload) -> dict[str, SimExecutor]:
     return {r: up for r in limits}
 
 
-def run(workload: Workload, policy: Policy, progress=None, oracle: bool = False,
-        on_decision=None) -> LoopResult:
+def run(
+    workload: Workload, policy: Policy, progress=None, oracle: bool = False, on_decision=None
+) -> LoopResult:
     return ClosedLoopSimulator(workload, policy, progress, oracle, on_decision).run()

@@ -51,16 +51,30 @@ SUMMARY = re.compile(r"(\d+) (passed|failed|error|errors)\b")
 
 def _project(folder: Path) -> Path:
     """The project's sdist from PyPI (pip's cache when it is there), unpacked, bug planted."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                    "--no-binary", ":all:", "--disable-pip-version-check", "-d", str(folder),
-                    PROJECT], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--quiet",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--disable-pip-version-check",
+            "-d",
+            str(folder),
+            PROJECT,
+        ],
+        check=True,
+    )
     sdist = next(folder.glob("six-*.tar.gz"))
     with tarfile.open(sdist) as tar:
         tar.extractall(folder, filter="data")
     src = next(p for p in folder.iterdir() if p.is_dir() and p.name.startswith("six-"))
     code = (src / "six.py").read_text()
     first = code.index(LINE)  # the Python 3 branch's iteritems
-    (src / "six.py").write_text(code[:first] + BUGGY + code[first + len(LINE):])
+    (src / "six.py").write_text(code[:first] + BUGGY + code[first + len(LINE) :])
     return src
 
 
@@ -69,12 +83,21 @@ def task_image(tg: Tangram, name: str = "coding-six", log=print) -> str:
     assert tg.cpu is not None and tg.cpu.roots is not None, "needs the bwrap backend"
     with tempfile.TemporaryDirectory() as tmp:
         src = _project(Path(tmp))
-        image = build(tg.cpu.roots.images, name, [
-            {"host": {"programs": ["sh", "cat", "ls", "rm", "python3", PYTHON],
-                      "folders": [f"/usr/lib/{PYTHON}"]}},
-            {"pip": ["pytest==9.2.0", "pytest-xdist==3.8.0"]},
-            {"copy": {"from": str(src), "to": WORK}},
-        ], log=log)
+        image = build(
+            tg.cpu.roots.images,
+            name,
+            [
+                {
+                    "host": {
+                        "programs": ["sh", "cat", "ls", "rm", "python3", PYTHON],
+                        "folders": [f"/usr/lib/{PYTHON}"],
+                    }
+                },
+                {"pip": ["pytest==9.2.0", "pytest-xdist==3.8.0"]},
+                {"copy": {"from": str(src), "to": WORK}},
+            ],
+            log=log,
+        )
     return image.digest
 
 
@@ -89,13 +112,24 @@ def reward_of(stdout: str) -> tuple[float, int, int]:
 
 
 async def _score(tg: Tangram, env: str) -> dict[str, Any]:
-    r = await tg.exec(env, f"cd {WORK} && {PYTHON} -m pytest -q -p no:cacheprovider "
-                           f"test_six.py", cpu=(1, 2), elastic=True, timeout=300)
+    r = await tg.exec(
+        env,
+        f"cd {WORK} && {PYTHON} -m pytest -q -p no:cacheprovider test_six.py",
+        cpu=(1, 2),
+        elastic=True,
+        timeout=300,
+    )
     fraction, passed, bad = reward_of(r.stdout)
-    return {"reward": 1.0 if r.exit_code == 0 and bad == 0 and passed else 0.0,
-            "fraction": round(fraction, 4), "passed": passed, "not_passed": bad,
-            "exit_code": r.exit_code, "cores": r.units.get("cpu"), "queued_s": r.queued_s,
-            "run_s": r.run_s}
+    return {
+        "reward": 1.0 if r.exit_code == 0 and bad == 0 and passed else 0.0,
+        "fraction": round(fraction, 4),
+        "passed": passed,
+        "not_passed": bad,
+        "exit_code": r.exit_code,
+        "cores": r.units.get("cpu"),
+        "queued_s": r.queued_s,
+        "run_s": r.run_s,
+    }
 
 
 async def rollout(tg: Tangram, group: int = 8, log=print) -> dict[str, Any]:
@@ -120,10 +154,15 @@ async def rollout(tg: Tangram, group: int = 8, log=print) -> dict[str, Any]:
     t_rewards = time.perf_counter() - t
     for env in [root, *samples]:
         await tg.close_env(env)
-    return {"image": digest, "image_s": t_image, "open_s": t_open, "fork_s": t_fork,
-            "rewards_s": t_rewards, "base": base,
-            "samples": [{"sample": i, "patch": n, **s}
-                        for i, (n, s) in enumerate(zip(names, scores))]}
+    return {
+        "image": digest,
+        "image_s": t_image,
+        "open_s": t_open,
+        "fork_s": t_fork,
+        "rewards_s": t_rewards,
+        "base": base,
+        "samples": [{"sample": i, "patch": n, **s} for i, (n, s) in enumerate(zip(names, scores))],
+    }
 
 
 def run(group: int = 8, state_dir: str | None = None, log=print) -> dict[str, Any]:
@@ -140,18 +179,22 @@ def run(group: int = 8, state_dir: str | None = None, log=print) -> dict[str, An
 
 
 def render(out: dict[str, Any]) -> str:
-    lines = [f"task image {out['image'][:19]} ready in {out['image_s']:.1f} s; environment "
-             f"opened in {out['open_s'] * 1e3:.0f} ms; before any patch: reward "
-             f"{out['base']['reward']:.0f} ({out['base']['not_passed']} of "
-             f"{out['base']['passed'] + out['base']['not_passed']} tests not passed)",
-             f"forked a group of {len(out['samples'])} in {out['fork_s'] * 1e3:.0f} ms; "
-             f"rewards of all samples in {out['rewards_s']:.1f} s (in parallel, through the "
-             f"scheduler)",
-             f"{'sample':>6}  {'patch':<14}{'reward':>7}{'tests ok':>9}{'passed':>8}{'failed':>8}"
-             f"{'cores':>7}{'queued s':>10}{'run s':>8}"]
+    lines = [
+        f"task image {out['image'][:19]} ready in {out['image_s']:.1f} s; environment "
+        f"opened in {out['open_s'] * 1e3:.0f} ms; before any patch: reward "
+        f"{out['base']['reward']:.0f} ({out['base']['not_passed']} of "
+        f"{out['base']['passed'] + out['base']['not_passed']} tests not passed)",
+        f"forked a group of {len(out['samples'])} in {out['fork_s'] * 1e3:.0f} ms; "
+        f"rewards of all samples in {out['rewards_s']:.1f} s (in parallel, through the "
+        f"scheduler)",
+        f"{'sample':>6}  {'patch':<14}{'reward':>7}{'tests ok':>9}{'passed':>8}{'failed':>8}"
+        f"{'cores':>7}{'queued s':>10}{'run s':>8}",
+    ]
     for s in out["samples"]:
-        lines.append(f"{s['sample']:>6}  {s['patch']:<14}{s['reward']:>7.0f}"
-                     f"{s['fraction']:>9.3f}{s['passed']:>8}"
-                     f"{s['not_passed']:>8}{s['cores'] or '-':>7}{s['queued_s']:>10.2f}"
-                     f"{s['run_s']:>8.2f}")
+        lines.append(
+            f"{s['sample']:>6}  {s['patch']:<14}{s['reward']:>7.0f}"
+            f"{s['fraction']:>9.3f}{s['passed']:>8}"
+            f"{s['not_passed']:>8}{s['cores'] or '-':>7}{s['queued_s']:>10.2f}"
+            f"{s['run_s']:>8.2f}"
+        )
     return "\n".join(lines)

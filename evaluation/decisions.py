@@ -47,8 +47,9 @@ class Recording:
     inner: Allocator
     lines: list[str] = field(default_factory=list)
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         out = self.inner.allocate(view, queue, now)
         self.lines.append(f"{now:.9g} " + " ".join(describe(a) for a in out))
         return out
@@ -62,37 +63,53 @@ def open_instance(n: int, units: int, seed: int):
         t += rng.expovariate(1 / 0.02)
         if i % 4 == 0:
             amounts = [1, 2, 4, 8, 16]
-            acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
-                         "t_ori": rng.uniform(1, 8),
-                         "efficiency": {str(m): 1 / (m * (0.1 + 0.9 / m)) for m in amounts}})
+            acts.append(
+                {
+                    "id": f"a{i}",
+                    "arrival": t,
+                    "key": "cpu",
+                    "demand": {"cpu": amounts},
+                    "t_ori": rng.uniform(1, 8),
+                    "efficiency": {str(m): 1 / (m * (0.1 + 0.9 / m)) for m in amounts},
+                }
+            )
         else:
-            acts.append({"id": f"a{i}", "arrival": t, "demand": {"cpu": [1]},
-                         "duration": rng.uniform(0.05, 1.0)})
-    return parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},
-                           "actions": acts})
+            acts.append(
+                {
+                    "id": f"a{i}",
+                    "arrival": t,
+                    "demand": {"cpu": [1]},
+                    "duration": rng.uniform(0.05, 1.0),
+                }
+            )
+    return parse_instance(
+        {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
+    )
 
 
 Driver = Callable[[Allocator, bool], None]  # (allocator, scoped) -> runs the case
 
 
 def _closed(workload: str, **params) -> Driver:
-    return lambda alloc, scoped: run(get_workload(workload, **params),
-                                     Policy(workload, alloc, scoped=scoped)) and None
+    return lambda alloc, scoped: (
+        run(get_workload(workload, **params), Policy(workload, alloc, scoped=scoped)) and None
+    )
 
 
 def _open(n: int, units: int, seed: int) -> Driver:
-    return lambda alloc, scoped: simulate(open_instance(n, units, seed), alloc,
-                                          scoped=scoped) and None
+    return lambda alloc, scoped: (
+        simulate(open_instance(n, units, seed), alloc, scoped=scoped) and None
+    )
 
 
 # name -> (policy, driver); small and contended so that groups hold several elastic candidates
 CASES: dict[str, tuple[str, Driver]] = {
-    "coding-heuristic": ("heuristic", _closed("coding", batch=48, nodes=2, cores_per_node=8,
-                                              seed=3)),
-    "coding-backfill": ("backfill", _closed("coding", batch=32, nodes=2, cores_per_node=8,
-                                            seed=4)),
-    "mopd+search-heuristic": ("heuristic", _closed("mopd+search", batch=24, gpu_nodes=1,
-                                                   seed=5)),
+    "coding-heuristic": (
+        "heuristic",
+        _closed("coding", batch=48, nodes=2, cores_per_node=8, seed=3),
+    ),
+    "coding-backfill": ("backfill", _closed("coding", batch=32, nodes=2, cores_per_node=8, seed=4)),
+    "mopd+search-heuristic": ("heuristic", _closed("mopd+search", batch=24, gpu_nodes=1, seed=5)),
     "open-heuristic": ("heuristic", _open(1500, 24, 6)),
     "open-light-heuristic": ("heuristic", _open(1500, 96, 7)),
 }

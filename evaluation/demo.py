@@ -37,20 +37,20 @@ from managers.cpu.request import ExecRequest
 from tangram import Action, Assignment, Placement, Tangram
 from tangram.runtime.distributed import ray_session
 
-SOLUTION = '''
+SOLUTION = """
 def work(n):
     total = 0
     for i in range(n):
         total += i * i % 7
     return total
-'''
+"""
 
-TEST = '''
+TEST = """
 import solution
 
 def test_{i}():
     assert solution.work({n}) >= 0
-'''
+"""
 
 
 # -- a rate-limited search API on loopback ----------------------------------------------------
@@ -68,8 +68,11 @@ class _SearchHandler(BaseHTTPRequestHandler):
             if not over:
                 self.window.append(now)
         time.sleep(0.05)  # search latency
-        code, doc = (429, {"error": "rate limited"}) if over else (
-            200, {"results": [{"title": "tangram", "q": json.loads(body or b"{}").get("q")}]})
+        code, doc = (
+            (429, {"error": "rate limited"})
+            if over
+            else (200, {"results": [{"title": "tangram", "q": json.loads(body or b"{}").get("q")}]})
+        )
         data = json.dumps(doc).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -109,17 +112,21 @@ class Plan:
 def make_plans(n: int, seed: int) -> list[Plan]:
     rng = random.Random(seed)
     # generation dominates a trajectory's life, as in the paper (active ~47% of the time)
-    return [Plan(tuple(rng.uniform(1.5, 3.0) for _ in range(3)),
-                 rng.randint(200_000, 400_000), 4) for _ in range(n)]
+    return [
+        Plan(tuple(rng.uniform(1.5, 3.0) for _ in range(3)), rng.randint(200_000, 400_000), 4)
+        for _ in range(n)
+    ]
 
 
 def turn_commands(plan: Plan, py: str) -> list[str]:
     files = [f"cat > solution.py <<'EOF'\n{SOLUTION}\nEOF"]
     for i in range(plan.tests):
         files.append(f"cat > test_s{i}.py <<'EOF'\n{TEST.format(i=i, n=plan.work)}\nEOF")
-    return ["\n".join(files),
-            f"{py} -c 'import solution; print(solution.work(1000))'",
-            "grep -c def solution.py test_*.py | tail -n 1"]
+    return [
+        "\n".join(files),
+        f"{py} -c 'import solution; print(solution.work(1000))'",
+        "grep -c def solution.py test_*.py | tail -n 1",
+    ]
 
 
 async def trajectory(tg, i: int, plan: Plan, stats: Stats, run_cmd, py: str) -> None:
@@ -153,11 +160,14 @@ async def run_tangram(tg, plans: list[Plan], py: str, progress, task) -> Stats:
     async def one(i: int, plan: Plan) -> None:
         env = await tg.open_env(f"demo-t{i}", memory_mb=256)
         try:
+
             async def run_cmd(cmd: str, elastic: bool):
-                r = await tg.exec(env, cmd, cpu=(1, ncores) if elastic else 1,
-                                  elastic=elastic, timeout=120)
+                r = await tg.exec(
+                    env, cmd, cpu=(1, ncores) if elastic else 1, elastic=elastic, timeout=120
+                )
                 _record(stats, r)
                 return r
+
             await trajectory(tg, i, plan, stats, run_cmd, py)
         finally:
             await tg.close_env(env)
@@ -169,8 +179,7 @@ async def run_tangram(tg, plans: list[Plan], py: str, progress, task) -> Stats:
     return stats
 
 
-async def run_static(tg, plans: list[Plan], py: str, progress, task,
-                     pod_cores: int = 1) -> Stats:
+async def run_static(tg, plans: list[Plan], py: str, progress, task, pod_cores: int = 1) -> Stats:
     """A pod per trajectory: `pod_cores` fixed cores held from the trajectory's start to its
     end; a trajectory starts when a pod's cores are free (FIFO)."""
 
@@ -180,7 +189,7 @@ async def run_static(tg, plans: list[Plan], py: str, progress, task,
     cores = sorted(cpu.pool.cpu_node(node).domain_of)
     pods: asyncio.Queue = asyncio.Queue()
     for k in range(0, len(cores) - pod_cores + 1, pod_cores):
-        pods.put_nowait(tuple(cores[k:k + pod_cores]))
+        pods.put_nowait(tuple(cores[k : k + pod_cores]))
 
     async def one(i: int, plan: Plan) -> None:
         asked = time.monotonic()
@@ -189,18 +198,26 @@ async def run_static(tg, plans: list[Plan], py: str, progress, task,
         env = await cpu.open_env(f"static-t{i}", memory_mb=256)
         first = [True]
         try:
+
             async def run_cmd(cmd: str, elastic: bool):
                 req = ExecRequest(env, cmd, 120.0, elastic)
-                act = Action(f"s{i}-{time.monotonic_ns()}", {cpu.resource: len(pod)},
-                             trajectory=f"static-t{i}", payload=req)
+                act = Action(
+                    f"s{i}-{time.monotonic_ns()}",
+                    {cpu.resource: len(pod)},
+                    trajectory=f"static-t{i}",
+                    payload=req,
+                )
                 t = time.monotonic()
-                out = await cpu.run(Assignment(act, {cpu.resource: len(pod)},
-                                               {cpu.resource: Placement(node, cores=pod)}))
-                r = out.granted(act.id, {cpu.resource: len(pod)}, {}, 0.0,
-                                time.monotonic() - t)
+                out = await cpu.run(
+                    Assignment(
+                        act, {cpu.resource: len(pod)}, {cpu.resource: Placement(node, cores=pod)}
+                    )
+                )
+                r = out.granted(act.id, {cpu.resource: len(pod)}, {}, 0.0, time.monotonic() - t)
                 _record(stats, r, wait if first[0] else 0.0)  # the pod wait delays turn 1
                 first[0] = False
                 return r
+
             await trajectory(tg, i, plan, stats, run_cmd, py)
         finally:
             await cpu.close_env(env)
@@ -216,10 +233,15 @@ async def run_static(tg, plans: list[Plan], py: str, progress, task,
 def summarise(name: str, s: Stats, cores: int) -> dict:
     acts = sorted(s.acts)
     p99 = acts[min(len(acts) - 1, int(0.99 * (len(acts) - 1) + 0.5))] if acts else 0.0
-    return {"run": name, "mean_act_s": statistics.fmean(acts) if acts else 0.0, "p99_act_s": p99,
-            "step_time_s": s.wall_s,
-            "core_utilisation": s.busy_core_s / (cores * s.wall_s) if s.wall_s else 0.0,
-            "rewards_passed": sum(s.rewards), "failures": len(s.failures)}
+    return {
+        "run": name,
+        "mean_act_s": statistics.fmean(acts) if acts else 0.0,
+        "p99_act_s": p99,
+        "step_time_s": s.wall_s,
+        "core_utilisation": s.busy_core_s / (cores * s.wall_s) if s.wall_s else 0.0,
+        "rewards_passed": sum(s.rewards),
+        "failures": len(s.failures),
+    }
 
 
 async def _main(ns: argparse.Namespace) -> list[dict]:
@@ -228,10 +250,19 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
     if not Path(sys.executable).with_name("python3").exists():
         py = shlex.quote(sys.executable)
     plans = make_plans(ns.trajectories, ns.seed)
-    services = {"judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.30, 2: 0.18},
-                          "restore_s": 0.4}}
-    apis = {"search": {"url": url, "method": "POST", "concurrency": 8, "quota": 15,
-                       "period_s": 1.0, "timeout_s": 10}}
+    services = {
+        "judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.30, 2: 0.18}, "restore_s": 0.4}
+    }
+    apis = {
+        "search": {
+            "url": url,
+            "method": "POST",
+            "concurrency": 8,
+            "quota": 15,
+            "period_s": 1.0,
+            "timeout_s": 10,
+        }
+    }
     console = Console(stderr=True)  # progress and warnings; stdout stays the table or JSON
     rows = []
     runs = ["tangram"] if ns.ray else ["tangram", "static"]
@@ -244,15 +275,24 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
                     session = ray_session(ns.ray)
                     address, opts = session.__enter__()
                     # each node's agent runs the CPU backend and a simulated GPU backend
-                    tg = Tangram.ray(address, services=services, apis=apis,
-                                     gpu_backend="sim", gpus_per_node=2,
-                                     **{"cpu_backend": ns.cpu_backend, **opts})
+                    tg = Tangram.ray(
+                        address,
+                        services=services,
+                        apis=apis,
+                        gpu_backend="sim",
+                        gpus_per_node=2,
+                        **{"cpu_backend": ns.cpu_backend, **opts},
+                    )
                 else:
                     session = None
                     # the judge is a modelled stand-in (no weights): simulated, also on a
                     # machine with GPUs (where the default would be the torch backend)
-                    tg = Tangram.local(cpu_backend=ns.cpu_backend, services=services,
-                                       apis=apis, gpu={"backend": "sim"})
+                    tg = Tangram.local(
+                        cpu_backend=ns.cpu_backend,
+                        services=services,
+                        apis=apis,
+                        gpu={"backend": "sim"},
+                    )
                 try:
                     async with tg:
                         cores = tg.cpu.pool.capacity()
@@ -271,27 +311,43 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram demo", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--trajectories", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cpu-backend", default="auto",
-                   help="auto | cgroup | docker | affinity (default: best available)")
+    p.add_argument(
+        "--cpu-backend",
+        default="auto",
+        help="auto | cgroup | docker | affinity (default: best available)",
+    )
     p.add_argument("--only", choices=["tangram", "static"], help="run one of the two")
-    p.add_argument("--ray", metavar="ADDRESS",
-                   help="run over a Ray cluster: an address, or local:N[xC] to start N local "
-                        "nodes of C cores (sim backend); the static baseline is skipped")
-    p.add_argument("--rollout", choices=["agentic", "coding"], default="agentic",
-                   help="agentic: the rollout above, twice (default); coding: the AI-coding "
-                        "rollout of evaluation.coding_rollout (a task image, a forked GRPO "
-                        "group of 8, the project's tests as the reward; bwrap backend)")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run over a Ray cluster: an address, or local:N[xC] to start N local "
+        "nodes of C cores (sim backend); the static baseline is skipped",
+    )
+    p.add_argument(
+        "--rollout",
+        choices=["agentic", "coding"],
+        default="agentic",
+        help="agentic: the rollout above, twice (default); coding: the AI-coding "
+        "rollout of evaluation.coding_rollout (a task image, a forked GRPO "
+        "group of 8, the project's tests as the reward; bwrap backend)",
+    )
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     if ns.rollout == "coding":
         out = coding_rollout.run(log=lambda line: None if ns.json else print(line))
         print(json.dumps(out) if ns.json else coding_rollout.render(out))
-        return 0 if all(s["reward"] == 1.0 for s in out["samples"]
-                        if s["patch"].startswith("fix")) else 1
+        return (
+            0
+            if all(s["reward"] == 1.0 for s in out["samples"] if s["patch"].startswith("fix"))
+            else 1
+        )
     if ns.trajectories < 1:
         p.error("--trajectories must be at least 1")
     rows = asyncio.run(_main(ns))
@@ -299,16 +355,31 @@ def main(argv: list[str]) -> int:
         print(json.dumps(rows))
         return 0
     t = Table(title=f"tangram demo: {ns.trajectories} trajectories on this machine")
-    for c in ("run", "mean ACT (s)", "p99 ACT (s)", "step time (s)", "core utilisation",
-              "rewards passed", "failures"):
+    for c in (
+        "run",
+        "mean ACT (s)",
+        "p99 ACT (s)",
+        "step time (s)",
+        "core utilisation",
+        "rewards passed",
+        "failures",
+    ):
         t.add_column(c)
     for r in rows:
-        t.add_row(r["run"], f"{r['mean_act_s']:.2f}", f"{r['p99_act_s']:.2f}",
-                  f"{r['step_time_s']:.1f}", f"{r['core_utilisation']:.0%}",
-                  str(r["rewards_passed"]), str(r["failures"]))
+        t.add_row(
+            r["run"],
+            f"{r['mean_act_s']:.2f}",
+            f"{r['p99_act_s']:.2f}",
+            f"{r['step_time_s']:.1f}",
+            f"{r['core_utilisation']:.0%}",
+            str(r["rewards_passed"]),
+            str(r["failures"]),
+        )
     Console().print(t)
     if len(rows) == 2:
         a, b = rows
-        Console().print(f"Tangram vs static pods: mean ACT {b['mean_act_s'] / a['mean_act_s']:.1f}x"
-                        f" shorter, step time {b['step_time_s'] / a['step_time_s']:.1f}x shorter.")
+        Console().print(
+            f"Tangram vs static pods: mean ACT {b['mean_act_s'] / a['mean_act_s']:.1f}x"
+            f" shorter, step time {b['step_time_s'] / a['step_time_s']:.1f}x shorter."
+        )
     return 0 if all(r["failures"] == 0 for r in rows) else 1

@@ -74,11 +74,17 @@ def backend_check(size_mb: int, repeats: int) -> dict:
         tensors = len(backend.host["svc"])
         await backend.close()
         r = statistics.median(restores)
-        return {"bytes": cfg.nbytes(), "tensors": tensors,
-                "restore_s": r, "restore_gbps": cfg.nbytes() / r / 1e9,
-                "evict_s": statistics.median(evicts), "invoke_s": infer,
-                "allocated_after_restore": grew, "allocated_after_evict": freed,
-                "logprobs_finite": all(math.isfinite(v) for v in out["logprobs"][0])}
+        return {
+            "bytes": cfg.nbytes(),
+            "tensors": tensors,
+            "restore_s": r,
+            "restore_gbps": cfg.nbytes() / r / 1e9,
+            "evict_s": statistics.median(evicts),
+            "invoke_s": infer,
+            "allocated_after_restore": grew,
+            "allocated_after_evict": freed,
+            "logprobs_finite": all(math.isfinite(v) for v in out["logprobs"][0]),
+        }
 
     return asyncio.run(go())
 
@@ -95,17 +101,27 @@ def pool_check() -> dict:
         async with tg:
             st = tg.status()
             r = await tg.invoke("lm", {"tokens": [[1, 2, 3, 4]]}, gpus=1)
-            return {"pool_gpus": tg.gpu.pool.capacity(), "cuda_devices": torch.cuda.device_count(),
-                    "gpu_backend": st.gpu_backend, "gpu_simulated": st.gpu_simulated,
-                    "gpu_pool": st.gpu_pool, "call_status": str(r.status),
-                    "call_restore_s": r.restore_s,
-                    "call_logprobs": len(r.output["logprobs"][0]) if r.output else 0}
+            return {
+                "pool_gpus": tg.gpu.pool.capacity(),
+                "cuda_devices": torch.cuda.device_count(),
+                "gpu_backend": st.gpu_backend,
+                "gpu_simulated": st.gpu_simulated,
+                "gpu_pool": st.gpu_pool,
+                "call_status": str(r.status),
+                "call_restore_s": r.restore_s,
+                "call_logprobs": len(r.output["logprobs"][0]) if r.output else 0,
+            }
 
     out = asyncio.run(go())
     n = out["cuda_devices"]
-    out["pool_ok"] = (out["gpu_backend"] == "torch" and out["gpu_simulated"] is False
-                      and 1 <= out["pool_gpus"] <= n and is_pow2(out["pool_gpus"])
-                      and out["call_status"] == "ok" and out["call_logprobs"] == 3)
+    out["pool_ok"] = (
+        out["gpu_backend"] == "torch"
+        and out["gpu_simulated"] is False
+        and 1 <= out["pool_gpus"] <= n
+        and is_pow2(out["pool_gpus"])
+        and out["call_status"] == "ok"
+        and out["call_logprobs"] == 3
+    )
     return out
 
 
@@ -120,31 +136,43 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to check", file=sys.stderr)
         return 2
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
-              "raw_pinned_h2d_gbps": raw_copy_gbps(ns.size_mb * 10**6, ns.repeats)}
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "raw_pinned_h2d_gbps": raw_copy_gbps(ns.size_mb * 10**6, ns.repeats),
+    }
     result.update(backend_check(ns.size_mb, ns.repeats))
     result["restore_vs_raw"] = result["restore_gbps"] / result["raw_pinned_h2d_gbps"]
     result["production_path"] = pool_check()
-    ok = (all(g >= result["bytes"] for g in result["allocated_after_restore"])
-          and all(f == 0 for f in result["allocated_after_evict"])
-          and result["logprobs_finite"] and result["production_path"]["pool_ok"])
+    ok = (
+        all(g >= result["bytes"] for g in result["allocated_after_restore"])
+        and all(f == 0 for f in result["allocated_after_evict"])
+        and result["logprobs_finite"]
+        and result["production_path"]["pool_ok"]
+    )
     result["checks_pass"] = ok
     if ns.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"GPU {result['gpu']}, torch {result['torch']}")
         print(f"raw pinned H2D copy         {result['raw_pinned_h2d_gbps']:6.1f} GB/s")
-        print(f"torch backend restore       {result['restore_gbps']:6.1f} GB/s "
-              f"({result['restore_vs_raw']:.0%} of raw; {result['bytes'] / 1e9:.2f} GB in "
-              f"{result['tensors']} tensors, {result['restore_s'] * 1e3:.1f} ms)")
+        print(
+            f"torch backend restore       {result['restore_gbps']:6.1f} GB/s "
+            f"({result['restore_vs_raw']:.0%} of raw; {result['bytes'] / 1e9:.2f} GB in "
+            f"{result['tensors']} tensors, {result['restore_s'] * 1e3:.1f} ms)"
+        )
         print(f"evict {result['evict_s'] * 1e3:.2f} ms, invoke {result['invoke_s'] * 1e3:.1f} ms")
-        print(f"memory counters: +{result['allocated_after_restore']} after restore, "
-              f"{result['allocated_after_evict']} after evict -> "
-              f"{'ok' if ok else 'FAILED'}")
+        print(
+            f"memory counters: +{result['allocated_after_restore']} after restore, "
+            f"{result['allocated_after_evict']} after evict -> "
+            f"{'ok' if ok else 'FAILED'}"
+        )
         pp = result["production_path"]
-        print(f"Tangram.local(): {pp['pool_gpus']} of {pp['cuda_devices']} GPUs on "
-              f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
-              f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}")
+        print(
+            f"Tangram.local(): {pp['pool_gpus']} of {pp['cuda_devices']} GPUs on "
+            f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
+            f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}"
+        )
     return 0 if ok else 1
 
 

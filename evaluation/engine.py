@@ -113,9 +113,15 @@ class Engine:
     `progress(done)` after every instant. `timed=False` skips the decisions' CPU clock (two
     system calls a decision: a tenth of an open-loop replay's time)."""
 
-    def __init__(self, scheduler: Scheduler, executors: Mapping[str, SimExecutor] | None = None,
-                 *, on_decision: Callable[[Scheduler, float], None] | None = None,
-                 progress: Callable[[int], None] | None = None, timed: bool = True) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executors: Mapping[str, SimExecutor] | None = None,
+        *,
+        on_decision: Callable[[Scheduler, float], None] | None = None,
+        progress: Callable[[int], None] | None = None,
+        timed: bool = True,
+    ) -> None:
         self.scheduler = scheduler
         self.timed = timed or on_decision is not None
         self.executors = dict(executors or {})
@@ -126,9 +132,14 @@ class Engine:
         self._truth: dict[str, Action] = {}
         self._run: dict[str, tuple[float, float, bool | None, Status]] = {}
         self.records: dict[str, ActionRecord] = {}
-        self.counters: dict[str, float] = {"events": 0.0, "restores": 0.0,
-                                           "decide_wall_s": 0.0, "decide_cpu_s": 0.0,
-                                           "overhead_s": 0.0, "timeouts": 0.0}
+        self.counters: dict[str, float] = {
+            "events": 0.0,
+            "restores": 0.0,
+            "decide_wall_s": 0.0,
+            "decide_cpu_s": 0.0,
+            "overhead_s": 0.0,
+            "timeouts": 0.0,
+        }
         self._cpu_s = array("d")
         self._wakes: set[float] = set()
 
@@ -172,8 +183,10 @@ class Engine:
             if self.progress is not None:
                 self.progress(done)
         if sched.queue:
-            raise TangramError(f"{len(sched.queue)} actions never started (first: "
-                               f"{next(iter(sched.queue.keys()))})")
+            raise TangramError(
+                f"{len(sched.queue)} actions never started (first: "
+                f"{next(iter(sched.queue.keys()))})"
+            )
         self.counters["decisions"] = sched.decisions
         self.counters["actions"] = done
         return EngineRun(self.records, self.counters, self._cpu_s)
@@ -230,6 +243,7 @@ class Engine:
             if ex is not None:
                 ex.end(a, now)
         self.counters["timeouts"] += status is Status.TIMEOUT
-        self.records[aid] = ActionRecord(a.action.submit_time, start, now, dict(a.units),
-                                         restored, status, dict(a.placement))
+        self.records[aid] = ActionRecord(
+            a.action.submit_time, start, now, dict(a.units), restored, status, dict(a.placement)
+        )
         return a.action

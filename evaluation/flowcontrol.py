@@ -41,13 +41,17 @@ class LearnedLimits(IdleByDesign):
 
     def attach(self, pools, executors) -> None:
         self.life.attach(pools, executors)
-        self.windows = {r: AimdWindow(k, self.probe_after, most=pools[r].capacity())
-                        for r, k in self.limits.items() if r in pools}
+        self.windows = {
+            r: AimdWindow(k, self.probe_after, most=pools[r].capacity())
+            for r, k in self.limits.items()
+            if r in pools
+        }
         for up in {id(e): e for e in executors.values() if isinstance(e, ApiUpstream)}.values():
             up.listeners.append(self._hear)
 
-    def _hear(self, resource: str, refused: bool, in_flight: int, retry_after_s: float,
-              now: float) -> None:
+    def _hear(
+        self, resource: str, refused: bool, in_flight: int, retry_after_s: float, now: float
+    ) -> None:
         w = self.windows.get(resource)
         if w is None:
             return
@@ -56,10 +60,14 @@ class LearnedLimits(IdleByDesign):
         else:
             w.answered(now)
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
-        room = {r: w.allowed(now) - (view.pools[r].capacity() - view.pools[r].free())
-                for r, w in self.windows.items() if r in view.pools}
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
+        room = {
+            r: w.allowed(now) - (view.pools[r].capacity() - view.pools[r].free())
+            for r, w in self.windows.items()
+            if r in view.pools
+        }
         out = []
         for a in self.inner.allocate(view, queue, now):
             mine = [r for r in a.units if r in room]

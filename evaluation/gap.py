@@ -90,8 +90,9 @@ class Timed:
         self.seconds = 0.0
         self.decisions = 0
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         t0 = time.perf_counter()
         out = self.inner.allocate(view, queue, now)
         self.seconds += time.perf_counter() - t0
@@ -99,8 +100,9 @@ class Timed:
         return out
 
 
-def run_one(cls: InstanceClass, seed: int, policies: dict[str, tuple[str, dict]],
-            time_limit: float) -> GapRow:
+def run_one(
+    cls: InstanceClass, seed: int, policies: dict[str, tuple[str, dict]], time_limit: float
+) -> GapRow:
     inst = parse_instance(random_instance_doc(cls, seed))
     exact = solve_schedule(inst, "cpsat", time_limit)
     fcfs = fcfs_optimum(inst, time_limit)
@@ -114,33 +116,58 @@ def run_one(cls: InstanceClass, seed: int, policies: dict[str, tuple[str, dict]]
     return gap_row(cls, seed, exact, fcfs, acts, secs, per)
 
 
-def gap_row(cls: InstanceClass, seed: int, exact: Schedule, fcfs: float,
-            acts: dict[str, float], secs: dict[str, float],
-            per: dict[str, float] | None = None) -> GapRow:
+def gap_row(
+    cls: InstanceClass,
+    seed: int,
+    exact: Schedule,
+    fcfs: float,
+    acts: dict[str, float],
+    secs: dict[str, float],
+    per: dict[str, float] | None = None,
+) -> GapRow:
     """The row of one instance. The FCFS-constrained optimum is kept as solved, never clamped
     to the unconstrained one: below it, the unconstrained solve did not reach its optimum in
     the time limit, and the negative order gap shows that instead of hiding it."""
-    return GapRow(cls.name, cls.arrivals, cls.size, seed, exact.total_act, exact.status,
-                  exact.solve_s, fcfs, acts, secs, dict(per or {}))
+    return GapRow(
+        cls.name,
+        cls.arrivals,
+        cls.size,
+        seed,
+        exact.total_act,
+        exact.status,
+        exact.solve_s,
+        fcfs,
+        acts,
+        secs,
+        dict(per or {}),
+    )
 
 
 def summary(rows: list[GapRow], labels: list[str]) -> list[dict]:
     """Per class: proofs, the order gap, and per policy the mean and worst gap to the exact
     optimum (and to the receding-horizon policy when it ran), with the worst instance."""
     out = []
-    for cls in sorted({r.cls for r in rows}, key=lambda c: (c.split("/")[0],
-                                                             ARRIVALS.index(c.split("/")[1]))):
+    for cls in sorted(
+        {r.cls for r in rows}, key=lambda c: (c.split("/")[0], ARRIVALS.index(c.split("/")[1]))
+    ):
         group = [r for r in rows if r.cls == cls]
-        entry: dict = {"class": cls, "instances": len(group),
-                       "proved": sum(r.status == SolveStatus.OPTIMAL for r in group),
-                       "order_mean": statistics.mean(r.order_gap for r in group),
-                       "order_worst": max(r.order_gap for r in group), "policies": {}}
+        entry: dict = {
+            "class": cls,
+            "instances": len(group),
+            "proved": sum(r.status == SolveStatus.OPTIMAL for r in group),
+            "order_mean": statistics.mean(r.order_gap for r in group),
+            "order_worst": max(r.order_gap for r in group),
+            "policies": {},
+        }
         for lb in labels:
             gaps = [r.gap(lb) for r in group]
             worst = max(group, key=lambda r: r.gap(lb))
-            p = {"mean": statistics.mean(gaps), "worst": max(gaps), "worst_seed": worst.seed,
-                 "decision_ms": 1e3 * statistics.mean(r.decision_s.get(lb, 0.0)
-                                                      for r in group)}
+            p = {
+                "mean": statistics.mean(gaps),
+                "worst": max(gaps),
+                "worst_seed": worst.seed,
+                "decision_ms": 1e3 * statistics.mean(r.decision_s.get(lb, 0.0) for r in group),
+            }
             if RH in labels and lb != RH:
                 p["vs_rh_mean"] = statistics.mean(r.gap(lb, RH) for r in group)
             entry["policies"][lb] = p
@@ -149,8 +176,10 @@ def summary(rows: list[GapRow], labels: list[str]) -> list[dict]:
 
 
 def _table(summ: list[dict], labels: list[str]) -> Table:
-    t = Table(title="gap to the exact optimum, % of total ACT: mean / worst (seed)"
-              + ("; [vs cpsat policy]" if RH in labels else ""))
+    t = Table(
+        title="gap to the exact optimum, % of total ACT: mean / worst (seed)"
+        + ("; [vs cpsat policy]" if RH in labels else "")
+    )
     for col in ["class", "cause", "proved", "order (fcfs opt)"]:
         t.add_column(col, justify="left" if col in ("class", "cause") else "right")
     for lb in labels:
@@ -164,30 +193,48 @@ def _table(summ: list[dict], labels: list[str]) -> Table:
             if "vs_rh_mean" in p:
                 cell += f" [{p['vs_rh_mean']:+.1f}]"
             cells.append(cell)
-        t.add_row(e["class"], cause, f"{e['proved']}/{e['instances']}",
-                  f"{e['order_mean']:+.1f} / {e['order_worst']:+.1f}", *cells)
+        t.add_row(
+            e["class"],
+            cause,
+            f"{e['proved']}/{e['instances']}",
+            f"{e['order_mean']:+.1f} / {e['order_worst']:+.1f}",
+            *cells,
+        )
     return t
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram gap", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram gap",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--instances", type=int, default=3, help="instances per class (default 3)")
     p.add_argument("--seed", type=int, default=0, help="first seed (default 0)")
     p.add_argument("--size", type=int, default=6, help="actions per instance (default 6)")
-    p.add_argument("--time-limit", type=float, default=30.0,
-                   help="CP-SAT time limit per instance (default 30 s)")
-    p.add_argument("--with-cpsat-policy", action="store_true",
-                   help="also simulate the receding-horizon exact policy `cpsat` (the "
-                        "information split)")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=30.0,
+        help="CP-SAT time limit per instance (default 30 s)",
+    )
+    p.add_argument(
+        "--with-cpsat-policy",
+        action="store_true",
+        help="also simulate the receding-horizon exact policy `cpsat` (the information split)",
+    )
     p.add_argument("--rows", action="store_true", help="print every instance too (--json)")
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     policies = dict(POLICIES)
     if ns.with_cpsat_policy:
         policies[RH] = ("cpsat", {})
-    jobs = [(InstanceClass(pool, arr, ns.size), ns.seed + i)
-            for pool in POOLS for arr in ARRIVALS for i in range(ns.instances)]
+    jobs = [
+        (InstanceClass(pool, arr, ns.size), ns.seed + i)
+        for pool in POOLS
+        for arr in ARRIVALS
+        for i in range(ns.instances)
+    ]
     rows = []
     console = Console(stderr=ns.json, width=max(150, Console().width))
     with Progress(console=console, transient=True) as bar:
@@ -200,17 +247,27 @@ def main(argv: list[str]) -> int:
     if ns.json:
         doc: dict = {"classes": summ}
         if ns.rows:
-            doc["rows"] = [{"class": r.cls, "size": r.size, "seed": r.seed, "exact": r.exact,
-                            "status": r.status, "exact_s": r.exact_s,
-                            "exact_fcfs": r.exact_fcfs, "total_act": r.policies,
-                            "gap_pct": {lb: r.gap(lb) for lb in r.policies},
-                            "policy_s": r.policy_s, "decision_s": r.decision_s}
-                           for r in rows]
+            doc["rows"] = [
+                {
+                    "class": r.cls,
+                    "size": r.size,
+                    "seed": r.seed,
+                    "exact": r.exact,
+                    "status": r.status,
+                    "exact_s": r.exact_s,
+                    "exact_fcfs": r.exact_fcfs,
+                    "total_act": r.policies,
+                    "gap_pct": {lb: r.gap(lb) for lb in r.policies},
+                    "policy_s": r.policy_s,
+                    "decision_s": r.decision_s,
+                }
+                for r in rows
+            ]
         print(json.dumps(doc))
     else:
         console.print(_table(summ, labels))
-        ms = {lb: statistics.mean(e["policies"][lb]["decision_ms"] for e in summ)
-              for lb in labels}
-        console.print("mean decision time (ms): "
-                      + ", ".join(f"{lb} {v:.3f}" for lb, v in ms.items()))
+        ms = {lb: statistics.mean(e["policies"][lb]["decision_ms"] for e in summ) for lb in labels}
+        console.print(
+            "mean decision time (ms): " + ", ".join(f"{lb} {v:.3f}" for lb, v in ms.items())
+        )
     return 0

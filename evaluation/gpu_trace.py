@@ -64,8 +64,13 @@ class _Restores:
         self.residency.end(a.action, where.node, chunk_of(where), now)
 
 
-def serve(actions: Iterable[Action], pool: ChunkPool, residency: Residency,
-          prefer: bool = True, default_infer_s: float = 1.0) -> list[ServedAction]:
+def serve(
+    actions: Iterable[Action],
+    pool: ChunkPool,
+    residency: Residency,
+    prefer: bool = True,
+    default_infer_s: float = 1.0,
+) -> list[ServedAction]:
     """Run every action (a GPU demand of one amount on `pool.resource`, a `service`) FCFS.
 
     An action's duration is its own `duration`, else its service's profiled inference time,
@@ -75,8 +80,13 @@ def serve(actions: Iterable[Action], pool: ChunkPool, residency: Residency,
     timed = []
     for a in sorted(actions, key=lambda a: a.submit_time):
         service = residency.registry.get(a.service)
-        timed.append(a if a.duration else dataclasses.replace(
-            a, duration=service.infer_seconds(k_of(a, res), default_infer_s)))
+        timed.append(
+            a
+            if a.duration
+            else dataclasses.replace(
+                a, duration=service.infer_seconds(k_of(a, res), default_infer_s)
+            )
+        )
     pool.advisor = _PreferOnly(residency) if prefer else None
     model = _Restores(residency, res)
     sched = Scheduler({res: pool}, get_allocator("min"))
@@ -84,9 +94,18 @@ def serve(actions: Iterable[Action], pool: ChunkPool, residency: Residency,
     served = []
     for a in timed:
         r, d = out[a.id], model.decisions[a.id]
-        served.append(ServedAction(a.id, residency.registry.get(a.service).name, d.node,
-                                   d.chunk, r.start, r.end, d.restored,
-                                   tuple(e.service for e in d.evicted)))
+        served.append(
+            ServedAction(
+                a.id,
+                residency.registry.get(a.service).name,
+                d.node,
+                d.chunk,
+                r.start,
+                r.end,
+                d.restored,
+                tuple(e.service for e in d.evicted),
+            )
+        )
     served.sort(key=lambda s: s.start)  # stable: equal starts keep arrival order
     return served
 

@@ -50,8 +50,15 @@ def sources(params: Any) -> list[ParamInfo]:
         if not f.init or f.name.startswith("_"):
             continue
         md = f.metadata
-        out.append(ParamInfo(f.name, getattr(params, f.name), md.get("kind", ""),
-                             md.get("source", ""), md.get("range")))
+        out.append(
+            ParamInfo(
+                f.name,
+                getattr(params, f.name),
+                md.get("kind", ""),
+                md.get("source", ""),
+                md.get("range"),
+            )
+        )
     return out
 
 

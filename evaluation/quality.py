@@ -55,8 +55,16 @@ def amdahl_doc(rng: random.Random, online: bool) -> dict:
         amounts = sorted({1, *[rng.randint(1, units) for _ in range(rng.randint(0, 4))]})
         alpha = rng.uniform(0, 0.3)
         eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
-        acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
-                     "t_ori": rng.uniform(1, 10), "efficiency": eff})
+        acts.append(
+            {
+                "id": f"a{i}",
+                "arrival": t,
+                "key": "cpu",
+                "demand": {"cpu": amounts},
+                "t_ori": rng.uniform(1, 10),
+                "efficiency": eff,
+            }
+        )
     return {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
 
 
@@ -70,9 +78,11 @@ def flat_arrivals_doc(rng: random.Random) -> dict:
         amounts = sorted({rng.randint(1, units) for _ in range(rng.randint(1, 3))})
         a: dict = {"id": f"a{i}", "arrival": t, "demand": {"cpu": amounts}}
         if len(amounts) > 1 or rng.random() < 0.3:
-            a.update(key="cpu", t_ori=rng.uniform(0.5, 5),
-                     efficiency={str(m): rng.uniform(0.4, 1.0) if m > 1 else 1.0
-                                 for m in amounts})
+            a.update(
+                key="cpu",
+                t_ori=rng.uniform(0.5, 5),
+                efficiency={str(m): rng.uniform(0.4, 1.0) if m > 1 else 1.0 for m in amounts},
+            )
         else:
             a["duration"] = rng.uniform(0.1, 3)
         acts.append(a)
@@ -106,8 +116,11 @@ def policy(spec: str) -> Callable[[], Allocator]:
     for item in filter(None, rest.split(",")):
         k, _, v = item.partition("=")
         low = v.lower()
-        options[k] = (low == "true") if low in ("true", "false") else (
-            int(v) if v.lstrip("-").isdigit() else float(v))
+        options[k] = (
+            (low == "true")
+            if low in ("true", "false")
+            else (int(v) if v.lstrip("-").isdigit() else float(v))
+        )
     get_allocator(name, **options)  # a bad name or option fails here, naming it
     return lambda: get_allocator(name, **options)
 
@@ -121,9 +134,14 @@ def ratios(kind: str, n: int, seed: int, a, b) -> dict:
     rs = [(ratio_of(instance_doc(kind, s), a, b), s) for s in range(seed, seed + n)]
     worst = max(rs)
     vals = [r for r, _ in rs]
-    return {"instances": n, "median": statistics.median(vals), "mean": statistics.mean(vals),
-            "worse_share": sum(r > 1 + 1e-9 for r in vals) / n, "worst": worst[0],
-            "worst_seed": worst[1]}
+    return {
+        "instances": n,
+        "median": statistics.median(vals),
+        "mean": statistics.mean(vals),
+        "worse_share": sum(r > 1 + 1e-9 for r in vals) / n,
+        "worst": worst[0],
+        "worst_seed": worst[1],
+    }
 
 
 def _mutate(rng: random.Random, doc: dict) -> dict:
@@ -133,8 +151,7 @@ def _mutate(rng: random.Random, doc: dict) -> dict:
     a = rng.choice(acts)
     what = rng.randrange(3)
     if what == 0:  # its amounts
-        a["demand"]["cpu"] = sorted({1, *[rng.randint(1, units)
-                                         for _ in range(rng.randint(0, 3))]})
+        a["demand"]["cpu"] = sorted({1, *[rng.randint(1, units) for _ in range(rng.randint(0, 3))]})
         alpha = rng.uniform(0, 0.5)
         a["efficiency"] = {str(m): amdahl_efficiency(m, alpha) for m in a["demand"]["cpu"]}
     elif what == 1:  # its work
@@ -142,8 +159,9 @@ def _mutate(rng: random.Random, doc: dict) -> dict:
     else:  # one efficiency, kept in (0, 1] and at 1 for one unit
         m = rng.choice(a["demand"]["cpu"])
         if m > 1:
-            a["efficiency"][str(m)] = min(1.0, max(0.05, a["efficiency"][str(m)]
-                                                   * rng.uniform(0.7, 1.3)))
+            a["efficiency"][str(m)] = min(
+                1.0, max(0.05, a["efficiency"][str(m)] * rng.uniform(0.7, 1.3))
+            )
     return new
 
 
@@ -152,8 +170,13 @@ def search(kind: str, budget: int, seed: int, a, b, starts: int = 0) -> tuple[fl
     (a quarter of the budget by default), then hill climbing from the worst few."""
     rng = random.Random(seed)
     starts = starts or max(1, budget // 4)
-    pool = sorted(((ratio_of(d := instance_doc(kind, seed * 100_003 + i), a, b), i, d)
-                   for i in range(starts)), key=lambda x: -x[0])[:5]
+    pool = sorted(
+        (
+            (ratio_of(d := instance_doc(kind, seed * 100_003 + i), a, b), i, d)
+            for i in range(starts)
+        ),
+        key=lambda x: -x[0],
+    )[:5]
     best_r, _, best = pool[0]
     left = budget - starts
     for r, _, doc in pool:
@@ -171,41 +194,57 @@ def search(kind: str, budget: int, seed: int, a, b, starts: int = 0) -> tuple[fl
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m evaluation.quality", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m evaluation.quality",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("ratio", "search"):
         q = sub.add_parser(name)
         q.add_argument("a", help="policy (name or name:key=value,...)")
         q.add_argument("b", help="the reference policy")
-        q.add_argument("--kind", choices=KINDS if name == "ratio" else KINDS[:2],
-                       default="online")
+        q.add_argument("--kind", choices=KINDS if name == "ratio" else KINDS[:2], default="online")
         q.add_argument("--seed", type=int, default=0)
         if name == "ratio":
             q.add_argument("--instances", type=int, default=500)
         else:
-            q.add_argument("--budget", type=int, default=3000,
-                           help="instances simulated (each through both policies)")
+            q.add_argument(
+                "--budget",
+                type=int,
+                default=3000,
+                help="instances simulated (each through both policies)",
+            )
     q = sub.add_parser("conservation")
     q.add_argument("--instances", type=int, default=60)
     q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--policies", default=None,
-                   help="comma-separated (default: every runtime policy but cpsat, pulp)")
+    q.add_argument(
+        "--policies",
+        default=None,
+        help="comma-separated (default: every runtime policy but cpsat, pulp)",
+    )
     ns = p.parse_args(argv)
     if ns.cmd == "conservation":
-        names = (ns.policies.split(",") if ns.policies else
-                 [n for n in runtime_policies() if n not in ("cpsat", "pulp")])
+        names = (
+            ns.policies.split(",")
+            if ns.policies
+            else [n for n in runtime_policies() if n not in ("cpsat", "pulp")]
+        )
         for name, (bad, idle) in conservation(ns.instances, ns.seed, names).items():
-            print(f"{name}: waste on {bad} of {ns.instances} instances (seeds {ns.seed}-"
-                  f"{ns.seed + ns.instances - 1}), {idle:.2f} idle unit-seconds")
+            print(
+                f"{name}: waste on {bad} of {ns.instances} instances (seeds {ns.seed}-"
+                f"{ns.seed + ns.instances - 1}), {idle:.2f} idle unit-seconds"
+            )
         return 0
     a, b = policy(ns.a), policy(ns.b)
     if ns.cmd == "ratio":
         out = ratios(ns.kind, ns.instances, ns.seed, a, b)
-        print(f"{ns.a} / {ns.b}, {ns.kind}, seeds {ns.seed}-{ns.seed + ns.instances - 1}: "
-              f"median {out['median']:.3f}, mean {out['mean']:.3f}, worse on "
-              f"{100 * out['worse_share']:.1f}%, worst {out['worst']:.3f} (seed "
-              f"{out['worst_seed']})")
+        print(
+            f"{ns.a} / {ns.b}, {ns.kind}, seeds {ns.seed}-{ns.seed + ns.instances - 1}: "
+            f"median {out['median']:.3f}, mean {out['mean']:.3f}, worse on "
+            f"{100 * out['worse_share']:.1f}%, worst {out['worst']:.3f} (seed "
+            f"{out['worst_seed']})"
+        )
     else:
         r, doc = search(ns.kind, ns.budget, ns.seed, a, b)
         print(f"{ns.a} / {ns.b}, {ns.kind}: worst found {r:.3f} in {ns.budget} instances")

@@ -23,23 +23,34 @@ from tangram.instance import Instance, load_instance
 def check_result(instance: Instance, result: SimResult) -> ConservationReport:
     """The work-conservation check of a simulated schedule of `instance`."""
     recs = result.records  # in the instance's order: the queue's, among equal arrivals
-    schedule = [Started(a, recs[a.id].start, recs[a.id].end, recs[a.id].units,
-                        recs[a.id].placement or {}) for a in instance.actions]
+    schedule = [
+        Started(a, recs[a.id].start, recs[a.id].end, recs[a.id].units, recs[a.id].placement or {})
+        for a in instance.actions
+    ]
     return check_schedule(instance.build_pools(), schedule, instance.bindings)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tangram replay", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram replay",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file", help="instance JSON (docs/architecture.md §5)")
-    p.add_argument("--allocator", default="heuristic",
-                   help="policy name (heuristic, min, cpsat, pulp, ...)")
+    p.add_argument(
+        "--allocator", default="heuristic", help="policy name (heuristic, min, cpsat, pulp, ...)"
+    )
     p.add_argument("--depth", type=int, default=None, help="heuristic depth (default 2)")
-    p.add_argument("--check", action="store_true",
-                   help="check work conservation; exit 1 when an action waited beside free "
-                        "units it could use")
-    p.add_argument("--alone", action="store_true",
-                   help="without the scheduler's work-conservation rule (the policy alone)")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check work conservation; exit 1 when an action waited beside free units it could use",
+    )
+    p.add_argument(
+        "--alone",
+        action="store_true",
+        help="without the scheduler's work-conservation rule (the policy alone)",
+    )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     return p
 
@@ -66,23 +77,31 @@ def main(argv: list[str]) -> int:
     if services:
         table.add_column("restored")
     for aid, r in sorted(result.records.items(), key=lambda kv: (kv[1].start, kv[0])):
-        row = [aid, f"{r.arrival:g}", f"{r.start:g}", f"{r.end:g}",
-               ", ".join(f"{k}={v}" for k, v in r.units.items())]
+        row = [
+            aid,
+            f"{r.arrival:g}",
+            f"{r.start:g}",
+            f"{r.end:g}",
+            ", ".join(f"{k}={v}" for k, v in r.units.items()),
+        ]
         if services:
             row.append("" if r.restored is None else str(r.restored).lower())
         table.add_row(*row)
     console = Console()
     console.print(table)
-    console.print(f"total ACT: {result.total_act:g}   makespan: {result.makespan:g}   "
-                  f"(allocators: {', '.join(available())})")
+    console.print(
+        f"total ACT: {result.total_act:g}   makespan: {result.makespan:g}   "
+        f"(allocators: {', '.join(available())})"
+    )
     if report is not None:
         if not report:
             console.print("work conservation: no action waited beside free units it could use")
         for w in report.intervals:
             units = ", ".join(f"{k}={v}" for k, v in w.units.items())
-            console.print(f"work conservation: {w.action_id} waited {w.start:g} to {w.end:g} "
-                          f"while {units} it could use were free")
+            console.print(
+                f"work conservation: {w.action_id} waited {w.start:g} to {w.end:g} "
+                f"while {units} it could use were free"
+            )
         if report:
-            console.print(f"idle unit-seconds while work waited: "
-                          f"{report.idle_unit_seconds:g}")
+            console.print(f"idle unit-seconds while work waited: {report.idle_unit_seconds:g}")
     return status

@@ -62,13 +62,15 @@ class TruthGpuBackend(SimGpuBackend):
     async def invoke(self, service: Service, node: str, chunk: Chunk, payload: Any) -> Any:
         if (service.name, node, chunk) not in self.resident:
             raise RuntimeError(f"sim: {service.name} is not resident on {node}{chunk}")
-        await asyncio.sleep(modelled_duration(self.truth[payload],
-                                              {self.resource: chunk[1] - chunk[0]}))
+        await asyncio.sleep(
+            modelled_duration(self.truth[payload], {self.resource: chunk[1] - chunk[0]})
+        )
         return None
 
 
-def sim_api_manager(workload: Workload, pools: Mapping[str, Any], truth: Mapping[str, Action],
-                    clock) -> tuple[BasicManager, ApiUpstream] | None:
+def sim_api_manager(
+    workload: Workload, pools: Mapping[str, Any], truth: Mapping[str, Action], clock
+) -> tuple[BasicManager, ApiUpstream] | None:
     """The workload's API pools behind one basic manager (a concurrency gate per pool, as
     many slots as the pool has) whose calls take the action's modelled time plus what the
     simulated API server (`evaluation.upstream`, the engine's own model) adds: a 429 and its
@@ -82,8 +84,7 @@ def sim_api_manager(workload: Workload, pools: Mapping[str, Any], truth: Mapping
     async def execute(a: Assignment) -> None:
         extra, _ = up.begin(a, clock())
         try:
-            await asyncio.sleep(modelled_duration(truth[a.action.payload.json], a.units)
-                                + extra)
+            await asyncio.sleep(modelled_duration(truth[a.action.payload.json], a.units) + extra)
         finally:
             up.end(a, clock())
 
@@ -91,8 +92,12 @@ def sim_api_manager(workload: Workload, pools: Mapping[str, Any], truth: Mapping
     return BasicManager(limits, execute, clock=clock), up
 
 
-def run_on_runtime(workload: Workload, policy: str, open_s: float = 0.0,
-                   policy_options: Mapping[str, Any] | None = None) -> LoopResult:
+def run_on_runtime(
+    workload: Workload,
+    policy: str,
+    open_s: float = 0.0,
+    policy_options: Mapping[str, Any] | None = None,
+) -> LoopResult:
     """`workload` through `Tangram(policy=policy, policy_options=...)` on virtual time;
     `open_s`: environment start."""
     return vclock.run(_run(workload, policy, open_s, dict(policy_options or {})))
@@ -103,13 +108,17 @@ def runs_on_runtime(workload: Workload) -> bool:
     declared the GPU chunk pool they run on, and API pools (`api:<name>`); nothing else."""
     pools = workload.make_pools()
     gpu = workload.gpu.name if workload.gpu is not None and workload.gpu.services else None
-    return (all(r in ("cpu", gpu) or r.startswith("api:") for r in pools) and bool(pools)
-            and isinstance(pools.get("cpu", CorePool("cpu", {})), CorePool)
-            and (gpu is None or isinstance(pools.get(gpu), ChunkPool)))
+    return (
+        all(r in ("cpu", gpu) or r.startswith("api:") for r in pools)
+        and bool(pools)
+        and isinstance(pools.get("cpu", CorePool("cpu", {})), CorePool)
+        and (gpu is None or isinstance(pools.get(gpu), ChunkPool))
+    )
 
 
-def _managers(workload: Workload, truth: Mapping[str, Action],
-              loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
+def _managers(
+    workload: Workload, truth: Mapping[str, Action], loop: asyncio.AbstractEventLoop
+) -> dict[str, Any]:
     pools = workload.make_pools()
     out: dict[str, Any] = {}
     if "cpu" in pools:
@@ -121,8 +130,9 @@ def _managers(workload: Workload, truth: Mapping[str, Action],
 
         nodes = {n: pool.cpu_node(n) for n in pool.nodes()}
         mem = MEMORY_MB * max(1, len(workload.trajectories))
-        out["cpu"] = CpuManager(SimBackend(duration, time_scale=1.0), nodes=nodes,
-                                memory_mb={n: mem for n in nodes})
+        out["cpu"] = CpuManager(
+            SimBackend(duration, time_scale=1.0), nodes=nodes, memory_mb={n: mem for n in nodes}
+        )
     if workload.gpu is not None and workload.gpu.name in pools:
         r = workload.gpu.name
         residency = SimServiceModel(workload.gpu).residency  # the simulator's own sizing
@@ -131,7 +141,7 @@ def _managers(workload: Workload, truth: Mapping[str, Action],
         out["gpu"] = GpuManager(pool, residency, TruthGpuBackend(truth, r), clock=loop.time)
     api = sim_api_manager(workload, pools, truth, loop.time)
     if api is not None:
-        out["apis"] = {r[len("api:"):]: api[0] for r in api[0].pools()}
+        out["apis"] = {r[len("api:") :]: api[0] for r in api[0].pools()}
         out["upstream"] = api[1]
     return out
 
@@ -139,20 +149,27 @@ def _managers(workload: Workload, truth: Mapping[str, Action],
 async def _submit(tg: Tangram, env: str | None, a: Action) -> Result:
     api = next((r for r in a.demands if r.startswith("api:")), None)
     if api is not None:
-        return await tg.call_api(api[len("api:"):], a.id, kind=a.kind)
+        return await tg.call_api(api[len("api:") :], a.id, kind=a.kind)
     if a.service is not None:
         d = a.demands[tg.gpu.resource]
         return await tg.invoke(a.service, a.id, gpus=list(d.amounts), kind=a.kind)
     assert env is not None
-    return await tg.exec(env, f"{a.kind} {a.id}", cpu=a.demands["cpu"], elastic=a.is_elastic,
-                         timeout=a.timeout or 1e9, kind=a.kind)
+    return await tg.exec(
+        env,
+        f"{a.kind} {a.id}",
+        cpu=a.demands["cpu"],
+        elastic=a.is_elastic,
+        timeout=a.timeout or 1e9,
+        kind=a.kind,
+    )
 
 
 def _timed_decisions(tg: Tangram) -> dict[str, float]:
     """The engine's counters, to fill as the run goes; the scheduler's decisions timed in
     wall and CPU seconds as the engine times them (the same `Scheduler.decide`, wrapped)."""
-    counters = dict.fromkeys(("restores", "overhead_s", "timeouts", "decide_wall_s",
-                              "decide_cpu_s"), 0.0)
+    counters = dict.fromkeys(
+        ("restores", "overhead_s", "timeouts", "decide_wall_s", "decide_cpu_s"), 0.0
+    )
     decide = tg.scheduler.decide
 
     def timed(now: float):
@@ -162,18 +179,25 @@ def _timed_decisions(tg: Tangram) -> dict[str, float]:
         finally:
             counters["decide_wall_s"] += time.perf_counter() - t0
             counters["decide_cpu_s"] += time.thread_time() - c0
+
     tg.scheduler.decide = timed  # type: ignore[method-assign]
     return counters
 
 
-async def _run(workload: Workload, policy: str, open_s: float,
-               policy_options: dict[str, Any]) -> LoopResult:
+async def _run(
+    workload: Workload, policy: str, open_s: float, policy_options: dict[str, Any]
+) -> LoopResult:
     if not runs_on_runtime(workload):
-        raise ValidationError("workload.pools", sorted(workload.make_pools()), "the runtime "
-                              "engine runs a core pool named cpu, the GPU chunk pool of the "
-                              "declared services and api:<name> pools, nothing else")
-    truth: dict[str, Action] = {s.action.id: s.action for t in workload.trajectories
-                                for s in t.steps}
+        raise ValidationError(
+            "workload.pools",
+            sorted(workload.make_pools()),
+            "the runtime "
+            "engine runs a core pool named cpu, the GPU chunk pool of the "
+            "declared services and api:<name> pools, nothing else",
+        )
+    truth: dict[str, Action] = {
+        s.action.id: s.action for t in workload.trajectories for s in t.steps
+    }
     loop = asyncio.get_running_loop()
     managers = _managers(workload, truth, loop)
     up = managers.pop("upstream", None)
@@ -194,8 +218,9 @@ async def _run(workload: Workload, policy: str, open_s: float,
             r = await _submit(tg, env, s.action)
             start = submitted + r.queued_s
             restored = r.restore_s > 0 if s.action.service is not None else None
-            out.records[s.action.id] = ActionRecord(submitted, start, start + r.run_s,
-                                                    dict(r.units), restored, r.status)
+            out.records[s.action.id] = ActionRecord(
+                submitted, start, start + r.run_s, dict(r.units), restored, r.status
+            )
             counters["restores"] += bool(restored)
             counters["overhead_s"] += r.restore_s
             counters["timeouts"] += r.status is Status.TIMEOUT
@@ -205,8 +230,9 @@ async def _run(workload: Workload, policy: str, open_s: float,
             await tg.close_env(env)
 
     await asyncio.gather(*(trajectory(t) for t in workload.trajectories))
-    out.counters.update(counters, decisions=float(tg.scheduler.decisions),
-                        actions=float(len(out.records)))
+    out.counters.update(
+        counters, decisions=float(tg.scheduler.decisions), actions=float(len(out.records))
+    )
     if up is not None:  # as the engine counts them (`ClosedLoopSimulator.run`)
         half = max((e for _, e in out.spans.values()), default=0.0) / 2
         out.counters["api_429"] = float(up.total)

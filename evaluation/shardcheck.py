@@ -29,8 +29,9 @@ from tangram.sharding import ShardLayout
 
 def run_sharded(workload: Workload, policy: str, shards: int) -> tuple[LoopResult, list[tuple]]:
     make = functools.partial(ShardedScheduler, shards=shards, log_stream=True)
-    sim = ClosedLoopSimulator(workload, Policy(policy, get_allocator(policy), scoped=True,
-                                               make_scheduler=make))
+    sim = ClosedLoopSimulator(
+        workload, Policy(policy, get_allocator(policy), scoped=True, make_scheduler=make)
+    )
     try:
         result = sim.run()
     finally:
@@ -39,8 +40,11 @@ def run_sharded(workload: Workload, policy: str, shards: int) -> tuple[LoopResul
 
 
 def _keyed(now: float, grants: Iterable[Assignment]) -> list[tuple[str, str, str]]:
-    return sorted((r, a.placement[r].node, f"{now:.9g} {describe(a)}")
-                  for a in grants for r in sorted(a.units))
+    return sorted(
+        (r, a.placement[r].node, f"{now:.9g} {describe(a)}")
+        for a in grants
+        for r in sorted(a.units)
+    )
 
 
 @dataclass
@@ -55,16 +59,21 @@ class Comparison:
     detail: str = ""
 
 
-def compare_stream(stream: list[tuple], pools: Mapping[str, Pool], policy: str,
-                   layout: ShardLayout) -> Comparison:
+def compare_stream(
+    stream: list[tuple], pools: Mapping[str, Pool], policy: str, layout: ShardLayout
+) -> Comparison:
     """Feed the router's stream to one scoped `Scheduler` and compare every decision's grants.
     Where they first differ, say whether the single scheduler had left some shard's nodes with
     nothing running while actions bound there waited (its liveness rule is global: a shard's
     is per shard, so there the shard starts one and the single scheduler does not)."""
     sched = Scheduler(pools, get_allocator(policy), scoped=True)
-    calls: dict[str, Callable] = {"bind": sched.bind, "unbind": sched.unbind,
-                                  "enqueue": sched.enqueue, "cancel": sched.cancel,
-                                  "complete": sched.complete}
+    calls: dict[str, Callable] = {
+        "bind": sched.bind,
+        "unbind": sched.unbind,
+        "enqueue": sched.enqueue,
+        "cancel": sched.cancel,
+        "complete": sched.complete,
+    }
     out = Comparison()
     mine: list[tuple[str, str, str]] = []
     for ev in stream:
@@ -86,9 +95,12 @@ def compare_stream(stream: list[tuple], pools: Mapping[str, Pool], policy: str,
 
 
 def _stranded(sched: Scheduler, layout: ShardLayout) -> bool:
-    busy = {layout.shard_of(ra.assignment.placement[r].node)
-            for ra in sched.running.values() for r in ra.assignment.units
-            if r in layout.resources}
+    busy = {
+        layout.shard_of(ra.assignment.placement[r].node)
+        for ra in sched.running.values()
+        for r in ra.assignment.units
+        if r in layout.resources
+    }
     for a in sched.queue:
         for r in a.mins:
             node = sched.node_of(a, r)
@@ -109,6 +121,8 @@ if __name__ == "__main__":
     name, batch, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     w = get_workload(name, batch=batch, nodes=max(1, batch // 128), cores_per_node=128)
     c = compare(w, "heuristic", shards)
-    print(f"{name} batch {batch}, {shards} shards: {c.decisions} decisions, {c.grants} grants "
-          f"equal; first difference: {c.first_difference} (single scheduler stranded a shard "
-          f"there: {c.stranded}) {c.detail}")
+    print(
+        f"{name} batch {batch}, {shards} shards: {c.decisions} decisions, {c.grants} grants "
+        f"equal; first difference: {c.first_difference} (single scheduler stranded a shard "
+        f"there: {c.stranded}) {c.detail}"
+    )

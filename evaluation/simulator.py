@@ -23,8 +23,7 @@ from tangram.scheduler import Scheduler
 
 ARRIVAL = 1
 
-__all__ = ["ActionRecord", "SimExecutor", "SimResult", "Simulator", "modelled_duration",
-           "simulate"]
+__all__ = ["ActionRecord", "SimExecutor", "SimResult", "Simulator", "modelled_duration", "simulate"]
 
 
 @dataclass(slots=True)
@@ -72,11 +71,17 @@ class Arrivals(Driver):
 
 
 class Simulator:
-    def __init__(self, pools: Mapping[str, Pool], actions: Sequence[Action],
-                 allocator: Allocator, *, executors: Mapping[str, SimExecutor] | None = None,
-                 progress: Callable[[int], None] | None = None,
-                 bindings: Mapping[tuple[str, str], str] | None = None,
-                 scoped: bool = False) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, Pool],
+        actions: Sequence[Action],
+        allocator: Allocator,
+        *,
+        executors: Mapping[str, SimExecutor] | None = None,
+        progress: Callable[[int], None] | None = None,
+        bindings: Mapping[tuple[str, str], str] | None = None,
+        scoped: bool = False,
+    ) -> None:
         self.scheduler = Scheduler(pools, allocator, scoped=scoped)
         for (trajectory, resource), node in (bindings or {}).items():
             self.scheduler.bind(trajectory, resource, node)
@@ -92,8 +97,9 @@ class Simulator:
         return SimResult(out.records, out.counters)
 
 
-def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False,
-             conserve: bool = True) -> SimResult:
+def simulate(
+    instance, allocator: Allocator, progress=None, scoped: bool = False, conserve: bool = True
+) -> SimResult:
     """Run an `tangram.instance.Instance` through `allocator`, modelling services if declared
     (each chunk pool with services gets its own residency model and placement advisor;
     `conserve=False`: without the scheduler's work-conservation rule, the policy alone)."""
@@ -104,7 +110,14 @@ def simulate(instance, allocator: Allocator, progress=None, scoped: bool = False
             model = SimServiceModel(spec)
             executors[r] = model
             pools[r].advisor = model.advisor
-    sim = Simulator(pools, instance.actions, allocator, executors=executors,
-                    progress=progress, bindings=instance.bindings, scoped=scoped)
+    sim = Simulator(
+        pools,
+        instance.actions,
+        allocator,
+        executors=executors,
+        progress=progress,
+        bindings=instance.bindings,
+        scoped=scoped,
+    )
     sim.scheduler.conserve &= conserve
     return sim.run()

@@ -19,24 +19,38 @@ from tangram.instance import load_instance
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tangram solve", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram solve",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("file", help="instance JSON file (docs/architecture.md §5)")
     p.add_argument("--backend", choices=BACKENDS, default="cpsat")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
-                   help="solver time limit in seconds (default 60)")
-    p.add_argument("--resolution", type=float, default=DEFAULT_RESOLUTION, metavar="S",
-                   help=f"seconds per time tick; durations round up to it "
-                        f"(default {DEFAULT_RESOLUTION})")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="solver time limit in seconds (default 60)",
+    )
+    p.add_argument(
+        "--resolution",
+        type=float,
+        default=DEFAULT_RESOLUTION,
+        metavar="S",
+        help=f"seconds per time tick; durations round up to it (default {DEFAULT_RESOLUTION})",
+    )
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     return p
 
 
 def _table(doc: dict) -> str:
-    lines = [f"status {doc['status']}  total ACT {doc['total_act']:.4f} s  bound "
-             f"{'-' if doc['bound'] is None else format(doc['bound'], '.4f')}  "
-             f"({doc['backend']}, {doc['solve_s']:.2f} s, resolution {doc['resolution']} s)",
-             f"{'action':<12}{'start':>10}{'end':>10}  units"]
+    lines = [
+        f"status {doc['status']}  total ACT {doc['total_act']:.4f} s  bound "
+        f"{'-' if doc['bound'] is None else format(doc['bound'], '.4f')}  "
+        f"({doc['backend']}, {doc['solve_s']:.2f} s, resolution {doc['resolution']} s)",
+        f"{'action':<12}{'start':>10}{'end':>10}  units",
+    ]
     for aid, a in sorted(doc["actions"].items(), key=lambda kv: (kv[1]["start"], kv[0])):
         units = " ".join(f"{r}={u}" for r, u in a["units"].items())
         lines.append(f"{aid:<12}{a['start']:>10.3f}{a['end']:>10.3f}  {units}")
@@ -50,8 +64,15 @@ def main(argv: list[str]) -> int:
     try:
         doc = solve_schedule(instance, ns.backend, ns.time_limit, ns.resolution).to_json()
     except Infeasible as exc:
-        doc = {"total_act": None, "actions": {}, "status": SolveStatus.INFEASIBLE, "bound": None,
-               "backend": ns.backend, "resolution": ns.resolution, "reason": str(exc)}
+        doc = {
+            "total_act": None,
+            "actions": {},
+            "status": SolveStatus.INFEASIBLE,
+            "bound": None,
+            "backend": ns.backend,
+            "resolution": ns.resolution,
+            "reason": str(exc),
+        }
         print(json.dumps(doc) if ns.json else f"infeasible: {exc}")
         return 1
     print(json.dumps(doc, indent=2) if ns.json else _table(doc))

@@ -105,8 +105,9 @@ async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory]) -> Profile:
         envs = [await opened(i) for i in range(cores)]
         for _ in range(p.reps):
             for cmd, m in [*((c, 1) for c in commands), *((reward, m) for m in dops)]:
-                got = await asyncio.gather(*(tg.exec(env, cmd, cpu=m, timeout=TIMEOUT_S)
-                                             for env in envs[:cores // m]))
+                got = await asyncio.gather(
+                    *(tg.exec(env, cmd, cpu=m, timeout=TIMEOUT_S) for env in envs[: cores // m])
+                )
                 runs.setdefault((cmd, m), []).extend(r.run_s for r in got)
         for env in envs:
             await tg.close_env(env)
@@ -139,8 +140,9 @@ class Observed:
     # its start (the opening of its environment) and its actions
 
 
-async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
-                  dops: tuple[int, ...]) -> Observed:
+async def measure(
+    p: TwinParams, trajs: Sequence[TwinTrajectory], dops: tuple[int, ...]
+) -> Observed:
     """The workload for real through `Tangram.local()`, every action traced (`Done`)."""
     trace: dict[str, tuple[float, tuple[Done, ...]]] = {}
     async with Tangram.local() as tg:
@@ -156,19 +158,39 @@ async def measure(p: TwinParams, trajs: Sequence[TwinTrajectory],
                 await asyncio.sleep(s.think_s)
                 cpu = (dops[0], dops[-1]) if s.elastic and len(dops) > 1 else 1
                 submitted = time.monotonic() - t0
-                r = await tg.exec(env, s.command, cpu=cpu, elastic=s.elastic, timeout=TIMEOUT_S,
-                                  kind=twin_kind(s.command))
-                done.append(Done(s.command, s.elastic, r.units.get(tg.cpu.resource, 0),
-                                 submitted, submitted - last, r.queued_s, r.run_s))
+                r = await tg.exec(
+                    env,
+                    s.command,
+                    cpu=cpu,
+                    elastic=s.elastic,
+                    timeout=TIMEOUT_S,
+                    kind=twin_kind(s.command),
+                )
+                done.append(
+                    Done(
+                        s.command,
+                        s.elastic,
+                        r.units.get(tg.cpu.resource, 0),
+                        submitted,
+                        submitted - last,
+                        r.queued_s,
+                        r.run_s,
+                    )
+                )
                 last = submitted + r.queued_s + r.run_s  # its end, as the runtime timed it
             trace[t.id] = (start, tuple(done))
             await tg.close_env(env)
 
         await asyncio.gather(*(trajectory(t) for t in trajs))
     ds = [d for _, dd in trace.values() for d in dd]
-    return Observed([d.queued_s + d.run_s for d in ds], [d.run_s for d in ds],
-                    sum(d.cores * d.run_s for d in ds),
-                    max(d.submitted + d.queued_s + d.run_s for d in ds), cores, trace)
+    return Observed(
+        [d.queued_s + d.run_s for d in ds],
+        [d.run_s for d in ds],
+        sum(d.cores * d.run_s for d in ds),
+        max(d.submitted + d.queued_s + d.run_s for d in ds),
+        cores,
+        trace,
+    )
 
 
 # -- predicting ---------------------------------------------------------------------------------
@@ -178,8 +200,14 @@ def elastic_action(aid: str, run_s: Mapping[int, float], trajectory: str, kind: 
     (noise), and none is clipped (a clipped one would play a longer time than measured)."""
     t_ori = min(m * t for m, t in run_s.items())
     eff = {m: min(1.0, t_ori / (m * t)) for m, t in run_s.items()}
-    return Action(aid, {"cpu": sorted(run_s)}, elasticity=Elasticity("cpu", t_ori, eff),
-                  trajectory=trajectory, kind=kind, timeout=TIMEOUT_S)
+    return Action(
+        aid,
+        {"cpu": sorted(run_s)},
+        elasticity=Elasticity("cpu", t_ori, eff),
+        trajectory=trajectory,
+        kind=kind,
+        timeout=TIMEOUT_S,
+    )
 
 
 def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
@@ -190,16 +218,24 @@ def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
         for j, s in enumerate(t.steps):
             aid, kind = f"{t.id}.{j}", exec_kind(t.id, s.command, twin_kind(s.command))
             if s.elastic and len(prof.dops) > 1:
-                act = elastic_action(aid, {m: prof.run_s[(s.command, m)] for m in prof.dops},
-                                     t.id, kind)
+                act = elastic_action(
+                    aid, {m: prof.run_s[(s.command, m)] for m in prof.dops}, t.id, kind
+                )
             else:
-                act = Action(aid, {"cpu": 1}, duration=prof.run_s[(s.command, 1)],
-                             trajectory=t.id, kind=kind, timeout=TIMEOUT_S)
+                act = Action(
+                    aid,
+                    {"cpu": 1},
+                    duration=prof.run_s[(s.command, 1)],
+                    trajectory=t.id,
+                    kind=kind,
+                    timeout=TIMEOUT_S,
+                )
             steps.append(Step(s.think_s, act))
         out.append(Trajectory(t.id, "coding", t.start, tuple(steps)))
 
     def pools():
         return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
+
     return Workload("twin", tuple(out), pools, None, tasks=("coding",))
 
 
@@ -216,16 +252,19 @@ def replay_workload(real: Observed, prof: Profile) -> Workload:
             aid, kind = f"{tid}.{j}", exec_kind(tid, d.command, twin_kind(d.command))
             if d.elastic and len(prof.dops) > 1:
                 scale = d.run_s / prof.run_s[(d.command, d.cores)]
-                act = elastic_action(aid, {m: scale * prof.run_s[(d.command, m)]
-                                           for m in prof.dops}, tid, kind)
+                act = elastic_action(
+                    aid, {m: scale * prof.run_s[(d.command, m)] for m in prof.dops}, tid, kind
+                )
             else:
-                act = Action(aid, {"cpu": 1}, duration=d.run_s, trajectory=tid, kind=kind,
-                             timeout=TIMEOUT_S)
+                act = Action(
+                    aid, {"cpu": 1}, duration=d.run_s, trajectory=tid, kind=kind, timeout=TIMEOUT_S
+                )
             steps.append(Step(d.gap, act))
         out.append(Trajectory(tid, "coding", start, tuple(steps)))
 
     def pools():
         return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
+
     return Workload("twin", tuple(out), pools, None, tasks=("coding",))
 
 
@@ -238,8 +277,13 @@ def simulate(w: Workload, cores: int, open_s: float, on_runtime: bool = False) -
     else:
         r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY), EnvironmentStart(open_s)))
     busy = sum(x.units["cpu"] * (x.end - x.start) for x in r.records.values())
-    return Observed([x.end - x.arrival for x in r.records.values()],
-                    [x.end - x.start for x in r.records.values()], busy, r.makespan, cores)
+    return Observed(
+        [x.end - x.arrival for x in r.records.values()],
+        [x.end - x.start for x in r.records.values()],
+        busy,
+        r.makespan,
+        cores,
+    )
 
 
 def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
@@ -254,10 +298,14 @@ def p99(xs: Sequence[float]) -> float:
 
 
 def figures(o: Observed) -> dict[str, float]:
-    return {"mean_act_s": statistics.mean(o.acts), "p99_act_s": p99(o.acts),
-            "step_s": o.step_s, "core_utilisation": o.busy / (o.cores * o.step_s),
-            "mean_run_s": statistics.mean(o.runs),
-            "mean_queued_s": statistics.mean(o.acts) - statistics.mean(o.runs)}
+    return {
+        "mean_act_s": statistics.mean(o.acts),
+        "p99_act_s": p99(o.acts),
+        "step_s": o.step_s,
+        "core_utilisation": o.busy / (o.cores * o.step_s),
+        "mean_run_s": statistics.mean(o.runs),
+        "mean_queued_s": statistics.mean(o.acts) - statistics.mean(o.runs),
+    }
 
 
 def compare(p: TwinParams) -> dict:
@@ -273,27 +321,49 @@ def compare(p: TwinParams) -> dict:
         real = asyncio.run(measure(p, trajs, prof.dops))
         load.append(os.getloadavg()[0])
         w = replay_workload(real, prof)
-        runs.append((figures(real), figures(simulate(w, real.cores, 0.0)),
-                     figures(simulate(w, real.cores, 0.0, on_runtime=True))))
+        runs.append(
+            (
+                figures(real),
+                figures(simulate(w, real.cores, 0.0)),
+                figures(simulate(w, real.cores, 0.0, on_runtime=True)),
+            )
+        )
     t2 = time.monotonic()
     offline = figures(predict(trajs, prof))
     t3 = time.monotonic()
-    doc: dict = {"experiment": "twin", "trajectories": len(trajs),
-                 "actions": sum(len(t.steps) for t in trajs), "cores": prof.node.capacity,
-                 "policy": DEFAULT_POLICY, "runs": p.runs,
-                 "load_avg_1m": {"start": load[0], "after_runs": load[1:]},
-                 "wall_s": {"calibrate": round(t1 - t0, 2), "measure": round(t2 - t1, 2),
-                            "simulate_offline": round(t3 - t2, 3)},
-                 "profile": {"open_s": prof.open_s,
-                             "run_s": {f"{twin_kind(c)} {c if isinstance(c, str) else 'reward'}"
-                                       f" @{m}": v for (c, m), v in prof.run_s.items()}}}
+    doc: dict = {
+        "experiment": "twin",
+        "trajectories": len(trajs),
+        "actions": sum(len(t.steps) for t in trajs),
+        "cores": prof.node.capacity,
+        "policy": DEFAULT_POLICY,
+        "runs": p.runs,
+        "load_avg_1m": {"start": load[0], "after_runs": load[1:]},
+        "wall_s": {
+            "calibrate": round(t1 - t0, 2),
+            "measure": round(t2 - t1, 2),
+            "simulate_offline": round(t3 - t2, 3),
+        },
+        "profile": {
+            "open_s": prof.open_s,
+            "run_s": {
+                f"{twin_kind(c)} {c if isinstance(c, str) else 'reward'} @{m}": v
+                for (c, m), v in prof.run_s.items()
+            },
+        },
+    }
     for k in offline:
         m = statistics.median(r[0][k] for r in runs)
         pr = statistics.median(r[1][k] for r in runs)
-        doc[k] = {"predicted": pr, "measured": m, "error": _err(pr, m),
-                  "predicted_by_runtime": statistics.median(r[2][k] for r in runs),
-                  "error_per_run": [_err(r[1][k], r[0][k]) for r in runs],
-                  "predicted_offline": offline[k], "error_offline": _err(offline[k], m)}
+        doc[k] = {
+            "predicted": pr,
+            "measured": m,
+            "error": _err(pr, m),
+            "predicted_by_runtime": statistics.median(r[2][k] for r in runs),
+            "error_per_run": [_err(r[1][k], r[0][k]) for r in runs],
+            "predicted_offline": offline[k],
+            "error_offline": _err(offline[k], m),
+        }
     return doc
 
 
@@ -310,8 +380,11 @@ def _pct(e: float | None) -> str:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="tangram experiment twin", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="tangram experiment twin",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--quick", action="store_true", help="a small workload, well under 1 min")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--trajectories", type=int, help="override the workload's size")
@@ -326,16 +399,24 @@ def main(argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     la = doc["load_avg_1m"]
-    t = Table(title=f"twin: {doc['trajectories']} trajectories, {doc['actions']} actions on "
-                    f"{doc['cores']} cores, policy {doc['policy']}, medians of {doc['runs']} "
-                    f"real runs (calibrate {doc['wall_s']['calibrate']} s, runs "
-                    f"{doc['wall_s']['measure']} s; load average {la['start']:.1f} at start, "
-                    f"{', '.join(f'{x:.1f}' for x in la['after_runs'])} after each run)")
+    t = Table(
+        title=f"twin: {doc['trajectories']} trajectories, {doc['actions']} actions on "
+        f"{doc['cores']} cores, policy {doc['policy']}, medians of {doc['runs']} "
+        f"real runs (calibrate {doc['wall_s']['calibrate']} s, runs "
+        f"{doc['wall_s']['measure']} s; load average {la['start']:.1f} at start, "
+        f"{', '.join(f'{x:.1f}' for x in la['after_runs'])} after each run)"
+    )
     for c in ("figure", "predicted", "measured", "error", "offline", "offline error"):
         t.add_column(c)
     for k in FIGURES + DIAGNOSTICS:
         f = doc[k]
-        t.add_row(k, f"{f['predicted']:.3f}", f"{f['measured']:.3f}", _pct(f["error"]),
-                  f"{f['predicted_offline']:.3f}", _pct(f["error_offline"]))
+        t.add_row(
+            k,
+            f"{f['predicted']:.3f}",
+            f"{f['measured']:.3f}",
+            _pct(f["error"]),
+            f"{f['predicted_offline']:.3f}",
+            _pct(f["error_offline"]),
+        )
     Console().print(t)
     return 0

@@ -50,8 +50,16 @@ class TwinParams:
     seed: int = 0
 
 
-QUICK = TwinParams(trajectories=3, turns_mean=3.0, tool_bytes=(20_000_000, 40_000_000),
-                   reward_parallel=1.2e7, think_scale=0.05, start_spread_s=0.5, reps=2, runs=2)
+QUICK = TwinParams(
+    trajectories=3,
+    turns_mean=3.0,
+    tool_bytes=(20_000_000, 40_000_000),
+    reward_parallel=1.2e7,
+    think_scale=0.05,
+    start_spread_s=0.5,
+    reps=2,
+    runs=2,
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,13 @@ def plan(p: TwinParams) -> list[TwinTrajectory]:
         steps = []
         for _ in range(turns):
             tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
-            steps.append(TwinStep(p.think_scale * tokens / c.decode_tok_s,
-                                  tool_command(rng.choice(p.tool_bytes)), False))
+            steps.append(
+                TwinStep(
+                    p.think_scale * tokens / c.decode_tok_s,
+                    tool_command(rng.choice(p.tool_bytes)),
+                    False,
+                )
+            )
         steps.append(TwinStep(0.0, reward_command(p), True))
         out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
     return out

@@ -18,8 +18,11 @@ from evaluation.coding_rollout import render, run
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--group", type=int, default=8, help="samples in the group (at most 8)")
-    p.add_argument("--state-dir", help="the node's image store and layers (default: the "
-                                       "server's, $TANGRAM_STATE_DIR or /var/lib/tangram)")
+    p.add_argument(
+        "--state-dir",
+        help="the node's image store and layers (default: the "
+        "server's, $TANGRAM_STATE_DIR or /var/lib/tangram)",
+    )
     p.add_argument("--json", action="store_true")
     ns = p.parse_args()
     out = run(ns.group, ns.state_dir, log=lambda line: None if ns.json else print(line))

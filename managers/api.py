@@ -53,16 +53,19 @@ class ApiConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or ":" in self.name:
             raise ValidationError("api.name", self.name, "must be a non-empty name without ':'")
-        if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://",
-                                                                               "https://")):
-            raise ValidationError(f"api[{self.name}].base_url", self.base_url,
-                                  "must be an http:// or https:// URL")
+        if not isinstance(self.base_url, str) or not self.base_url.startswith(
+            ("http://", "https://")
+        ):
+            raise ValidationError(
+                f"api[{self.name}].base_url", self.base_url, "must be an http:// or https:// URL"
+            )
         t = self.timeout_s
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
             raise ValidationError(f"api[{self.name}].timeout_s", t, "must be positive seconds")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
-            raise ValidationError(f"api[{self.name}].retries", self.retries,
-                                  "must be a non-negative integer")
+            raise ValidationError(
+                f"api[{self.name}].retries", self.retries, "must be a non-negative integer"
+            )
         if not isinstance(self.learn, bool):
             raise ValidationError(f"api[{self.name}].learn", self.learn, "must be true or false")
         object.__setattr__(self, "headers", MappingProxyType(dict(self.headers)))
@@ -88,9 +91,13 @@ def api_action(name: str, payload: Any, now: float, kind: str | None = None) -> 
     name for what it is (the estimates it shares), else `api:<name>`."""
     if not isinstance(payload, ApiRequest):
         payload = ApiRequest(json=payload)
-    return Action(f"a-{uuid.uuid4().hex[:12]}", {f"api:{name}": 1},
-                  kind=kind if kind is not None else f"api:{name}", payload=payload,
-                  submit_time=now)
+    return Action(
+        f"a-{uuid.uuid4().hex[:12]}",
+        {f"api:{name}": 1},
+        kind=kind if kind is not None else f"api:{name}",
+        payload=payload,
+        submit_time=now,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,16 +117,20 @@ class ApiManager(BasicManager):
         if len(self.apis) != len(apis):
             raise ValidationError("apis", [a.name for a in apis], "names must be distinct")
         super().__init__({r: a.limits for r, a in self.apis.items()})
-        self.windows = {r: WindowGate(AimdWindow(a.limits.slots, most=a.limits.slots))
-                        for r, a in self.apis.items() if a.learn}
+        self.windows = {
+            r: WindowGate(AimdWindow(a.limits.slots, most=a.limits.slots))
+            for r, a in self.apis.items()
+            if a.learn
+        }
         self._client = client
         self._own_client = client is None
 
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=None,
-                                                                 max_keepalive_connections=64))
+            self._client = httpx.AsyncClient(
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=64)
+            )
         return self._client
 
     async def perform(self, assignment: Assignment, gates: list[Gate]) -> Result:
@@ -127,8 +138,11 @@ class ApiManager(BasicManager):
         if req is None:
             req = ApiRequest()
         if not isinstance(req, ApiRequest):
-            return Result(Status.FAILED, detail=f"action {assignment.action_id}: payload must "
-                          f"be an ApiRequest, got {type(req).__name__}")
+            return Result(
+                Status.FAILED,
+                detail=f"action {assignment.action_id}: payload must "
+                f"be an ApiRequest, got {type(req).__name__}",
+            )
         api = self.apis[next(r for r in assignment.action.demands if r in self.apis)]
         gate = self.gates[api.resource]
         url = api.base_url.rstrip("/") + "/" + req.path.lstrip("/") if req.path else api.base_url
@@ -142,9 +156,14 @@ class ApiManager(BasicManager):
                 await asyncio.sleep(api.backoff_s * 2 ** (attempt - 2))
             try:
                 async with _attempt(learning) as (sent_at, before), gate.use():
-                    resp = await self.client.request(method, url, json=req.json,
-                                                     params=req.params, headers=dict(api.headers),
-                                                     timeout=api.timeout_s)
+                    resp = await self.client.request(
+                        method,
+                        url,
+                        json=req.json,
+                        params=req.params,
+                        headers=dict(api.headers),
+                        timeout=api.timeout_s,
+                    )
                 if learning is not None:
                     await self._learn(learning, resp, sent_at, before)
                     if resp.status_code == 429 and refused < MAX_REFUSED:
@@ -166,13 +185,15 @@ class ApiManager(BasicManager):
             last = f"{method} {url}: HTTP {resp.status_code}"
             status = Status.ERROR
             if resp.status_code not in RETRYABLE or attempt == api.retries + 1:
-                return Result(Status.ERROR, output=out,
-                              detail=last + f" after {attempt} attempt(s)")
+                return Result(
+                    Status.ERROR, output=out, detail=last + f" after {attempt} attempt(s)"
+                )
             await asyncio.sleep(_retry_after(resp))
         return Result(status, detail=f"{last} after {api.retries + 1} attempt(s)")
 
-    async def _learn(self, learning: WindowGate, resp: httpx.Response, sent_at: float,
-                     before: int) -> None:
+    async def _learn(
+        self, learning: WindowGate, resp: httpx.Response, sent_at: float, before: int
+    ) -> None:
         now = learning.clock()
         if resp.status_code == 429:
             learning.window.refused_answer(sent_at, before, _retry_after(resp), now)

@@ -93,8 +93,11 @@ class EnvironmentManager(Manager):
 
     # -- environments with a tree of their own (images, layers; see managers.cpu.roots) -------
     def _no_layers(self, field: str, value: Any) -> ValidationError:
-        return ValidationError(field, value, f"the {self.backend_name} backend has no images, "
-                                             f"layers, forks or files API")
+        return ValidationError(
+            field,
+            value,
+            f"the {self.backend_name} backend has no images, layers, forks or files API",
+        )
 
     async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
         """New environments, one per trajectory, on the parent's node, starting from the

@@ -131,8 +131,12 @@ class BasicManager(Manager):
 
     name = "basic"
 
-    def __init__(self, resources: Mapping[str, Limits], execute: Execute | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        resources: Mapping[str, Limits],
+        execute: Execute | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not resources:
             raise ValidationError("resources", resources, "name at least one resource")
         self.limits = dict(resources)
@@ -149,8 +153,10 @@ class BasicManager(Manager):
     async def run(self, assignment: Assignment) -> Result:
         mine = self._mine(assignment)
         if not mine:
-            return Result(Status.FAILED, detail=f"action {assignment.action_id} demands none of "
-                           f"{sorted(self.gates)}")
+            return Result(
+                Status.FAILED,
+                detail=f"action {assignment.action_id} demands none of {sorted(self.gates)}",
+            )
         return await self._in_slots(mine, assignment)
 
     async def _in_slots(self, resources: list[str], assignment: Assignment) -> Result:
@@ -168,8 +174,11 @@ class BasicManager(Manager):
                 else:
                     payload = assignment.action.payload
                     if not callable(payload):
-                        return Result(Status.FAILED, detail=f"action {assignment.action_id}: "
-                                      "payload must be an async callable for a basic resource")
+                        return Result(
+                            Status.FAILED,
+                            detail=f"action {assignment.action_id}: "
+                            "payload must be an async callable for a basic resource",
+                        )
                     output = await payload()
         except Exception as exc:
             return Result(Status.ERROR, detail=f"{type(exc).__name__}: {exc}")

@@ -66,8 +66,10 @@ class AimdWindow:
 
     def answered(self, now: float) -> None:
         """A call was answered without 429: grow the window (up to the ceiling)."""
-        top = min(math.inf if self.ceiling is None else self.ceiling,
-                  math.inf if self.most is None else self.most)
+        top = min(
+            math.inf if self.ceiling is None else self.ceiling,
+            math.inf if self.most is None else self.most,
+        )
         if self.window < top:
             self.window = min(top, self.window + 1.0 / self.window)
             return
@@ -75,8 +77,9 @@ class AimdWindow:
         if self._streak >= self._probe_after:  # quiet at the ceiling long enough: probe above
             self.ceiling, self._streak, self._probing = None, 0, True
 
-    def refused_answer(self, sent_at: float, in_flight_before: int, retry_after_s: float,
-                       now: float) -> None:
+    def refused_answer(
+        self, sent_at: float, in_flight_before: int, retry_after_s: float, now: float
+    ) -> None:
         """A call sent at `sent_at`, with `in_flight_before` of ours already in flight, was
         answered 429 asking to wait `retry_after_s`."""
         self.refused += 1

@@ -60,8 +60,9 @@ def _prefer(view: ClusterView, action: Action, resource: str):
     return lambda node, chunk: adv.prefer(action, node, chunk)
 
 
-def deferred(view: ClusterView, action: Action, placed: Mapping[str, Placement],
-             now: float) -> bool:
+def deferred(
+    view: ClusterView, action: Action, placed: Mapping[str, Placement], now: float
+) -> bool:
     """True when the advisor of a pool `action` was placed on would rather it waited."""
     for r, p in placed.items():
         adv = view.advisor(r)
@@ -70,11 +71,16 @@ def deferred(view: ClusterView, action: Action, placed: Mapping[str, Placement],
     return False
 
 
-def scan_candidates(view: ClusterView, queue: Collection[Action],
-                    pools: Mapping[str, Pool], now: float = 0.0, *,
-                    amounts: Callable[[Action], Mapping[str, int]] | None = None,
-                    exclude: Callable[[Action, str], Collection[str]] | None = None,
-                    advised: bool = True) -> list[Candidate]:
+def scan_candidates(
+    view: ClusterView,
+    queue: Collection[Action],
+    pools: Mapping[str, Pool],
+    now: float = 0.0,
+    *,
+    amounts: Callable[[Action], Mapping[str, int]] | None = None,
+    exclude: Callable[[Action, str], Collection[str]] | None = None,
+    advised: bool = True,
+) -> list[Candidate]:
     """Candidates at minimum demands (or at `amounts(action)`, a fixed-amount policy's),
     placed (tentatively) on `pools`, in queue order; `exclude(action, resource)` names nodes
     the action may not use (a baseline's partition).
@@ -104,8 +110,11 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
         if fully == n_res:
             break
         mins = a.mins if amounts is None else amounts(a)
-        placed = None if blocked and _waits_behind(view, a, mins, blocked) else \
-            _place_all(view, a, mins, pools, blocked, exclude)
+        placed = (
+            None
+            if blocked and _waits_behind(view, a, mins, blocked)
+            else _place_all(view, a, mins, pools, blocked, exclude)
+        )
         if placed is not None and advised and deferred(view, a, placed, now):
             _release(pools, placed, mins)
         elif placed is not None:
@@ -115,8 +124,7 @@ def scan_candidates(view: ClusterView, queue: Collection[Action],
     return out
 
 
-def _waits_behind(view: ClusterView, a: Action, mins: Mapping[str, int],
-                  blocked: Blocked) -> bool:
+def _waits_behind(view: ClusterView, a: Action, mins: Mapping[str, int], blocked: Blocked) -> bool:
     """Whether `a` must wait behind an earlier action that did not fit (FCFS per pool)."""
     for r in mins:
         if r in blocked:
@@ -130,10 +138,14 @@ def _waits_behind(view: ClusterView, a: Action, mins: Mapping[str, int],
     return False
 
 
-def _place_all(view: ClusterView, a: Action, mins: Mapping[str, int], pools: Mapping[str, Pool],
-               blocked: Blocked,
-               exclude: Callable[[Action, str], Collection[str]] | None
-               ) -> dict[str, Placement] | None:
+def _place_all(
+    view: ClusterView,
+    a: Action,
+    mins: Mapping[str, int],
+    pools: Mapping[str, Pool],
+    blocked: Blocked,
+    exclude: Callable[[Action, str], Collection[str]] | None,
+) -> dict[str, Placement] | None:
     """Place every resource of `a` at `mins` off the blocked nodes (None: some did not fit,
     and what was placed is released)."""
     placed: dict[str, Placement] = {}
@@ -149,14 +161,16 @@ def _place_all(view: ClusterView, a: Action, mins: Mapping[str, int], pools: Map
     return placed
 
 
-def _release(pools: Mapping[str, Pool], placed: Mapping[str, Placement],
-             mins: Mapping[str, int]) -> None:
+def _release(
+    pools: Mapping[str, Pool], placed: Mapping[str, Placement], mins: Mapping[str, int]
+) -> None:
     for r, p in placed.items():
         pools[r].release(p, mins[r])
 
 
-def _block(view: ClusterView, a: Action, mins: Mapping[str, int], blocked: Blocked,
-           needed: Collection[str]) -> int:
+def _block(
+    view: ClusterView, a: Action, mins: Mapping[str, int], blocked: Blocked, needed: Collection[str]
+) -> int:
     """Block what `a` waits for (its bound node, or the whole pool); returns how many of the
     `needed` resources became wholly blocked."""
     fully = 0
@@ -167,8 +181,7 @@ def _block(view: ClusterView, a: Action, mins: Mapping[str, int], blocked: Block
         nodes = blocked.setdefault(r, set())
         if node is not None and view.pools[r].per_node:
             nodes.add(node)  # type: ignore[union-attr]
-        if node is None or not view.pools[r].per_node or \
-                len(nodes) >= len(view.pools[r].nodes()):  # type: ignore[arg-type]
+        if node is None or not view.pools[r].per_node or len(nodes) >= len(view.pools[r].nodes()):  # type: ignore[arg-type]
             blocked[r] = ALL
             fully += r in needed
     return fully

@@ -12,7 +12,8 @@ from tangram.allocation import Assignment, ClusterView
 
 @dataclass(frozen=True)
 class MinAllocator:
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         cands = scan_candidates(view, queue, ScratchPools(view.pools), now)
         return [Assignment(c.action, c.units, c.placement) for c in cands]

@@ -15,14 +15,18 @@ from tangram.registry import Registry
 
 GROUP = "tangram.policies"
 
-POLICIES: Registry[Callable[..., Allocator]] = Registry("allocator", {
-    "heuristic": "solvers.heuristic.policy:HeuristicAllocator",
-    "backfill": "solvers.heuristic.backfill:BackfillAllocator",
-    "backfill-srpt": "solvers.heuristic.backfill:BackfillSrptAllocator",
-    "min": "solvers.minimal:MinAllocator",
-    "cpsat": "solvers.exact.allocator:CpSatAllocator",
-    "pulp": "solvers.exact.allocator:PulpAllocator",
-}, group=GROUP)
+POLICIES: Registry[Callable[..., Allocator]] = Registry(
+    "allocator",
+    {
+        "heuristic": "solvers.heuristic.policy:HeuristicAllocator",
+        "backfill": "solvers.heuristic.backfill:BackfillAllocator",
+        "backfill-srpt": "solvers.heuristic.backfill:BackfillSrptAllocator",
+        "min": "solvers.minimal:MinAllocator",
+        "cpsat": "solvers.exact.allocator:CpSatAllocator",
+        "pulp": "solvers.exact.allocator:PulpAllocator",
+    },
+    group=GROUP,
+)
 
 
 def register(name: str) -> Callable[[type], type]:
@@ -51,6 +55,9 @@ def get_allocator(name: str, **options: object) -> Allocator:
         fields = {f.name for f in dataclasses.fields(cls) if f.init}
         for k in options:
             if k not in fields:
-                raise ValidationError(f"allocator.{k}", options[k],
-                                      f"not an option of {name!r} (options: {sorted(fields)})")
+                raise ValidationError(
+                    f"allocator.{k}",
+                    options[k],
+                    f"not an option of {name!r} (options: {sorted(fields)})",
+                )
     return cls(**options)

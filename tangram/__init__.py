@@ -26,11 +26,33 @@ from tangram.resources import Demand
 from tangram.results import Result, Status
 
 __all__ = [
-    "Action", "ActionFailed", "Allocator", "Assignment", "BackendUnavailable", "ChunkPool",
-    "ClusterView", "CorePool", "Demand", "Elasticity", "FlatPool", "Infeasible",
-    "InvariantError", "NodeLost", "NotFound", "Placement", "Pool", "QueueFull", "Result",
-    "RunningAction", "ShuttingDown", "Status",
-    "Tangram", "TangramClient", "TangramError", "ValidationError", "check_assignments",
+    "Action",
+    "ActionFailed",
+    "Allocator",
+    "Assignment",
+    "BackendUnavailable",
+    "ChunkPool",
+    "ClusterView",
+    "CorePool",
+    "Demand",
+    "Elasticity",
+    "FlatPool",
+    "Infeasible",
+    "InvariantError",
+    "NodeLost",
+    "NotFound",
+    "Placement",
+    "Pool",
+    "QueueFull",
+    "Result",
+    "RunningAction",
+    "ShuttingDown",
+    "Status",
+    "Tangram",
+    "TangramClient",
+    "TangramError",
+    "ValidationError",
+    "check_assignments",
 ]
 
 _RUNTIME_NAMES = ("Tangram", "TangramClient")

@@ -40,13 +40,17 @@ class Elasticity:
                 try:
                     mi = int(m)
                 except (TypeError, ValueError):
-                    raise ValidationError("elasticity.efficiency", m,
-                                          "keys must be integers") from None
+                    raise ValidationError(
+                        "elasticity.efficiency", m, "keys must be integers"
+                    ) from None
                 table[mi] = self._check_e(mi, e)
             object.__setattr__(self, "efficiency", MappingProxyType(table))
         elif not callable(self.efficiency):
-            raise ValidationError("elasticity.efficiency", self.efficiency,
-                                  "must be a table {units: E} or a function of units")
+            raise ValidationError(
+                "elasticity.efficiency",
+                self.efficiency,
+                "must be a table {units: E} or a function of units",
+            )
 
     @staticmethod
     def _check_e(m: int, e: Any) -> float:
@@ -62,8 +66,9 @@ class Elasticity:
             try:
                 return self.efficiency[m]
             except KeyError:
-                raise ValidationError("elasticity.efficiency", m,
-                                      "no entry for this amount") from None
+                raise ValidationError(
+                    "elasticity.efficiency", m, "no entry for this amount"
+                ) from None
         return self._check_e(m, self.efficiency(m))
 
     def duration(self, m: int) -> float:
@@ -103,8 +108,9 @@ class Action:
         if not isinstance(self.id, str) or not self.id:
             raise ValidationError("action.id", self.id, "must be a non-empty string")
         if not isinstance(self.demands, Mapping) or not self.demands:
-            raise ValidationError(f"action[{self.id}].demands", self.demands,
-                                  "must name at least one resource")
+            raise ValidationError(
+                f"action[{self.id}].demands", self.demands, "must name at least one resource"
+            )
         demands = {}
         for r, d in self.demands.items():
             if not isinstance(r, str) or not r:
@@ -113,34 +119,48 @@ class Action:
         object.__setattr__(self, "demands", MappingProxyType(demands))
         object.__setattr__(self, "mins", MappingProxyType({r: d.min for r, d in demands.items()}))
         if self.duration is not None:
-            object.__setattr__(self, "duration",
-                               pos_num(f"action[{self.id}].duration", self.duration))
+            object.__setattr__(
+                self, "duration", pos_num(f"action[{self.id}].duration", self.duration)
+            )
         if not isinstance(self.submit_time, (int, float)) or not math.isfinite(self.submit_time):
-            raise ValidationError(f"action[{self.id}].submit_time", self.submit_time,
-                                  "must be a finite number")
+            raise ValidationError(
+                f"action[{self.id}].submit_time", self.submit_time, "must be a finite number"
+            )
         if self.timeout is not None:
-            object.__setattr__(self, "timeout", pos_num(f"action[{self.id}].timeout",
-                                                        self.timeout))
+            object.__setattr__(self, "timeout", pos_num(f"action[{self.id}].timeout", self.timeout))
         el = self.elasticity
         object.__setattr__(self, "options", ())
         object.__setattr__(self, "option_arrays", None)
         if el is not None:
             if el.key not in demands:
-                raise ValidationError(f"action[{self.id}].elasticity.key", el.key,
-                                      f"is not among the demanded resources {sorted(demands)}")
+                raise ValidationError(
+                    f"action[{self.id}].elasticity.key",
+                    el.key,
+                    f"is not among the demanded resources {sorted(demands)}",
+                )
             for m in demands[el.key].amounts:
                 try:
                     el.e(m)
                 except ValidationError as exc:
-                    raise ValidationError(f"action[{self.id}].elasticity.efficiency", m,
-                                          f"missing or bad efficiency for allowed amount "
-                                          f"({exc.problem})") from None
+                    raise ValidationError(
+                        f"action[{self.id}].elasticity.efficiency",
+                        m,
+                        f"missing or bad efficiency for allowed amount ({exc.problem})",
+                    ) from None
             cap = math.inf if self.timeout is None else self.timeout
-            object.__setattr__(self, "options", tuple(
-                (m, min(cap, el.duration(m))) for m in demands[el.key].amounts))
-            object.__setattr__(self, "option_arrays", (
-                np.array([m for m, _ in self.options], dtype=np.int64),
-                np.array([d for _, d in self.options], dtype=np.float64)))
+            object.__setattr__(
+                self,
+                "options",
+                tuple((m, min(cap, el.duration(m))) for m in demands[el.key].amounts),
+            )
+            object.__setattr__(
+                self,
+                "option_arrays",
+                (
+                    np.array([m for m, _ in self.options], dtype=np.int64),
+                    np.array([d for _, d in self.options], dtype=np.float64),
+                ),
+            )
 
     @property
     def key(self) -> str | None:

@@ -79,8 +79,12 @@ class ClusterView:
         """The running actions holding units of `resource` (on `node` when given)."""
         if self.holding is not None:
             return self.holding(resource, node)
-        return [ra for ra in self.running if ra.assignment.units.get(resource)
-                and (node is None or ra.assignment.placement[resource].node == node)]
+        return [
+            ra
+            for ra in self.running
+            if ra.assignment.units.get(resource)
+            and (node is None or ra.assignment.placement[resource].node == node)
+        ]
 
 
 class Allocator(Protocol):
@@ -106,30 +110,38 @@ class SlowPolicy:
     the loop too once one of its decisions is measured slow."""
 
 
-def check_assignment_shape(a: Assignment, pools: Mapping[str, Pool],
-                           bindings: Mapping[tuple[str, str], str] | None = None) -> None:
+def check_assignment_shape(
+    a: Assignment, pools: Mapping[str, Pool], bindings: Mapping[tuple[str, str], str] | None = None
+) -> None:
     """Amounts among the allowed ones, a placement per demanded resource, bound nodes kept."""
     act = a.action
     if set(a.units) != set(act.demands) or set(a.placement) != set(act.demands):
         raise InvariantError(
             f"action {act.id}: assignment covers {sorted(a.units)} / {sorted(a.placement)}, "
-            f"demands are {sorted(act.demands)}")
+            f"demands are {sorted(act.demands)}"
+        )
     for r, u in a.units.items():
         if not act.demands[r].allows(u):
-            raise InvariantError(f"action {act.id}: {u} units of {r} not among "
-                                 f"{act.demands[r].amounts}")
+            raise InvariantError(
+                f"action {act.id}: {u} units of {r} not among {act.demands[r].amounts}"
+            )
         if r not in pools:
             raise InvariantError(f"action {act.id}: no pool for resource {r!r}")
         if bindings and act.trajectory is not None:
             node = bindings.get((act.trajectory, r))
             if node is not None and a.placement[r].node != node:
-                raise InvariantError(f"action {act.id}: placed on {a.placement[r].node}, its "
-                                     f"trajectory is bound to {node}")
+                raise InvariantError(
+                    f"action {act.id}: placed on {a.placement[r].node}, its "
+                    f"trajectory is bound to {node}"
+                )
 
 
-def check_assignments(pools: Mapping[str, Pool], assignments: Collection[Assignment],
-                      bindings: Mapping[tuple[str, str], str] | None = None,
-                      apply: bool = False) -> None:
+def check_assignments(
+    pools: Mapping[str, Pool],
+    assignments: Collection[Assignment],
+    bindings: Mapping[tuple[str, str], str] | None = None,
+    apply: bool = False,
+) -> None:
     """The one invariant checker: the scheduler, the exact solvers and the tests call it.
 
     Takes every placement into the pools (copies unless `apply`): a pool refuses a unit that is

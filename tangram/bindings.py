@@ -69,8 +69,10 @@ class Bindings(Mapping[Key, str]):
         owner = self._owners.get(resource)
         if owner is not None:
             if owner.get(trajectory) != node:
-                raise InvariantError(f"trajectory {trajectory}: bound to {node} on {resource}, "
-                                     f"but its environment is on {owner.get(trajectory)}")
+                raise InvariantError(
+                    f"trajectory {trajectory}: bound to {node} on {resource}, "
+                    f"but its environment is on {owner.get(trajectory)}"
+                )
             return
         self._own[(trajectory, resource)] = node
         self._of.setdefault(trajectory, set()).add(resource)

@@ -68,10 +68,14 @@ def _start_amount(action: Action, amounts: list[int], estimate: Estimate) -> int
     return min(amounts, key=lambda m: (estimate(action, m), m))
 
 
-def wasted_now(pools: Mapping[str, Pool], queue: Iterable[Action], node_of: NodeOf,
-               estimate: Estimate = default_estimate,
-               excused: Callable[[Action, Mapping[str, Placement]], bool] | None = None,
-               scope: Iterable[tuple[str, str | None]] | None = None) -> list[Waste]:
+def wasted_now(
+    pools: Mapping[str, Pool],
+    queue: Iterable[Action],
+    node_of: NodeOf,
+    estimate: Estimate = default_estimate,
+    excused: Callable[[Action, Mapping[str, Placement]], bool] | None = None,
+    scope: Iterable[tuple[str, str | None]] | None = None,
+) -> list[Waste]:
     """The queued actions that waste free units now (module docstring), in queue order.
 
     `pools` are read, never changed. `excused(action, placement)`: True when the action may
@@ -124,8 +128,10 @@ class _Walk:
 
     def waits_behind(self, a: Action) -> bool:
         """Whether an action ahead of `a` is blocked on one of its pools."""
-        return any(self.is_blocked((r, self.node_of(a, r) if self.pools[r].per_node else None))
-                   for r in a.demands)
+        return any(
+            self.is_blocked((r, self.node_of(a, r) if self.pools[r].per_node else None))
+            for r in a.demands
+        )
 
     def block(self, a: Action) -> None:
         for r in a.demands:
@@ -138,8 +144,7 @@ class _Walk:
             else:
                 self.blocked[r] = ALL
 
-    def start(self, a: Action, estimate: Estimate
-              ) -> tuple[dict[str, int], dict[str, Placement]]:
+    def start(self, a: Action, estimate: Estimate) -> tuple[dict[str, int], dict[str, Placement]]:
         """Start `a` on the scratch pools where every amount it allows is free, resource by
         resource, stopping at the first that is not: (units, placements) of those started."""
         units: dict[str, int] = {}
@@ -170,8 +175,9 @@ def _preference(adv: PlacementAdvisor | None, a: Action):
     return None if adv is None else (lambda node, chunk: adv.prefer(a, node, chunk))
 
 
-def advisors_excuse(pools: Mapping[str, Pool], view: ClusterView, now: float
-                    ) -> Callable[[Action, Mapping[str, Placement]], bool] | None:
+def advisors_excuse(
+    pools: Mapping[str, Pool], view: ClusterView, now: float
+) -> Callable[[Action, Mapping[str, Placement]], bool] | None:
     """`wasted_now`'s `excused` from the pools' placement advisors: an action one of them
     defers on its placement (`PlacementAdvisor.defer`, `view` as the advisor reads it) waits by
     choice. None when no pool has an advisor."""
@@ -180,8 +186,8 @@ def advisors_excuse(pools: Mapping[str, Pool], view: ClusterView, now: float
         return None
 
     def excused(a: Action, placed: Mapping[str, Placement]) -> bool:
-        return any(r in advised and advised[r].defer(a, p, view, now)
-                   for r, p in placed.items())
+        return any(r in advised and advised[r].defer(a, p, view, now) for r, p in placed.items())
+
     return excused
 
 
@@ -228,14 +234,21 @@ class ConservationReport:
         return bool(self.intervals)
 
     def to_json(self) -> dict:
-        return {"idle_unit_seconds": self.idle_unit_seconds,
-                "intervals": [{"action": w.action_id, "start": w.start, "end": w.end,
-                               "units": dict(w.units)} for w in self.intervals]}
+        return {
+            "idle_unit_seconds": self.idle_unit_seconds,
+            "intervals": [
+                {"action": w.action_id, "start": w.start, "end": w.end, "units": dict(w.units)}
+                for w in self.intervals
+            ],
+        }
 
 
-def check_schedule(pools: Mapping[str, Pool], schedule: Sequence[Started],
-                   bindings: Mapping[tuple[str, str], str] | None = None,
-                   estimate: Estimate = default_estimate) -> ConservationReport:
+def check_schedule(
+    pools: Mapping[str, Pool],
+    schedule: Sequence[Started],
+    bindings: Mapping[tuple[str, str], str] | None = None,
+    estimate: Estimate = default_estimate,
+) -> ConservationReport:
     """Replay a finished schedule on `pools` (fresh, all free) and return every interval in
     which some action wasted free units (`wasted_now` at every instant something changed:
     ends first, then arrivals and starts, as the simulator orders them). The queue order is
@@ -270,8 +283,9 @@ def check_schedule(pools: Mapping[str, Pool], schedule: Sequence[Started],
             for r, u in s.units.items():
                 work[r].take(s.placement[r], u)
             si += 1
-        now = {w.action.id: w.units for w in wasted_now(work, list(queued.values()), node_of,
-                                                        estimate)}
+        now = {
+            w.action.id: w.units for w in wasted_now(work, list(queued.values()), node_of, estimate)
+        }
         for aid in list(open_):
             if aid not in now:
                 since, units = open_.pop(aid)

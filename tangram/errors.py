@@ -63,8 +63,10 @@ def out_of_files(exc: BaseException) -> LimitReached | None:
     """`LimitReached` naming the open-file limit when `exc` is EMFILE or ENFILE, else None."""
     if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        return LimitReached(f"the server is out of file descriptors (RLIMIT_NOFILE {soft}); "
-                            f"close environments or raise the limit")
+        return LimitReached(
+            f"the server is out of file descriptors (RLIMIT_NOFILE {soft}); "
+            f"close environments or raise the limit"
+        )
     if isinstance(exc, OSError) and exc.errno == errno.ENFILE:
         return LimitReached("the host is out of file descriptors (fs.file-max)")
     return None

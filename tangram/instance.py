@@ -67,8 +67,9 @@ class ResourceSpec:
     def build_pool(self) -> Pool:
         if self.topology == "flat":
             return FlatPool(self.name, dict(self.node_units) or {"node0": self.units})
-        return ChunkPool(self.name, {n: ChunkTree(self.gpus_per_node, n)
-                                     for n in self.node_names()})
+        return ChunkPool(
+            self.name, {n: ChunkTree(self.gpus_per_node, n) for n in self.node_names()}
+        )
 
     @property
     def capacity(self) -> int:
@@ -94,13 +95,19 @@ class Instance:
 def parse_resource(name: str, obj: Any) -> ResourceSpec:
     path = f"resources.{name}"
     if not isinstance(obj, dict) or obj.get("topology") not in ("flat", "chunks"):
-        raise ValidationError(f"{path}.topology", obj.get("topology") if isinstance(obj, dict)
-                              else obj, 'must be "flat" or "chunks"')
+        raise ValidationError(
+            f"{path}.topology",
+            obj.get("topology") if isinstance(obj, dict) else obj,
+            'must be "flat" or "chunks"',
+        )
     if obj["topology"] == "flat":
         keys(path, obj, {"topology"}, {"units", "nodes"})
         if ("units" in obj) == ("nodes" in obj):
-            raise ValidationError(f"{path}.units", obj.get("units"),
-                                  'give either "units" (one node) or "nodes" {name: units}')
+            raise ValidationError(
+                f"{path}.units",
+                obj.get("units"),
+                'give either "units" (one node) or "nodes" {name: units}',
+            )
         if "units" in obj:
             return ResourceSpec(name, "flat", units=integer(f"{path}.units", obj["units"]))
         nodes = obj["nodes"]
@@ -115,23 +122,39 @@ def parse_resource(name: str, obj: Any) -> ResourceSpec:
     for sname, s in (obj.get("services") or {}).items():
         sp = f"{path}.services.{sname}"
         keys(sp, s, {"memory_gb", "restore_s"}, {"weights_gb"})
-        services[sname] = ServiceSpec(number(f"{sp}.memory_gb", s["memory_gb"], positive=True),
-                                      number(f"{sp}.restore_s", s["restore_s"]),
-                                      number(f"{sp}.weights_gb", s.get("weights_gb", 0.0)))
+        services[sname] = ServiceSpec(
+            number(f"{sp}.memory_gb", s["memory_gb"], positive=True),
+            number(f"{sp}.restore_s", s["restore_s"]),
+            number(f"{sp}.weights_gb", s.get("weights_gb", 0.0)),
+        )
         if mem is not None and services[sname].per_gpu_gb(g) > mem:
-            raise ValidationError(f"{sp}.memory_gb", s["memory_gb"],
-                                  f"exceeds the pool's memory_gb per GPU ({mem})")
+            raise ValidationError(
+                f"{sp}.memory_gb", s["memory_gb"], f"exceeds the pool's memory_gb per GPU ({mem})"
+            )
     if services and mem is None:
         raise ValidationError(f"{path}.memory_gb", None, "is required when services are listed")
-    return ResourceSpec(name, "chunks", nodes=integer(f"{path}.nodes", obj["nodes"]),
-                        gpus_per_node=g,
-                        memory_gb=None if mem is None else number(f"{path}.memory_gb", mem, True),
-                        services=services)
+    return ResourceSpec(
+        name,
+        "chunks",
+        nodes=integer(f"{path}.nodes", obj["nodes"]),
+        gpus_per_node=g,
+        memory_gb=None if mem is None else number(f"{path}.memory_gb", mem, True),
+        services=services,
+    )
 
 
 ACTION_REQUIRED = {"id", "demand"}
-ACTION_OPTIONAL = {"arrival", "key", "t_ori", "efficiency", "duration", "service", "trajectory",
-                   "kind", "node"}
+ACTION_OPTIONAL = {
+    "arrival",
+    "key",
+    "t_ori",
+    "efficiency",
+    "duration",
+    "service",
+    "trajectory",
+    "kind",
+    "node",
+}
 
 
 def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Action:
@@ -153,9 +176,16 @@ def parse_action(i: int, obj: Any, resources: Mapping[str, ResourceSpec]) -> Act
     if node is not None:
         _check_node(path, node, demands, resources)
         trajectory = trajectory or aid  # an action bound alone is its own trajectory
-    action = Action(aid, demands, elasticity=elasticity, duration=duration,
-                    trajectory=trajectory, kind=obj.get("kind", "default"),
-                    service=service, submit_time=arrival)
+    action = Action(
+        aid,
+        demands,
+        elasticity=elasticity,
+        duration=duration,
+        trajectory=trajectory,
+        kind=obj.get("kind", "default"),
+        service=service,
+        submit_time=arrival,
+    )
     _check_fits(path, demands, resources)
     return action
 
@@ -166,8 +196,9 @@ def _demands(path: str, demand: Any, resources: Mapping[str, ResourceSpec]) -> d
     demands = {}
     for r, d in demand.items():
         if r not in resources:
-            raise ValidationError(f"{path}.demand.{r}", d,
-                                  f"unknown resource (declared: {sorted(resources)})")
+            raise ValidationError(
+                f"{path}.demand.{r}", d, f"unknown resource (declared: {sorted(resources)})"
+            )
         demands[r] = Demand.parse(d, f"{path}.demand.{r}")
     return demands
 
@@ -177,21 +208,29 @@ def _elasticity(path: str, obj: Mapping[str, Any], demands: Mapping[str, Demand]
         if k not in obj:
             raise ValidationError(f"{path}.{k}", None, "is required for an elastic action")
     if "duration" in obj:
-        raise ValidationError(f"{path}.duration", obj["duration"],
-                              "an elastic action has t_ori and efficiency, not a duration")
+        raise ValidationError(
+            f"{path}.duration",
+            obj["duration"],
+            "an elastic action has t_ori and efficiency, not a duration",
+        )
     if obj["key"] not in demands:
-        raise ValidationError(f"{path}.key", obj["key"], "must be one of the demanded "
-                              f"resources {sorted(demands)}")
+        raise ValidationError(
+            f"{path}.key", obj["key"], f"must be one of the demanded resources {sorted(demands)}"
+        )
     table = _efficiency_table(path, obj["efficiency"])
     for m in demands[obj["key"]].amounts:
         if m not in table:
-            raise ValidationError(f"{path}.efficiency.{m}", None,
-                                  "missing: every allowed amount of the key needs E(m)")
+            raise ValidationError(
+                f"{path}.efficiency.{m}",
+                None,
+                "missing: every allowed amount of the key needs E(m)",
+            )
     try:
         return Elasticity(obj["key"], obj["t_ori"], table)
     except ValidationError as exc:
-        raise ValidationError(f"{path}.{exc.field.removeprefix('elasticity.')}", exc.value,
-                              exc.problem) from None
+        raise ValidationError(
+            f"{path}.{exc.field.removeprefix('elasticity.')}", exc.value, exc.problem
+        ) from None
 
 
 def _efficiency_table(path: str, eff: Any) -> dict[int, Any]:
@@ -209,54 +248,70 @@ def _efficiency_table(path: str, eff: Any) -> dict[int, Any]:
 
 def _fixed_duration(path: str, obj: Mapping[str, Any]) -> float:
     if "duration" not in obj:
-        raise ValidationError(f"{path}.duration", None,
-                              "is required (or key, t_ori and efficiency for elastic)")
+        raise ValidationError(
+            f"{path}.duration", None, "is required (or key, t_ori and efficiency for elastic)"
+        )
     return number(f"{path}.duration", obj["duration"], positive=True)
 
 
-def _service(path: str, service: Any, demands: Mapping[str, Demand],
-             resources: Mapping[str, ResourceSpec]) -> Any:
+def _service(
+    path: str, service: Any, demands: Mapping[str, Demand], resources: Mapping[str, ResourceSpec]
+) -> Any:
     if service is not None:
         gpu_res = [r for r in demands if resources[r].topology == "chunks"]
         if not gpu_res:
             raise ValidationError(f"{path}.service", service, "needs a GPU (chunks) demand")
         if service not in resources[gpu_res[0]].services:
-            raise ValidationError(f"{path}.service", service, "unknown service (declared: "
-                                  f"{sorted(resources[gpu_res[0]].services)})")
+            raise ValidationError(
+                f"{path}.service",
+                service,
+                f"unknown service (declared: {sorted(resources[gpu_res[0]].services)})",
+            )
     return service
 
 
-def _check_node(path: str, node: Any, demands: Mapping[str, Demand],
-                resources: Mapping[str, ResourceSpec]) -> None:
+def _check_node(
+    path: str, node: Any, demands: Mapping[str, Demand], resources: Mapping[str, ResourceSpec]
+) -> None:
     """A bound action names a node of every flat resource it demands, big enough for it."""
     flat = [r for r in demands if resources[r].topology == "flat"]
     if not flat or any(node not in resources[r].node_names() for r in flat):
         names = {r: resources[r].node_names() for r in flat}
-        raise ValidationError(f"{path}.node", node,
-                              f"must name a node of every flat resource it demands ({names})")
+        raise ValidationError(
+            f"{path}.node", node, f"must name a node of every flat resource it demands ({names})"
+        )
     for r in flat:
         if demands[r].min > resources[r].node_units.get(node, resources[r].units):
-            raise Infeasible(f"{path}.demand.{r}: needs at least {demands[r].min}, node "
-                             f"{node} has {resources[r].node_units.get(node)}")
+            raise Infeasible(
+                f"{path}.demand.{r}: needs at least {demands[r].min}, node "
+                f"{node} has {resources[r].node_units.get(node)}"
+            )
 
 
-def _check_fits(path: str, demands: Mapping[str, Demand],
-                resources: Mapping[str, ResourceSpec]) -> None:
+def _check_fits(
+    path: str, demands: Mapping[str, Demand], resources: Mapping[str, ResourceSpec]
+) -> None:
     """Every demand is one some placement of its pool could meet (GPU amounts whole chunks)."""
     for r, d in demands.items():
         spec = resources[r]
         if spec.topology == "chunks":
             for amount in d.amounts:
                 if not is_pow2(amount):
-                    raise ValidationError(f"{path}.demand.{r}", amount, "GPU amounts must be "
-                                          "powers of two (a k-GPU action takes one aligned "
-                                          "k-chunk)")
+                    raise ValidationError(
+                        f"{path}.demand.{r}",
+                        amount,
+                        "GPU amounts must be "
+                        "powers of two (a k-GPU action takes one aligned "
+                        "k-chunk)",
+                    )
             biggest = spec.gpus_per_node
         else:
             biggest = spec.build_pool().largest_request()
         if d.min > biggest:
-            raise Infeasible(f"{path}.demand.{r}: needs at least {d.min}, can never fit "
-                             f"(the largest placement is {biggest})")
+            raise Infeasible(
+                f"{path}.demand.{r}: needs at least {d.min}, can never fit "
+                f"(the largest placement is {biggest})"
+            )
 
 
 def parse_instance(doc: Any) -> Instance:
@@ -282,12 +337,17 @@ def parse_instance(doc: Any) -> Instance:
                 continue
             assert a.trajectory is not None
             if bindings.setdefault((a.trajectory, r), node) != node:
-                raise ValidationError(f"actions[{a.id}].node", node, f"trajectory {a.trajectory} "
-                                      f"is bound to node {bindings[(a.trajectory, r)]} already")
+                raise ValidationError(
+                    f"actions[{a.id}].node",
+                    node,
+                    f"trajectory {a.trajectory} "
+                    f"is bound to node {bindings[(a.trajectory, r)]} already",
+                )
     actions.sort(key=lambda a: a.submit_time)  # stable: file order breaks ties
     return Instance(resources, tuple(actions), bindings)
 
 
 def load_instance(path: str | Path) -> Instance:
-    return parse_instance(read_document(path, "instance file", json.loads,
-                                        json.JSONDecodeError, "JSON"))
+    return parse_instance(
+        read_document(path, "instance file", json.loads, json.JSONDecodeError, "JSON")
+    )

@@ -15,14 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tangram.errors import Infeasible, ValidationError
-from topology import (
-    ChunkOperator,
-    ChunkTree,
-    CpuNode,
-    FlatOperator,
-    TopologyError,
-    is_pow2,
-)
+from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError, is_pow2
 
 if TYPE_CHECKING:
     from tangram.actions import Action
@@ -50,8 +43,7 @@ class PlacementAdvisor(ABC):
         """Score of placing `action` on `chunk` of `node` among equal choices; higher wins."""
 
     @abstractmethod
-    def defer(self, action: Action, placement: Placement, view: ClusterView,
-              now: float) -> bool:
+    def defer(self, action: Action, placement: Placement, view: ClusterView, now: float) -> bool:
         """True when `action` should rather wait than start on `placement` now. A deferred
         action blocks nothing behind it (its units are free for others)."""
 
@@ -72,17 +64,25 @@ class Pool(ABC):
     @abstractmethod
     def largest_request(self) -> int:
         """The largest single amount that could ever be placed (on an empty pool)."""
+
     @abstractmethod
-    def fits(self, k: int, node: str | None = None,
-             exclude: Collection[str] = ()) -> str | None:
+    def fits(self, k: int, node: str | None = None, exclude: Collection[str] = ()) -> str | None:
         """A node where k units fit now (`node` if given), or None."""
+
     @abstractmethod
-    def place(self, k: int, node: str | None = None, exclude: Collection[str] = (),
-              prefer: Callable[[str, tuple[int, int]], float] | None = None) -> Placement:
+    def place(
+        self,
+        k: int,
+        node: str | None = None,
+        exclude: Collection[str] = (),
+        prefer: Callable[[str, tuple[int, int]], float] | None = None,
+    ) -> Placement:
         """Choose and take k units; raises `Infeasible` when they do not fit."""
+
     @abstractmethod
     def take(self, placement: Placement, k: int) -> None:
         """Take exactly this placement; raises `TopologyError` when any part is not free."""
+
     @abstractmethod
     def release(self, placement: Placement, k: int) -> None: ...
     @abstractmethod
@@ -93,8 +93,10 @@ class Pool(ABC):
     def validate_amounts(self, field: str, amounts: Collection[int]) -> None:
         """Reject a demand no placement could ever meet (checked at submission)."""
         if min(amounts) > self.largest_request():
-            raise Infeasible(f"{field}: needs at least {min(amounts)} {self.resource}, the "
-                             f"largest placement this cluster has is {self.largest_request()}")
+            raise Infeasible(
+                f"{field}: needs at least {min(amounts)} {self.resource}, the "
+                f"largest placement this cluster has is {self.largest_request()}"
+            )
 
 
 class FlatPool(Pool):
@@ -104,8 +106,9 @@ class FlatPool(Pool):
         self.resource = resource
         for u in units.values():
             if isinstance(u, bool) or not isinstance(u, int) or u < 0:
-                raise ValidationError(f"resources.{resource}.units", u,
-                                      "must be a non-negative integer")
+                raise ValidationError(
+                    f"resources.{resource}.units", u, "must be a non-negative integer"
+                )
         self._cap = dict(units)
         self._free = dict(units)
 
@@ -199,8 +202,7 @@ class CorePool(Pool):
             raise ValidationError(f"{self.resource}.nodes", node, "not in the pool")
         granted = self._nodes[node].capacity - self._free[node]
         if granted:
-            raise ValidationError(f"{self.resource}.nodes", node,
-                                  f"{granted} cores still granted")
+            raise ValidationError(f"{self.resource}.nodes", node, f"{granted} cores still granted")
         del self._nodes[node], self._free[node]
         self._own.discard(node)
 
@@ -298,8 +300,12 @@ class ChunkPool(Pool):
     def validate_amounts(self, field, amounts):
         for k in amounts:
             if not is_pow2(k):
-                raise ValidationError(field, k, "GPU amounts must be powers of two (an action "
-                                      "of k GPUs takes one aligned chunk of k)")
+                raise ValidationError(
+                    field,
+                    k,
+                    "GPU amounts must be powers of two (an action "
+                    "of k GPUs takes one aligned chunk of k)",
+                )
         super().validate_amounts(field, amounts)
 
     def _best_level(self, k, node, exclude):

@@ -38,20 +38,28 @@ LEARNED = frozenset({Status.OK, Status.ERROR})  # ran to its end: its time is an
 CENSORED = frozenset({Status.TIMEOUT})  # killed at its deadline: it would have run longer
 
 
-def exec_kind(trajectory: str, command: str | list[str] | tuple[str, ...],
-              kind: str | None = None) -> str:
+def exec_kind(
+    trajectory: str, command: str | list[str] | tuple[str, ...], kind: str | None = None
+) -> str:
     """The profile key of an exec: `kind:<kind>` when the trusted caller names it (an adapter
     from its tool's name, /run_code from its language), shared by every trajectory; else
     `exec:["<trajectory>", "<first word>"]`, the model-written command's own word, seen by its
     trajectory alone."""
     if kind is not None:
-        if not isinstance(kind, str) or not 1 <= len(kind) <= MAX_KIND \
-                or any(ord(c) < 32 or ord(c) == 127 for c in kind):
-            raise ValidationError("exec.kind", kind, f"must be 1 to {MAX_KIND} characters "
-                                  f"without control characters")
+        if (
+            not isinstance(kind, str)
+            or not 1 <= len(kind) <= MAX_KIND
+            or any(ord(c) < 32 or ord(c) == 127 for c in kind)
+        ):
+            raise ValidationError(
+                "exec.kind", kind, f"must be 1 to {MAX_KIND} characters without control characters"
+            )
         return f"kind:{kind}"
-    first = (command.split() or ["?"])[0] if isinstance(command, str) else \
-        (command[0] if command else "?")
+    first = (
+        (command.split() or ["?"])[0]
+        if isinstance(command, str)
+        else (command[0] if command else "?")
+    )
     return "exec:" + json.dumps([trajectory, first.rsplit("/", 1)[-1][:MAX_KIND]])
 
 
@@ -160,7 +168,6 @@ def amdahl(serial: float, t_ori: float = 1.0, spawn_s: float = 0.0) -> Callable[
     return lambda m: amdahl_efficiency(m, serial, t_ori, spawn_s)
 
 
-
 @dataclass(slots=True)
 class _Stat:
     n: int = 0
@@ -178,8 +185,13 @@ class DurationProfiles:
         self._t_ori: dict[str, _Stat] = {}
         self._fits: dict[str, AmdahlFit] = {}
 
-    def record(self, action: Action, units: Mapping[str, int] | None, run_s: float,
-               status: Status = Status.OK) -> None:
+    def record(
+        self,
+        action: Action,
+        units: Mapping[str, int] | None,
+        run_s: float,
+        status: Status = Status.OK,
+    ) -> None:
         """The learning rule, one for the runtime and the simulator: a run that ended
         (`LEARNED`) is an observation of its time; a run killed at its timeout (`CENSORED`)
         counts at its timeout, a lower bound of its true time (the estimates it pulls toward
@@ -211,8 +223,9 @@ class DurationProfiles:
         s = self._t_ori.get(kind)
         return s.mean if s else None
 
-    def speedup(self, kind: str, prior_serial: float, prior_t_ori: float,
-                key: str = "cpu") -> AmdahlFit:
+    def speedup(
+        self, kind: str, prior_serial: float, prior_t_ori: float, key: str = "cpu"
+    ) -> AmdahlFit:
         """The kind's fitted speedup curve over `key` units (created with this prior on first
         use; every later completion of the kind, elastic or not, refines it)."""
         return _recent(self._fits, kind, lambda: AmdahlFit(prior_serial, prior_t_ori, key))
@@ -244,8 +257,12 @@ class DurationProfiles:
         builds its actions so (`Tangram.exec`), the simulator turns its sampled ones so."""
         el = action.elasticity
         if el is not None and not action.demands[el.key].is_fixed:
-            return dataclasses.replace(action, submit_time=now, duration=None,
-                                       elasticity=self.learned_elasticity(action.kind, el.key))
+            return dataclasses.replace(
+                action,
+                submit_time=now,
+                duration=None,
+                elasticity=self.learned_elasticity(action.kind, el.key),
+            )
         return dataclasses.replace(action, submit_time=now, duration=None, elasticity=None)
 
 

@@ -107,8 +107,9 @@ class ActionQueue:
         return action
 
     # -- the scan --------------------------------------------------------------------------------
-    def scan(self, blocked: Callable[[Class], bool],
-             only: Iterable[Class] | None = None) -> Iterator[Action]:
+    def scan(
+        self, blocked: Callable[[Class], bool], only: Iterable[Class] | None = None
+    ) -> Iterator[Action]:
         """Actions in arrival order, skipping every class for which `blocked(class)` holds when
         the walk reaches it (the caller blocks classes while it consumes the iterator). An action
         in several classes is yielded once, and only if none of its classes is blocked.

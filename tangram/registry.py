@@ -39,12 +39,14 @@ class Registry(Generic[T]):
     # -- declaring -----------------------------------------------------------------------------
     def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
         """Add `obj` as `name` (`register(name, obj)`), or decorate (`@register(name)`)."""
+
         def add(o: T) -> T:
             known = self._loaded.get(name)
             if known is not None and known is not o:
                 raise ValueError(f"{self.family} {name!r} registered twice")
             self._loaded[name] = o
             return o
+
         return add if obj is None else add(obj)
 
     # -- looking up ----------------------------------------------------------------------------

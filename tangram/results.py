@@ -57,16 +57,27 @@ class Result:
     def act_s(self) -> float:
         return self.queued_s + self.run_s
 
-    def granted(self, action_id: str, units: Mapping[str, int],
-                placement: Mapping[str, Placement],
-                queued_s: float, run_s: float) -> Result:
+    def granted(
+        self,
+        action_id: str,
+        units: Mapping[str, int],
+        placement: Mapping[str, Placement],
+        queued_s: float,
+        run_s: float,
+    ) -> Result:
         """This result with what the runtime knows: the action, its grant and its timings."""
         output = self.output
         if dataclasses.is_dataclass(output) and not isinstance(output, type):
             output = asdict(output)
-        return dataclasses.replace(self, action_id=action_id, units=dict(units),
-                                   placement=dict(placement), queued_s=queued_s, run_s=run_s,
-                                   output=output)
+        return dataclasses.replace(
+            self,
+            action_id=action_id,
+            units=dict(units),
+            placement=dict(placement),
+            queued_s=queued_s,
+            run_s=run_s,
+            output=output,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON document of the HTTP API (the edge where placements become plain data)."""
@@ -82,8 +93,9 @@ class Result:
         here (an unknown one raises `ValidationError` naming it); unknown keys are ignored."""
         known = {k: v for k, v in doc.items() if k in cls.__dataclass_fields__}
         known["status"] = parse_status(doc.get("status"))
-        known["placement"] = {r: parse_placement(f"placement.{r}", p)
-                              for r, p in (doc.get("placement") or {}).items()}
+        known["placement"] = {
+            r: parse_placement(f"placement.{r}", p) for r, p in (doc.get("placement") or {}).items()
+        }
         return cls(**known)
 
 
@@ -92,8 +104,7 @@ def parse_status(value: object, field: str = "status") -> Status:
     try:
         return Status(value)
     except ValueError:
-        raise ValidationError(field, value, f"not a status (one of {', '.join(Status)})"
-                              ) from None
+        raise ValidationError(field, value, f"not a status (one of {', '.join(Status)})") from None
 
 
 def placement_json(p: Placement) -> dict[str, Any]:
@@ -105,7 +116,10 @@ def parse_placement(field: str, doc: Any) -> Placement:
     """`placement_json`'s inverse; `ValidationError` naming `field` on a malformed document."""
     try:
         chunk = doc.get("chunk")
-        return Placement(str(doc["node"]), tuple(int(c) for c in doc.get("cores") or ()),
-                         None if chunk is None else (int(chunk[0]), int(chunk[1])))
+        return Placement(
+            str(doc["node"]),
+            tuple(int(c) for c in doc.get("cores") or ()),
+            None if chunk is None else (int(chunk[0]), int(chunk[1])),
+        )
     except (AttributeError, KeyError, IndexError, TypeError, ValueError):
         raise ValidationError(field, doc, "not a placement {node, cores, chunk}") from None

@@ -69,10 +69,16 @@ DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull
 
 
 class Scheduler:
-    def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *,
-                 profiles: DurationProfiles | None = None,
-                 max_queue: int = DEFAULT_MAX_QUEUE, scoped: bool = False,
-                 conserve: bool = True) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, Pool],
+        allocator: Allocator,
+        *,
+        profiles: DurationProfiles | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        scoped: bool = False,
+        conserve: bool = True,
+    ) -> None:
         self.pools = dict(pools)
         self.allocator = allocator
         self.profiles = profiles or DurationProfiles()
@@ -100,8 +106,11 @@ class Scheduler:
         for r, d in action.demands.items():
             pool = self.pools.get(r)
             if pool is None:
-                raise ValidationError(f"action[{action.id}].demands.{r}", d.amounts,
-                                      f"unknown resource (pools: {sorted(self.pools)})")
+                raise ValidationError(
+                    f"action[{action.id}].demands.{r}",
+                    d.amounts,
+                    f"unknown resource (pools: {sorted(self.pools)})",
+                )
             pool.validate_amounts(f"action[{action.id}].demands.{r}", d.amounts)
             node = self.node_of(action, r)
             if node is not None:
@@ -110,7 +119,8 @@ class Scheduler:
                     raise Infeasible(
                         f"action {action.id}: {r} demand {d.min} can never run on node {node}, "
                         f"which has {cap} {r} units (trajectory {action.trajectory} is bound "
-                        "there)")
+                        "there)"
+                    )
 
     def node_of(self, action: Action, resource: str) -> str | None:
         if action.trajectory is None:
@@ -121,8 +131,7 @@ class Scheduler:
         if action.id in self.queue or action.id in self.running:
             raise ValidationError("action.id", action.id, "already queued or running")
         if len(self.queue) >= self.max_queue:
-            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; "
-                            "retry later")
+            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; retry later")
         self.validate(action)
         self.enqueue(action)
 
@@ -175,8 +184,15 @@ class Scheduler:
         return self.profiles.estimate(action, units)
 
     def view(self, scope: list[tuple[str, str | None]] | None = None) -> ClusterView:
-        return ClusterView(self.pools, self.running.values(), self.bindings, self.estimate,
-                           self._queued_per_resource.keys(), scope, self.holding)
+        return ClusterView(
+            self.pools,
+            self.running.values(),
+            self.bindings,
+            self.estimate,
+            self._queued_per_resource.keys(),
+            scope,
+            self.holding,
+        )
 
     def _scope(self) -> list[tuple[str, str | None]]:
         """The classes a scoped decision scans: those an arrival, completion or cancel touched
@@ -225,8 +241,9 @@ class Scheduler:
         view = self._open_decision(self._snapshot_view)
         return PreparedDecision(self.allocator, view, self.queue.copy(), now)
 
-    def finish(self, prepared: PreparedDecision, assignments: list[Assignment],
-               now: float) -> list[Assignment]:
+    def finish(
+        self, prepared: PreparedDecision, assignments: list[Assignment], now: float
+    ) -> list[Assignment]:
         """Apply a prepared decision's answer at `now`, as `decide` applies it, less the
         actions no longer queued (cancelled while the policy ran); then the liveness and
         work-conservation rules on the live state. Units are taken by decisions alone and one
@@ -234,8 +251,11 @@ class Scheduler:
         left the pool meanwhile (a lost node's chunks): such an assignment is dropped too, and
         its action waits for the next decision."""
         self.queue.visited += prepared.queue.visited
-        live = [a for a in assignments
-                if self.queue.get(a.action.id) is a.action and self._still_free(a)]
+        live = [
+            a
+            for a in assignments
+            if self.queue.get(a.action.id) is a.action and self._still_free(a)
+        ]
         return self._close_decision(prepared.view, live, now)
 
     def _still_free(self, a: Assignment) -> bool:
@@ -253,8 +273,9 @@ class Scheduler:
         self.last_scope = view.scope
         return view
 
-    def _close_decision(self, view: ClusterView, assignments: list[Assignment],
-                        now: float) -> list[Assignment]:
+    def _close_decision(
+        self, view: ClusterView, assignments: list[Assignment], now: float
+    ) -> list[Assignment]:
         for a in assignments:
             self._start(a, now)
         if not self.running and self.queue:
@@ -276,10 +297,15 @@ class Scheduler:
     def _snapshot_view(self, scope: list[tuple[str, str | None]] | None) -> ClusterView:
         """A view that owns its state: copied pools, running actions, bindings and holdings."""
         holding = {k: list(v.values()) for k, v in self._holding.items()}
-        return ClusterView({r: p.copy() for r, p in self.pools.items()},
-                           list(self.running.values()), dict(self.bindings), self.estimate,
-                           tuple(self._queued_per_resource), scope,
-                           lambda r, n=None: holding.get((r, n), ()))
+        return ClusterView(
+            {r: p.copy() for r, p in self.pools.items()},
+            list(self.running.values()),
+            dict(self.bindings),
+            self.estimate,
+            tuple(self._queued_per_resource),
+            scope,
+            lambda r, n=None: holding.get((r, n), ()),
+        )
 
     def wants_next_decision(self) -> bool:
         """True when a class waits to be re-read at the next decision whatever happens (a
@@ -295,8 +321,10 @@ class Scheduler:
             first = next(self.queue.scan(_never, (c,)), None)
             if first is None:
                 continue
-            if all(self.pools[r].fits(k, self.node_of(first, r)) is not None
-                   for r, k in first.mins.items()):
+            if all(
+                self.pools[r].fits(k, self.node_of(first, r)) is not None
+                for r, k in first.mins.items()
+            ):
                 self._touched.add(c)
 
     def _wasted(self, view: ClusterView, now: float):
@@ -307,8 +335,7 @@ class Scheduler:
         excused = None
         if any(p.advisor is not None for p in self.pools.values()):
             excused = advisors_excuse(self.pools, self.view(view.scope), now)
-        return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused,
-                          view.scope)
+        return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused, view.scope)
 
     def _start(self, a: Assignment, now: float) -> None:
         act = a.action
@@ -362,8 +389,9 @@ class Scheduler:
                 return Assignment(act, units, placement)
         return None
 
-    def complete(self, action_id: str, now: float, run_s: float | None = None,
-                 status: Status = Status.OK) -> RunningAction:
+    def complete(
+        self, action_id: str, now: float, run_s: float | None = None, status: Status = Status.OK
+    ) -> RunningAction:
         """Return a finished action's units to the pools and learn from its run time by the
         one learning rule (`DurationProfiles.record`: how it ended decides what it teaches)."""
         ra = self.running.pop(action_id)
@@ -375,6 +403,5 @@ class Scheduler:
             if u:
                 for k in ((r, a.placement[r].node), (r, None)):
                     del self._holding[k][action_id]
-        self.profiles.record(a.action, a.units, now - ra.start if run_s is None else run_s,
-                             status)
+        self.profiles.record(a.action, a.units, now - ra.start if run_s is None else run_s, status)
         return ra

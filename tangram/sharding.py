@@ -30,8 +30,7 @@ class ShardLayout:
     _of: dict[str, int] = field(init=False, repr=False, compare=False)
 
     @classmethod
-    def contiguous(cls, resources: Sequence[str], nodes: Sequence[str],
-                   shards: int) -> ShardLayout:
+    def contiguous(cls, resources: Sequence[str], nodes: Sequence[str], shards: int) -> ShardLayout:
         """`shards` groups of consecutive nodes, sizes differing by at most one."""
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise ValidationError("shards", shards, "must be an integer >= 1")
@@ -41,7 +40,7 @@ class ShardLayout:
         groups, at = [], 0
         for i in range(shards):
             n = q + (i < r)
-            groups.append(tuple(nodes[at:at + n]))
+            groups.append(tuple(nodes[at : at + n]))
             at += n
         return cls(tuple(resources), tuple(groups))
 
@@ -67,9 +66,12 @@ class ShardLayout:
         if not sharded:
             return GLOBAL
         if len(sharded) != len(action.mins):
-            raise ValidationError(f"action[{action.id}].demands", sorted(action.mins),
-                                  "a sharded scheduler decides a node's cores and pooled "
-                                  f"resources apart; {sharded} cannot go with the rest")
+            raise ValidationError(
+                f"action[{action.id}].demands",
+                sorted(action.mins),
+                "a sharded scheduler decides a node's cores and pooled "
+                f"resources apart; {sharded} cannot go with the rest",
+            )
         owners = set()
         for r in sharded:
             node = node_of.get((action.trajectory, r)) if action.trajectory else None
@@ -77,6 +79,7 @@ class ShardLayout:
                 return None
             owners.add(self.shard_of(node))
         if len(owners) > 1:
-            raise ValidationError(f"action[{action.id}].trajectory", action.trajectory,
-                                  "bound to nodes of two shards")
+            raise ValidationError(
+                f"action[{action.id}].trajectory", action.trajectory, "bound to nodes of two shards"
+            )
         return owners.pop()

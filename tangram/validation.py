@@ -64,8 +64,11 @@ def mapping(path: str, v: Any, allowed: Collection[str] | None = None) -> dict:
     if allowed is not None:
         unknown = sorted(set(v) - set(allowed), key=str)
         if unknown:
-            raise ValidationError(f"{path}.{unknown[0]}", v[unknown[0]],
-                                  f"unknown key (allowed: {sorted(allowed, key=str)})")
+            raise ValidationError(
+                f"{path}.{unknown[0]}",
+                v[unknown[0]],
+                f"unknown key (allowed: {sorted(allowed, key=str)})",
+            )
     return v
 
 
@@ -99,9 +102,13 @@ def keys(path: str, obj: Any, required: Collection[str], optional: Collection[st
     return mapping(path, obj, {*required, *optional})
 
 
-def read_document(path: str | Path, what: str, parse: Callable[[str], Any],
-                  syntax_error: type[Exception] | tuple[type[Exception], ...],
-                  syntax: str) -> Any:
+def read_document(
+    path: str | Path,
+    what: str,
+    parse: Callable[[str], Any],
+    syntax_error: type[Exception] | tuple[type[Exception], ...],
+    syntax: str,
+) -> Any:
     """The parsed content of a file a user named (`what` says which kind, for the message):
     a missing file or a syntax error is a `TangramError` naming the file, not a traceback."""
     try:

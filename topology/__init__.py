@@ -18,8 +18,24 @@ from topology.errors import InvariantViolation, TopologyError
 from topology.operators import ChunkOperator, FlatOperator
 
 __all__ = [
-    "Chunk", "ChunkOperator", "ChunkTree", "CpuNode", "FlatOperator", "GpuDiscovery", "GpuInfo",
-    "InvariantViolation", "TopologyError", "buddy", "build_chunk_graph", "chunk_level",
-    "chunk_sizes", "discover_gpus", "discover_numa", "enclosing", "is_aligned", "is_pow2",
-    "parse_cpulist", "pow2_floor",
+    "Chunk",
+    "ChunkOperator",
+    "ChunkTree",
+    "CpuNode",
+    "FlatOperator",
+    "GpuDiscovery",
+    "GpuInfo",
+    "InvariantViolation",
+    "TopologyError",
+    "buddy",
+    "build_chunk_graph",
+    "chunk_level",
+    "chunk_sizes",
+    "discover_gpus",
+    "discover_numa",
+    "enclosing",
+    "is_aligned",
+    "is_pow2",
+    "parse_cpulist",
+    "pow2_floor",
 ]

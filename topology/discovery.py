@@ -89,8 +89,12 @@ def discover_gpus() -> GpuDiscovery:
             name = pynvml.nvmlDeviceGetName(h)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total
             gpus.append(
-                GpuInfo(i, name.decode() if isinstance(name, bytes) else name, int(mem),
-                        _nvlink_peers(pynvml, h, bus_to_index))
+                GpuInfo(
+                    i,
+                    name.decode() if isinstance(name, bytes) else name,
+                    int(mem),
+                    _nvlink_peers(pynvml, h, bus_to_index),
+                )
             )
         return GpuDiscovery(gpus=tuple(gpus), nvlink_groups=_groups(gpus))
     except Exception as exc:

@@ -145,8 +145,9 @@ class ChunkOperator:
         achieves it is a valid choice to backtrack through.
         """
         n = self.num_states
-        cols = np.fromiter((self._size_col.get(int(a), -1) for a in amounts), dtype=np.int64,
-                           count=len(amounts))
+        cols = np.fromiter(
+            (self._size_col.get(int(a), -1) for a in amounts), dtype=np.int64, count=len(amounts)
+        )
         nxt = self._next[:, np.maximum(cols, 0)]
         if (cols < 0).any():
             nxt = np.where(cols[None, :] >= 0, nxt, -1)

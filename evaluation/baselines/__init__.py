@@ -11,5 +11,15 @@ from evaluation.baselines.fixed import FixedDop
 from evaluation.baselines.gpu import Serverless, StaticServices, pin_services, serverless_executors
 from evaluation.baselines.k8s import Kubernetes
 
-__all__ = ["ApiRetry", "ByResource", "FixedDop", "Kubernetes", "Lifecycles", "NoLifecycle",
-           "Serverless", "StaticServices", "pin_services", "serverless_executors"]
+__all__ = [
+    "ApiRetry",
+    "ByResource",
+    "FixedDop",
+    "Kubernetes",
+    "Lifecycles",
+    "NoLifecycle",
+    "Serverless",
+    "StaticServices",
+    "pin_services",
+    "serverless_executors",
+]

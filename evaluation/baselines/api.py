@@ -26,13 +26,17 @@ from tangram.errors import Infeasible
 @register("api-retry")
 @dataclass
 class ApiRetry(NoLifecycle):
-    reject_s: float = field(default=0.1, metadata=assumed(
-        "time to receive a 429 (one round trip)", 0.05, 1.0))
-    backoff_s: float = field(default=1.0, metadata=assumed(
-        "first retry delay of the client's exponential backoff", 0.5, 4.0))
+    reject_s: float = field(
+        default=0.1, metadata=assumed("time to receive a 429 (one round trip)", 0.05, 1.0)
+    )
+    backoff_s: float = field(
+        default=1.0,
+        metadata=assumed("first retry delay of the client's exponential backoff", 0.5, 4.0),
+    )
     backoff_cap_s: float = field(default=30.0, metadata=assumed("backoff cap", 10.0, 60.0))
-    jitter: float = field(default=0.5, metadata=assumed("random share added to a backoff",
-                                                        0.0, 1.0))
+    jitter: float = field(
+        default=0.5, metadata=assumed("random share added to a backoff", 0.0, 1.0)
+    )
     seed: int = field(default=0, metadata=setting("random seed"))
     rejections: int = field(default=0, init=False)
     _next: dict[str, float] = field(default_factory=dict, init=False)
@@ -47,8 +51,9 @@ class ApiRetry(NoLifecycle):
         """Each refused attempt reached its API server: the server counts it too."""
         self._servers = {r: e for r, e in executors.items() if isinstance(e, ApiUpstream)}
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         pools = ScratchPools(view.pools)
         out = []
         for a in queue:
@@ -69,9 +74,10 @@ class ApiRetry(NoLifecycle):
                         self._servers[r].refuse(r, now)
                 n = self._tries.get(a.id, 0)
                 self._tries[a.id] = n + 1
-                wait = min(self.backoff_cap_s, self.backoff_s * 2 ** n)
-                self._next[a.id] = now + self.reject_s + wait * (
-                    1 + self.jitter * self._rng.random())
+                wait = min(self.backoff_cap_s, self.backoff_s * 2**n)
+                self._next[a.id] = (
+                    now + self.reject_s + wait * (1 + self.jitter * self._rng.random())
+                )
                 continue
             self._next.pop(a.id, None)
             self._tries.pop(a.id, None)

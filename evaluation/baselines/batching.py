@@ -49,9 +49,15 @@ THROUGHPUT: dict[str, Curve] = {"logprob": prefill_bound, "judge": decode_bound}
 
 @dataclass
 class BatchingParams:
-    max_batch: int = field(default=8, metadata=assumed(
-        "concurrent calls one static replica serves (SGLang's --max-running-requests is far "
-        "larger; 8 covers the bursts here)", 4, 16))
+    max_batch: int = field(
+        default=8,
+        metadata=assumed(
+            "concurrent calls one static replica serves (SGLang's --max-running-requests is far "
+            "larger; 8 covers the bursts here)",
+            4,
+            16,
+        ),
+    )
 
 
 def lanes(w: Workload, max_batch: int) -> Workload:
@@ -67,8 +73,9 @@ def lanes(w: Workload, max_batch: int) -> Workload:
     return dataclasses.replace(w, gpu=wide, make_pools=pools)
 
 
-def batched_static(w: Workload, services: Sequence[str], gpus_each: int, replicas: int = 1,
-                   max_batch: int = 8) -> tuple[Workload, StaticServices, Callable]:
+def batched_static(
+    w: Workload, services: Sequence[str], gpus_each: int, replicas: int = 1, max_batch: int = 8
+) -> tuple[Workload, StaticServices, Callable]:
     """The lane workload, the static allocator pinned on every lane, and its executors."""
     spec = w.gpu
     assert spec is not None
@@ -77,15 +84,19 @@ def batched_static(w: Workload, services: Sequence[str], gpus_each: int, replica
     wide = lanes(w, max_batch)
     names = wide.gpu.node_names()
     n = spec.nodes
-    lane_pins = tuple((s, names[j * n + physical.index(node)], a, b)
-                      for j in range(max_batch) for s, node, a, b in pins)
+    lane_pins = tuple(
+        (s, names[j * n + physical.index(node)], a, b)
+        for j in range(max_batch)
+        for s, node, a, b in pins
+    )
     replica_of = {names[j * n + i]: physical[i] for j in range(max_batch) for i in range(n)}
     truth = {s.action.id: s.action for t in w.trajectories for s in t.steps}
 
     def executors(workload: Workload) -> dict[str, SimExecutor]:
         assert workload.gpu is not None
-        return {workload.gpu.name: BatchedReplicas(SimServiceModel(workload.gpu), replica_of,
-                                                   truth)}
+        return {
+            workload.gpu.name: BatchedReplicas(SimServiceModel(workload.gpu), replica_of, truth)
+        }
 
     return wide, StaticServices(pins=lane_pins), executors
 

@@ -12,14 +12,18 @@ from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView, IdleByDesign
 
 
-def fcfs_fixed(view: ClusterView, queue: Collection[Action],
-               amounts: Callable[[Action], dict[str, int]],
-               exclude: Callable[[Action, str], Collection[str]] | None = None) -> list[Assignment]:
+def fcfs_fixed(
+    view: ClusterView,
+    queue: Collection[Action],
+    amounts: Callable[[Action], dict[str, int]],
+    exclude: Callable[[Action, str], Collection[str]] | None = None,
+) -> list[Assignment]:
     """Start queued actions in order at exactly `amounts(action)`: the scheduler's own FCFS
     scan (`solvers.fcfs.scan_candidates`, its blocking and passing rules) at fixed amounts,
     without waiting for resident copies (a baseline does not)."""
-    found = scan_candidates(view, queue, ScratchPools(view.pools), amounts=amounts,
-                            exclude=exclude, advised=False)
+    found = scan_candidates(
+        view, queue, ScratchPools(view.pools), amounts=amounts, exclude=exclude, advised=False
+    )
     return [Assignment(c.action, c.units, c.placement) for c in found]
 
 
@@ -34,8 +38,9 @@ class NoLifecycle(IdleByDesign):
     """Baselines without trajectory-level state: environments start in `env_start_s` (the same
     container start as Tangram's, docs/calibration.md §2), nothing to release, no timers."""
 
-    env_start_s: float = field(default=0.5, metadata=src(
-        "docs/calibration.md §2: container start 0.25-0.57 s", 0.25, 0.57))
+    env_start_s: float = field(
+        default=0.5, metadata=src("docs/calibration.md §2: container start 0.25-0.57 s", 0.25, 0.57)
+    )
 
     def attach(self, pools, executors) -> None:
         pass

@@ -20,8 +20,9 @@ class ByResource(IdleByDesign):
     routes: tuple[tuple[str, Any], ...] = ()
     """(resource-name prefix, allocator), first match wins."""
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         parts: list[list[Action]] = [[] for _ in self.routes]
         for a in queue:
             for i, (prefix, _) in enumerate(self.routes):
@@ -29,8 +30,9 @@ class ByResource(IdleByDesign):
                     parts[i].append(a)
                     break
             else:
-                raise ValidationError(f"action[{a.id}].demands", sorted(a.demands),
-                                      "no route for these resources")
+                raise ValidationError(
+                    f"action[{a.id}].demands", sorted(a.demands), "no route for these resources"
+                )
         out: list[Assignment] = []
         for (_, alloc), part in zip(self.routes, parts):
             if part:

@@ -28,6 +28,7 @@ class FixedDop:
             units[a.key] = at_most(a, a.key, self.dop)
         return units
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         return fcfs_fixed(view, queue, self.amounts)

@@ -29,15 +29,26 @@ from topology import TopologyError
 Pin = tuple[str, str, int, int]  # (service, node, first GPU, end GPU)
 
 
-def pin_services(services: Sequence[str], nodes: Sequence[str], gpus_per_node: int,
-                 gpus_each: int, replicas: int = 1) -> tuple[Pin, ...]:
+def pin_services(
+    services: Sequence[str],
+    nodes: Sequence[str],
+    gpus_per_node: int,
+    gpus_each: int,
+    replicas: int = 1,
+) -> tuple[Pin, ...]:
     """Pack `replicas` copies of each service, `gpus_each` GPUs apiece, onto the nodes in order."""
-    slots = [(n, s, s + gpus_each) for n in nodes
-             for s in range(0, gpus_per_node - gpus_each + 1, gpus_each)]
+    slots = [
+        (n, s, s + gpus_each)
+        for n in nodes
+        for s in range(0, gpus_per_node - gpus_each + 1, gpus_each)
+    ]
     want = [s for s in services for _ in range(replicas)]
     if len(want) > len(slots):
-        raise ValidationError("static.pins", len(want),
-                              f"more service replicas than {gpus_each}-GPU chunks ({len(slots)})")
+        raise ValidationError(
+            "static.pins",
+            len(want),
+            f"more service replicas than {gpus_each}-GPU chunks ({len(slots)})",
+        )
     return tuple((s, n, a, b) for s, (n, a, b) in zip(want, slots))
 
 
@@ -57,8 +68,9 @@ class StaticServices(NoLifecycle):
             model.residency.begin(warm, node, (a, b), -1.0)
             model.residency.end(warm, node, (a, b), -1.0)
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         pools = ScratchPools(view.pools)
         by_service: dict[str, list[Pin]] = {}
         for pin in self.pins:
@@ -68,8 +80,9 @@ class StaticServices(NoLifecycle):
         for a in queue:
             s = a.service
             if s is None or set(a.demands) != {self.resource}:
-                raise ValidationError(f"action[{a.id}]", a.demands, "static serves GPU "
-                                      "service calls only")
+                raise ValidationError(
+                    f"action[{a.id}]", a.demands, "static serves GPU service calls only"
+                )
             if s in waiting:
                 continue
             if s not in by_service:
@@ -113,8 +126,9 @@ class Serverless(NoLifecycle):
             units[self.resource] = at_most(a, self.resource, self.dop)
         return units
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         return fcfs_fixed(view, queue, self._amounts, self._exclude)
 
 
@@ -125,9 +139,19 @@ def serverless_executors(load_gbps: float = 20.0):
         spec = workload.gpu
         if spec is None:
             return {}
-        services = {s: ServiceSpec(v.memory_gb, v.per_gpu_gb(1) / load_gbps, v.weights_gb)
-                    for s, v in spec.services.items()}
-        slow = ResourceSpec(spec.name, spec.topology, spec.units, spec.nodes, spec.gpus_per_node,
-                            spec.memory_gb, services)
+        services = {
+            s: ServiceSpec(v.memory_gb, v.per_gpu_gb(1) / load_gbps, v.weights_gb)
+            for s, v in spec.services.items()
+        }
+        slow = ResourceSpec(
+            spec.name,
+            spec.topology,
+            spec.units,
+            spec.nodes,
+            spec.gpus_per_node,
+            spec.memory_gb,
+            services,
+        )
         return {spec.name: SimServiceModel(slow)}
+
     return make

@@ -28,14 +28,25 @@ from tangram.pools import CorePool, Placement
 @register("k8s")
 @dataclass
 class Kubernetes(NoLifecycle):
-    pod_cores: int = field(default=4, metadata=assumed(
-        "cores per trajectory pod; the paper does not give its pod size", 2, 8))
-    start_median_s: float = field(default=1.5, metadata=src(
-        "docs/calibration.md §1: pod start ~2 s on an idle cluster; SLO p99 5 s", 1.0, 2.0))
-    start_p99_s: float = field(default=5.0, metadata=src(
-        "docs/calibration.md §1: pod startup SLO p99 <= 5 s"))
-    pods_per_s: float = field(default=100.0, metadata=src(
-        "docs/calibration.md §1: ~100 pods/s (API QPS limit); legacy default 50", 50.0, 100.0))
+    pod_cores: int = field(
+        default=4,
+        metadata=assumed("cores per trajectory pod; the paper does not give its pod size", 2, 8),
+    )
+    start_median_s: float = field(
+        default=1.5,
+        metadata=src(
+            "docs/calibration.md §1: pod start ~2 s on an idle cluster; SLO p99 5 s", 1.0, 2.0
+        ),
+    )
+    start_p99_s: float = field(
+        default=5.0, metadata=src("docs/calibration.md §1: pod startup SLO p99 <= 5 s")
+    )
+    pods_per_s: float = field(
+        default=100.0,
+        metadata=src(
+            "docs/calibration.md §1: ~100 pods/s (API QPS limit); legacy default 50", 50.0, 100.0
+        ),
+    )
     resource: str = field(default="cpu", metadata=setting("the pool the pods take cores of"))
     seed: int = field(default=0, metadata=setting("random seed"))
     pods: dict[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict, init=False)
@@ -70,8 +81,9 @@ class Kubernetes(NoLifecycle):
         node, cores = self.pods.pop(traj.id)
         self._unreserved[node].update(cores)
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         pool = view.pools[self.resource]
         assert isinstance(pool, CorePool)
         taken: set[tuple[str, int]] = set()
@@ -79,18 +91,25 @@ class Kubernetes(NoLifecycle):
         for a in queue:
             pod = self.pods.get(a.trajectory or "")
             if pod is None or set(a.demands) != {self.resource}:
-                raise ValidationError(f"action[{a.id}]", a.trajectory,
-                                      "k8s runs only CPU actions of trajectories with a pod")
+                raise ValidationError(
+                    f"action[{a.id}]",
+                    a.trajectory,
+                    "k8s runs only CPU actions of trajectories with a pod",
+                )
             node, cores = pod
             free_sets = pool.cpu_node(node).free
-            free = [c for c in cores if (node, c) not in taken
-                    and any(c in s for s in free_sets.values())]
+            free = [
+                c
+                for c in cores
+                if (node, c) not in taken and any(c in s for s in free_sets.values())
+            ]
             fit = [m for m in a.demands[self.resource].amounts if m <= len(free)]
             if not fit:
                 continue
             k = fit[-1]
             got = tuple(free[:k])
             taken.update((node, c) for c in got)
-            out.append(Assignment(a, {self.resource: k},
-                                  {self.resource: Placement(node, cores=got)}))
+            out.append(
+                Assignment(a, {self.resource: k}, {self.resource: Placement(node, cores=got)})
+            )
         return out

@@ -63,8 +63,9 @@ async def _paired(n: int, fn: Callable[[int], Awaitable[object]]) -> tuple[float
     return _median_ms(raw), _median_ms(ours), _median_ms(diff)
 
 
-async def _action_ms(backend: str, n: int, alternate: bool, paired: bool = False,
-                     **options) -> float | tuple[float, float, float]:
+async def _action_ms(
+    backend: str, n: int, alternate: bool, paired: bool = False, **options
+) -> float | tuple[float, float, float]:
     m = CpuManager(create(backend, **options))
     await m.start()
     try:
@@ -79,8 +80,12 @@ async def _action_ms(backend: str, n: int, alternate: bool, paired: bool = False
         async def one(i: int) -> None:
             grant = grants[i % len(grants)]
             placement = Placement(node, cores=grant)
-            action = Action(f"b{i}", {"cpu": Demand.fixed(len(grant))},
-                            trajectory=env.trajectory, payload=request)
+            action = Action(
+                f"b{i}",
+                {"cpu": Demand.fixed(len(grant))},
+                trajectory=env.trajectory,
+                payload=request,
+            )
             m.pool.take(placement, len(grant))
             try:
                 o = await m.run(Assignment(action, {"cpu": len(grant)}, {"cpu": placement}))
@@ -107,8 +112,9 @@ def _raw_subprocess_ms(n: int) -> float:
 def _raw_exec_run_ms(n: int, image: str | None) -> float:
     backend = DockerBackend(image=image)
     asyncio.run(backend.start())
-    c = backend.client.containers.run(backend.image, ["sleep", "1000000000"], detach=True,
-                                      network_mode="none")
+    c = backend.client.containers.run(
+        backend.image, ["sleep", "1000000000"], detach=True, network_mode="none"
+    )
     try:
         c.exec_run(["true"])
         samples = []
@@ -125,15 +131,19 @@ def _raw_exec_run_ms(n: int, image: str | None) -> float:
 def _interleaved(n: int, rounds: int) -> int:
     """Each round measures every variant once, each sample paired with a raw run just before
     it (the overhead is the median of the pairs' differences: robust on a loaded machine)."""
-    variants = (("bwrap", "bwrap", {}), ("bwrap (nsenter)", "bwrap", {"spawner": False}),
-                ("cgroup", "cgroup", {}))
+    variants = (
+        ("bwrap", "bwrap", {}),
+        ("bwrap (nsenter)", "bwrap", {"spawner": False}),
+        ("cgroup", "cgroup", {}),
+    )
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     for r in range(rounds):
         parts = []
         for label, backend, options in variants:
             try:
-                raw, ours, diff = asyncio.run(_action_ms(backend, n, alternate=True,
-                                                         paired=True, **options))
+                raw, ours, diff = asyncio.run(
+                    _action_ms(backend, n, alternate=True, paired=True, **options)
+                )
             except BackendUnavailable as exc:
                 parts.append(f"{label} unavailable ({exc})")
                 continue
@@ -144,14 +154,21 @@ def _interleaved(n: int, rounds: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tangram bench exec", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="tangram bench exec",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
     parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="instead: R rounds of bwrap (spawner), bwrap (nsenter) and cgroup, "
-                             "alternating grants, each sample paired with a raw run; one line "
-                             "per round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="instead: R rounds of bwrap (spawner), bwrap (nsenter) and cgroup, "
+        "alternating grants, each sample paired with a raw run; one line "
+        "per round",
+    )
     ns = parser.parse_args(argv)
     n = ns.runs
     if ns.rounds:
@@ -161,8 +178,10 @@ def main(argv: list[str]) -> int:
     print(f"{'raw subprocess (true)':44s} {raw:8.2f} ms")
     rows: list[tuple[str, str]] = []
     variants: list[tuple[str, str, dict]] = [
-        ("cgroup", "cgroup", {}), ("bwrap", "bwrap", {}),
-        ("bwrap (nsenter per exec)", "bwrap", {"spawner": False})]
+        ("cgroup", "cgroup", {}),
+        ("bwrap", "bwrap", {}),
+        ("bwrap (nsenter per exec)", "bwrap", {"spawner": False}),
+    ]
     for label, backend, options in variants:
         try:
             same = asyncio.run(_action_ms(backend, n, alternate=False, **options))
@@ -171,24 +190,36 @@ def main(argv: list[str]) -> int:
             print(f"{label} backend unavailable: {exc}")
             continue
         print(f"{label + ' action, same grant':44s} {same:8.2f} ms  (+{same - raw:.2f} ms)")
-        print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  "
-              f"(+{alt - raw:.2f} ms)")
-        rows.append((f"{label} <= raw + 2 ms", "met" if max(same, alt) <= raw + 2 else
-                     f"MISSED by {max(same, alt) - raw - 2:.2f} ms"))
+        print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  (+{alt - raw:.2f} ms)")
+        rows.append(
+            (
+                f"{label} <= raw + 2 ms",
+                "met"
+                if max(same, alt) <= raw + 2
+                else f"MISSED by {max(same, alt) - raw - 2:.2f} ms",
+            )
+        )
     try:
         exec_run = _raw_exec_run_ms(n, ns.image)
         print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
         opts = {"image": ns.image}
         same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
         alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
-        api = asyncio.run(_action_ms("docker", max(n // 4, 10), alternate=True, direct=False,
-                                     **opts))
+        api = asyncio.run(
+            _action_ms("docker", max(n // 4, 10), alternate=True, direct=False, **opts)
+        )
         print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
         print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
-        print(f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
-              f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)")
-        rows.append(("docker <= 1.2 x raw exec_run",
-                     "met" if max(same, alt) <= 1.2 * exec_run else "MISSED"))
+        print(
+            f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
+            f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)"
+        )
+        rows.append(
+            (
+                "docker <= 1.2 x raw exec_run",
+                "met" if max(same, alt) <= 1.2 * exec_run else "MISSED",
+            )
+        )
     except BackendUnavailable as exc:
         print(f"docker backend unavailable: {exc}")
     for goal, verdict in rows:

@@ -38,8 +38,9 @@ class _Timed:
 
 
 def _tangram(policy: str, **options) -> Tangram:
-    cpu = CpuManager(SimBackend(), nodes={"n0": CpuNode("n0", {0: tuple(range(8))})},
-                     memory_mb={"n0": 65536})
+    cpu = CpuManager(
+        SimBackend(), nodes={"n0": CpuNode("n0", {0: tuple(range(8))})}, memory_mb={"n0": 65536}
+    )
     return Tangram(cpu=cpu, policy=policy, policy_options=options)
 
 
@@ -47,11 +48,14 @@ async def _heuristic() -> str:
     tg = _tangram("heuristic")
     async with tg:
         envs = [await tg.open_env(f"t{i}", memory_mb=64) for i in range(20)]
-        await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 4), elastic=True)
-                               for e in envs for _ in range(10)))
+        await asyncio.gather(
+            *(tg.exec(e, "true", cpu=(1, 4), elastic=True) for e in envs for _ in range(10))
+        )
     d = tg._decisions
-    return (f"heuristic: {d.inline} inline decisions, mean CPU {d.mean_inline_s * 1e3:.2f} ms, "
-            f"{d.offloaded} off the loop")
+    return (
+        f"heuristic: {d.inline} inline decisions, mean CPU {d.mean_inline_s * 1e3:.2f} ms, "
+        f"{d.offloaded} off the loop"
+    )
 
 
 async def _status_waits(offload: bool, envs: int, time_limit: float) -> str:
@@ -63,8 +67,7 @@ async def _status_waits(offload: bool, envs: int, time_limit: float) -> str:
         ids = [await tg.open_env(f"t{i}", memory_mb=64) for i in range(envs)]
         transport = httpx.ASGITransport(create_app(tg))
         async with httpx.AsyncClient(transport=transport, base_url="http://tangram") as http:
-            runs = [asyncio.create_task(tg.exec(e, "true", cpu=(1, 4), elastic=True))
-                    for e in ids]
+            runs = [asyncio.create_task(tg.exec(e, "true", cpu=(1, 4), elastic=True)) for e in ids]
             waits = []
             for _ in range(8):
                 t0 = time.perf_counter()
@@ -72,10 +75,12 @@ async def _status_waits(offload: bool, envs: int, time_limit: float) -> str:
                 await http.get("/v1/status")
                 waits.append(time.perf_counter() - t0 - 0.1)
             await asyncio.gather(*runs)
-    return (f"cpsat, decisions {'off the loop' if offload else 'inline (reference)'}: "
-            f"/v1/status wait max {max(waits) * 1e3:.0f} ms, median "
-            f"{statistics.median(waits) * 1e3:.0f} ms; {len(timed.took)} decisions, longest "
-            f"{max(timed.took) * 1e3:.0f} ms")
+    return (
+        f"cpsat, decisions {'off the loop' if offload else 'inline (reference)'}: "
+        f"/v1/status wait max {max(waits) * 1e3:.0f} ms, median "
+        f"{statistics.median(waits) * 1e3:.0f} ms; {len(timed.took)} decisions, longest "
+        f"{max(timed.took) * 1e3:.0f} ms"
+    )
 
 
 def main(argv: list[str]) -> int:

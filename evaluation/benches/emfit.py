@@ -20,7 +20,7 @@ import sys
 from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
 from tangram.runtime.facade import Tangram
 
-TEST = '''
+TEST = """
 import pytest
 
 @pytest.mark.parametrize("i", range({n}))
@@ -29,7 +29,7 @@ def test_work(i):
     for k in range({loops}):
         x += k * k % 7
     assert x >= 0
-'''
+"""
 
 
 async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
@@ -44,22 +44,35 @@ async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
             raise RuntimeError(f"could not write the suite: {made.stderr}")
         # this interpreter: it has pytest and pytest-xdist
         cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider test_suite.py"
-        await tg.exec(env, cmd, cpu=(1, cores), elastic=True, timeout=300,
-                      kind="emfit-suite")  # warm-up
+        await tg.exec(
+            env, cmd, cpu=(1, cores), elastic=True, timeout=300, kind="emfit-suite"
+        )  # warm-up
         tg.scheduler.profiles.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI).reset()
         for i in range(runs):
             # every third run on one core (a fixed grant of the same kind): the fit needs
             # more than one amount, and an idle machine always grants the elastic run all
             single = i % 3 == 1
-            r = await tg.exec(env, cmd, cpu=1 if single else (1, cores),
-                              elastic=not single, timeout=300, kind="emfit-suite")
+            r = await tg.exec(
+                env,
+                cmd,
+                cpu=1 if single else (1, cores),
+                elastic=not single,
+                timeout=300,
+                kind="emfit-suite",
+            )
             fit = tg.scheduler.profiles.speedup(kind, PRIOR_SERIAL, PRIOR_T_ORI)
             t, s = fit.params()
-            out.append({"run": i, "status": str(r.status), "cores": r.units.get("cpu"),
-                        "observed_s": round(r.run_s, 3), "fit_t_ori_s": round(t, 3),
-                        "fit_serial": round(s, 3),
-                        "predicted_s": {m: round(fit.predict(m), 3)
-                                        for m in range(1, cores + 1)}})
+            out.append(
+                {
+                    "run": i,
+                    "status": str(r.status),
+                    "cores": r.units.get("cpu"),
+                    "observed_s": round(r.run_s, 3),
+                    "fit_t_ori_s": round(t, 3),
+                    "fit_serial": round(s, 3),
+                    "predicted_s": {m: round(fit.predict(m), 3) for m in range(1, cores + 1)},
+                }
+            )
         await tg.close_env(env)
     return out
 
@@ -78,7 +91,9 @@ def main(argv: list[str]) -> int:
         return 0
     for r in rows:
         pred = "  ".join(f"{m}c:{v:.2f}s" for m, v in r["predicted_s"].items())
-        print(f"run {r['run']}: {r['cores']} cores, observed {r['observed_s']:.2f} s "
-              f"({r['status']}); fit T_ori {r['fit_t_ori_s']:.2f} s, serial "
-              f"{r['fit_serial']:.2f}; predicts {pred}")
+        print(
+            f"run {r['run']}: {r['cores']} cores, observed {r['observed_s']:.2f} s "
+            f"({r['status']}); fit T_ori {r['fit_t_ori_s']:.2f} s, serial "
+            f"{r['fit_serial']:.2f}; predicts {pred}"
+        )
     return 0

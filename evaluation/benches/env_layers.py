@@ -37,8 +37,11 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
     m = CpuManager("bwrap", state_dir=state)
     await m.start()
     assert m.roots is not None
-    build(m.roots.images, "bench-tools", [{"host": {"programs": list(TOOLS),
-                                                    "folders": ["/usr/lib/python3"]}}])
+    build(
+        m.roots.images,
+        "bench-tools",
+        [{"host": {"programs": list(TOOLS), "folders": ["/usr/lib/python3"]}}],
+    )
     figures: dict[str, list[float]] = {}
 
     def add(key: str, t0: float) -> None:
@@ -50,13 +53,16 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
             for size in (0, mb):
                 n += 1
                 t = time.perf_counter()
-                parent = await m.open_env(f"b-{n}", 64, image="bench-tools",
-                                          disk_mb=max(64, 2 * mb))
+                parent = await m.open_env(
+                    f"b-{n}", 64, image="bench-tools", disk_mb=max(64, 2 * mb)
+                )
                 add("open from a warm image", t)
                 if size:
-                    fill = (f"set -e; mkdir -p /sandbox/d; for i in $(seq {size}); do dd "
-                            f"if=/dev/zero of=/sandbox/d/f$i bs=1M count=1 status=none; done; "
-                            f"sync")
+                    fill = (
+                        f"set -e; mkdir -p /sandbox/d; for i in $(seq {size}); do dd "
+                        f"if=/dev/zero of=/sandbox/d/f$i bs=1M count=1 status=none; done; "
+                        f"sync"
+                    )
                     r = await m.execute(ExecRequest(parent, fill, timeout=600))
                     assert r.ok, r
                 tag = f"{size} MB written"
@@ -76,8 +82,7 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
                     add(f"cp -a of the whole tree, {tag}", t)
                     if size:
                         t = time.perf_counter()
-                        subprocess.run(["cp", "-a", f"{root}/sandbox/d", f"{d}/data"],
-                                       check=True)
+                        subprocess.run(["cp", "-a", f"{root}/sandbox/d", f"{d}/data"], check=True)
                         add(f"cp -a of the written files, {tag}", t)
                 for e in [parent, *kids]:
                     await m.close_env(e)
@@ -88,35 +93,50 @@ async def _bench(state: str, repeat: int, group: int, mb: int) -> dict[str, floa
 
 
 def _docker(*args: str) -> str:
-    return subprocess.run(["docker", *args], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["docker", *args], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _bench_docker(rootfs: str, repeat: int, mb: int) -> dict[str, float]:
     """The same image imported into the Docker engine: `docker run` (open), `docker commit`
     of a container that wrote `mb` MB (snapshot) and `docker run` of the commit (one fork)."""
     tar = subprocess.Popen(["tar", "-C", rootfs, "-cf", "-", "."], stdout=subprocess.PIPE)
-    subprocess.run(["docker", "import", "-", "tangram-bench-env:latest"], stdin=tar.stdout,
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["docker", "import", "-", "tangram-bench-env:latest"],
+        stdin=tar.stdout,
+        check=True,
+        capture_output=True,
+    )
     tar.wait()
     figures: dict[str, list[float]] = {}
     try:
         for i in range(repeat):
             t = time.perf_counter()
-            c = _docker("run", "-d", "--network", "none", "tangram-bench-env:latest", "sleep",
-                        "1000000")
+            c = _docker(
+                "run", "-d", "--network", "none", "tangram-bench-env:latest", "sleep", "1000000"
+            )
             figures.setdefault("docker run (open)", []).append(time.perf_counter() - t)
-            _docker("exec", c, "sh", "-c", f"mkdir -p /d; for i in $(seq {mb}); do dd "
-                    f"if=/dev/zero of=/d/f$i bs=1M count=1 status=none; done; sync")
+            _docker(
+                "exec",
+                c,
+                "sh",
+                "-c",
+                f"mkdir -p /d; for i in $(seq {mb}); do dd "
+                f"if=/dev/zero of=/d/f$i bs=1M count=1 status=none; done; sync",
+            )
             t = time.perf_counter()
             _docker("commit", c, f"tangram-bench-env:c{i}")
             figures.setdefault(f"docker commit, {mb} MB written", []).append(
-                time.perf_counter() - t)
+                time.perf_counter() - t
+            )
             t = time.perf_counter()
-            k = _docker("run", "-d", "--network", "none", f"tangram-bench-env:c{i}", "sleep",
-                        "1000000")
+            k = _docker(
+                "run", "-d", "--network", "none", f"tangram-bench-env:c{i}", "sleep", "1000000"
+            )
             figures.setdefault(f"docker run of the commit (fork x1), {mb} MB", []).append(
-                time.perf_counter() - t)
+                time.perf_counter() - t
+            )
             _docker("rm", "-f", c, k)
             _docker("rmi", f"tangram-bench-env:c{i}")
     finally:
@@ -125,8 +145,11 @@ def _bench_docker(rootfs: str, repeat: int, mb: int) -> dict[str, float]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram bench env", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram bench env",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--group", type=int, default=8)
     p.add_argument("--mb", type=int, default=200, help="MB the busy parent writes")
@@ -134,8 +157,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
     state = ns.state_dir or tempfile.mkdtemp(prefix="tangram-bench-env.", dir="/var/tmp")
-    docker = bool(shutil.which("docker")) and subprocess.run(
-        ["docker", "info"], capture_output=True).returncode == 0
+    docker = (
+        bool(shutil.which("docker"))
+        and subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+    )
     try:
         figures = asyncio.run(_bench(state, ns.repeat, ns.group, ns.mb))
         if docker:

@@ -30,18 +30,31 @@ def measure(pool: str, size: int, seeds: int, backend: str, time_limit: float) -
             continue
         times.append(s.solve_s)
         proved += s.status is SolveStatus.OPTIMAL
-    return {"pool": pool, "size": size, "backend": backend, "seeds": seeds, "proved": proved,
-            "median_s": statistics.median(times), "max_s": max(times)}
+    return {
+        "pool": pool,
+        "size": size,
+        "backend": backend,
+        "seeds": seeds,
+        "proved": proved,
+        "median_s": statistics.median(times),
+        "max_s": max(times),
+    }
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram bench exact", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram bench exact",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--backend", choices=BACKENDS, default="cpsat")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--sizes", type=int, nargs="+", default=[4, 6, 8])
-    p.add_argument("--sweep", action="store_true",
-                   help="grow the size from 4 until nothing is proved within the time limit")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="grow the size from 4 until nothing is proved within the time limit",
+    )
     p.add_argument("--time-limit", type=float, default=60.0)
     p.add_argument("--json", action="store_true")
     ns = p.parse_args(argv)
@@ -52,9 +65,12 @@ def main(argv: list[str]) -> int:
             row = measure(pool, size, ns.seeds, ns.backend, ns.time_limit)
             rows.append(row)
             if not ns.json:
-                print(f"{pool:<7}{size:>4} actions  {row['backend']:<11}"
-                      f"median {row['median_s']:8.3f} s  max {row['max_s']:8.3f} s  "
-                      f"proved optimal {row['proved']}/{row['seeds']}", flush=True)
+                print(
+                    f"{pool:<7}{size:>4} actions  {row['backend']:<11}"
+                    f"median {row['median_s']:8.3f} s  max {row['max_s']:8.3f} s  "
+                    f"proved optimal {row['proved']}/{row['seeds']}",
+                    flush=True,
+                )
             if ns.sweep and row["proved"] == 0:
                 break
     if ns.json:

@@ -53,9 +53,13 @@ def bench_torch(size_mb: int, repeats: int) -> dict:
 
     restores, evicts = asyncio.run(go())
     r = statistics.median(restores)
-    return {"device": "cuda" if backend.cuda else "cpu (a separate copy stands for the device)",
-            "bytes": cfg.nbytes(), "restore_s": r, "evict_s": statistics.median(evicts),
-            "restore_gbps": cfg.nbytes() / r / GB}
+    return {
+        "device": "cuda" if backend.cuda else "cpu (a separate copy stands for the device)",
+        "bytes": cfg.nbytes(),
+        "restore_s": r,
+        "evict_s": statistics.median(evicts),
+        "restore_gbps": cfg.nbytes() / r / GB,
+    }
 
 
 def services(n: int, rng: random.Random) -> ServiceRegistry:
@@ -63,8 +67,15 @@ def services(n: int, rng: random.Random) -> ServiceRegistry:
     reg = ServiceRegistry()
     for i in range(n):
         weights = rng.randint(10, 70) * GB
-        reg.register(Service.sharded(f"svc{i}", weights, dops=(1, 2, 4), reserve_bytes=5 * GB,
-                                     infer_s={1: 1.0, 2: 0.6, 4: 0.35}))
+        reg.register(
+            Service.sharded(
+                f"svc{i}",
+                weights,
+                dops=(1, 2, 4),
+                reserve_bytes=5 * GB,
+                infer_s={1: 1.0, 2: 0.6, 4: 0.35},
+            )
+        )
     return reg
 
 
@@ -81,8 +92,15 @@ def bench_placement(n_actions: int, seed: int, check: bool) -> dict:
     rng = random.Random(seed)
     reg = services(20, rng)
     res, pool = cluster(reg, check=check)
-    queue = [Action(f"a{i}", {"gpu": Demand.fixed(rng.choice([1, 1, 1, 2, 2, 4]))}, duration=1.0,
-                    service=f"svc{rng.randrange(20)}") for i in range(n_actions)]
+    queue = [
+        Action(
+            f"a{i}",
+            {"gpu": Demand.fixed(rng.choice([1, 1, 1, 2, 2, 4]))},
+            duration=1.0,
+            service=f"svc{rng.randrange(20)}",
+        )
+        for i in range(n_actions)
+    ]
     running: list[tuple[Action, Placement]] = []
     spent, now = 0.0, 0.0
     for a in queue:
@@ -102,12 +120,22 @@ def bench_placement(n_actions: int, seed: int, check: bool) -> dict:
         res.begin(a, where.node, chunk_of(where), now)
         spent += time.perf_counter() - t0
         running.append((a, where))
-    return {"actions": n_actions, "total_ms": spent * 1e3, "per_action_us": spent / n_actions * 1e6,
-            "invariant_checks": check}
+    return {
+        "actions": n_actions,
+        "total_ms": spent * 1e3,
+        "per_action_us": spent / n_actions * 1e6,
+        "invariant_checks": check,
+    }
 
 
-def bursty_trace(n_services: int, n_calls: int, seed: int, burst_every_s: float = 1.0,
-                 burst_calls: float = 8.0, call_gap_s: float = 0.5) -> list[Action]:
+def bursty_trace(
+    n_services: int,
+    n_calls: int,
+    seed: int,
+    burst_every_s: float = 1.0,
+    burst_calls: float = 8.0,
+    call_gap_s: float = 0.5,
+) -> list[Action]:
     """Bursts of calls to one service (Zipf-popular), the bursts arriving as a Poisson stream
     (mean `burst_every_s` apart), each of about `burst_calls` calls `call_gap_s` apart."""
     rng = random.Random(seed)
@@ -121,36 +149,51 @@ def bursty_trace(n_services: int, n_calls: int, seed: int, burst_every_s: float 
         bt = t
         for _ in range(min(int(rng.expovariate(1 / burst_calls)) + 1, n_calls - len(calls))):
             bt += rng.expovariate(1 / call_gap_s)
-            calls.append(Action(f"c{len(calls)}", {"gpu": Demand.fixed(dop[s])}, service=f"svc{s}",
-                                submit_time=bt))
+            calls.append(
+                Action(
+                    f"c{len(calls)}",
+                    {"gpu": Demand.fixed(dop[s])},
+                    service=f"svc{s}",
+                    submit_time=bt,
+                )
+            )
     return calls
 
 
 def bench_trace(n_services: int, n_calls: int, seed: int) -> dict:
     trace = bursty_trace(n_services, n_calls, seed)
     out: dict[str, Any] = {}
-    for label, prefer, evict in [("preference + LRU", True, None),
-                                 ("preference + random", True, RandomEviction(seed)),
-                                 ("first fit + LRU", False, None),
-                                 ("first fit + random", False, RandomEviction(seed))]:
+    for label, prefer, evict in [
+        ("preference + LRU", True, None),
+        ("preference + random", True, RandomEviction(seed)),
+        ("first fit + LRU", False, None),
+        ("first fit + random", False, RandomEviction(seed)),
+    ]:
         reg = services(n_services, random.Random(seed))
         res, pool = cluster(reg, eviction=evict, check=False)
         res.restore = RestoreModel()
         served = serve(trace, pool, res, prefer=prefer)
         arrival = {a.id: a.submit_time for a in trace}
         restores = sum(s.restored for s in served)
-        out[label] = {"restores": restores, "restore_share": restores / len(served),
-                      "mean_act_s": statistics.fmean(s.end - arrival[s.id] for s in served)}
+        out[label] = {
+            "restores": restores,
+            "restore_share": restores / len(served),
+            "mean_act_s": statistics.fmean(s.end - arrival[s.id] for s in served),
+        }
     base = out["first fit + random"]["restores"]
     out["avoided_vs_first_fit_random"] = 1 - out["preference + LRU"]["restores"] / base
-    out["avoided_vs_first_fit_lru"] = 1 - (out["preference + LRU"]["restores"]
-                                           / out["first fit + LRU"]["restores"])
+    out["avoided_vs_first_fit_lru"] = 1 - (
+        out["preference + LRU"]["restores"] / out["first fit + LRU"]["restores"]
+    )
     return out
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram bench gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram bench gpu",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--size-mb", type=int, default=512, help="torch service size (default 512)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--actions", type=int, default=1000)
@@ -173,22 +216,37 @@ def main(argv: list[str]) -> int:
         print(f"   skipped: {t['skipped']}")
     else:
         print(f"   device {t['device']}; service of {t['bytes'] / 1e6:.0f} MB")
-        print(f"   restore {t['restore_s'] * 1e3:8.1f} ms  ({t['restore_gbps']:.1f} GB/s)   "
-              f"evict {t['evict_s'] * 1e3:6.2f} ms   (median of {ns.repeats})")
-    print(f"2. placement decision, {ns.actions} queued service actions on {NODES} nodes x "
-          f"{GPUS} GPUs")
+        print(
+            f"   restore {t['restore_s'] * 1e3:8.1f} ms  ({t['restore_gbps']:.1f} GB/s)   "
+            f"evict {t['evict_s'] * 1e3:6.2f} ms   (median of {ns.repeats})"
+        )
+    print(
+        f"2. placement decision, {ns.actions} queued service actions on {NODES} nodes x {GPUS} GPUs"
+    )
     for pl in result["placement"]:
         checks = "with" if pl["invariant_checks"] else "without"
-        print(f"   {pl['total_ms']:8.1f} ms total, {pl['per_action_us']:7.1f} us per action "
-              f"({checks} invariant checks after each mutation)")
+        print(
+            f"   {pl['total_ms']:8.1f} ms total, {pl['per_action_us']:7.1f} us per action "
+            f"({checks} invariant checks after each mutation)"
+        )
     tr = result["trace"]
-    print(f"3. bursty trace: {ns.calls} calls over {ns.services} services (DoP 1/2/4), "
-          f"{NODES} x {GPUS} GPUs of {GPU_MEM // GB} GB")
-    for label in ("preference + LRU", "preference + random", "first fit + LRU",
-                  "first fit + random"):
+    print(
+        f"3. bursty trace: {ns.calls} calls over {ns.services} services (DoP 1/2/4), "
+        f"{NODES} x {GPUS} GPUs of {GPU_MEM // GB} GB"
+    )
+    for label in (
+        "preference + LRU",
+        "preference + random",
+        "first fit + LRU",
+        "first fit + random",
+    ):
         r = tr[label]
-        print(f"   {label:22s} restores {r['restores']:5d} ({r['restore_share']:6.1%} of calls)"
-              f"   mean ACT {r['mean_act_s']:7.2f} s")
-    print(f"   restores avoided by preference + LRU: {tr['avoided_vs_first_fit_random']:.1%} vs "
-          f"first fit + random, {tr['avoided_vs_first_fit_lru']:.1%} vs first fit + LRU")
+        print(
+            f"   {label:22s} restores {r['restores']:5d} ({r['restore_share']:6.1%} of calls)"
+            f"   mean ACT {r['mean_act_s']:7.2f} s"
+        )
+    print(
+        f"   restores avoided by preference + LRU: {tr['avoided_vs_first_fit_random']:.1%} vs "
+        f"first fit + random, {tr['avoided_vs_first_fit_lru']:.1%} vs first fit + LRU"
+    )
     return 0

@@ -46,7 +46,7 @@ def plain_numpy_dp(tasks: list[dict[int, float]], capacity: int) -> float:
     for task in tasks:
         nxt = np.full(capacity + 1, inf)
         for m, d in task.items():
-            np.minimum(nxt[m:], best[:capacity + 1 - m] + d, out=nxt[m:])
+            np.minimum(nxt[m:], best[: capacity + 1 - m] + d, out=nxt[m:])
         best = nxt
     return float(best.min())
 
@@ -57,7 +57,7 @@ def reference_tasks(rng: random.Random) -> list[dict[int, float]]:
     for _ in range(64):
         amounts = sorted(rng.sample(range(1, 65), 16))
         t_ori = rng.uniform(1, 100)
-        out.append({m: t_ori / (m ** 0.8) for m in amounts})
+        out.append({m: t_ori / (m**0.8) for m in amounts})
     return out
 
 
@@ -79,7 +79,7 @@ def dparrange(argv: list[str]) -> int:
     chunk_tasks = []
     for _ in range(64):
         t_ori = rng.uniform(1, 100)
-        chunk_tasks.append({m: t_ori / (m ** 0.8) for m in (1, 2, 4, 8)})
+        chunk_tasks.append({m: t_ori / (m**0.8) for m in (1, 2, 4, 8)})
 
     flat = _timeit(lambda: dp_arrange(flat_tasks, FlatOperator(256)), ns.reps)
 
@@ -92,18 +92,29 @@ def dparrange(argv: list[str]) -> int:
     ref = _timeit(lambda: plain_numpy_dp(flat_tasks, 256), ns.reps)
     ms = lambda xs: f"{statistics.median(xs) * 1e3:.3f} ms"
     ratio = statistics.median(flat) / statistics.median(ref)
-    _report(f"dp_arrange (median over {ns.reps} runs)", [
-        ("reference: plain numpy DP, same 64 x 16 tasks, 256 units", ms(ref), "same run"),
-        ("64 tasks x 16 amounts, FlatOperator(256)", f"{ms(flat)} ({ratio:.2f}x reference)",
-         "<= 2 ms"),
-        ("  same, gather indices not cached (new amount sets)",
-         f"{ms(flat_cold)} ({statistics.median(flat_cold) / statistics.median(ref):.2f}x "
-         "reference)", ""),
-        ("64 tasks x {1,2,4,8}, ChunkOperator({8: 16})",
-         f"{ms(chunk)} ({statistics.median(chunk) / statistics.median(ref):.2f}x reference)",
-         "report"),
-        ("  chunk operator states", str(ChunkOperator({8: 16}).num_states), ""),
-    ])
+    _report(
+        f"dp_arrange (median over {ns.reps} runs)",
+        [
+            ("reference: plain numpy DP, same 64 x 16 tasks, 256 units", ms(ref), "same run"),
+            (
+                "64 tasks x 16 amounts, FlatOperator(256)",
+                f"{ms(flat)} ({ratio:.2f}x reference)",
+                "<= 2 ms",
+            ),
+            (
+                "  same, gather indices not cached (new amount sets)",
+                f"{ms(flat_cold)} ({statistics.median(flat_cold) / statistics.median(ref):.2f}x "
+                "reference)",
+                "",
+            ),
+            (
+                "64 tasks x {1,2,4,8}, ChunkOperator({8: 16})",
+                f"{ms(chunk)} ({statistics.median(chunk) / statistics.median(ref):.2f}x reference)",
+                "report",
+            ),
+            ("  chunk operator states", str(ChunkOperator({8: 16}).num_states), ""),
+        ],
+    )
     return 0
 
 
@@ -115,13 +126,16 @@ def _scheduler_view(rng: random.Random):
             amounts = sorted({4, *rng.sample(range(5, 65), 15)})
             alpha = rng.uniform(0.0, 0.2)
             eff = {m: amdahl_efficiency(m, alpha) for m in amounts}
-            queue.append(Action(f"a{i}", {"cpu": amounts},
-                                elasticity=Elasticity("cpu", rng.uniform(10, 100), eff)))
+            queue.append(
+                Action(
+                    f"a{i}",
+                    {"cpu": amounts},
+                    elasticity=Elasticity("cpu", rng.uniform(10, 100), eff),
+                )
+            )
         else:
             queue.append(Action(f"a{i}", {"cpu": 4}, duration=rng.uniform(0.1, 5)))
     return ClusterView({"cpu": pool}), queue
-
-
 
 
 def scheduler(argv: list[str]) -> int:
@@ -144,34 +158,48 @@ def scheduler(argv: list[str]) -> int:
     bf_med = statistics.median(bf_times)
     # -- end issue 16 ------------------------------------------------------------------------
 
-    ref = statistics.median(_timeit(lambda: plain_numpy_dp(reference_tasks(random.Random(1)),
-                                                            256), 50))
+    ref = statistics.median(
+        _timeit(lambda: plain_numpy_dp(reference_tasks(random.Random(1)), 256), 50)
+    )
     inst = open_instance(ns.actions, 256, seed=0)
     t0 = time.perf_counter()
     res = simulate(inst, get_allocator("heuristic"))
     wall = time.perf_counter() - t0
     one, two = (_queue_rate(ns.queue, nodes) for nodes in (1, 2))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    _report("heuristic scheduler", [
-        ("reference: plain numpy DP, 64 x 16 x 256", f"{ref * 1e3:.3f} ms", "same run"),
-        ("decision: queue 1,000, 64 fit, 256 units, half elastic x16", "", ""),
-        ("  started by the decision", str(len(got)), ""),
-        ("  median decision", f"{med * 1e3:.3f} ms ({med / ref:.2f}x reference)", "<= 1 ms"),
-        ("  p99 decision", f"{p99 * 1e3:.3f} ms ({p99 / ref:.2f}x reference)", "<= 5 ms"),
-        ("  backfill: median decision", f"{bf_med * 1e3:.3f} ms ({bf_med / med:.2f}x)",
-         "<= 1.5x heuristic"),  # issue 16
-        (f"simulator, {ns.actions:,} actions on 256 units", "", ""),
-        ("  throughput", f"{ns.actions / wall:,.0f} actions/s", ">= 50,000 actions/s"),
-        ("  wall time / decisions", f"{wall:.1f} s / {res.counters['decisions']:,.0f}", ""),
-        ("  per decision", f"{wall / max(res.counters['decisions'], 1) * 1e3:.3f} ms "
-         f"({wall / max(res.counters['decisions'], 1) / ref:.2f}x reference)", ""),
-        ("  peak RSS of this process", f"{rss:,.0f} MB", "< 1 GB"),
-        (f"queue of {ns.queue:,} bound to one busy node, 4 units", "", ""),
-        ("  one node", f"{one:,.0f} actions/s", ""),
-        ("  two nodes, the other idle", f"{two:,.0f} actions/s ({one / two:.2f}x slower)",
-         "within 2x of one node"),
-        *_closed_loop_rows(ref),
-    ])
+    _report(
+        "heuristic scheduler",
+        [
+            ("reference: plain numpy DP, 64 x 16 x 256", f"{ref * 1e3:.3f} ms", "same run"),
+            ("decision: queue 1,000, 64 fit, 256 units, half elastic x16", "", ""),
+            ("  started by the decision", str(len(got)), ""),
+            ("  median decision", f"{med * 1e3:.3f} ms ({med / ref:.2f}x reference)", "<= 1 ms"),
+            ("  p99 decision", f"{p99 * 1e3:.3f} ms ({p99 / ref:.2f}x reference)", "<= 5 ms"),
+            (
+                "  backfill: median decision",
+                f"{bf_med * 1e3:.3f} ms ({bf_med / med:.2f}x)",
+                "<= 1.5x heuristic",
+            ),  # issue 16
+            (f"simulator, {ns.actions:,} actions on 256 units", "", ""),
+            ("  throughput", f"{ns.actions / wall:,.0f} actions/s", ">= 50,000 actions/s"),
+            ("  wall time / decisions", f"{wall:.1f} s / {res.counters['decisions']:,.0f}", ""),
+            (
+                "  per decision",
+                f"{wall / max(res.counters['decisions'], 1) * 1e3:.3f} ms "
+                f"({wall / max(res.counters['decisions'], 1) / ref:.2f}x reference)",
+                "",
+            ),
+            ("  peak RSS of this process", f"{rss:,.0f} MB", "< 1 GB"),
+            (f"queue of {ns.queue:,} bound to one busy node, 4 units", "", ""),
+            ("  one node", f"{one:,.0f} actions/s", ""),
+            (
+                "  two nodes, the other idle",
+                f"{two:,.0f} actions/s ({one / two:.2f}x slower)",
+                "within 2x of one node",
+            ),
+            *_closed_loop_rows(ref),
+        ],
+    )
     return 0
 
 
@@ -187,15 +215,24 @@ def _closed_loop_rows(ref: float) -> list[tuple[str, str, str]]:
     rt = run_on_runtime(w, "heuristic", EnvironmentStart().start_s, {"depth": 2})
     t2 = time.process_time()
     n = len(eng.records)
-    same = all(abs(rt.records[a].start - r.start) < 1e-6
-               and dict(rt.records[a].units) == dict(r.units) for a, r in eng.records.items())
+    same = all(
+        abs(rt.records[a].start - r.start) < 1e-6 and dict(rt.records[a].units) == dict(r.units)
+        for a, r in eng.records.items()
+    )
     rate_e, rate_r = n / (t1 - t0), n / (t2 - t1)
     return [
         (f"closed loop, AI coding batch 128 on 128 cores ({n:,} actions)", "", ""),
-        ("  engine (evaluation.engine)", f"{rate_e:,.0f} actions/CPU s "
-         f"({(t1 - t0) / n * 1e6:.0f} us an action, reference DP {ref * 1e6:.0f} us)", ""),
-        ("  runtime facade on virtual time", f"{rate_r:,.0f} actions/CPU s "
-         f"({rate_e / rate_r:.2f}x the engine's cost)", "grants identical"),
+        (
+            "  engine (evaluation.engine)",
+            f"{rate_e:,.0f} actions/CPU s "
+            f"({(t1 - t0) / n * 1e6:.0f} us an action, reference DP {ref * 1e6:.0f} us)",
+            "",
+        ),
+        (
+            "  runtime facade on virtual time",
+            f"{rate_r:,.0f} actions/CPU s ({rate_e / rate_r:.2f}x the engine's cost)",
+            "grants identical",
+        ),
         ("  grants identical", str(same), "True"),
     ]
 
@@ -205,10 +242,13 @@ def _queue_rate(n: int, nodes: int) -> float:
     node `busy`; with `nodes` = 2 an idle node sits beside it (the case a plain FCFS scan walks
     the whole queue for, on every decision)."""
     sizes = {"busy": 4, "idle": 4} if nodes == 2 else {"busy": 4}
-    acts = [{"id": f"q{i}", "arrival": 0.0, "node": "busy", "demand": {"cpu": [1]},
-             "duration": 0.01} for i in range(n)]
-    inst = parse_instance({"resources": {"cpu": {"topology": "flat", "nodes": sizes}},
-                           "actions": acts})
+    acts = [
+        {"id": f"q{i}", "arrival": 0.0, "node": "busy", "demand": {"cpu": [1]}, "duration": 0.01}
+        for i in range(n)
+    ]
+    inst = parse_instance(
+        {"resources": {"cpu": {"topology": "flat", "nodes": sizes}}, "actions": acts}
+    )
     t0 = time.perf_counter()
     simulate(inst, get_allocator("heuristic"))
     return n / (time.perf_counter() - t0)

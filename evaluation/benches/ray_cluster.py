@@ -23,8 +23,9 @@ from tangram.runtime.facade import Tangram
 async def _workload(tg: Any, actions: int, trajectories: int) -> dict[str, Any]:
     async with tg:
         envs = [await tg.open_env(f"bench-{i}", memory_mb=64) for i in range(trajectories)]
-        share = [actions // trajectories + (i < actions % trajectories)
-                 for i in range(trajectories)]
+        share = [
+            actions // trajectories + (i < actions % trajectories) for i in range(trajectories)
+        ]
         acts: list[float] = []
         nodes: set[str] = set()
 
@@ -41,10 +42,15 @@ async def _workload(tg: Any, actions: int, trajectories: int) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         cores = tg.scheduler.pools["cpu"].capacity()
     acts.sort()
-    return {"actions": len(acts), "wall_s": wall, "throughput": len(acts) / wall,
-            "act_p50_ms": 1e3 * statistics.median(acts),
-            "act_p99_ms": 1e3 * acts[min(len(acts) - 1, int(0.99 * len(acts)))],
-            "nodes": len(nodes), "cores": cores}
+    return {
+        "actions": len(acts),
+        "wall_s": wall,
+        "throughput": len(acts) / wall,
+        "act_p50_ms": 1e3 * statistics.median(acts),
+        "act_p99_ms": 1e3 * acts[min(len(acts) - 1, int(0.99 * len(acts)))],
+        "nodes": len(nodes),
+        "cores": cores,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -57,8 +63,11 @@ def main(argv: list[str]) -> int:
     ns = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    rows = {"local": asyncio.run(_workload(Tangram.local(cpu_backend="sim"), ns.actions,
-                                           ns.trajectories))}
+    rows = {
+        "local": asyncio.run(
+            _workload(Tangram.local(cpu_backend="sim"), ns.actions, ns.trajectories)
+        )
+    }
     t0 = time.perf_counter()
     with local_cluster(ns.nodes, ns.cores) as cluster:
         started = time.perf_counter() - t0
@@ -69,10 +78,14 @@ def main(argv: list[str]) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{ns.actions} zero-time actions, {ns.trajectories} closed-loop trajectories")
-    print(f"{'runtime':<8}{'nodes':>6}{'cores':>6}{'actions/s':>11}{'p50 ACT ms':>12}"
-          f"{'p99 ACT ms':>12}")
+    print(
+        f"{'runtime':<8}{'nodes':>6}{'cores':>6}{'actions/s':>11}{'p50 ACT ms':>12}"
+        f"{'p99 ACT ms':>12}"
+    )
     for name, r in rows.items():
-        print(f"{name:<8}{r['nodes']:>6}{r['cores']:>6}{r['throughput']:>11.0f}"
-              f"{r['act_p50_ms']:>12.2f}{r['act_p99_ms']:>12.2f}")
+        print(
+            f"{name:<8}{r['nodes']:>6}{r['cores']:>6}{r['throughput']:>11.0f}"
+            f"{r['act_p50_ms']:>12.2f}{r['act_p99_ms']:>12.2f}"
+        )
     print(f"(local Ray cluster of {ns.nodes} nodes started in {started:.1f} s)")
     return 0

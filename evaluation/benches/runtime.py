@@ -75,10 +75,17 @@ def _ray_noops(n: int, in_flight: int) -> dict[str, Any]:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     t0 = time.perf_counter()
     # a fresh one-node Ray of its own on loopback (never joins a cluster already running here)
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-             object_store_memory=100 << 20, log_to_driver=False, logging_level="ERROR")
+    ray.init(
+        address="local",
+        _node_ip_address="127.0.0.1",
+        include_dashboard=False,
+        object_store_memory=100 << 20,
+        log_to_driver=False,
+        logging_level="ERROR",
+    )
     started = time.perf_counter() - t0
     try:
+
         @ray.remote
         def noop() -> None:
             return None
@@ -96,8 +103,13 @@ def _ray_noops(n: int, in_flight: int) -> dict[str, Any]:
         wall = time.perf_counter() - t0
     finally:
         ray.shutdown()
-    return {"actions": n, "in_flight": in_flight, "wall_s": wall, "per_s": n / wall,
-            "init_s": started}
+    return {
+        "actions": n,
+        "in_flight": in_flight,
+        "wall_s": wall,
+        "per_s": n / wall,
+        "init_s": started,
+    }
 
 
 # -- over HTTP -----------------------------------------------------------------------------------
@@ -121,15 +133,15 @@ def _rss_kb(pid: int) -> dict[str, int]:
 async def _http_load(url: str, token: str, total: int, clients: int) -> dict[str, Any]:
     import httpx
 
-
     per = [total // clients + (1 if i < total % clients else 0) for i in range(clients)]
     act: list[float] = []
     rtt: list[float] = []
     lost: list[str] = []
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
     async with TangramClient(url, token=token, timeout=120, limits=limits) as tg:
-        envs = await asyncio.gather(*[tg.open_env(f"load-{i}", memory_mb=16)
-                                      for i in range(clients)])
+        envs = await asyncio.gather(
+            *[tg.open_env(f"load-{i}", memory_mb=16) for i in range(clients)]
+        )
 
         async def one_client(env: str, count: int) -> None:
             for _ in range(count):
@@ -149,22 +161,46 @@ async def _http_load(url: str, token: str, total: int, clients: int) -> dict[str
         await asyncio.gather(*[one_client(e, k) for e, k in zip(envs, per, strict=True)])
         wall = time.perf_counter() - t0
         await asyncio.gather(*[tg.close_env(e) for e in envs])
-    return {"actions": total, "clients": clients, "ok": len(act), "lost": len(lost),
-            "lost_examples": lost[:3], "wall_s": wall, "per_s": len(act) / wall,
-            "act_p50_ms": 1e3 * _pct(act, 0.5), "act_p99_ms": 1e3 * _pct(act, 0.99),
-            "rtt_p50_ms": 1e3 * _pct(rtt, 0.5), "rtt_p99_ms": 1e3 * _pct(rtt, 0.99)}
+    return {
+        "actions": total,
+        "clients": clients,
+        "ok": len(act),
+        "lost": len(lost),
+        "lost_examples": lost[:3],
+        "wall_s": wall,
+        "per_s": len(act) / wall,
+        "act_p50_ms": 1e3 * _pct(act, 0.5),
+        "act_p99_ms": 1e3 * _pct(act, 0.99),
+        "rtt_p50_ms": 1e3 * _pct(rtt, 0.5),
+        "rtt_p99_ms": 1e3 * _pct(rtt, 0.99),
+    }
 
 
 def _http_bench(total: int, clients: int, config: str | None) -> dict[str, Any]:
     import httpx
 
     port, token = _free_port(), "bench"
-    cmd = [sys.executable, "-m", "tangram.runtime.cli", "serve", "--port", str(port),
-           "--log-level", "warning", "--shutdown-deadline", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tangram.runtime.cli",
+        "serve",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "--shutdown-deadline",
+        "5",
+    ]
     if config:
         cmd += ["--config", config]
-    proc = subprocess.Popen(cmd, env={**os.environ, "TANGRAM_TOKEN": token},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "TANGRAM_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -178,12 +214,17 @@ def _http_bench(total: int, clients: int, config: str | None) -> dict[str, Any]:
                 raise TangramError(f"tangram serve did not start: {proc.stderr.read()[-2000:]}")
             time.sleep(0.2)
         idle = _rss_kb(proc.pid)["VmRSS"]
-        backend = httpx.get(url + "/v1/status", headers={"authorization": f"Bearer {token}"}
-                            ).json()["cpu_backend"]
+        backend = httpx.get(
+            url + "/v1/status", headers={"authorization": f"Bearer {token}"}
+        ).json()["cpu_backend"]
         out = asyncio.run(_http_load(url, token, total, clients))
         mem = _rss_kb(proc.pid)
-        out.update(backend=backend, rss_idle_mb=idle / 1024, rss_after_mb=mem["VmRSS"] / 1024,
-                   rss_peak_mb=mem["VmHWM"] / 1024)
+        out.update(
+            backend=backend,
+            rss_idle_mb=idle / 1024,
+            rss_after_mb=mem["VmRSS"] / 1024,
+            rss_peak_mb=mem["VmHWM"] / 1024,
+        )
         return out
     finally:
         if proc.poll() is None:
@@ -199,11 +240,16 @@ def _http_bench(total: int, clients: int, config: str | None) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="tangram bench runtime",
-                                     description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="tangram bench runtime", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--actions", type=int, default=10_000, help="in-process no-ops")
-    parser.add_argument("--in-flight", type=int, default=100,
-                        help="in-process no-ops outstanding at once (both sides)")
+    parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=100,
+        help="in-process no-ops outstanding at once (both sides)",
+    )
     parser.add_argument("--http-actions", type=int, default=2_000, help="execs over HTTP")
     parser.add_argument("--clients", type=int, default=100, help="concurrent HTTP clients")
     parser.add_argument("--config", help="server config for the HTTP part (default: local)")
@@ -235,19 +281,30 @@ def _print_inprocess(name: str, r: dict[str, Any]) -> None:
     if "missing" in r:
         print(f"{name:>8}: {r['missing']}")
         return
-    extra = f" (ray.init {r['init_s']:.1f} s, not counted)" if "init_s" in r else \
-        " (exec on the sim CPU backend: full runtime path, no process)"
-    print(f"{name:>8}: {r['actions']} no-op actions, {r['in_flight']} in flight, in "
-          f"{r['wall_s']:.2f} s = "
-          f"{r['per_s']:,.0f}/s{extra}")
+    extra = (
+        f" (ray.init {r['init_s']:.1f} s, not counted)"
+        if "init_s" in r
+        else " (exec on the sim CPU backend: full runtime path, no process)"
+    )
+    print(
+        f"{name:>8}: {r['actions']} no-op actions, {r['in_flight']} in flight, in "
+        f"{r['wall_s']:.2f} s = "
+        f"{r['per_s']:,.0f}/s{extra}"
+    )
 
 
 def _print_http(r: dict[str, Any]) -> None:
-    print(f"    http: {r['actions']} `true` execs ({r['backend']} backend) from {r['clients']} "
-          f"clients in {r['wall_s']:.2f} s = {r['per_s']:,.0f}/s; lost {r['lost']} (goal 0)")
-    print(f"          ACT p50 {r['act_p50_ms']:.1f} ms, p99 {r['act_p99_ms']:.1f} ms; "
-          f"round trip p50 {r['rtt_p50_ms']:.1f} ms, p99 {r['rtt_p99_ms']:.1f} ms")
-    print(f"          server RSS: {r['rss_idle_mb']:.0f} MiB idle, {r['rss_after_mb']:.0f} MiB "
-          f"after, peak {r['rss_peak_mb']:.0f} MiB")
+    print(
+        f"    http: {r['actions']} `true` execs ({r['backend']} backend) from {r['clients']} "
+        f"clients in {r['wall_s']:.2f} s = {r['per_s']:,.0f}/s; lost {r['lost']} (goal 0)"
+    )
+    print(
+        f"          ACT p50 {r['act_p50_ms']:.1f} ms, p99 {r['act_p99_ms']:.1f} ms; "
+        f"round trip p50 {r['rtt_p50_ms']:.1f} ms, p99 {r['rtt_p99_ms']:.1f} ms"
+    )
+    print(
+        f"          server RSS: {r['rss_idle_mb']:.0f} MiB idle, {r['rss_after_mb']:.0f} MiB "
+        f"after, peak {r['rss_peak_mb']:.0f} MiB"
+    )
     for example in r["lost_examples"]:
         print(f"          lost: {example}")

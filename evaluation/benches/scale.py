@@ -86,8 +86,10 @@ def _build(key: tuple[str, int], log) -> None:
     t0 = time.perf_counter()
     BUILT[key] = workload_for(*key)
     BUILT_S[key] = time.perf_counter() - t0
-    log(f"  built: {key[0]} {key[1]}: {BUILT[key].num_actions:,} actions in "
-        f"{BUILT_S[key]:.1f} s (shared by its runs)")
+    log(
+        f"  built: {key[0]} {key[1]}: {BUILT[key].num_actions:,} actions in "
+        f"{BUILT_S[key]:.1f} s (shared by its runs)"
+    )
 
 
 def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
@@ -104,8 +106,11 @@ def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
             if key not in BUILT:
                 _build(key, log)
             ours, theirs = ctx.Pipe(duplex=False)
-            p = ctx.Process(target=_job_main, args=(theirs, os.getpid(), job),
-                            name=f"scale-{job[0]}-{job[1]}-{job[2]}")
+            p = ctx.Process(
+                target=_job_main,
+                args=(theirs, os.getpid(), job),
+                name=f"scale-{job[0]}-{job[1]}-{job[2]}",
+            )
             p.start()
             theirs.close()
             live[ours] = (p, job)
@@ -126,21 +131,36 @@ def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram bench scale", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram bench scale",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--quick", action="store_true", help=f"batch {QUICK}, a short window (CI)")
     p.add_argument("--sizes", type=int, nargs="*", help="batch sizes (overrides --quick)")
-    p.add_argument("--workloads", nargs="*", choices=["coding", "mixed"],
-                   help="default: coding (and mixed with --quick)")
+    p.add_argument(
+        "--workloads",
+        nargs="*",
+        choices=["coding", "mixed"],
+        help="default: coding (and mixed with --quick)",
+    )
     p.add_argument("--configs", nargs="*", default=list(LABELS), choices=LABELS)
     p.add_argument("--nodes-per-shard", type=int, help="default 4 (1 with --quick)")
-    p.add_argument("--warmup", type=float, help="simulated seconds before the window "
-                   "(default 60; 10 with --quick)")
-    p.add_argument("--window", type=float, help="simulated seconds measured (default 30; 20 "
-                   "with --quick)")
+    p.add_argument(
+        "--warmup",
+        type=float,
+        help="simulated seconds before the window (default 60; 10 with --quick)",
+    )
+    p.add_argument(
+        "--window", type=float, help="simulated seconds measured (default 30; 20 with --quick)"
+    )
     p.add_argument("--slices", type=int, default=6, help="slices of the window (the spread)")
-    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                   help="runs in parallel, one process each (default: 2 or the cores, fewer)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="runs in parallel, one process each (default: 2 or the cores, fewer)",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
     ns = p.parse_args(argv)
@@ -155,8 +175,12 @@ def main(argv: list[str]) -> int:
     if ns.warmup < 0 or ns.window <= 0:
         p.error("--warmup must be >= 0 and --window > 0")
     log = functools.partial(print, file=sys.stderr if ns.json else sys.stdout, flush=True)
-    jobs = [(w, b, c, ns.nodes_per_shard, ns.warmup, ns.window, ns.slices)
-            for w in workloads for b in sizes for c in ns.configs]
+    jobs = [
+        (w, b, c, ns.nodes_per_shard, ns.warmup, ns.window, ns.slices)
+        for w in workloads
+        for b in sizes
+        for c in ns.configs
+    ]
     ref_before = reference_dp_ms()
     figs = run_all(jobs, ns.jobs, log)
     ref_ms = statistics.median([ref_before, reference_dp_ms()])
@@ -167,9 +191,11 @@ def main(argv: list[str]) -> int:
         Console(width=200).print(table(figs, ref_ms))
         for f in figs:
             if f.shard_shares and f.batch == max(sizes):
-                print(f"{f.workload} {f.policy} at batch {f.batch:,}: busiest shard "
-                      f"{f.busiest:.4f} of a core (goal <= {GOAL_SHARE}): "
-                      f"{'met' if f.busiest <= GOAL_SHARE else 'NOT met'}; {f.layout}")
+                print(
+                    f"{f.workload} {f.policy} at batch {f.batch:,}: busiest shard "
+                    f"{f.busiest:.4f} of a core (goal <= {GOAL_SHARE}): "
+                    f"{'met' if f.busiest <= GOAL_SHARE else 'NOT met'}; {f.layout}"
+                )
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
         (ns.out / "scale.json").write_text(json.dumps(doc, indent=2))

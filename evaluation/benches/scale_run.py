@@ -78,8 +78,12 @@ BUILT_S: dict[tuple[str, int], float] = {}
 
 def workload_for(name: str, batch: int):
     nodes = max(1, batch // CORES_PER_NODE)
-    return get_workload("coding" if name == "coding" else "mixed", batch=batch, nodes=nodes,
-                        cores_per_node=CORES_PER_NODE)
+    return get_workload(
+        "coding" if name == "coding" else "mixed",
+        batch=batch,
+        nodes=nodes,
+        cores_per_node=CORES_PER_NODE,
+    )
 
 
 class _Timed:
@@ -148,10 +152,8 @@ class Handoff:
     at a fraction of the cost: a round trip per shard per decision on a loaded machine waits
     for the shard to be scheduled."""
 
-    def __init__(self, pools, allocator, *, shards: int, kinds, scoped: bool = True,
-                 **kw) -> None:
-        self.inner: Scheduler | ShardedScheduler = Scheduler(pools, allocator, scoped=True,
-                                                             **kw)
+    def __init__(self, pools, allocator, *, shards: int, kinds, scoped: bool = True, **kw) -> None:
+        self.inner: Scheduler | ShardedScheduler = Scheduler(pools, allocator, scoped=True, **kw)
         self._shards, self._kinds = shards, kinds
 
     @property
@@ -160,8 +162,9 @@ class Handoff:
 
     def switch(self) -> None:
         if not self.sharded:
-            self.inner = take_over(self.inner, shards=self._shards, kinds=self._kinds,
-                                   backend="process")
+            self.inner = take_over(
+                self.inner, shards=self._shards, kinds=self._kinds, backend="process"
+            )
             for i in range(self._shards):  # each built and answering before its CPU is read
                 self.inner.state(i)
 
@@ -213,8 +216,9 @@ class _Probe:
         if isinstance(self.sched, Handoff):
             self.sched.switch()  # the shards take over at the window's start
         shards = self.sched.shard_cpu_s() if isinstance(self.sched, Handoff) else []
-        self.marks.append((now, self.sched.cpu, shards, self.sched.decisions,
-                           len(self.sched.queue)))
+        self.marks.append(
+            (now, self.sched.cpu, shards, self.sched.decisions, len(self.sched.queue))
+        )
 
 
 def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
@@ -227,10 +231,14 @@ def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
     nodes = max(1, batch // CORES_PER_NODE)
     make = TimedScheduler
     if mode == "sharded":
-        make = functools.partial(TimedSharded, shards=max(1, nodes // per_shard),
-                                 kinds={s.action.kind for t in w.trajectories for s in t.steps})
-    sim = ClosedLoopSimulator(w, Policy(label, get_allocator(policy), scoped=bool(mode),
-                                        make_scheduler=make))
+        make = functools.partial(
+            TimedSharded,
+            shards=max(1, nodes // per_shard),
+            kinds={s.action.kind for t in w.trajectories for s in t.steps},
+        )
+    sim = ClosedLoopSimulator(
+        w, Policy(label, get_allocator(policy), scoped=bool(mode), make_scheduler=make)
+    )
     sched = sim.scheduler
     bounds = [warmup + window * i / slices for i in range(slices + 1)]
     probe = sched.probe = _Probe(sched, bounds)
@@ -248,30 +256,59 @@ def run_one(job: tuple[str, int, str, int, float, float, int]) -> RunFigures:
         if sharded:
             sched.close()  # joined: their CPU is in this process's children times now
         c1 = os.times()
-    cpu = c1.user + c1.system + c1.children_user + c1.children_system - (
-        c0.user + c0.system + c0.children_user + c0.children_system)
-    f = _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall,
-                 pids)
+    cpu = (
+        c1.user
+        + c1.system
+        + c1.children_user
+        + c1.children_system
+        - (c0.user + c0.system + c0.children_user + c0.children_system)
+    )
+    f = _figures(name, batch, label, nodes, layout, w.num_actions, probe, sched, gen, wall, pids)
     return dataclasses.replace(f, run_cpu_s=cpu)
 
 
-def _figures(name, batch, label, nodes, layout, actions, probe, sched, gen, wall,
-             pids) -> RunFigures:
+def _figures(
+    name, batch, label, nodes, layout, actions, probe, sched, gen, wall, pids
+) -> RunFigures:
     marks = probe.marks
     if len(marks) < 2:
-        raise RuntimeError(f"{name} {batch} {label}: the run ended before the window "
-                           f"({probe.bounds[0]} s of warm-up)")
+        raise RuntimeError(
+            f"{name} {batch} {label}: the run ended before the window "
+            f"({probe.bounds[0]} s of warm-up)"
+        )
     out = []
     for (a, ca, sa, da, _), (b, cb, sb, db, qb) in zip(marks, marks[1:]):
         dt = max(b - a, 1e-9)
-        out.append(Slice(a, b, db - da, (cb - ca) / dt,
-                         max((y - x for x, y in zip(sa, sb)), default=0.0) / dt, qb))
+        out.append(
+            Slice(
+                a,
+                b,
+                db - da,
+                (cb - ca) / dt,
+                max((y - x for x, y in zip(sa, sb)), default=0.0) / dt,
+                qb,
+            )
+        )
     (t0, c0, s0, d0, _), (t1, c1, s1, d1, _) = marks[0], marks[-1]
     span = max(t1 - t0, 1e-9)
     lat = sorted(sched.latency)
     pick = (lambda q: lat[int(q * (len(lat) - 1))] * 1e3) if lat else (lambda q: 0.0)
-    return RunFigures(name, batch, label, nodes, layout, actions, (t0, t1), d1 - d0,
-                      (c1 - c0) / span, tuple((y - x) / span for x, y in zip(s0, s1)),
-                      tuple(out), (pick(0.5), pick(0.99), pick(1.0)), len(lat),
-                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, gen, wall,
-                      pids)
+    return RunFigures(
+        name,
+        batch,
+        label,
+        nodes,
+        layout,
+        actions,
+        (t0, t1),
+        d1 - d0,
+        (c1 - c0) / span,
+        tuple((y - x) / span for x, y in zip(s0, s1)),
+        tuple(out),
+        (pick(0.5), pick(0.99), pick(1.0)),
+        len(lat),
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        gen,
+        wall,
+        pids,
+    )

@@ -51,8 +51,11 @@ SHAPED = "SandboxFusion-shaped"
 PER_CORE = "SF-shaped, 1 run per core"
 # `tangram serve`, started from the module (works from a source checkout, whatever entry points
 # the installed metadata lists)
-SERVE = (sys.executable, "-c", "import sys; from tangram.runtime.server import main; "
-         "sys.exit(main(sys.argv[1:]))")
+SERVE = (
+    sys.executable,
+    "-c",
+    "import sys; from tangram.runtime.server import main; sys.exit(main(sys.argv[1:]))",
+)
 
 
 def _free_port() -> int:
@@ -72,8 +75,12 @@ def cpu_seconds(pid: int) -> float:
 @contextmanager
 def _server(argv: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
     port = _free_port()
-    proc = subprocess.Popen([*argv, "--port", str(port)], env={**os.environ, **env},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*argv, "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -106,8 +113,13 @@ def _raw_ms(n: int) -> list[float]:
         samples = []
         for _ in range(n):
             t = time.perf_counter()
-            subprocess.run(["python3", "main.py"], cwd=d, capture_output=True, check=True,
-                           env={"PATH": SAFE_PATH})
+            subprocess.run(
+                ["python3", "main.py"],
+                cwd=d,
+                capture_output=True,
+                check=True,
+                env={"PATH": SAFE_PATH},
+            )
             samples.append((time.perf_counter() - t) * 1e3)
     return samples
 
@@ -153,36 +165,48 @@ async def _tight(url: str) -> int:
         return ok
 
 
-def _table(servers: dict, lat: dict[str, list[float]], rps: dict[str, list[float]],
-           ok: dict[str, list[int]], done: dict[str, int], raw: list[float],
-           clients: int) -> dict[str, Any]:
+def _table(
+    servers: dict,
+    lat: dict[str, list[float]],
+    rps: dict[str, list[float]],
+    ok: dict[str, list[int]],
+    done: dict[str, int],
+    raw: list[float],
+    clients: int,
+) -> dict[str, Any]:
     figures: dict[str, Any] = {}
     ref, ref_rps = statistics.median(lat[SHAPED]), statistics.median(rps[SHAPED])
     core_rps = statistics.median(rps[PER_CORE])
     base, base_rps = statistics.median(lat[MINIMAL]), statistics.median(rps[MINIMAL])
     print(f"{'raw python3 main.py':28s} median {statistics.median(raw):7.1f} ms")
     head = f"req/s @{clients}"
-    print(f"{'server':28s} {'median':>8s} {'p90':>8s} {'x SF':>6s} {'x min':>6s} {head:>10s}"
-          f" {'x SF':>6s} {'x 1/core':>8s} {'x min':>6s} {'ok':>9s} {'tput ok':>7s}"
-          f" {'0.05s ok':>8s}")
+    print(
+        f"{'server':28s} {'median':>8s} {'p90':>8s} {'x SF':>6s} {'x min':>6s} {head:>10s}"
+        f" {'x SF':>6s} {'x 1/core':>8s} {'x min':>6s} {'ok':>9s} {'tput ok':>7s}"
+        f" {'0.05s ok':>8s}"
+    )
     for name in servers:
         s = sorted(lat[name])
         med, p90 = statistics.median(s), s[int(0.9 * (len(s) - 1))]
         tput = statistics.median(rps[name])
         figures[name] = {"median_ms": med, "p90_ms": p90, "rps": tput}
-        print(f"{name:28s} {med:6.1f}ms {p90:6.1f}ms {med / ref:5.2f}x {med / base:5.2f}x "
-              f"{tput:10.1f} {tput / ref_rps:5.2f}x {tput / core_rps:7.2f}x "
-              f"{tput / base_rps:5.2f}x "
-              f"{ok[name][0]:>4d}/{ok[name][1]:<4d} {ok[name][2] / max(done[name], 1):6.0%} "
-              f"{ok[name][3]:>5d}/10")
+        print(
+            f"{name:28s} {med:6.1f}ms {p90:6.1f}ms {med / ref:5.2f}x {med / base:5.2f}x "
+            f"{tput:10.1f} {tput / ref_rps:5.2f}x {tput / core_rps:7.2f}x "
+            f"{tput / base_rps:5.2f}x "
+            f"{ok[name][0]:>4d}/{ok[name][1]:<4d} {ok[name][2] / max(done[name], 1):6.0%} "
+            f"{ok[name][3]:>5d}/10"
+        )
     return figures
 
 
 def main(argv: list[str]) -> int:
 
-    p = argparse.ArgumentParser(prog="tangram bench sandboxfusion --latency",
-                                description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram bench sandboxfusion --latency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--latency", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("-n", "--requests", type=int, default=40, help="sequential, per round (40)")
     p.add_argument("--rounds", type=int, default=3)
@@ -195,11 +219,15 @@ def main(argv: list[str]) -> int:
         # the sandbox's PATH, so that every server runs the same python3
         MINIMAL: ([py, "-m", "evaluation.benches.sf_minimal"], {"PATH": SAFE_PATH}),
         SHAPED: ([py, "-m", "evaluation.benches.sf_shaped"], {"PATH": SAFE_PATH}),
-        PER_CORE: ([py, "-m", "evaluation.benches.sf_shaped", "--runs-per-core"],
-                   {"PATH": SAFE_PATH}),
+        PER_CORE: (
+            [py, "-m", "evaluation.benches.sf_shaped", "--runs-per-core"],
+            {"PATH": SAFE_PATH},
+        ),
         "tangram": ([*SERVE, "--log-level", "warning"], {}),
-        "tangram, no warm pool": ([*SERVE, "--log-level", "warning"],
-                                  {"TANGRAM_SANDBOXFUSION_WARM": "0"}),
+        "tangram, no warm pool": (
+            [*SERVE, "--log-level", "warning"],
+            {"TANGRAM_SANDBOXFUSION_WARM": "0"},
+        ),
     }
     if ns.no_cold:
         del servers["tangram, no warm pool"]
@@ -229,10 +257,14 @@ def main(argv: list[str]) -> int:
                     ok[name][3] = asyncio.run(_tight(url))
         print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
     _table(servers, lat, rps, ok, done, raw, ns.clients)
-    print("CPU per request under load (the server process and what it waited for: programs, "
-          "closed sandboxes): " + "; ".join(f"{k} {statistics.median(v):.1f} ms"
-                                            for k, v in cpu.items()))
-    print("real SandboxFusion: its server is not on the package registries (only the SDK, "
-          "sandbox-fusion), so it is not measured here; `SandboxFusion-shaped` stands in")
+    print(
+        "CPU per request under load (the server process and what it waited for: programs, "
+        "closed sandboxes): "
+        + "; ".join(f"{k} {statistics.median(v):.1f} ms" for k, v in cpu.items())
+    )
+    print(
+        "real SandboxFusion: its server is not on the package registries (only the SDK, "
+        "sandbox-fusion), so it is not measured here; `SandboxFusion-shaped` stands in"
+    )
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0

@@ -22,8 +22,10 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-COMMANDS = {"python": ("main.py", None, "python3 main.py"),
-            "cpp": ("main.cpp", "g++ -std=c++17 main.cpp -o test", "./test")}
+COMMANDS = {
+    "python": ("main.py", None, "python3 main.py"),
+    "cpp": ("main.cpp", "g++ -std=c++17 main.cpp -o test", "./test"),
+}
 
 
 class Request(BaseModel):
@@ -37,8 +39,14 @@ class Request(BaseModel):
 
 async def _run(command: str, cwd: str, timeout: float, stdin: str | None) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_shell(
-        command, cwd=cwd, executable="/bin/bash", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        command,
+        cwd=cwd,
+        executable="/bin/bash",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     t = time.perf_counter()
     try:
         out, err = await asyncio.wait_for(proc.communicate((stdin or "").encode()), timeout)
@@ -49,9 +57,13 @@ async def _run(command: str, cwd: str, timeout: float, stdin: str | None) -> dic
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return {"status": "Finished", "execution_time": time.perf_counter() - t,
-            "return_code": proc.returncode, "stdout": out.decode(errors="replace"),
-            "stderr": err.decode(errors="replace")}
+    return {
+        "status": "Finished",
+        "execution_time": time.perf_counter() - t,
+        "return_code": proc.returncode,
+        "stdout": out.decode(errors="replace"),
+        "stderr": err.decode(errors="replace"),
+    }
 
 
 def app() -> FastAPI:
@@ -79,8 +91,13 @@ def app() -> FastAPI:
                 ran = await _run(run_cmd, d, req.run_timeout, req.stdin)
         steps = [s for s in (compiled, ran) if s is not None]
         ok = all(s["status"] == "Finished" and s["return_code"] == 0 for s in steps)
-        return {"status": "Success" if ok else "Failed", "message": "",
-                "compile_result": compiled, "run_result": ran, "files": {}}
+        return {
+            "status": "Success" if ok else "Failed",
+            "message": "",
+            "compile_result": compiled,
+            "run_result": ran,
+            "files": {},
+        }
 
     return a
 

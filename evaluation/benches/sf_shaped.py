@@ -36,9 +36,10 @@ from pydantic import BaseModel, Field
 
 log = logging.getLogger("sf_shaped")
 # language -> (source file name, compile command or None, run command), SandboxFusion's lines
-COMMANDS = {"python": ("tmp_0.py", None, "python3 tmp_0.py"),
-            "cpp": ("tmp_0.cpp", "g++ -std=c++17 -o test tmp_0.cpp -lcrypto -lssl -lpthread",
-                    "./test")}
+COMMANDS = {
+    "python": ("tmp_0.py", None, "python3 tmp_0.py"),
+    "cpp": ("tmp_0.cpp", "g++ -std=c++17 -o test tmp_0.cpp -lcrypto -lssl -lpthread", "./test"),
+}
 
 
 class RunCodeRequest(BaseModel):
@@ -76,25 +77,34 @@ def _decode(data: bytes) -> str:
         return data.decode("utf-8", errors="replace")
 
 
-async def run_command(command: str, cwd: str, timeout: float,
-                      stdin: str | None) -> CommandRunResult:
+async def run_command(
+    command: str, cwd: str, timeout: float, stdin: str | None
+) -> CommandRunResult:
     proc = await asyncio.create_subprocess_shell(
-        f"cd {cwd} && {command}", executable="/bin/bash", stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        f"cd {cwd} && {command}",
+        executable="/bin/bash",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
     t = time.perf_counter()
     try:
         out, err = await asyncio.wait_for(proc.communicate((stdin or "").encode()), timeout)
     except TimeoutError:
-        return CommandRunResult(status="TimeLimitExceeded",
-                                execution_time=time.perf_counter() - t)
+        return CommandRunResult(status="TimeLimitExceeded", execution_time=time.perf_counter() - t)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return CommandRunResult(status="Finished", execution_time=time.perf_counter() - t,
-                            return_code=proc.returncode, stdout=_decode(out),
-                            stderr=_decode(err))
+    return CommandRunResult(
+        status="Finished",
+        execution_time=time.perf_counter() - t,
+        return_code=proc.returncode,
+        stdout=_decode(out),
+        stderr=_decode(err),
+    )
 
 
 def _restore(folder: str, files: dict[str, str | None]) -> None:
@@ -141,8 +151,9 @@ async def _run_code(req: RunCodeRequest) -> RunCodeResponse:
         files = _fetch(d, req.fetch_files)
     steps = [s for s in (compiled, ran) if s is not None]
     ok = all(s.status == "Finished" and s.return_code == 0 for s in steps)
-    return RunCodeResponse(status="Success" if ok else "Failed", compile_result=compiled,
-                           run_result=ran, files=files)
+    return RunCodeResponse(
+        status="Success" if ok else "Failed", compile_result=compiled, run_result=ran, files=files
+    )
 
 
 def app() -> FastAPI:
@@ -157,8 +168,13 @@ def app() -> FastAPI:
         rid = uuid.uuid4().hex[:8]
         t = time.perf_counter()
         resp = await run_code(req)
-        log.info("run_code %s %s: %s in %.1f ms", rid, req.language, resp.status,
-                 (time.perf_counter() - t) * 1e3)
+        log.info(
+            "run_code %s %s: %s in %.1f ms",
+            rid,
+            req.language,
+            resp.status,
+            (time.perf_counter() - t) * 1e3,
+        )
         return resp
 
     return a

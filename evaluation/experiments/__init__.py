@@ -42,8 +42,9 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 }
 
 
-def run_experiment(name: str, quick: bool = True, quiet: bool = True, ranges: bool = False,
-                   oracle: bool = False):
+def run_experiment(
+    name: str, quick: bool = True, quiet: bool = True, ranges: bool = False, oracle: bool = False
+):
     mod = importlib.import_module(EXPERIMENTS[name][0])
 
     def go():
@@ -52,29 +53,46 @@ def run_experiment(name: str, quick: bool = True, quiet: bool = True, ranges: bo
             if ranges:
                 attach_ranges(o, lambda: mod.measure(quick), mod.TARGETS)
         return o
+
     return timed(go)
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram experiment", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("name", choices=[*EXPERIMENTS, "bench", "sensitivity", "twin", "all"],
-                   help="; ".join(f"{k}: {v[1]}" for k, v in EXPERIMENTS.items())
-                   + "; bench: simulator throughput; sensitivity: every ranged parameter "
-                   "swept; twin: the simulator's prediction against a real run of "
-                   "Tangram.local(); all: every experiment")
+    p = argparse.ArgumentParser(
+        prog="tangram experiment",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "name",
+        choices=[*EXPERIMENTS, "bench", "sensitivity", "twin", "all"],
+        help="; ".join(f"{k}: {v[1]}" for k, v in EXPERIMENTS.items())
+        + "; bench: simulator throughput; sensitivity: every ranged parameter "
+        "swept; twin: the simulator's prediction against a real run of "
+        "Tangram.local(); all: every experiment",
+    )
     p.add_argument("--quick", action="store_true", help="small sizes (CI)")
     p.add_argument("--out", default="results", help="output folder (default: results)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--oracle", action="store_true",
-                   help="the scheduler sees sampled durations, not learned means")
+    p.add_argument(
+        "--oracle",
+        action="store_true",
+        help="the scheduler sees sampled durations, not learned means",
+    )
     p.add_argument("--no-range", action="store_true", help="skip the sensitivity sweep")
-    p.add_argument("--engine", choices=("engine", "runtime"), default="engine",
-                   help="Tangram's CPU runs on the simulator's event loop (default) or through "
-                   "the runtime itself (the Tangram facade, the CPU manager, a sim backend) on "
-                   "a virtual-time loop; baselines and GPU/API workloads stay on the engine")
-    p.add_argument("--policy", default="heuristic",
-                   help="Tangram's policy (default: heuristic, the paper's; e.g. backfill-srpt)")
+    p.add_argument(
+        "--engine",
+        choices=("engine", "runtime"),
+        default="engine",
+        help="Tangram's CPU runs on the simulator's event loop (default) or through "
+        "the runtime itself (the Tangram facade, the CPU manager, a sim backend) on "
+        "a virtual-time loop; baselines and GPU/API workloads stay on the engine",
+    )
+    p.add_argument(
+        "--policy",
+        default="heuristic",
+        help="Tangram's policy (default: heuristic, the paper's; e.g. backfill-srpt)",
+    )
     ns, rest = p.parse_known_args(argv)
     if ns.policy not in available():
         p.error(f"--policy {ns.policy!r}: unknown (known: {available()})")
@@ -83,9 +101,15 @@ def main(argv: list[str]) -> int:
     if ns.name == "twin":
         return twin(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json)) if on])
     if ns.name == "sensitivity":
-        return sensitivity(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json),
-                                                   ("--oracle", ns.oracle)) if on]
-                           + ["--out", ns.out])
+        return sensitivity(
+            rest
+            + [
+                a
+                for a, on in (("--quick", ns.quick), ("--json", ns.json), ("--oracle", ns.oracle))
+                if on
+            ]
+            + ["--out", ns.out]
+        )
     if rest:
         p.error(f"unrecognised arguments: {' '.join(rest)}")
 
@@ -93,8 +117,13 @@ def main(argv: list[str]) -> int:
     docs = []
     for name in names:
         with tangram_policy(ns.policy), engine(ns.engine):
-            outcome = run_experiment(name, ns.quick, quiet=ns.json or not sys.stderr.isatty(),
-                                     ranges=not ns.no_range, oracle=ns.oracle)
+            outcome = run_experiment(
+                name,
+                ns.quick,
+                quiet=ns.json or not sys.stderr.isatty(),
+                ranges=not ns.no_range,
+                oracle=ns.oracle,
+            )
         paths = write(outcome, Path(ns.out))
         if ns.json:
             docs.append({**to_json(outcome), "files": [str(x) for x in paths]})

@@ -15,13 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from evaluation.baselines import (
-    ByResource,
-    Kubernetes,
-    Lifecycles,
-    StaticServices,
-    pin_services,
-)
+from evaluation.baselines import ByResource, Kubernetes, Lifecycles, StaticServices, pin_services
 from evaluation.baselines.api import ApiRetry
 from evaluation.baselines.batching import batched_static
 from evaluation.closedloop import EnvironmentStart, LoopResult, Policy, run
@@ -56,6 +50,7 @@ class Outcome:
 
 # -- systems ---------------------------------------------------------------------------------
 
+
 def tangram() -> Policy:
     """Tangram's policy in the experiments: the paper's heuristic with depth 2, or the policy
     named by `tangram experiment --policy` (`backfill`, `backfill-srpt`, ...)."""
@@ -77,15 +72,17 @@ def plain(name: str, **options) -> Policy:
     return Policy(label, get_allocator(name, **options))
 
 
-def static_gpu(services: Sequence[str], workload: Workload, gpus_each: int,
-               replicas: int = 1) -> StaticServices:
+def static_gpu(
+    services: Sequence[str], workload: Workload, gpus_each: int, replicas: int = 1
+) -> StaticServices:
     spec = workload.gpu
     assert spec is not None
     total = spec.nodes * spec.gpus_per_node
     while gpus_each > 1 and len(services) * replicas * gpus_each > total:
         gpus_each //= 2  # fewer GPUs than the deployment asks: each service gets fewer
-    return StaticServices(pins=pin_services(services, spec.node_names(), spec.gpus_per_node,
-                                            gpus_each, replicas))
+    return StaticServices(
+        pins=pin_services(services, spec.node_names(), spec.gpus_per_node, gpus_each, replicas)
+    )
 
 
 def static_policy(name: str, static: StaticServices) -> Policy:
@@ -93,8 +90,9 @@ def static_policy(name: str, static: StaticServices) -> Policy:
     return Policy(name, static, static)
 
 
-def batching_static(name: str, services: Sequence[str], w: Workload, gpus_each: int,
-                    replicas: int = 1) -> tuple[Workload, Policy]:
+def batching_static(
+    name: str, services: Sequence[str], w: Workload, gpus_each: int, replicas: int = 1
+) -> tuple[Workload, Policy]:
     """Static services whose replicas batch concurrent calls (SGLang's continuous batching,
     `evaluation.baselines.batching`): the lane workload they run on and their policy."""
     spec = w.gpu
@@ -102,21 +100,28 @@ def batching_static(name: str, services: Sequence[str], w: Workload, gpus_each: 
     total = spec.nodes * spec.gpus_per_node
     while gpus_each > 1 and len(services) * replicas * gpus_each > total:
         gpus_each //= 2
-    wide, static, executors = batched_static(w, services, gpus_each, replicas,
-                                             **overrides("batching"))
+    wide, static, executors = batched_static(
+        w, services, gpus_each, replicas, **overrides("batching")
+    )
     return wide, Policy(name, static, static, executors=executors)
 
 
-def search_baseline(workload: Workload, judge: StaticServices,
-                    executors: Callable | None = None) -> Policy:
+def search_baseline(
+    workload: Workload, judge: StaticServices, executors: Callable | None = None
+) -> Policy:
     """DeepSearch's baseline: per-trajectory API calls with retries, static judge replicas
     (`executors`: the batching replicas' model, `batching_static`)."""
     api = ApiRetry(**overrides("api-retry"))
-    return Policy("api-retry+static", ByResource((("api:", api), ("gpu", judge))),
-                  Lifecycles((api, judge)), executors=executors)
+    return Policy(
+        "api-retry+static",
+        ByResource((("api:", api), ("gpu", judge))),
+        Lifecycles((api, judge)),
+        executors=executors,
+    )
 
 
 # -- running ---------------------------------------------------------------------------------
+
 
 class Runner:
     """Runs simulations under one rich progress bar (or silently)."""
@@ -137,8 +142,13 @@ class Runner:
                 TimeElapsedColumn,
             )
 
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(),
-                                      MofNCompleteColumn(), TimeElapsedColumn(), transient=True)
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                transient=True,
+            )
             self._progress.start()
             self._task = self._progress.add_task("runs", total=self.total)
         return self
@@ -162,10 +172,19 @@ _CACHE: dict[tuple, LoopResult] = {}
 def cached_run(workload: Workload, policy: Policy) -> LoopResult:
     """Simulations are deterministic: one run per (workload, policy, overrides, oracle) in a
     process, so the sweep's default point and an experiment's own runs are the same runs."""
-    key = (workload.name, repr(workload.params), len(workload.trajectories), policy.name,
-           workload.gpu.nodes if workload.gpu else 0, repr(overrides("k8s")),
-           repr(overrides("api-retry")), repr(overrides("batching")), ORACLE.get(),
-           TANGRAM_POLICY.get(), ENGINE.get())
+    key = (
+        workload.name,
+        repr(workload.params),
+        len(workload.trajectories),
+        policy.name,
+        workload.gpu.nodes if workload.gpu else 0,
+        repr(overrides("k8s")),
+        repr(overrides("api-retry")),
+        repr(overrides("batching")),
+        ORACLE.get(),
+        TANGRAM_POLICY.get(),
+        ENGINE.get(),
+    )
     if key not in _CACHE:
         if len(_CACHE) > 256:
             _CACHE.clear()
@@ -182,9 +201,14 @@ def _run(workload: Workload, policy: Policy) -> LoopResult:
     Kubernetes pod reserving cores per trajectory, static GPU replicas, retrying API clients)
     is not one the runtime has; so does `--oracle` (the runtime never sees an action's true
     duration)."""
-    if (ENGINE.get() == "runtime" and policy.name == "tangram" and not ORACLE.get()
-            and policy.executors is None and isinstance(policy.lifecycle, EnvironmentStart)
-            and runs_on_runtime(workload)):
+    if (
+        ENGINE.get() == "runtime"
+        and policy.name == "tangram"
+        and not ORACLE.get()
+        and policy.executors is None
+        and isinstance(policy.lifecycle, EnvironmentStart)
+        and runs_on_runtime(workload)
+    ):
         name = TANGRAM_POLICY.get()
         return run_on_runtime(workload, name, policy.lifecycle.start_s, tangram_options(name))
     return run(workload, policy, oracle=ORACLE.get())
@@ -195,9 +219,11 @@ def _run(workload: Workload, policy: Policy) -> LoopResult:
 # submission (its trajectory already has a place: a pod, a container) to its end, restores
 # included; the wait for that place (a pod pending and starting, a container starting) is the
 # trajectory's *admission*, reported beside it and never folded into the headline.
-ACT_DEFINITION = ("ACT as the paper defines it: per action, queueing plus execution "
-                  "(Tq + T); admission (a pod pending and starting, a container starting) "
-                  "is reported beside it")
+ACT_DEFINITION = (
+    "ACT as the paper defines it: per action, queueing plus execution "
+    "(Tq + T); admission (a pod pending and starting, a container starting) "
+    "is reported beside it"
+)
 
 
 def act_columns(r: LoopResult) -> dict[str, float]:
@@ -207,11 +233,14 @@ def act_columns(r: LoopResult) -> dict[str, float]:
     simulated API server, every system) and `client_429` (the 429s the baseline's retrying
     clients saw)."""
     action, admission = r.per_trajectory(), r.mean_setup()
-    return {"action_s": round(r.mean_act(), 4), "action_per_trajectory_s": round(action, 3),
-            "admission_s": round(admission, 3),
-            "total_per_trajectory_s": round(action + admission, 3),
-            "server_429": int(r.counters.get("api_429", 0)),
-            "client_429": int(r.counters.get("client_429", 0))}
+    return {
+        "action_s": round(r.mean_act(), 4),
+        "action_per_trajectory_s": round(action, 3),
+        "admission_s": round(admission, 3),
+        "total_per_trajectory_s": round(action + admission, 3),
+        "server_429": int(r.counters.get("api_429", 0)),
+        "client_429": int(r.counters.get("client_429", 0)),
+    }
 
 
 def client_rejections(policy: Policy) -> int:
@@ -300,6 +329,7 @@ def ratio(baseline: float, ours: float) -> float | None:
 
 # -- output ----------------------------------------------------------------------------------
 
+
 def write(outcome: Outcome, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     base = out / outcome.name
@@ -341,15 +371,31 @@ def plot_vs_paper(compares: Sequence[Compare], fig: Any) -> None:
         ax.plot([v], [i], "o", color="tab:blue", label="ours" if i == 0 else None)
         if c.range is not None:
             lo, hi = c.range[0] / c.paper, c.range[1] / c.paper
-            ax.plot([lo, hi], [i, i], "-", color="tab:blue", alpha=0.5, lw=3,
-                    label="range over the sweep" if i == 0 else None)
-        ax.annotate(f"{c.ours:.2f}{c.unit} vs {c.paper:g}{c.unit}", (v, i),
-                    textcoords="offset points", xytext=(4, 6), ha="left", fontsize=7)
+            ax.plot(
+                [lo, hi],
+                [i, i],
+                "-",
+                color="tab:blue",
+                alpha=0.5,
+                lw=3,
+                label="range over the sweep" if i == 0 else None,
+            )
+        ax.annotate(
+            f"{c.ours:.2f}{c.unit} vs {c.paper:g}{c.unit}",
+            (v, i),
+            textcoords="offset points",
+            xytext=(4, 6),
+            ha="left",
+            fontsize=7,
+        )
     ax.axvline(1.0, color="tab:red", ls="--", label="paper")
     ax.set_yticks(range(len(rows)), [_wrap(c.metric) for c in rows], fontsize=7)
     ax.set_xlabel("ours / paper (1 = the paper's value)")
-    top = max([c.ours / c.paper for c in rows]
-              + [c.range[1] / c.paper for c in rows if c.range is not None] + [1.0])
+    top = max(
+        [c.ours / c.paper for c in rows]
+        + [c.range[1] / c.paper for c in rows if c.range is not None]
+        + [1.0]
+    )
     ax.set_xlim(0, top * 1.7)  # room for the labels right of the points
     ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.legend(fontsize=7, loc="lower right")
@@ -367,9 +413,14 @@ def _wrap(text: str, width: int = 28) -> str:
 
 
 def to_json(outcome: Outcome) -> dict[str, Any]:
-    return {"experiment": outcome.name, "wall_s": round(outcome.wall_s, 2),
-            "rows": outcome.rows, "compare": [asdict(c) for c in outcome.compares],
-            "notes": outcome.notes, "sensitivity": outcome.sensitivity}
+    return {
+        "experiment": outcome.name,
+        "wall_s": round(outcome.wall_s, 2),
+        "rows": outcome.rows,
+        "compare": [asdict(c) for c in outcome.compares],
+        "notes": outcome.notes,
+        "sensitivity": outcome.sensitivity,
+    }
 
 
 def print_table(outcome: Outcome) -> None:

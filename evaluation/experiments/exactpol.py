@@ -15,5 +15,11 @@ def exact_policy(time_limit: float = 0.5) -> tuple[Policy | None, str]:
 
 
 # the small AI-coding instance the exact policy runs on (a few trajectories, few cores)
-SMALL = {"batch": 4, "nodes": 1, "cores_per_node": 8, "turns_mean": 4.0, "turns_cap": 8,
-         "reward_dops": (1, 2, 4, 8)}
+SMALL = {
+    "batch": 4,
+    "nodes": 1,
+    "cores_per_node": 8,
+    "turns_mean": 4.0,
+    "turns_cap": 8,
+    "reward_dops": (1, 2, 4, 8),
+}

@@ -31,14 +31,26 @@ def plot(rows, fig) -> None:
         ours, base = [r for r in rows if r["workload"] == n][:2]  # Tangram, its baseline
         for j, key in enumerate(("action_per_trajectory_s", "makespan_s")):
             v = ours[key] / base[key] if base[key] else 0.0
-            ax.bar(i + 0.4 * j - 0.2, v, 0.38, color=("tab:blue", "tab:cyan")[j],
-                   label=("ACT per trajectory (queue + run)", "rollout makespan")[j]
-                   if i == 0 else None)
+            ax.bar(
+                i + 0.4 * j - 0.2,
+                v,
+                0.38,
+                color=("tab:blue", "tab:cyan")[j],
+                label=("ACT per trajectory (queue + run)", "rollout makespan")[j]
+                if i == 0
+                else None,
+            )
             ax.text(i + 0.4 * j - 0.2, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
             paper = (PAPER_ACT if j == 0 else PAPER_STEP).get(n)
             if paper:
-                ax.plot([i + 0.4 * j - 0.2], [1.0 / paper], "x", color="tab:red", ms=9,
-                        label="paper" if n == "coding" and j == 0 else None)
+                ax.plot(
+                    [i + 0.4 * j - 0.2],
+                    [1.0 / paper],
+                    "x",
+                    color="tab:red",
+                    ms=9,
+                    label="paper" if n == "coding" and j == 0 else None,
+                )
     ax.axhline(1.0, color="gray", ls="--", lw=1, label="baseline = 1")
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("Tangram / baseline (lower is better)")
@@ -52,22 +64,42 @@ def _rows_and_compares(suite) -> tuple[list[dict[str, Any]], list[Compare]]:
     for name, runs in suite.items():
         for sr in runs:
             r = sr.result
-            rows.append({"workload": name, "system": sr.policy.name,
-                         "batch": len(sr.workload.trajectories), "actions": len(r.records),
-                         **act_columns(r), "makespan_s": round(r.makespan, 2),
-                         "restores": int(r.counters["restores"])})
+            rows.append(
+                {
+                    "workload": name,
+                    "system": sr.policy.name,
+                    "batch": len(sr.workload.trajectories),
+                    "actions": len(r.records),
+                    **act_columns(r),
+                    "makespan_s": round(r.makespan, 2),
+                    "restores": int(r.counters["restores"]),
+                }
+            )
         ours, base = rows[-2], rows[-1]
-        compares.append(Compare(f"{name}: ACT (queue + run per action), baseline / Tangram",
-                                ratio(base["action_s"], ours["action_s"]),
-                                PAPER_ACT.get(name), note="paper: lower in every workload"))
-        compares.append(Compare(f"{name}: ACT + admission per trajectory, baseline / Tangram",
-                                ratio(base["total_per_trajectory_s"],
-                                      ours["total_per_trajectory_s"]), None,
-                                note="admission: pod pending + start (k8s), container start"))
-        compares.append(Compare(f"{name}: rollout makespan, baseline / Tangram",
-                                ratio(base["makespan_s"], ours["makespan_s"]),
-                                PAPER_STEP.get(name),
-                                note="paper: whole RL step incl. generation and training"))
+        compares.append(
+            Compare(
+                f"{name}: ACT (queue + run per action), baseline / Tangram",
+                ratio(base["action_s"], ours["action_s"]),
+                PAPER_ACT.get(name),
+                note="paper: lower in every workload",
+            )
+        )
+        compares.append(
+            Compare(
+                f"{name}: ACT + admission per trajectory, baseline / Tangram",
+                ratio(base["total_per_trajectory_s"], ours["total_per_trajectory_s"]),
+                None,
+                note="admission: pod pending + start (k8s), container start",
+            )
+        )
+        compares.append(
+            Compare(
+                f"{name}: rollout makespan, baseline / Tangram",
+                ratio(base["makespan_s"], ours["makespan_s"]),
+                PAPER_STEP.get(name),
+                note="paper: whole RL step incl. generation and training",
+            )
+        )
     return rows, compares
 
 
@@ -77,8 +109,7 @@ TARGETS = ("coding", "k8s", "search", "api-retry")
 def measure(quick: bool) -> dict[str, float | None]:
     """Only the figures with a paper value (AI coding, DeepSearch)."""
     with Runner(4, quiet=True) as runner:
-        return headline(_rows_and_compares(run_suite(quick, runner,
-                                                     ("coding", "deepsearch")))[1])
+        return headline(_rows_and_compares(run_suite(quick, runner, ("coding", "deepsearch")))[1])
 
 
 WRONG = 4  # Tangram told this many times the API server's limit
@@ -92,17 +123,32 @@ def _wrong_limit(suite, runner: Runner) -> tuple[list[dict[str, Any]], list[Comp
     start = {r: WRONG * k for r, k in w.api_limits.items()}
     learner = LearnedLimits(tangram().allocator, start)
     rows, compares = [], []
-    for p in (Policy(f"tangram-{WRONG}x-limit", tangram().allocator),
-              Policy(f"tangram-{WRONG}x-limit-learning", learner, learner)):
+    for p in (
+        Policy(f"tangram-{WRONG}x-limit", tangram().allocator),
+        Policy(f"tangram-{WRONG}x-limit-learning", learner, learner),
+    ):
         r = runner.run("deepsearch", over, p)
-        rows.append({"workload": "deepsearch", "system": p.name, "batch": len(w.trajectories),
-                     "actions": len(r.records), **act_columns(r),
-                     "server_429_late": int(r.counters["api_429_late"]),
-                     "makespan_s": round(r.makespan, 2), "restores": int(r.counters["restores"])})
-        compares.append(Compare(f"deepsearch: API 429 at the server, {p.name}",
-                                float(rows[-1]["server_429"]), None, unit="",
-                                note=f"{rows[-1]['server_429_late']} in the rollout's second "
-                                     "half"))
+        rows.append(
+            {
+                "workload": "deepsearch",
+                "system": p.name,
+                "batch": len(w.trajectories),
+                "actions": len(r.records),
+                **act_columns(r),
+                "server_429_late": int(r.counters["api_429_late"]),
+                "makespan_s": round(r.makespan, 2),
+                "restores": int(r.counters["restores"]),
+            }
+        )
+        compares.append(
+            Compare(
+                f"deepsearch: API 429 at the server, {p.name}",
+                float(rows[-1]["server_429"]),
+                None,
+                unit="",
+                note=f"{rows[-1]['server_429_late']} in the rollout's second half",
+            )
+        )
     return rows, compares
 
 
@@ -113,8 +159,16 @@ def main(quick: bool, quiet: bool) -> Outcome:
     rows, compares = _rows_and_compares(suite)
     rows += more_rows
     compares += more
-    note = (ACT_DEFINITION + ". Rows: action_s (mean per action), action_per_trajectory_s, "
-            "admission_s (per trajectory), total_per_trajectory_s, server_429 (at the simulated "
-            "API server).")
-    return Outcome("fig6", rows, compares, plot, notes=[note],
-                   title="ACT and rollout time normalised to each workload's baseline")
+    note = (
+        ACT_DEFINITION + ". Rows: action_s (mean per action), action_per_trajectory_s, "
+        "admission_s (per trajectory), total_per_trajectory_s, server_429 (at the simulated "
+        "API server)."
+    )
+    return Outcome(
+        "fig6",
+        rows,
+        compares,
+        plot,
+        notes=[note],
+        title="ACT and rollout time normalised to each workload's baseline",
+    )

@@ -30,9 +30,12 @@ FULL: dict[str, Any] = {"batches": (256, 512, 1024, 2048), "at": 2048, "nodes": 
 def _systems(w):
     """(workload, policy) of each system; the batching SGLang baseline runs on lanes."""
     teachers = sorted(w.gpu.services)
-    return [(w, tangram()), batching_static("sglang-static", teachers, w, 4),
-            (w, static_policy("sglang-no-batching", static_gpu(teachers, w, 4))),
-            (w, Policy("serverless", Serverless(dop=4), executors=serverless_executors()))]
+    return [
+        (w, tangram()),
+        batching_static("sglang-static", teachers, w, 4),
+        (w, static_policy("sglang-no-batching", static_gpu(teachers, w, 4))),
+        (w, Policy("serverless", Serverless(dop=4), executors=serverless_executors())),
+    ]
 
 
 def plot(rows, fig) -> None:
@@ -44,8 +47,12 @@ def plot(rows, fig) -> None:
     xs = sorted({r["x"] for r in batch})
     at = lambda x, s: next(r["mean_act_s"] for r in batch if r["x"] == x and r["system"] == s)
     for system in ("sglang-static", "sglang-no-batching", "serverless"):
-        ax.plot(xs, [at(x, system) / at(x, "tangram") for x in xs], marker="o",
-                label=f"{system} / Tangram")
+        ax.plot(
+            xs,
+            [at(x, system) / at(x, "tangram") for x in xs],
+            marker="o",
+            label=f"{system} / Tangram",
+        )
     ax.plot([2048], [18.1], "x", color="tab:red", ms=9, label="paper, batch 2048")
     ax.axhline(1.0, color="gray", ls="--", lw=1)
     ax.set_xlabel("RL batch size (trajectories)")
@@ -57,8 +64,12 @@ def plot(rows, fig) -> None:
     ax2.plot(*zip(*pts), marker="o", label="Tangram")
     base = [r for r in rows if r["sweep"] == "gpus-baseline"]
     if base:
-        ax2.axhline(base[0]["mean_act_s"], color="gray", linestyle="--",
-                    label=f"static, {base[0]['x']} GPUs")
+        ax2.axhline(
+            base[0]["mean_act_s"],
+            color="gray",
+            linestyle="--",
+            label=f"static, {base[0]['x']} GPUs",
+        )
         ax2.axvline(0.29 * base[0]["x"], color="tab:red", ls=":", label="paper: 29% of the GPUs")
     ax2.set_xlabel("GPUs")
     ax2.set_ylabel("mean ACT (s)")
@@ -80,8 +91,9 @@ def exact_nodes(batch: int, nodes: int):
         return workload("mopd", batch=batch, gpu_nodes=nodes)
 
 
-def _need(cfg, runner: Runner, base: float,
-          first_only: bool = False) -> tuple[float | None, list[dict[str, Any]]]:
+def _need(
+    cfg, runner: Runner, base: float, first_only: bool = False
+) -> tuple[float | None, list[dict[str, Any]]]:
     """The fewest GPU nodes with which Tangram's mean ACT is at most the static baseline's
     (`first_only`: stop there; the plot wants every node count)."""
     rows, need = [], None
@@ -89,9 +101,16 @@ def _need(cfg, runner: Runner, base: float,
     for nodes in range(1, nodes_total + 1):
         w = exact_nodes(cfg["at"], nodes)
         r = runner.run(f"gpus={8 * nodes}", w, tangram())
-        rows.append({"sweep": "gpus", "x": 8 * w.gpu.nodes, "system": "tangram",
-                     "mean_act_s": round(r.mean_act(), 4),
-                     "restores": int(r.counters["restores"]), **act_columns(r)})
+        rows.append(
+            {
+                "sweep": "gpus",
+                "x": 8 * w.gpu.nodes,
+                "system": "tangram",
+                "mean_act_s": round(r.mean_act(), 4),
+                "restores": int(r.counters["restores"]),
+                **act_columns(r),
+            }
+        )
         if need is None and r.mean_act() <= base:
             need = 8 * nodes
             if first_only:
@@ -121,29 +140,68 @@ def main(quick: bool, quiet: bool) -> Outcome:
             w = workload("mopd", batch=b, gpu_nodes=cfg["nodes"])
             for x, p in _systems(w):
                 r = runner.run(f"batch={b}", x, p)
-                rows.append({"sweep": "batch", "x": b, "system": p.name,
-                             "mean_act_s": round(r.mean_act(), 4),
-                             "restores": int(r.counters["restores"]), **act_columns(r)})
-        base = next(r["mean_act_s"] for r in rows if r["x"] == cfg["at"]
-                    and r["system"] == "sglang-static")
-        rows.append({"sweep": "gpus-baseline", "x": 8 * cfg["nodes"], "system": "sglang-static",
-                     "mean_act_s": base, "restores": 0})
-        base_exact = runner.run("at", *_systems(workload("mopd", batch=cfg["at"],
-                                                          gpu_nodes=cfg["nodes"]))[1]).mean_act()
+                rows.append(
+                    {
+                        "sweep": "batch",
+                        "x": b,
+                        "system": p.name,
+                        "mean_act_s": round(r.mean_act(), 4),
+                        "restores": int(r.counters["restores"]),
+                        **act_columns(r),
+                    }
+                )
+        base = next(
+            r["mean_act_s"] for r in rows if r["x"] == cfg["at"] and r["system"] == "sglang-static"
+        )
+        rows.append(
+            {
+                "sweep": "gpus-baseline",
+                "x": 8 * cfg["nodes"],
+                "system": "sglang-static",
+                "mean_act_s": base,
+                "restores": 0,
+            }
+        )
+        base_exact = runner.run(
+            "at", *_systems(workload("mopd", batch=cfg["at"], gpu_nodes=cfg["nodes"]))[1]
+        ).mean_act()
         share, more = _need(cfg, runner, base_exact)
         rows.extend(more)
-    at = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch"
-          and r["x"] == cfg["at"]}
-    return Outcome("fig8-gpu", title="GPU scalability (MOPD teachers)", rows=rows, compares=[
-        Compare(STATIC.format(cfg["at"]),
-                at["sglang-static"] / at["tangram"], 18.1 if cfg["at"] == 2048 else None),
-        Compare(f"static without batching / Tangram mean ACT, batch {cfg['at']}",
-                at["sglang-no-batching"] / at["tangram"], None,
-                note="each replica serves one call at a time (the first pass)"),
-        Compare(f"serverless / Tangram mean ACT, batch {cfg['at']}",
-                at["serverless"] / at["tangram"], None,
-                note="paper: ServerlessLLM could not serve at batch 2048"),
-        Compare(NEED, share, 29.0, unit="%",
-                note="granularity: whole 8-GPU nodes (20% steps of 40 GPUs)")], plot=plot,
+    at = {
+        r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch" and r["x"] == cfg["at"]
+    }
+    return Outcome(
+        "fig8-gpu",
+        title="GPU scalability (MOPD teachers)",
+        rows=rows,
+        compares=[
+            Compare(
+                STATIC.format(cfg["at"]),
+                at["sglang-static"] / at["tangram"],
+                18.1 if cfg["at"] == 2048 else None,
+            ),
+            Compare(
+                f"static without batching / Tangram mean ACT, batch {cfg['at']}",
+                at["sglang-no-batching"] / at["tangram"],
+                None,
+                note="each replica serves one call at a time (the first pass)",
+            ),
+            Compare(
+                f"serverless / Tangram mean ACT, batch {cfg['at']}",
+                at["serverless"] / at["tangram"],
+                None,
+                note="paper: ServerlessLLM could not serve at batch 2048",
+            ),
+            Compare(
+                NEED,
+                share,
+                29.0,
+                unit="%",
+                note="granularity: whole 8-GPU nodes (20% steps of 40 GPUs)",
+            ),
+        ],
+        plot=plot,
         notes=[f"quick mode compares at batch {cfg['at']}; the paper's point is 2048"]
-        if quick else [])
+        if quick
+        else [],
+    )

@@ -18,8 +18,12 @@ from evaluation.experiments.common import (
 from evaluation.experiments.exactpol import SMALL, exact_policy
 
 QUICK: dict[str, Any] = {"batches": (32, 64, 128), "nodes": 1, "cores": 128, "at": 128}
-FULL: dict[str, Any] = {"batches": (256, 512, 768, 1024, 1280), "nodes": 2, "cores": 256,
-                        "at": 1280}
+FULL: dict[str, Any] = {
+    "batches": (256, 512, 768, 1024, 1280),
+    "nodes": 2,
+    "cores": 256,
+    "at": 1280,
+}
 
 
 def plot(rows, fig) -> None:
@@ -29,11 +33,14 @@ def plot(rows, fig) -> None:
     ax = fig.add_subplot(1, 2, 1)
     batch = [r for r in rows if r["sweep"] == "batch"]
     xs = sorted({r["batch"] for r in batch})
-    at = lambda x, s: next(r["mean_act_s"] for r in batch if r["batch"] == x
-                           and r["system"] == s)
+    at = lambda x, s: next(r["mean_act_s"] for r in batch if r["batch"] == x and r["system"] == s)
     for system in ("fixed-dop-1", "fixed-dop-4", "fixed-dop-16", "min"):
-        ax.plot(xs, [at(x, system) / at(x, "tangram") for x in xs], marker="o",
-                label=f"{system} / elastic")
+        ax.plot(
+            xs,
+            [at(x, system) / at(x, "tangram") for x in xs],
+            marker="o",
+            label=f"{system} / elastic",
+        )
     ax.plot([xs[-1]], [3.0], "x", color="tab:red", ms=9, label="paper: DoP 16, largest batch")
     ax.axhline(1.0, color="gray", ls="--", lw=1)
     ax.set_xlabel("RL batch size (trajectories)")
@@ -43,15 +50,24 @@ def plot(rows, fig) -> None:
     ax2 = fig.add_subplot(1, 2, 2)
     small = [r for r in rows if r["sweep"] == "small"]
     ax2.bar(range(len(small)), [r["mean_act_s"] for r in small])
-    ax2.set_xticks(range(len(small)), [r["system"].replace("fixed-dop-", "DoP ")
-                                       for r in small], fontsize=7, rotation=30)
+    ax2.set_xticks(
+        range(len(small)),
+        [r["system"].replace("fixed-dop-", "DoP ") for r in small],
+        fontsize=7,
+        rotation=30,
+    )
     ax2.set_ylabel("mean ACT (s)")
     ax2.set_title("small instance (exact where available)", fontsize=8)
 
 
 def _policies():
-    return [tangram(), plain("fixed-dop", dop=1), plain("fixed-dop", dop=4),
-            plain("fixed-dop", dop=16), plain("min")]
+    return [
+        tangram(),
+        plain("fixed-dop", dop=1),
+        plain("fixed-dop", dop=4),
+        plain("fixed-dop", dop=16),
+        plain("min"),
+    ]
 
 
 TARGETS = ("coding",)
@@ -62,8 +78,9 @@ def measure(quick: bool) -> dict[str, float | None]:
     cfg = QUICK if quick else FULL
     w = workload("coding", batch=cfg["at"], nodes=cfg["nodes"], cores_per_node=cfg["cores"])
     with Runner(2, quiet=True) as runner:
-        ours, dop16 = (runner.run("at", w, p).mean_act()
-                       for p in (tangram(), plain("fixed-dop", dop=16)))
+        ours, dop16 = (
+            runner.run("at", w, p).mean_act() for p in (tangram(), plain("fixed-dop", dop=16))
+        )
     return {DOP16.format(cfg["at"]): dop16 / ours}
 
 
@@ -74,34 +91,68 @@ def main(quick: bool, quiet: bool) -> Outcome:
     n = len(cfg["batches"]) * len(_policies()) + len(_policies()) + (exact is not None)
     with Runner(n, quiet) as runner:
         for b in cfg["batches"]:
-            w = workload("coding", batch=b, nodes=cfg["nodes"],
-                             cores_per_node=cfg["cores"])
+            w = workload("coding", batch=b, nodes=cfg["nodes"], cores_per_node=cfg["cores"])
             for p in _policies():
                 r = runner.run(f"batch={b}", w, p)
-                rows.append({"sweep": "batch", "batch": b, "system": p.name,
-                             "mean_act_s": round(r.mean_act(), 4),
-                             "reward_act_s": round(r.mean_act("reward"), 3), **act_columns(r)})
+                rows.append(
+                    {
+                        "sweep": "batch",
+                        "batch": b,
+                        "system": p.name,
+                        "mean_act_s": round(r.mean_act(), 4),
+                        "reward_act_s": round(r.mean_act("reward"), 3),
+                        **act_columns(r),
+                    }
+                )
         w = workload("coding", **SMALL)
         for p in _policies() + ([exact] if exact is not None else []):
             r = runner.run("small", w, p)
-            rows.append({"sweep": "small", "batch": SMALL["batch"], "system": p.name,
-                         "mean_act_s": round(r.mean_act(), 4),
-                         "reward_act_s": round(r.mean_act("reward"), 3), **act_columns(r)})
-    at = {r["system"]: r["mean_act_s"] for r in rows
-          if r["sweep"] == "batch" and r["batch"] == cfg["at"]}
-    compares = [Compare(f"fixed DoP={d} / elastic, batch {cfg['at']}",
-                        at[f"fixed-dop-{d}"] / at["tangram"], None) for d in (1, 4)]
-    compares.append(Compare(DOP16.format(cfg["at"]), measure(quick)[DOP16.format(cfg["at"])],
-                            3.0))
-    compares.append(Compare(f"min / elastic, batch {cfg['at']}", at["min"] / at["tangram"],
-                            None))
+            rows.append(
+                {
+                    "sweep": "small",
+                    "batch": SMALL["batch"],
+                    "system": p.name,
+                    "mean_act_s": round(r.mean_act(), 4),
+                    "reward_act_s": round(r.mean_act("reward"), 3),
+                    **act_columns(r),
+                }
+            )
+    at = {
+        r["system"]: r["mean_act_s"]
+        for r in rows
+        if r["sweep"] == "batch" and r["batch"] == cfg["at"]
+    }
+    compares = [
+        Compare(
+            f"fixed DoP={d} / elastic, batch {cfg['at']}",
+            at[f"fixed-dop-{d}"] / at["tangram"],
+            None,
+        )
+        for d in (1, 4)
+    ]
+    compares.append(Compare(DOP16.format(cfg["at"]), measure(quick)[DOP16.format(cfg["at"])], 3.0))
+    compares.append(Compare(f"min / elastic, batch {cfg['at']}", at["min"] / at["tangram"], None))
     small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
     if "exact" in small:
-        compares.append(Compare("small: heuristic / exact", small["tangram"] / small["exact"],
-                                None, note="receding-horizon CP-SAT, 0.5 s per decision"))
+        compares.append(
+            Compare(
+                "small: heuristic / exact",
+                small["tangram"] / small["exact"],
+                None,
+                note="receding-horizon CP-SAT, 0.5 s per decision",
+            )
+        )
     notes = [why] if why else []
     if quick:
-        notes.append("quick mode compares at batch 128 on 128 cores; the paper's point is "
-                     "batch 1280 (full mode)")
-    return Outcome("fig9", rows, compares, plot, notes,
-                   title="elastic scheduling vs fixed degrees of parallelism (AI coding)")
+        notes.append(
+            "quick mode compares at batch 128 on 128 cores; the paper's point is "
+            "batch 1280 (full mode)"
+        )
+    return Outcome(
+        "fig9",
+        rows,
+        compares,
+        plot,
+        notes,
+        title="elastic scheduling vs fixed degrees of parallelism (AI coding)",
+    )

@@ -21,22 +21,35 @@ from evaluation.experiments.common import oracle_estimates, overriding
 from evaluation.experiments.sweep import TARGETS, knobs, sweep
 from evaluation.params import sources
 
-MODULES = {"fig6": "evaluation.experiments.fig6", "fig7": "evaluation.experiments.fig7",
-           "fig8-cpu": "evaluation.experiments.fig8cpu",
-           "fig8-gpu": "evaluation.experiments.fig8gpu", "fig9": "evaluation.experiments.fig9",
-           "table1": "evaluation.experiments.table1"}
+MODULES = {
+    "fig6": "evaluation.experiments.fig6",
+    "fig7": "evaluation.experiments.fig7",
+    "fig8-cpu": "evaluation.experiments.fig8cpu",
+    "fig8-gpu": "evaluation.experiments.fig8gpu",
+    "fig9": "evaluation.experiments.fig9",
+    "table1": "evaluation.experiments.table1",
+}
 QUICK_SCALE = {"size": {"batch": 0.25, "capacity": 0.25}}
 
 
 def paper_values() -> dict[str, float]:
     """metric prefix -> the paper's value, as the experiments' `Compare` rows give it
     (`tests/integration/test_sensitivity.py` checks that both agree)."""
-    return {"coding: ACT (queue + run per action)": 4.3, "coding: rollout makespan": 1.4,
-            "deepsearch: rollout makespan": 1.5, "coding: environment": 9.0,
-            "coding: reward": 2.8, "coding: total": 4.3, "ACT vs Kubernetes, smallest": 3.1,
-            "ACT vs Kubernetes, largest": 27.7, "GPUs Tangram needs": 29.0,
-            "static / Tangram mean ACT, batch 2048": 18.1, "fixed DoP=16": 3.0,
-            "AI coding: overhead,": 3.0, "MOPD: restore overhead": 25.0}
+    return {
+        "coding: ACT (queue + run per action)": 4.3,
+        "coding: rollout makespan": 1.4,
+        "deepsearch: rollout makespan": 1.5,
+        "coding: environment": 9.0,
+        "coding: reward": 2.8,
+        "coding: total": 4.3,
+        "ACT vs Kubernetes, smallest": 3.1,
+        "ACT vs Kubernetes, largest": 27.7,
+        "GPUs Tangram needs": 29.0,
+        "static / Tangram mean ACT, batch 2048": 18.1,
+        "fixed DoP=16": 3.0,
+        "AI coding: overhead,": 3.0,
+        "MOPD: restore overhead": 25.0,
+    }
 
 
 def _paper(metric: str) -> float | None:
@@ -54,12 +67,28 @@ def run(quick: bool, names: list[str] | None = None) -> dict[str, Any]:
         for metric, ours in base.items():
             vals = [ours] + [e["figures"].get(metric) for e in effects]
             vals = [v for v in vals if v is not None]
-            compares.append({"metric": metric, "ours": ours, "paper": _paper(metric),
-                             "range": [min(vals), max(vals)] if ours is not None else None})
-        exps.append({"experiment": name, "wall_s": round(time.perf_counter() - t0, 1),
-                     "compare": compares, "sensitivity": effects})
-    return {"quick": quick, "experiments": exps, "parameters": parameters(),
-            "decisive": decisive(exps)}
+            compares.append(
+                {
+                    "metric": metric,
+                    "ours": ours,
+                    "paper": _paper(metric),
+                    "range": [min(vals), max(vals)] if ours is not None else None,
+                }
+            )
+        exps.append(
+            {
+                "experiment": name,
+                "wall_s": round(time.perf_counter() - t0, 1),
+                "compare": compares,
+                "sensitivity": effects,
+            }
+        )
+    return {
+        "quick": quick,
+        "experiments": exps,
+        "parameters": parameters(),
+        "decisive": decisive(exps),
+    }
 
 
 def parameters() -> list[dict[str, Any]]:
@@ -67,8 +96,15 @@ def parameters() -> list[dict[str, Any]]:
     for k in knobs(tuple(TARGETS)):
         if k.label not in seen:
             seen.add(k.label)
-            out.append({"parameter": k.label, "kind": k.kind, "default": _js(k.default),
-                        "range": [_js(k.lo), _js(k.hi)], "source": k.source})
+            out.append(
+                {
+                    "parameter": k.label,
+                    "kind": k.kind,
+                    "default": _js(k.default),
+                    "range": [_js(k.lo), _js(k.hi)],
+                    "source": k.source,
+                }
+            )
     return out
 
 
@@ -106,9 +142,17 @@ def decisive(exps) -> list[dict[str, Any]]:
                 eff = abs(math.log(v / b))
                 if eff > worst.get(s["knob"], (-1.0,))[0]:
                     worst[s["knob"]] = (eff, m, s["value"], b, v)
-    rows = [{"knob": k, "effect": round(math.exp(w[0]), 3), "metric": w[1], "at": w[2],
-             "default_value": round(w[3], 3), "value": round(w[4], 3)}
-            for k, w in worst.items()]
+    rows = [
+        {
+            "knob": k,
+            "effect": round(math.exp(w[0]), 3),
+            "metric": w[1],
+            "at": w[2],
+            "default_value": round(w[3], 3),
+            "value": round(w[4], 3),
+        }
+        for k, w in worst.items()
+    ]
     return sorted(rows, key=lambda r: -r["effect"])
 
 
@@ -117,8 +161,10 @@ def print_report(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
     con = Console()
-    t = Table(title="headline ratios over the one-at-a-time sweep"
-              + (" (quick: sizes x0.25)" if doc["quick"] else ""))
+    t = Table(
+        title="headline ratios over the one-at-a-time sweep"
+        + (" (quick: sizes x0.25)" if doc["quick"] else "")
+    )
     for c in ("experiment", "figure", "ours", "range", "paper"):
         t.add_column(c)
     for e in doc["experiments"]:
@@ -131,8 +177,14 @@ def print_report(doc: dict[str, Any]) -> None:
     for c in ("knob", "effect", "figure", "at", "default", "there"):
         t.add_column(c)
     for r in doc["decisive"]:
-        t.add_row(r["knob"], f"{r['effect']:.2f}x", r["metric"], str(r["at"]),
-                  f"{r['default_value']:.2f}", f"{r['value']:.2f}")
+        t.add_row(
+            r["knob"],
+            f"{r['effect']:.2f}x",
+            r["metric"],
+            str(r["at"]),
+            f"{r['default_value']:.2f}",
+            f"{r['value']:.2f}",
+        )
     con.print(t)
 
 
@@ -143,8 +195,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--oracle", action="store_true")
     p.add_argument("--out", default="results")
     p.add_argument("--only", nargs="*", choices=list(MODULES), help="these experiments only")
-    p.add_argument("--params-md", action="store_true",
-                   help="print the parameter table (markdown) and exit")
+    p.add_argument(
+        "--params-md", action="store_true", help="print the parameter table (markdown) and exit"
+    )
     ns = p.parse_args(argv)
     if ns.params_md:
         print(parameters_markdown())
@@ -159,4 +212,3 @@ def main(argv: list[str]) -> int:
     else:
         print_report(doc)
     return 0
-

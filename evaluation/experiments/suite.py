@@ -24,8 +24,10 @@ from evaluation.workloads import Workload
 
 # per workload: (quick size, full size)
 SIZES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "coding": ({"batch": 128, "nodes": 1, "cores_per_node": 128},
-               {"batch": 1024, "nodes": 4, "cores_per_node": 256}),
+    "coding": (
+        {"batch": 128, "nodes": 1, "cores_per_node": 128},
+        {"batch": 1024, "nodes": 4, "cores_per_node": 256},
+    ),
     "deepsearch": ({"batch": 96}, {"batch": 384}),
     "mopd": ({"batch": 256}, {"batch": 1024}),
     "mopd+search": ({"batch": 96}, {"batch": 384}),
@@ -75,8 +77,11 @@ def systems(name: str, w: Workload) -> list[tuple[Workload, Policy]]:
     if name == "mopd":
         teachers = sorted(w.gpu.services) if w.gpu else []
         return [(w, tangram()), batching_static("static", teachers, w, 4)]
-    services, gpus, replicas = ((["judge"], 1, JUDGES) if name == "deepsearch"
-                                else (sorted(w.gpu.services) if w.gpu else [], 4, 1))
+    services, gpus, replicas = (
+        (["judge"], 1, JUDGES)
+        if name == "deepsearch"
+        else (sorted(w.gpu.services) if w.gpu else [], 4, 1)
+    )
     wide, judge = batching_static("static", services, w, gpus, replicas)
     assert isinstance(judge.allocator, StaticServices)
     return [(w, tangram()), (wide, search_baseline(wide, judge.allocator, judge.executors))]
@@ -87,8 +92,9 @@ def run_one(name: str, quick: bool, runner: Runner) -> list[SuiteRun]:
     return [SuiteRun(x, p, runner.run(name, x, p)) for x, p in systems(name, w)]
 
 
-def run_suite(quick: bool, runner: Runner,
-              names: tuple[str, ...] = tuple(SIZES)) -> dict[str, list[SuiteRun]]:
+def run_suite(
+    quick: bool, runner: Runner, names: tuple[str, ...] = tuple(SIZES)
+) -> dict[str, list[SuiteRun]]:
     return {name: run_one(name, quick, runner) for name in names}
 
 
@@ -101,6 +107,12 @@ def breakdown_rows(suite: dict[str, list[SuiteRun]]) -> list[dict[str, Any]]:
     for name, runs in suite.items():
         for sr in runs:
             for part, kinds in {**PARTS[name], ADMISSION: (ADMISSION,)}.items():
-                rows.append({"workload": name, "system": sr.policy.name, "part": part,
-                             "seconds_per_trajectory": round(sr.part(kinds), 3)})
+                rows.append(
+                    {
+                        "workload": name,
+                        "system": sr.policy.name,
+                        "part": part,
+                        "seconds_per_trajectory": round(sr.part(kinds), 3),
+                    }
+                )
     return rows

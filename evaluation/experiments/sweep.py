@@ -21,9 +21,14 @@ from evaluation.params import ASSUMED, sources
 from evaluation.workloads.coding import CodingParams
 from evaluation.workloads.gpu import MopdParams, SearchParams
 
-TARGETS: dict[str, type] = {"coding": CodingParams, "search": SearchParams, "mopd": MopdParams,
-                            "k8s": Kubernetes, "api-retry": ApiRetry,
-                            "batching": BatchingParams}
+TARGETS: dict[str, type] = {
+    "coding": CodingParams,
+    "search": SearchParams,
+    "mopd": MopdParams,
+    "k8s": Kubernetes,
+    "api-retry": ApiRetry,
+    "batching": BatchingParams,
+}
 SIZE_FACTORS = (0.75, 1.25)
 SIZES = ("batch", "nodes", "seed")  # swept as sizes (size.batch, size.capacity), or not at all
 
@@ -44,10 +49,23 @@ class Knob:
 
 
 def knobs(targets: Sequence[str]) -> list[Knob]:
-    sizes = ["batch"] + (["capacity"] if "coding" in targets else []) + (
-        ["gpu_capacity"] if "mopd" in targets else [])
-    out = [Knob("size", s, 1.0, SIZE_FACTORS[0], SIZE_FACTORS[1], "size",
-                "full-size choice: x0.75 and x1.25") for s in sizes]
+    sizes = (
+        ["batch"]
+        + (["capacity"] if "coding" in targets else [])
+        + (["gpu_capacity"] if "mopd" in targets else [])
+    )
+    out = [
+        Knob(
+            "size",
+            s,
+            1.0,
+            SIZE_FACTORS[0],
+            SIZE_FACTORS[1],
+            "size",
+            "full-size choice: x0.75 and x1.25",
+        )
+        for s in sizes
+    ]
     for t in targets:
         for p in sources(TARGETS[t]()):
             if p.range is None or p.name in SIZES:
@@ -66,17 +84,26 @@ def points(ks: Sequence[Knob]) -> Iterator[tuple[Knob, Any]]:
 Measure = Callable[[], Mapping[str, float | None]]
 
 
-def sweep(measure: Measure, targets: Sequence[str]) -> tuple[dict[str, float | None],
-                                                              list[dict[str, Any]]]:
+def sweep(
+    measure: Measure, targets: Sequence[str]
+) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
     """(the figures at the defaults, one entry per knob end with the figures there)."""
     base = dict(measure())
     effects = []
     for k, v in points(knobs(targets)):
         with overriding({k.target: {k.name: v}}):
             got = dict(measure())
-        effects.append({"knob": k.label, "kind": k.kind, "default": _js(k.default),
-                        "value": _js(v), "range": [_js(k.lo), _js(k.hi)], "source": k.source,
-                        "figures": got})
+        effects.append(
+            {
+                "knob": k.label,
+                "kind": k.kind,
+                "default": _js(k.default),
+                "value": _js(v),
+                "range": [_js(k.lo), _js(k.hi)],
+                "source": k.source,
+                "figures": got,
+            }
+        )
     return base, effects
 
 
@@ -90,15 +117,16 @@ def attach_ranges(outcome: Outcome, measure: Measure, targets: Sequence[str]) ->
     rows = []
     for c in outcome.compares:
         if c.paper is not None and c.ours is not None:
-            vals = [c.ours] + [v for e in effects
-                               if (v := e["figures"].get(c.metric)) is not None]
+            vals = [c.ours] + [v for e in effects if (v := e["figures"].get(c.metric)) is not None]
             c = dataclasses.replace(c, range=(min(vals), max(vals)))
         rows.append(c)
     outcome.compares = rows
     outcome.sensitivity = effects
     if any(base.get(c.metric) not in (None, c.ours) for c in rows if c.paper is not None):
-        outcome.notes.append("a headline measured twice differed: the sweep's default point is "
-                             "not the experiment's own run")
+        outcome.notes.append(
+            "a headline measured twice differed: the sweep's default point is "
+            "not the experiment's own run"
+        )
     return outcome
 
 

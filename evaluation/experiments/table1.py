@@ -28,14 +28,23 @@ def plot(rows, fig) -> None:
     labels = [f"{r['workload']}\nbatch {r['batch']}" for r in rows]
     totals = [r["queue_s"] + r["overhead_s"] + r["execution_s"] for r in rows]
     bottom = [0.0] * len(rows)
-    for part, c in (("queue_s", "tab:gray"), ("overhead_s", "tab:red"),
-                    ("execution_s", "tab:blue")):
+    for part, c in (
+        ("queue_s", "tab:gray"),
+        ("overhead_s", "tab:red"),
+        ("execution_s", "tab:blue"),
+    ):
         vals = [100 * r[part] / t if t else 0.0 for r, t in zip(rows, totals)]
         ax.bar(range(len(rows)), vals, bottom=bottom, color=c, label=part[:-2])
         if part == "overhead_s":
             for i, (v, b0) in enumerate(zip(vals, bottom)):
-                ax.text(i, b0 + v + 1, f"overhead {v:.1f}%", ha="center", fontsize=7,
-                        bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+                ax.text(
+                    i,
+                    b0 + v + 1,
+                    f"overhead {v:.1f}%",
+                    ha="center",
+                    fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
+                )
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("share of the mean ACT per action (%)")
@@ -54,12 +63,21 @@ def _rows(cfg, runner: Runner) -> list[dict[str, Any]]:
         overhead = decide + DOCKER_UPDATE_S
         exec_s = w.params.exec_overhead_s
         queue = sum(x.start - x.arrival for x in r.records.values()) / n
-        rows.append({"workload": "coding", "batch": b, "queue_s": round(queue, 4),
-                     "overhead_s": round(overhead, 4), "decision_s": round(decide, 5),
-                     "enforce_s": DOCKER_UPDATE_S, "execution_s": round(execution, 4),
-                     "overhead_pct": round(100 * overhead / execution, 2),
-                     "overhead_with_exec_pct": round(100 * (overhead + exec_s)
-                                                     / (execution - exec_s), 2)})
+        rows.append(
+            {
+                "workload": "coding",
+                "batch": b,
+                "queue_s": round(queue, 4),
+                "overhead_s": round(overhead, 4),
+                "decision_s": round(decide, 5),
+                "enforce_s": DOCKER_UPDATE_S,
+                "execution_s": round(execution, 4),
+                "overhead_pct": round(100 * overhead / execution, 2),
+                "overhead_with_exec_pct": round(
+                    100 * (overhead + exec_s) / (execution - exec_s), 2
+                ),
+            }
+        )
     for b in cfg["mopd"]:
         w = workload("mopd", batch=b)
         r = runner.run(f"mopd {b}", w, tangram())
@@ -67,14 +85,23 @@ def _rows(cfg, runner: Runner) -> list[dict[str, Any]]:
         overhead = r.counters["overhead_s"] / n
         execution = sum(x.end - x.start for x in r.records.values()) / n - overhead
         queue = sum(x.start - x.arrival for x in r.records.values()) / n
-        rows.append({"workload": "mopd", "batch": b, "queue_s": round(queue, 4),
-                     "overhead_s": round(overhead, 4), "execution_s": round(execution, 4),
-                     "overhead_pct": round(100 * overhead / execution, 2)})
+        rows.append(
+            {
+                "workload": "mopd",
+                "batch": b,
+                "queue_s": round(queue, 4),
+                "overhead_s": round(overhead, 4),
+                "execution_s": round(execution, 4),
+                "overhead_pct": round(100 * overhead / execution, 2),
+            }
+        )
     return rows
 
 
-CODING, MOPD = ("AI coding: overhead, % of execution (max over batches)",
-                "MOPD: restore overhead, % of execution (max)")
+CODING, MOPD = (
+    "AI coding: overhead, % of execution (max over batches)",
+    "MOPD: restore overhead, % of execution (max)",
+)
 TARGETS = ("coding", "mopd")
 
 
@@ -95,14 +122,32 @@ def main(quick: bool, quiet: bool) -> Outcome:
         rows = _rows(cfg, runner)
     worst = lambda wl: _worst(rows, wl)
     growth = [r["overhead_pct"] for r in rows if r["workload"] == "mopd"]
-    return Outcome("table1", rows, [
-        Compare(CODING, worst("coding"), 3.0, unit="%",
+    return Outcome(
+        "table1",
+        rows,
+        [
+            Compare(
+                CODING,
+                worst("coding"),
+                3.0,
+                unit="%",
                 note="decision time measured + docker update 8.9 ms (sourced); exec counted "
-                     "as execution"),
-        Compare("AI coding: overhead with the 70 ms docker exec counted as overhead (max)",
-                _worst(rows, "coding", "overhead_with_exec_pct"), None, unit="%"),
-        Compare(MOPD, worst("mopd"), 25.0, unit="%",
-                note="paper: about 25%"),
-        Compare("MOPD: overhead at the largest / smallest batch", growth[-1] / growth[0]
-                if growth[0] else None, None, note="paper: does not grow with concurrency")],
-        plot, title="mean ACT per action: queueing, system overhead, execution")
+                "as execution",
+            ),
+            Compare(
+                "AI coding: overhead with the 70 ms docker exec counted as overhead (max)",
+                _worst(rows, "coding", "overhead_with_exec_pct"),
+                None,
+                unit="%",
+            ),
+            Compare(MOPD, worst("mopd"), 25.0, unit="%", note="paper: about 25%"),
+            Compare(
+                "MOPD: overhead at the largest / smallest batch",
+                growth[-1] / growth[0] if growth[0] else None,
+                None,
+                note="paper: does not grow with concurrency",
+            ),
+        ],
+        plot,
+        title="mean ACT per action: queueing, system overhead, execution",
+    )

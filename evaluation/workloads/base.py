@@ -58,8 +58,9 @@ class Workload:
         return sum(len(t.steps) for t in self.trajectories)
 
 
-def lognormal(rng: random.Random, median: float, sigma: float, cap: float | None = None,
-              floor: float = 0.0) -> float:
+def lognormal(
+    rng: random.Random, median: float, sigma: float, cap: float | None = None, floor: float = 0.0
+) -> float:
     """A lognormal draw given its median; clipped to [floor, cap]."""
     v = median * math.exp(rng.gauss(0.0, sigma))
     if cap is not None:
@@ -67,13 +68,12 @@ def lognormal(rng: random.Random, median: float, sigma: float, cap: float | None
     return max(v, floor)
 
 
-def lognormal_mean(rng: random.Random, mean: float, sigma: float,
-                   cap: float | None = None) -> float:
+def lognormal_mean(
+    rng: random.Random, mean: float, sigma: float, cap: float | None = None
+) -> float:
     """A lognormal draw given its mean (median = mean / exp(sigma^2 / 2))."""
     return lognormal(rng, mean / math.exp(sigma * sigma / 2), sigma, cap)
 
 
 def sigma_from_p95(median: float, p95: float) -> float:
     return math.log(p95 / median) / 1.6449
-
-

@@ -9,13 +9,17 @@ from collections.abc import Callable
 from tangram.errors import ValidationError
 from tangram.registry import Registry
 
-WORKLOADS: Registry[Callable] = Registry("workload", {
-    "coding": "evaluation.workloads.coding:coding",
-    "deepsearch": "evaluation.workloads.gpu:deepsearch",
-    "mopd": "evaluation.workloads.gpu:mopd",
-    "mopd+search": "evaluation.workloads.gpu:mopd_search",
-    "mixed": "evaluation.workloads.mixed:mixed",
-}, group="tangram.workloads")
+WORKLOADS: Registry[Callable] = Registry(
+    "workload",
+    {
+        "coding": "evaluation.workloads.coding:coding",
+        "deepsearch": "evaluation.workloads.gpu:deepsearch",
+        "mopd": "evaluation.workloads.gpu:mopd",
+        "mopd+search": "evaluation.workloads.gpu:mopd_search",
+        "mixed": "evaluation.workloads.mixed:mixed",
+    },
+    group="tangram.workloads",
+)
 
 
 def register(name: str) -> Callable[[Callable], Callable]:

@@ -7,5 +7,15 @@ from managers.cpu.manager import LOCAL, CpuManager
 from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest
 
-__all__ = ["LOCAL", "Backend", "CpuManager", "Environment", "EnvironmentBroken",
-           "EnvironmentTable", "ExecRequest", "NotStarted", "create", "started"]
+__all__ = [
+    "LOCAL",
+    "Backend",
+    "CpuManager",
+    "Environment",
+    "EnvironmentBroken",
+    "EnvironmentTable",
+    "ExecRequest",
+    "NotStarted",
+    "create",
+    "started",
+]

@@ -45,8 +45,12 @@ MINIMAL_ETC = {
 }
 
 
-def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
-          log: Callable[[str], None] = lambda _: None) -> Image:
+def build(
+    store: ImageStore,
+    name: str,
+    steps: Sequence[Mapping[str, Any]],
+    log: Callable[[str], None] = lambda _: None,
+) -> Image:
     """Apply `steps` (see the module docstring), reusing every cached step; name the result."""
     if isinstance(steps, str | bytes) or not isinstance(steps, Sequence) or not steps:
         raise ValidationError("steps", steps, "must be a non-empty list of build steps")
@@ -55,8 +59,13 @@ def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
     for i, step in enumerate(steps):
         kind = _kind(step, i)
         named = step if kind != "copy" else {"copy": {"to": step[kind].get("to")}}
-        key = hashlib.sha256((digest + json.dumps(named, sort_keys=True)  # a copy: by content
-                              + _input_digest(kind, step[kind])).encode()).hexdigest()
+        key = hashlib.sha256(
+            (
+                digest
+                + json.dumps(named, sort_keys=True)  # a copy: by content
+                + _input_digest(kind, step[kind])
+            ).encode()
+        ).hexdigest()
         cached = cache.get(key)
         if cached is not None and _stored(store, cached):
             log(f"step {i + 1}/{len(steps)} {kind}: cached ({cached[:19]})")
@@ -67,8 +76,17 @@ def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
         tree = staging / "rootfs"
         try:
             if digest:
-                subprocess.run(["cp", "-a", "--reflink=auto", "--",
-                                f"{store.resolve(digest).rootfs}/.", str(tree)], check=True)
+                subprocess.run(
+                    [
+                        "cp",
+                        "-a",
+                        "--reflink=auto",
+                        "--",
+                        f"{store.resolve(digest).rootfs}/.",
+                        str(tree),
+                    ],
+                    check=True,
+                )
             elif kind not in ("debian", "host"):
                 _minimal(tree)
             STEPS[kind](tree, step[kind])
@@ -84,8 +102,9 @@ def build(store: ImageStore, name: str, steps: Sequence[Mapping[str, Any]],
 
 def _kind(step: Any, i: int) -> str:
     if not isinstance(step, Mapping) or len(step) != 1 or next(iter(step)) not in STEPS:
-        raise ValidationError(f"steps[{i}]", step, f"must be one of {sorted(STEPS)} with its "
-                                                   f"arguments")
+        raise ValidationError(
+            f"steps[{i}]", step, f"must be one of {sorted(STEPS)} with its arguments"
+        )
     kind = next(iter(step))
     if kind == "debian" and i != 0:
         raise ValidationError(f"steps[{i}]", step, "a debian step can only come first")
@@ -143,14 +162,27 @@ def _debian(tree: Path, arg: Mapping[str, Any]) -> None:
     packages = [str(p) for p in arg.get("packages", [])]
     tool = shutil.which("mmdebstrap")
     if tool:
-        argv = [tool, "--variant=minbase", "--mode=root", "--skip=check/empty",
-                *(["--include=" + ",".join(packages)] if packages else []), suite, str(tree)]
+        argv = [
+            tool,
+            "--variant=minbase",
+            "--mode=root",
+            "--skip=check/empty",
+            *(["--include=" + ",".join(packages)] if packages else []),
+            suite,
+            str(tree),
+        ]
     elif shutil.which("debootstrap"):
-        argv = ["debootstrap", "--variant=minbase",
-                *(["--include=" + ",".join(packages)] if packages else []), suite, str(tree)]
+        argv = [
+            "debootstrap",
+            "--variant=minbase",
+            *(["--include=" + ",".join(packages)] if packages else []),
+            suite,
+            str(tree),
+        ]
     else:
-        raise TangramError("a debian step needs mmdebstrap or debootstrap (Debian: `apt-get "
-                           "install mmdebstrap`)")
+        raise TangramError(
+            "a debian step needs mmdebstrap or debootstrap (Debian: `apt-get install mmdebstrap`)"
+        )
     if arg.get("mirror"):
         argv.append(str(arg["mirror"]))
     done = subprocess.run(argv, capture_output=True, text=True)
@@ -219,8 +251,18 @@ def _pip(tree: Path, arg: Any) -> None:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     target = tree / f"usr/local/lib/python{version}/dist-packages"
     target.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "install", "--quiet", "--no-warn-script-location",
-            "--disable-pip-version-check", "--target", str(target), *reqs]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-warn-script-location",
+        "--disable-pip-version-check",
+        "--target",
+        str(target),
+        *reqs,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
         raise TangramError(f"pip install {' '.join(reqs)} failed: {done.stderr.strip()[-800:]}")
@@ -247,4 +289,9 @@ def _file(tree: Path, arg: Mapping[str, Any]) -> None:
 
 
 STEPS: dict[str, Callable[[Path, Any], None]] = {
-    "debian": _debian, "host": _host, "pip": _pip, "copy": _copy, "file": _file}
+    "debian": _debian,
+    "host": _host,
+    "pip": _pip,
+    "copy": _copy,
+    "file": _file,
+}

@@ -23,6 +23,7 @@ class EnvFiles:
     backend: Backend
 
     if TYPE_CHECKING:  # the manager's own
+
         def _require_started(self) -> None: ...
 
     def _tree(self, env_id: str) -> Environment:
@@ -31,8 +32,9 @@ class EnvFiles:
         if env is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")
         if not self.backend.local:
-            raise ValidationError("env_id", env_id, f"the {self.backend.name} backend has no "
-                                  f"files API")
+            raise ValidationError(
+                "env_id", env_id, f"the {self.backend.name} backend has no files API"
+            )
         return env
 
     async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
@@ -56,9 +58,17 @@ class EnvFiles:
         fd = await asyncio.to_thread(files.open_tree, root, rel)
         try:
             proc = await asyncio.create_subprocess_exec(
-                "tar", "-C", f"/proc/self/fd/{fd}", "-cf", "-", "--numeric-owner", ".",
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                pass_fds=(fd,))
+                "tar",
+                "-C",
+                f"/proc/self/fd/{fd}",
+                "-cf",
+                "-",
+                "--numeric-owner",
+                ".",
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+                pass_fds=(fd,),
+            )
         finally:
             os.close(fd)
         assert proc.stdout is not None

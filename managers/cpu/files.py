@@ -27,8 +27,7 @@ RESOLVE = RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS | RESOLVE_IN_ROOT
 
 
 class _OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -37,13 +36,14 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
     """`openat2(dirfd, path, {flags, mode, RESOLVE})`; raises OSError."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE)
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how),
-                       ctypes.sizeof(how))
+    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
-            raise BackendUnavailable("this kernel lacks openat2 (Linux >= 5.6): the files API "
-                                     "needs it to keep paths inside the environment")
+            raise BackendUnavailable(
+                "this kernel lacks openat2 (Linux >= 5.6): the files API "
+                "needs it to keep paths inside the environment"
+            )
         raise OSError(err, os.strerror(err), path)
     return int(fd)
 
@@ -53,8 +53,9 @@ def check_paths(paths: Sequence[str], field: str) -> None:
         raise ValidationError(field, paths, "must be a list of paths")
     for p in paths:
         if not isinstance(p, str) or not p.strip("/") or len(p) > MAX_PATH or "\x00" in p:
-            raise ValidationError(field, p, f"must be a non-empty path of at most {MAX_PATH} "
-                                            f"characters without NUL")
+            raise ValidationError(
+                field, p, f"must be a non-empty path of at most {MAX_PATH} characters without NUL"
+            )
 
 
 def write(root: str, files: Mapping[str, bytes], uid: int | None) -> None:
@@ -80,7 +81,7 @@ def write(root: str, files: Mapping[str, bytes], uid: int | None) -> None:
 def _write_one(rootfd: int, path: str, data: bytes, uid: int | None) -> None:
     parts = [p for p in path.split("/") if p not in ("", ".")]
     for i in range(1, len(parts)):  # each folder on the way, made where missing
-        parent = "/".join(parts[:i - 1]) or "."
+        parent = "/".join(parts[: i - 1]) or "."
         pfd = _open(rootfd, parent, os.O_PATH | os.O_DIRECTORY, path)
         try:
             os.mkdir(parts[i - 1], 0o755, dir_fd=pfd)
@@ -89,8 +90,9 @@ def _write_one(rootfd: int, path: str, data: bytes, uid: int | None) -> None:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise ValidationError("files", path, f"cannot make its folder ({exc.strerror})"
-                                  ) from exc
+            raise ValidationError(
+                "files", path, f"cannot make its folder ({exc.strerror})"
+            ) from exc
         finally:
             os.close(pfd)
     fd = _open(rootfd, "/".join(parts), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path, 0o644)
@@ -102,7 +104,7 @@ def _write_one(rootfd: int, path: str, data: bytes, uid: int | None) -> None:
         view = memoryview(data)
         while view:
             try:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
             except OSError as exc:
                 raise ValidationError("files", path, f"write failed ({exc.strerror})") from exc
     finally:
@@ -128,15 +130,15 @@ def read(root: str, paths: Sequence[str]) -> dict[str, bytes | None]:
                     out[path] = None
                     continue
                 if st.st_size > MAX_FILE:
-                    raise ValidationError("paths", path, f"is {st.st_size} bytes, over "
-                                                         f"{MAX_FILE}")
+                    raise ValidationError("paths", path, f"is {st.st_size} bytes, over {MAX_FILE}")
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
                     chunks.append(chunk)
                     total += len(chunk)
                     if total > MAX_TOTAL:
-                        raise ValidationError("paths", path, f"over {MAX_TOTAL} bytes read "
-                                                             f"in one call")
+                        raise ValidationError(
+                            "paths", path, f"over {MAX_TOTAL} bytes read in one call"
+                        )
                 out[path] = b"".join(chunks)
             finally:
                 os.close(fd)

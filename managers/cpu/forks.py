@@ -27,6 +27,7 @@ class EnvForks:
     _freezing: dict[str, asyncio.Event]
 
     if TYPE_CHECKING:  # the manager's own
+
         async def _open(self, proto: Environment, stack=None) -> str: ...
 
         async def close_env(self, env_id: str) -> None: ...
@@ -41,12 +42,17 @@ class EnvForks:
         if env is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")
         if self.roots is None:
-            raise ValidationError("env_id", env_id, f"the {self.backend.name} backend has no "
-                                  f"layers to {what}")
+            raise ValidationError(
+                "env_id", env_id, f"the {self.backend.name} backend has no layers to {what}"
+            )
         self.roots.rooted(env_id, what)
         if self._busy.get(env_id):
-            raise ValidationError("env_id", env_id, f"a command is running in it: {what} when "
-                                  f"it is idle (files are frozen, processes are not forked)")
+            raise ValidationError(
+                "env_id",
+                env_id,
+                f"a command is running in it: {what} when "
+                f"it is idle (files are frozen, processes are not forked)",
+            )
         return env, self.roots
 
     async def _freeze(self, env: Environment, roots: Roots, keep: bool = False) -> str | None:
@@ -77,14 +83,19 @@ class EnvForks:
         frozen as a shared lower of the parent and every child, each of which gets a fresh
         writable layer of the parent's `disk_mb` and memory of the parent's `memory_mb`.
         Children run as the parent's uid (their files are the parent's)."""
-        if isinstance(trajectories, str) or not isinstance(trajectories, Sequence) \
-                or not 1 <= len(trajectories) <= MAX_FORK:
-            raise ValidationError("trajectories", trajectories,
-                                  f"must be a list of 1 to {MAX_FORK} trajectory names")
+        if (
+            isinstance(trajectories, str)
+            or not isinstance(trajectories, Sequence)
+            or not 1 <= len(trajectories) <= MAX_FORK
+        ):
+            raise ValidationError(
+                "trajectories", trajectories, f"must be a list of 1 to {MAX_FORK} trajectory names"
+            )
         for t in trajectories:
             if not isinstance(t, str) or not t or self.envs.of_trajectory(t) is not None:
-                raise ValidationError("trajectories", t, "must be a new trajectory name (one "
-                                      "without an environment)")
+                raise ValidationError(
+                    "trajectories", t, "must be a new trajectory name (one without an environment)"
+                )
         if len(set(trajectories)) != len(trajectories):
             raise ValidationError("trajectories", list(trajectories), "names repeat")
         parent, roots = self._layered(env_id, "fork")
@@ -92,10 +103,22 @@ class EnvForks:
         await self._freeze(parent, roots)
         stack = roots.envs[env_id].stack
         uid = roots.envs[env_id].uid
-        proto = [Environment("", t, parent.node, parent.memory_mb, "", parent.network,
-                             disk_mb=parent.disk_mb, uid=uid) for t in trajectories]
-        opened = await asyncio.gather(*(self._open(p, stack) for p in proto),
-                                      return_exceptions=True)
+        proto = [
+            Environment(
+                "",
+                t,
+                parent.node,
+                parent.memory_mb,
+                "",
+                parent.network,
+                disk_mb=parent.disk_mb,
+                uid=uid,
+            )
+            for t in trajectories
+        ]
+        opened = await asyncio.gather(
+            *(self._open(p, stack) for p in proto), return_exceptions=True
+        )
         failed = [r for r in opened if isinstance(r, BaseException)]
         if failed:
             for r in opened:

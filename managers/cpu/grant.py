@@ -28,16 +28,27 @@ from pathlib import Path
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PLUGIN = "tangram_pytest_grant"
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_grant") / f"{PLUGIN}.py"
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                    "PYTEST_XDIST_AUTO_NUM_WORKERS")
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "PYTEST_XDIST_AUTO_NUM_WORKERS",
+)
 
 
-def command_env(env_id: str, cores: int, home: str, *, elastic: bool,
-                plugin_dir: str) -> dict[str, str]:
+def command_env(
+    env_id: str, cores: int, home: str, *, elastic: bool, plugin_dir: str
+) -> dict[str, str]:
     """The whole environment of one command (see the module docstring)."""
     n = str(cores)
-    variables = {"PATH": SAFE_PATH, "HOME": home, "LANG": "C.UTF-8", "TANGRAM_ENV_ID": env_id,
-                 "TANGRAM_CPUS": n, **dict.fromkeys(THREAD_VARIABLES, n)}
+    variables = {
+        "PATH": SAFE_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "TANGRAM_ENV_ID": env_id,
+        "TANGRAM_CPUS": n,
+        **dict.fromkeys(THREAD_VARIABLES, n),
+    }
     if elastic:
         variables["PYTEST_PLUGINS"] = PLUGIN
         variables["PYTHONPATH"] = plugin_dir

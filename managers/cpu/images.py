@@ -59,8 +59,13 @@ class Image:
     source: str = ""
 
     def to_dict(self) -> dict:
-        return {"digest": self.digest, "names": list(self.names), "bytes": self.bytes,
-                "rootfs": self.rootfs, "source": self.source}
+        return {
+            "digest": self.digest,
+            "names": list(self.names),
+            "bytes": self.bytes,
+            "rootfs": self.rootfs,
+            "source": self.source,
+        }
 
 
 class ImageStore:
@@ -118,9 +123,13 @@ class ImageStore:
         tags = self.tags()
         digest = ref if DIGEST.match(ref) else tags.get(ref) or tags.get(f"{ref}:latest")
         if digest is None or not (self.blobs / _hexof(digest) / "rootfs").is_dir():
-            raise NotFound(field, ref, f"no such image on this node (have: "
-                                       f"{sorted(tags) or 'none'}; import one with `tangram "
-                                       f"image import NAME SOURCE`)")
+            raise NotFound(
+                field,
+                ref,
+                f"no such image on this node (have: "
+                f"{sorted(tags) or 'none'}; import one with `tangram "
+                f"image import NAME SOURCE`)",
+            )
         return self._image(digest, tags)
 
     def _image(self, digest: str, tags: dict[str, str]) -> Image:
@@ -129,9 +138,13 @@ class ImageStore:
             meta = json.loads((folder / "meta.json").read_text())
         except (OSError, ValueError):
             meta = {}
-        return Image(digest, str(folder / "rootfs"), int(meta.get("bytes", 0)),
-                     tuple(sorted(n for n, d in tags.items() if d == digest)),
-                     str(meta.get("source", "")))
+        return Image(
+            digest,
+            str(folder / "rootfs"),
+            int(meta.get("bytes", 0)),
+            tuple(sorted(n for n, d in tags.items() if d == digest)),
+            str(meta.get("source", "")),
+        )
 
     def pin(self, digest: str) -> int:
         """Hold the image against `rm` (by this or any other process) until `unpin`: a shared
@@ -169,8 +182,11 @@ class ImageStore:
                     try:
                         fcntl.flock(meta, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     except BlockingIOError:
-                        raise ValidationError("image", ref, "an environment or snapshot uses "
-                                              "it: close or delete that first") from None
+                        raise ValidationError(
+                            "image",
+                            ref,
+                            "an environment or snapshot uses it: close or delete that first",
+                        ) from None
                 doomed = self.tmp / owned_name(f"rm-{uuid.uuid4().hex[:8]}")
                 os.rename(self.blobs / _hexof(image.digest), doomed)
                 shutil.rmtree(doomed, ignore_errors=True)
@@ -208,8 +224,9 @@ class ImageStore:
         tree = staging / "rootfs"
         tree.chmod(0o755)
         digest, size = tree_digest(tree)
-        (staging / "meta.json").write_text(json.dumps(
-            {"digest": digest, "source": source, "bytes": size, "created": time.time()}))
+        (staging / "meta.json").write_text(
+            json.dumps({"digest": digest, "source": source, "bytes": size, "created": time.time()})
+        )
         target = self.blobs / _hexof(digest)
         with contextlib.suppress(OSError):  # already there (same tree): keep the stored one
             os.rename(staging, target)
@@ -231,8 +248,11 @@ class ImageStore:
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME.match(name):
-        raise ValidationError("image", name, "must be a lowercase name [a-z0-9._-] of at most "
-                                             "64 characters, optionally :tag")
+        raise ValidationError(
+            "image",
+            name,
+            "must be a lowercase name [a-z0-9._-] of at most 64 characters, optionally :tag",
+        )
     return name
 
 
@@ -256,9 +276,12 @@ def tree_digest(tree: Path) -> tuple[str, int]:
             elif stat.S_ISLNK(st.st_mode):
                 content = os.readlink(p)
             else:
-                content = f"{st.st_rdev}" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(
-                    st.st_mode) else ""
-            h.update(f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0{st.st_size if not stat.S_ISDIR(st.st_mode) else 0}\0{content}\n".encode(errors="surrogateescape"))  # noqa: E501
+                content = (
+                    f"{st.st_rdev}" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else ""
+                )
+            size = 0 if stat.S_ISDIR(st.st_mode) else st.st_size
+            line = f"{rel}\0{st.st_mode:o}\0{st.st_uid}\0{st.st_gid}\0{size}\0{content}\n"
+            h.update(line.encode(errors="surrogateescape"))
     return f"sha256:{h.hexdigest()}", total
 
 
@@ -282,8 +305,18 @@ def _copy_tree(src: Path, dest: Path) -> None:
 
 
 def _untar(tarball: Path, dest: Path, exclude_whiteouts: bool = False) -> None:
-    argv = ["tar", "-x", "-f", str(tarball), "-C", str(dest), "--numeric-owner",
-            "--same-owner", "--no-overwrite-dir", "--delay-directory-restore"]
+    argv = [
+        "tar",
+        "-x",
+        "-f",
+        str(tarball),
+        "-C",
+        str(dest),
+        "--numeric-owner",
+        "--same-owner",
+        "--no-overwrite-dir",
+        "--delay-directory-restore",
+    ]
     if exclude_whiteouts:
         argv += ["--exclude", f"{WHITEOUT}*"]
     _run(argv, f"extracting {tarball}")
@@ -338,7 +371,7 @@ def _apply_whiteouts(blob: Path, dest: Path) -> None:
                     for child in parent.iterdir():
                         _remove(child)
             else:
-                victim = parent / parts[-1][len(WHITEOUT):]
+                victim = parent / parts[-1][len(WHITEOUT) :]
                 if not _escapes(dest, victim.parent):
                     _remove(victim)
 

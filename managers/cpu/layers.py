@@ -42,8 +42,19 @@ log = logging.getLogger(__name__)
 DEFAULT_DISK_MB = 1024  # per environment opened with an image (configurable per server)
 MIN_DISK_MB = 8  # the smallest ext4 worth making
 FULL_BYTES = 1 << 20  # a disk with less free than this (or no free inode) counts as full
-MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E",
-        "nodiscard,lazy_itable_init=1", "-T", "small")
+MKFS = (
+    "mkfs.ext4",
+    "-q",
+    "-F",
+    "-m",
+    "0",
+    "-O",
+    "^has_journal",
+    "-E",
+    "nodiscard,lazy_itable_init=1",
+    "-T",
+    "small",
+)
 
 
 @dataclass(eq=False, slots=True)
@@ -145,11 +156,15 @@ class LayerStore:
         layer = Layer(lid, path, disk_mb)
         try:
             img = path / "disk.img"
-            _run(["cp", "--sparse=always", str(self._template(disk_mb)), str(img)],
-                 f"making the disk of layer {lid}")
+            _run(
+                ["cp", "--sparse=always", str(self._template(disk_mb)), str(img)],
+                f"making the disk of layer {lid}",
+            )
             layer.fs.mkdir()
-            _run(["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", str(img),
-                  str(layer.fs)], f"mounting the disk of layer {lid}")
+            _run(
+                ["mount", "-t", "ext4", "-o", "loop,nosuid,nodev,noatime", str(img), str(layer.fs)],
+                f"mounting the disk of layer {lid}",
+            )
             layer.upper.mkdir()
             layer.work.mkdir()
         except BaseException:
@@ -199,16 +214,25 @@ class LayerStore:
     def mount(self, stack: Stack, upper: Layer, target: Path) -> None:
         """Mount the overlay of `stack` under `upper` at `target` (created)."""
         target.mkdir(mode=0o755, exist_ok=True)
-        lowers = [os.path.relpath(p, self.layers)
-                  for p in (*(layer.upper for layer in stack.layers), stack.base)]
+        lowers = [
+            os.path.relpath(p, self.layers)
+            for p in (*(layer.upper for layer in stack.layers), stack.base)
+        ]
         rel = lambda p: os.path.relpath(p, self.layers)  # short: the options fit in a page
-        options = (f"lowerdir={':'.join(lowers)},upperdir={rel(upper.upper)},"
-                   f"workdir={rel(upper.work)},volatile,index=off")
+        options = (
+            f"lowerdir={':'.join(lowers)},upperdir={rel(upper.upper)},"
+            f"workdir={rel(upper.work)},volatile,index=off"
+        )
         if len(options) > 4000:
-            raise TangramError(f"the layer stack of {target.name} is {len(stack.layers)} deep: "
-                               f"too deep to mount (fork from a snapshot nearer the image)")
-        _run(["mount", "-t", "overlay", "overlay", "-o", f"nosuid,nodev,{options}",
-              str(target)], f"mounting the root {target.name}", cwd=self.layers)
+            raise TangramError(
+                f"the layer stack of {target.name} is {len(stack.layers)} deep: "
+                f"too deep to mount (fork from a snapshot nearer the image)"
+            )
+        _run(
+            ["mount", "-t", "overlay", "overlay", "-o", f"nosuid,nodev,{options}", str(target)],
+            f"mounting the root {target.name}",
+            cwd=self.layers,
+        )
 
     def unmount(self, target: Path) -> None:
         unmount_below(target)
@@ -247,8 +271,19 @@ def probe(folder: Path) -> str | None:
         for d in ("upper", "work", "merged"):
             (trial / d).mkdir()
         try:
-            _run(["mount", "-t", "overlay", "overlay", "-o", "lowerdir=lower,upperdir=upper,"
-                  "workdir=work,volatile,index=off", "merged"], "overlayfs", cwd=trial)
+            _run(
+                [
+                    "mount",
+                    "-t",
+                    "overlay",
+                    "overlay",
+                    "-o",
+                    "lowerdir=lower,upperdir=upper,workdir=work,volatile,index=off",
+                    "merged",
+                ],
+                "overlayfs",
+                cwd=trial,
+            )
         except TangramError as exc:
             return f"this kernel refuses overlayfs with volatile (Linux >= 5.10, root): {exc}"
         unmount_below(trial / "merged")
@@ -257,8 +292,10 @@ def probe(folder: Path) -> str | None:
             f.truncate(MIN_DISK_MB << 20)
         try:
             _run([*MKFS, str(img)], "mkfs.ext4")
-            _run(["mount", "-t", "ext4", "-o", "loop", str(img), str(trial / "merged")],
-                 "a loop mount")
+            _run(
+                ["mount", "-t", "ext4", "-o", "loop", str(img), str(trial / "merged")],
+                "a loop mount",
+            )
         except TangramError as exc:
             return f"cannot loop-mount an ext4 disk (is /dev/loop-control there?): {exc}"
         unmount_below(trial / "merged")

@@ -57,6 +57,5 @@ def sweep_workdirs(root: str | Path) -> list[str]:
         pid = dead_owner(p.name)
         if pid is not None and p.is_dir() and not p.is_symlink():
             left = remove_tree(p)
-            swept.append(f"{p} (server pid {pid})" + (f"; left: {'; '.join(left)}" if left
-                                                      else ""))
+            swept.append(f"{p} (server pid {pid})" + (f"; left: {'; '.join(left)}" if left else ""))
     return swept

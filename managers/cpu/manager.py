@@ -64,20 +64,34 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
 
     name = "cpu"
 
-    def __init__(self, backend: str | Backend = AUTO, *, resource: str = "cpu",
-                 backend_options: Mapping[str, Any] | None = None,
-                 nodes: Mapping[str, CpuNode] | None = None,
-                 memory_mb: Mapping[str, int] | None = None,
-                 workdir_root: str | None = None, state_dir: str | None = None,
-                 disk_mb: int = DEFAULT_DISK_MB, disk_capacity_mb: int | None = None) -> None:
+    def __init__(
+        self,
+        backend: str | Backend = AUTO,
+        *,
+        resource: str = "cpu",
+        backend_options: Mapping[str, Any] | None = None,
+        nodes: Mapping[str, CpuNode] | None = None,
+        memory_mb: Mapping[str, int] | None = None,
+        workdir_root: str | None = None,
+        state_dir: str | None = None,
+        disk_mb: int = DEFAULT_DISK_MB,
+        disk_capacity_mb: int | None = None,
+    ) -> None:
         options = dict(backend_options or {})
         if isinstance(backend, Backend) and options:
-            raise ValidationError("cpu.options", options, "give options to a backend by name "
-                                  "only (this one is already built)")
+            raise ValidationError(
+                "cpu.options",
+                options,
+                "give options to a backend by name only (this one is already built)",
+            )
         self._choice = (backend, options)
         self._backend: Backend | None = (
-            backend if isinstance(backend, Backend) else
-            None if backend == AUTO else create(backend, **options))
+            backend
+            if isinstance(backend, Backend)
+            else None
+            if backend == AUTO
+            else create(backend, **options)
+        )
         if nodes is None:
             nodes = {LOCAL: CpuNode(LOCAL, discover_numa())}
         if self._backend is not None:
@@ -89,8 +103,9 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         self.roots: Roots | None = None
         Roots.check_disk_mb(disk_mb)  # a bad value fails here, not at start
         self._layers = (state_dir, disk_mb, disk_capacity_mb)
-        self.envs = EnvironmentTable(memory_mb, None if disk_capacity_mb is None else
-                                     dict.fromkeys(nodes, disk_capacity_mb))
+        self.envs = EnvironmentTable(
+            memory_mb, None if disk_capacity_mb is None else dict.fromkeys(nodes, disk_capacity_mb)
+        )
         self.broken: dict[str, str] = {}  # env id -> why
         self.workdir_root = workdir_root or tempfile.gettempdir()
         self._started = False
@@ -102,8 +117,9 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
     @property
     def backend(self) -> Backend:
         if self._backend is None:
-            raise NotStarted("the CPU manager chooses its backend (auto) at start: await "
-                             "its start() first")
+            raise NotStarted(
+                "the CPU manager chooses its backend (auto) at start: await its start() first"
+            )
         return self._backend
 
     @property
@@ -113,8 +129,11 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
     @staticmethod
     def _check_nodes(backend: Backend, nodes: Mapping[str, CpuNode]) -> None:
         if backend.local and len(nodes) != 1:
-            raise ValidationError("cpu.nodes", sorted(nodes), f"the {backend.name} backend "
-                                  "runs on this machine only: give one node")
+            raise ValidationError(
+                "cpu.nodes",
+                sorted(nodes),
+                f"the {backend.name} backend runs on this machine only: give one node",
+            )
 
     async def start(self) -> None:
         """Start the backend (choose it, for "auto"), open the state folder, then sweep what
@@ -144,16 +163,23 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         try:
             self.roots = Roots(state_dir or default_state_dir(), disk_mb)
         except OSError as exc:
-            log.warning("images, disk bounds and forks are off: cannot use the state folder "
-                        "%s (%s)", state_dir or default_state_dir(), exc)
+            log.warning(
+                "images, disk bounds and forks are off: cannot use the state folder %s (%s)",
+                state_dir or default_state_dir(),
+                exc,
+            )
             return
         if capacity is None:
             self.envs.disk_capacity = dict.fromkeys(
-                self.envs.disk_capacity, local_disk_mb(str(self.roots.state)))
+                self.envs.disk_capacity, local_disk_mb(str(self.roots.state))
+            )
 
     def _sweep(self) -> list[str]:
-        return self.backend.sweep() + sweep_workdirs(self.workdir_root) + (
-            self.roots.sweep() if self.roots is not None else [])
+        return (
+            self.backend.sweep()
+            + sweep_workdirs(self.workdir_root)
+            + (self.roots.sweep() if self.roots is not None else [])
+        )
 
     def binding(self, trajectory: str) -> str | None:
         """The node a trajectory's environment lives on (None before `open_env`)."""
@@ -162,9 +188,17 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
     def bindings(self) -> dict[tuple[str, str], str]:
         return {(e.trajectory, self.resource): e.node for e in self.envs.all()}
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
-                       network: bool = False, *, image: str | None = None,
-                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
+    async def open_env(
+        self,
+        trajectory: str,
+        memory_mb: int = 1024,
+        min_cores: int = 1,
+        network: bool = False,
+        *,
+        image: str | None = None,
+        disk_mb: int | None = None,
+        snapshot: str | None = None,
+    ) -> str:
         """Open the trajectory's environment on a node with `memory_mb` (and its disk) free
         for its whole life and, preferably, `min_cores` free now (memory load balanced);
         returns its id. `network`: whether its commands may reach the network (off by default).
@@ -183,32 +217,44 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         engine = image is not None and self.backend.engine_images
         if not layered or (engine and disk_mb is None and snapshot is None):
             node = self.envs.choose_node(self.pool, memory_mb, min_cores)
-            return await self._open(Environment(
-                "", trajectory, node, memory_mb, "", network, image=image))
-        roots = self._roots("env.image" if image is not None else "env.disk_mb",
-                            image or disk_mb or snapshot)
+            return await self._open(
+                Environment("", trajectory, node, memory_mb, "", network, image=image)
+            )
+        roots = self._roots(
+            "env.image" if image is not None else "env.disk_mb", image or disk_mb or snapshot
+        )
         why = await asyncio.to_thread(lambda: roots.layers.why_not)  # probed once, off the loop
         if why is not None:
-            raise ValidationError("env.image" if image is not None else "env.disk_mb",
-                                  image or disk_mb or snapshot, why)
+            raise ValidationError(
+                "env.image" if image is not None else "env.disk_mb",
+                image or disk_mb or snapshot,
+                why,
+            )
         disk = roots.disk_of(disk_mb)
         stack, uid = roots.stack_for(image, snapshot)
         if stack.image is not None and not self.backend.roots:
-            raise ValidationError("env.image", image or snapshot, f"the {self.backend.name} "
-                                  f"backend cannot give an environment a root of its own: use "
-                                  f"the bwrap backend")
+            raise ValidationError(
+                "env.image",
+                image or snapshot,
+                f"the {self.backend.name} "
+                f"backend cannot give an environment a root of its own: use "
+                f"the bwrap backend",
+            )
         if snapshot is not None:
             node = roots.snapshot(snapshot).node
             self._check_room(node, 1, memory_mb, disk)
         else:
             node = self.envs.choose_node(self.pool, memory_mb, min_cores, disk)
-        return await self._open(Environment("", trajectory, node, memory_mb, "", network,
-                                            disk_mb=disk, uid=uid), stack)
+        return await self._open(
+            Environment("", trajectory, node, memory_mb, "", network, disk_mb=disk, uid=uid), stack
+        )
 
     def _require_started(self) -> None:
         if not self._started:
-            raise NotStarted("the CPU manager cannot serve before it is started: await its "
-                             "start() (Tangram.start does) first")
+            raise NotStarted(
+                "the CPU manager cannot serve before it is started: await its "
+                "start() (Tangram.start does) first"
+            )
 
     async def _open(self, proto: Environment, stack=None) -> str:
         if self._closed:
@@ -217,14 +263,16 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         env_id = f"env-{uuid.uuid4().hex[:12]}"
         taken = self.envs.of_trajectory(proto.trajectory)
         if taken is not None:
-            raise ValidationError("env.trajectory", proto.trajectory,
-                                  f"already has environment {taken.id}")
+            raise ValidationError(
+                "env.trajectory", proto.trajectory, f"already has environment {taken.id}"
+            )
         prepared: Prepared | None = None
         workdir, root = os.path.join(self.workdir_root, owned_name(env_id)), None
         if stack is not None:
             assert self.roots is not None
-            prepared = await asyncio.to_thread(self.roots.prepare, env_id, stack,
-                                               proto.disk_mb, proto.uid)
+            prepared = await asyncio.to_thread(
+                self.roots.prepare, env_id, stack, proto.disk_mb, proto.uid
+            )
             workdir, root = prepared.workdir, prepared.root
         env = dataclasses.replace(proto, id=env_id, workdir=workdir, root=root)
         try:
@@ -250,8 +298,9 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
 
     def _roots(self, field: str, value) -> Roots:
         if self.roots is None:
-            raise ValidationError(field, value, f"the {self.backend.name} backend has no "
-                                  f"images, disk bounds or forks")
+            raise ValidationError(
+                field, value, f"the {self.backend.name} backend has no images, disk bounds or forks"
+            )
         return self.roots
 
     def _discard(self, env_id: str, node: str, prepared: Prepared | None = None) -> None:
@@ -261,11 +310,15 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
 
     def _check_room(self, node: str, n: int, memory_mb: int, disk_mb: int) -> None:
         if self.envs.memory_free(node) < n * memory_mb:
-            raise Infeasible(f"env.memory_mb: {n} x {memory_mb} MiB over the "
-                             f"{self.envs.memory_free(node)} MiB free on {node}")
+            raise Infeasible(
+                f"env.memory_mb: {n} x {memory_mb} MiB over the "
+                f"{self.envs.memory_free(node)} MiB free on {node}"
+            )
         if self.envs.disk_free(node) < n * disk_mb:
-            raise Infeasible(f"env.disk_mb: {n} x {disk_mb} MiB over the "
-                             f"{self.envs.disk_free(node)} MiB of disk free on {node}")
+            raise Infeasible(
+                f"env.disk_mb: {n} x {disk_mb} MiB over the "
+                f"{self.envs.disk_free(node)} MiB of disk free on {node}"
+            )
 
     async def close_env(self, env_id: str) -> None:
         """Kill everything left in the environment and remove it. Unknown ids are ignored, and
@@ -279,8 +332,10 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         layered = self.roots is not None and env_id in self.roots.envs
         try:
             if layered:  # the tree first (lazily: the sandbox lets go when it is killed)
-                await asyncio.to_thread(self.roots.layers.unmount,  # type: ignore[union-attr]
-                                        self.roots.envs[env_id].target)  # type: ignore[union-attr]
+                await asyncio.to_thread(
+                    self.roots.layers.unmount,  # type: ignore[union-attr]
+                    self.roots.envs[env_id].target,
+                )  # type: ignore[union-attr]
             await self.backend.close(env)
         finally:
             if self.envs.get(env_id) is env:
@@ -296,16 +351,20 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         req, env = target
         placement = assignment.placement.get(self.resource)
         if placement is None or not placement.cores or placement.node != env.node:
-            return Result(Status.FAILED, detail=f"action {assignment.action_id}: placement "
-                           f"{placement} is not cores on the environment's node {env.node}")
+            return Result(
+                Status.FAILED,
+                detail=f"action {assignment.action_id}: placement "
+                f"{placement} is not cores on the environment's node {env.node}",
+            )
         if req.env_id in self.broken:
             return Result(Status.FAILED, detail=self.broken[req.env_id])
         if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
             await self._freezing[env.id].wait()
         self._busy[env.id] = self._busy.get(env.id, 0) + 1
         try:
-            outcome = await self.backend.exec(env, placement.cores, req.command, req.timeout,
-                                              req.output_cap, elastic=req.elastic)
+            outcome = await self.backend.exec(
+                env, placement.cores, req.command, req.timeout, req.output_cap, elastic=req.elastic
+            )
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)
             return Result(Status.FAILED, detail=str(exc))
@@ -321,8 +380,9 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         rooted = self.roots.envs.get(env.id) if self.roots is not None else None
         if rooted is None or not LayerStore.full(rooted.upper):
             return outcome
-        return dataclasses.replace(outcome, detail=f"{outcome.detail}; disk limit "
-                                                   f"{env.disk_mb} MiB reached")
+        return dataclasses.replace(
+            outcome, detail=f"{outcome.detail}; disk limit {env.disk_mb} MiB reached"
+        )
 
     async def execute(self, request: ExecRequest, cores: int = 1) -> Result:
         """Run one request outside a scheduler: take `cores` on the environment's node now,
@@ -330,12 +390,17 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
         env = self.envs.get(request.env_id)
         node = env.node if env is not None else None
         placement = self.pool.place(cores, node=node)
-        action = Action(f"exec-{uuid.uuid4().hex[:8]}", {self.resource: Demand.fixed(cores)},
-                        trajectory=env.trajectory if env else None, kind="exec",
-                        payload=request)
+        action = Action(
+            f"exec-{uuid.uuid4().hex[:8]}",
+            {self.resource: Demand.fixed(cores)},
+            trajectory=env.trajectory if env else None,
+            kind="exec",
+            payload=request,
+        )
         try:
-            return await self.run(Assignment(action, {self.resource: cores},
-                                             {self.resource: placement}))
+            return await self.run(
+                Assignment(action, {self.resource: cores}, {self.resource: placement})
+            )
         finally:
             self.pool.release(placement, cores)
 
@@ -352,4 +417,3 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
                 await self.delete_snapshot(sid)
         if self._backend is not None:
             await self._backend.shutdown()
-

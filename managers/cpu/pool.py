@@ -38,9 +38,14 @@ class Environment:
     image: str | None = None
 
 
-def pick_node(nodes: Collection[str], memory_free: Callable[[str], int],
-              memory_load: Callable[[str], float], cores_free: Callable[[str], int],
-              memory_mb: int, min_cores: int = 1) -> str | None:
+def pick_node(
+    nodes: Collection[str],
+    memory_free: Callable[[str], int],
+    memory_load: Callable[[str], float],
+    cores_free: Callable[[str], int],
+    memory_mb: int,
+    min_cores: int = 1,
+) -> str | None:
     """The one rule that places a trajectory's environment (this module's docstring), for a
     machine's manager, for Ray's nodes and for the simulator alike: among `nodes` with
     `memory_mb` free, those with `min_cores` free now (all of them if none has), the least
@@ -76,8 +81,9 @@ class EnvironmentTable:
     the one record of where each trajectory runs (`nodes`, which the scheduler reads through
     `tangram.bindings.Bindings.attach`)."""
 
-    def __init__(self, memory_mb: Mapping[str, int],
-                 disk_mb: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, memory_mb: Mapping[str, int], disk_mb: Mapping[str, int] | None = None
+    ) -> None:
         for n, m in memory_mb.items():
             if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
                 raise ValidationError(f"memory_mb[{n}]", m, "must be a positive integer (MiB)")
@@ -93,8 +99,9 @@ class EnvironmentTable:
     # -- membership (Ray's nodes join and leave; a machine's manager has fixed ones) -----------
     def add_node(self, node: str, memory_mb: int, disk_mb: int | None = None) -> None:
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
-            raise ValidationError(f"memory_mb[{node}]", memory_mb,
-                                  "must be a positive integer (MiB)")
+            raise ValidationError(
+                f"memory_mb[{node}]", memory_mb, "must be a positive integer (MiB)"
+            )
         self._capacity[node] = memory_mb
         self._reserved.setdefault(node, 0)
         self.disk_capacity[node] = 1 << 40 if disk_mb is None else disk_mb
@@ -123,35 +130,53 @@ class EnvironmentTable:
         """Count `mb` MiB of disk on `node` (negative: give it back)."""
         self.disk_reserved[node] += mb
 
-    def choose_node(self, cores: Pool, memory_mb: int, min_cores: int = 1,
-                    disk_mb: int = 0, exclude: Collection[str] = ()) -> str:
+    def choose_node(
+        self,
+        cores: Pool,
+        memory_mb: int,
+        min_cores: int = 1,
+        disk_mb: int = 0,
+        exclude: Collection[str] = (),
+    ) -> str:
         """The node for a new environment, never one of `exclude` (lost nodes); raises
         `Infeasible` when no node has the memory (and the disk)."""
         if isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb <= 0:
             raise ValidationError("env.memory_mb", memory_mb, "must be a positive integer (MiB)")
         if disk_mb and not [n for n in self._capacity if self.disk_free(n) >= disk_mb]:
             best = max(self._capacity, key=self.disk_free)
-            raise Infeasible(f"env.disk_mb: {disk_mb} MiB fits on no node (most free: "
-                             f"{self.disk_free(best)} MiB on {best})")
+            raise Infeasible(
+                f"env.disk_mb: {disk_mb} MiB fits on no node (most free: "
+                f"{self.disk_free(best)} MiB on {best})"
+            )
         nodes = [n for n in self._capacity if self.disk_free(n) >= disk_mb and n not in exclude]
-        node = pick_node(nodes, self.memory_free, self.memory_load, cores.free, memory_mb,
-                         min_cores)
+        node = pick_node(
+            nodes, self.memory_free, self.memory_load, cores.free, memory_mb, min_cores
+        )
         if node is None:
             best = max(nodes, key=self.memory_free, default=None)
             if best is None:  # every node is excluded (lost) or full on disk
-                raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (none of "
-                                 f"the {len(self._capacity)} takes new environments)")
-            raise Infeasible(f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
-                             f"{self.memory_free(best)} MiB on {best})")
+                raise Infeasible(
+                    f"env.memory_mb: {memory_mb} MiB fits on no node (none of "
+                    f"the {len(self._capacity)} takes new environments)"
+                )
+            raise Infeasible(
+                f"env.memory_mb: {memory_mb} MiB fits on no node (most free: "
+                f"{self.memory_free(best)} MiB on {best})"
+            )
         return node
 
     def add(self, env: Environment) -> None:
         if env.trajectory in self._by_trajectory:
-            raise ValidationError("env.trajectory", env.trajectory,
-                                  f"already has environment {self._by_trajectory[env.trajectory]}")
+            raise ValidationError(
+                "env.trajectory",
+                env.trajectory,
+                f"already has environment {self._by_trajectory[env.trajectory]}",
+            )
         if self.memory_free(env.node) < env.memory_mb:
-            raise Infeasible(f"env.memory_mb: {env.memory_mb} MiB over the "
-                             f"{self.memory_free(env.node)} MiB free on {env.node}")
+            raise Infeasible(
+                f"env.memory_mb: {env.memory_mb} MiB over the "
+                f"{self.memory_free(env.node)} MiB free on {env.node}"
+            )
         self._envs[env.id] = env
         self._by_trajectory[env.trajectory] = env.id
         self._reserved[env.node] += env.memory_mb

@@ -35,15 +35,17 @@ MAX_PROBLEMS = 20  # named in the report; the rest counted
 def _clear_flags(name: str, dir_fd: int) -> None:
     """Clear the immutable and append-only flags of `name` (needs CAP_LINUX_IMMUTABLE)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
     except OSError:
         return
     try:
         flags = struct.unpack("l", fcntl.ioctl(fd, FS_IOC_GETFLAGS, b"\0" * 8))[0]
         if flags & (FS_IMMUTABLE_FL | FS_APPEND_FL):
-            fcntl.ioctl(fd, FS_IOC_SETFLAGS,
-                        struct.pack("l", flags & ~(FS_IMMUTABLE_FL | FS_APPEND_FL)))
+            fcntl.ioctl(
+                fd, FS_IOC_SETFLAGS, struct.pack("l", flags & ~(FS_IMMUTABLE_FL | FS_APPEND_FL))
+            )
     except OSError:
         pass
     finally:
@@ -168,8 +170,9 @@ def _walk(top: str, fd: int, problems: list[str]) -> None:
         os.close(fd)
 
 
-def _empty_files(fd: int, skip: set[tuple[int, int]], names: list[str], top: str,
-                 problems: list[str]) -> str | None:
+def _empty_files(
+    fd: int, skip: set[tuple[int, int]], names: list[str], top: str, problems: list[str]
+) -> str | None:
     """Unlink every non-folder in the folder `fd`; returns the first sub-folder to descend
     into (one not in `skip`), or None when none is left."""
     try:

@@ -43,8 +43,9 @@ class ExecRequest:
         if isinstance(cmd, Sequence) and not isinstance(cmd, str):
             cmd = tuple(cmd)
             if not cmd or not all(isinstance(a, str) for a in cmd):
-                raise ValidationError("exec.command", self.command,
-                                      "an argv must be a non-empty sequence of strings")
+                raise ValidationError(
+                    "exec.command", self.command, "an argv must be a non-empty sequence of strings"
+                )
             object.__setattr__(self, "command", cmd)
         elif not isinstance(cmd, str) or not cmd.strip():
             raise ValidationError("exec.command", cmd, "must be a non-empty string or argv")
@@ -61,8 +62,11 @@ def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Result:
     failed `Result` that says which is missing. Shared by every CPU manager's `run`."""
     req = assignment.action.payload
     if not isinstance(req, ExecRequest):
-        return Result(Status.FAILED, detail=f"action {assignment.action_id}: payload must be an "
-                       f"ExecRequest, got {type(req).__name__}")
+        return Result(
+            Status.FAILED,
+            detail=f"action {assignment.action_id}: payload must be an "
+            f"ExecRequest, got {type(req).__name__}",
+        )
     env = envs.get(req.env_id)
     if env is None:
         return Result(Status.FAILED, detail=f"exec.env_id: no open environment {req.env_id!r}")

@@ -40,9 +40,15 @@ class Snapshot:
     source_env: str = ""
 
     def to_dict(self, mb: int) -> dict:
-        return {"snapshot_id": self.id, "image": self.stack.image, "node": self.node,
-                "layers": len(self.stack.layers), "disk_mb": mb, "created": self.created,
-                "env_id": self.source_env}
+        return {
+            "snapshot_id": self.id,
+            "image": self.stack.image,
+            "node": self.node,
+            "layers": len(self.stack.layers),
+            "disk_mb": mb,
+            "created": self.created,
+            "env_id": self.source_env,
+        }
 
 
 @dataclass(eq=False, slots=True)
@@ -59,8 +65,9 @@ class Prepared:
 class Roots:
     """The trees of one CPU manager's environments under `state_dir`."""
 
-    def __init__(self, state_dir: str | os.PathLike, default_disk_mb: int = DEFAULT_DISK_MB
-                 ) -> None:
+    def __init__(
+        self, state_dir: str | os.PathLike, default_disk_mb: int = DEFAULT_DISK_MB
+    ) -> None:
         self.check_disk_mb(default_disk_mb)
         self.state = Path(state_dir)
         self.layers = LayerStore(self.state)
@@ -73,10 +80,16 @@ class Roots:
     @staticmethod
     def check_disk_mb(value: object) -> None:
         """The manager's default disk bound of an environment (MiB), checked one way."""
-        if isinstance(value, bool) or not isinstance(value, int) \
-                or not MIN_DISK_MB <= value <= MAX_DISK_MB:
-            raise ValidationError("cpu.disk_mb", value,
-                                  f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not MIN_DISK_MB <= value <= MAX_DISK_MB
+        ):
+            raise ValidationError(
+                "cpu.disk_mb",
+                value,
+                f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)",
+            )
 
     def sweep(self) -> list[str]:
         return self.layers.sweep() + self.images.sweep()
@@ -84,17 +97,26 @@ class Roots:
     # -- opening ---------------------------------------------------------------------------------
     def disk_of(self, disk_mb: int | None) -> int:
         disk = self.default_disk_mb if disk_mb is None else disk_mb
-        if isinstance(disk, bool) or not isinstance(disk, int) \
-                or not MIN_DISK_MB <= disk <= MAX_DISK_MB:
-            raise ValidationError("env.disk_mb", disk_mb,
-                                  f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)")
+        if (
+            isinstance(disk, bool)
+            or not isinstance(disk, int)
+            or not MIN_DISK_MB <= disk <= MAX_DISK_MB
+        ):
+            raise ValidationError(
+                "env.disk_mb",
+                disk_mb,
+                f"must be an integer from {MIN_DISK_MB} to {MAX_DISK_MB} (MiB)",
+            )
         return disk
 
     def stack_for(self, image: str | None, snapshot: str | None) -> tuple[Stack, int | None]:
         """The stack a new environment starts from, and the uid it must run as."""
         if image is not None and snapshot is not None:
-            raise ValidationError("env.snapshot", snapshot, "give an image or a snapshot, not "
-                                                            "both (a snapshot has its image)")
+            raise ValidationError(
+                "env.snapshot",
+                snapshot,
+                "give an image or a snapshot, not both (a snapshot has its image)",
+            )
         self.layers.require()
         if snapshot is not None:
             snap = self.snapshot(snapshot)
@@ -154,9 +176,13 @@ class Roots:
     def rooted(self, env_id: str, what: str) -> Rooted:
         rooted = self.envs.get(env_id)
         if rooted is None:
-            raise ValidationError("env_id", env_id, f"this environment was opened without "
-                                  f"image, disk_mb or snapshot: it has no layer to {what} (open "
-                                  f"it with disk_mb=... or an image)")
+            raise ValidationError(
+                "env_id",
+                env_id,
+                f"this environment was opened without "
+                f"image, disk_mb or snapshot: it has no layer to {what} (open "
+                f"it with disk_mb=... or an image)",
+            )
         return rooted
 
     def freeze(self, env_id: str, disk_mb: int) -> Layer:
@@ -192,8 +218,11 @@ class Roots:
     def snapshot(self, snapshot_id: str) -> Snapshot:
         snap = self.snapshots.get(snapshot_id) if isinstance(snapshot_id, str) else None
         if snap is None:
-            raise NotFound("snapshot", snapshot_id, "no such snapshot (snapshots do not survive "
-                                                    "a restart of the server)")
+            raise NotFound(
+                "snapshot",
+                snapshot_id,
+                "no such snapshot (snapshots do not survive a restart of the server)",
+            )
         return snap
 
     def delete(self, snapshot_id: str) -> list[Layer]:
@@ -219,8 +248,12 @@ class Roots:
             return root, f"{INSIDE_WORK.strip('/')}/{path}"
         if path.startswith("/"):
             if path != INSIDE_WORK and not path.startswith(INSIDE_WORK + "/"):
-                raise ValidationError("files", path, f"this environment has no root of its own "
-                                      f"(opened without an image): give a path under "
-                                      f"{INSIDE_WORK} or a relative one")
-            return workdir, path[len(INSIDE_WORK):].lstrip("/")
+                raise ValidationError(
+                    "files",
+                    path,
+                    f"this environment has no root of its own "
+                    f"(opened without an image): give a path under "
+                    f"{INSIDE_WORK} or a relative one",
+                )
+            return workdir, path[len(INSIDE_WORK) :].lstrip("/")
         return workdir, path

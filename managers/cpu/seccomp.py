@@ -72,9 +72,14 @@ BLOCKED: dict[str, str] = {
     "mount_setattr": "the new mount API",
 }
 CLONE_NEW = {  # clone(2) flags that make a namespace: refused like unshare
-    "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
-    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
-    "CLONE_NEWNET": 0x40000000}
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
 FILTER_NAME = "seccomp.bpf"
 LOADER_NAME = "seccomp_exec.py"
 
@@ -266,8 +271,10 @@ def unavailable() -> str | None:
     try:
         import pyseccomp  # noqa: F401  (optional: ctypes bindings of libseccomp2)
     except (ImportError, OSError) as exc:
-        return (f"cannot build the sandbox's seccomp filter ({exc}): install libseccomp2 "
-                f"(Debian: `apt-get install libseccomp2`) and `pip install pyseccomp`")
+        return (
+            f"cannot build the sandbox's seccomp filter ({exc}): install libseccomp2 "
+            f"(Debian: `apt-get install libseccomp2`) and `pip install pyseccomp`"
+        )
     if os.uname().machine not in ("x86_64", "aarch64"):
         return f"no seccomp loader for {os.uname().machine}"
     return None
@@ -313,8 +320,11 @@ def build_native(folder: Path) -> bool:
     source = folder / f"{NATIVE_NAME}.c"
     source.write_text(LOADER_C)
     try:
-        done = subprocess.run([cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
-                              capture_output=True, timeout=120)
+        done = subprocess.run(
+            [cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
+            capture_output=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     if done.returncode != 0:
@@ -328,12 +338,21 @@ def docker_profile() -> str:
     one rule set for both sandboxes. It replaces Docker's default allow list; what that list
     adds beyond this one is calls that need a capability, and the containers have none."""
     eperm = {"action": "SCMP_ACT_ERRNO", "errnoRet": errno.EPERM}
-    rules = [{"names": sorted(BLOCKED), **eperm},
-             *({"names": ["clone"], **eperm, "args": [
-                 {"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}]}
-               for flag in CLONE_NEW.values()),
-             {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS}]
+    rules = [
+        {"names": sorted(BLOCKED), **eperm},
+        *(
+            {
+                "names": ["clone"],
+                **eperm,
+                "args": [{"index": 0, "value": flag, "valueTwo": flag, "op": "SCMP_CMP_MASKED_EQ"}],
+            }
+            for flag in CLONE_NEW.values()
+        ),
+        {"names": ["clone3"], "action": "SCMP_ACT_ERRNO", "errnoRet": errno.ENOSYS},
+    ]
     arch = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}.get(
-        os.uname().machine, "SCMP_ARCH_NATIVE")
-    return json.dumps({"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch],
-                       "syscalls": rules})
+        os.uname().machine, "SCMP_ARCH_NATIVE"
+    )
+    return json.dumps(
+        {"defaultAction": "SCMP_ACT_ALLOW", "architectures": [arch], "syscalls": rules}
+    )

@@ -50,8 +50,9 @@ class UidAllocator:
             self.registry.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             fd = os.open(self.registry, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot open the host's sandbox uid registry "
-                                     f"{self.registry} ({exc}): run as root") from exc
+            raise BackendUnavailable(
+                f"cannot open the host's sandbox uid registry {self.registry} ({exc}): run as root"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             with os.fdopen(os.dup(fd), "r+") as f:
@@ -61,8 +62,10 @@ class UidAllocator:
                     if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
                         end = max(end, int(parts[0]) + int(parts[1]))
                 if end + self.size > MAX_UID:
-                    raise BackendUnavailable(f"the host's sandbox uids are used up (registry "
-                                             f"{self.registry}); they come back at reboot")
+                    raise BackendUnavailable(
+                        f"the host's sandbox uids are used up (registry "
+                        f"{self.registry}); they come back at reboot"
+                    )
                 f.seek(0, os.SEEK_END)
                 f.write(f"{end} {self.size} {os.getpid()}\n")
                 f.flush()

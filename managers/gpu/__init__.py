@@ -11,19 +11,24 @@
 
 from managers.gpu.backend import BACKENDS, GpuBackend, create_backend, register
 from managers.gpu.manager import GpuManager
-from managers.gpu.residency import (
-    Entry,
-    EvictionOrder,
-    RandomEviction,
-    Residency,
-    RestoreDecision,
-)
+from managers.gpu.residency import Entry, EvictionOrder, RandomEviction, Residency, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.errors import NodeLost  # re-exported: what a GPU backend raises for a lost node
 
 __all__ = [
-    "BACKENDS", "GB", "Entry", "EvictionOrder", "GpuBackend", "GpuManager", "NodeLost",
+    "BACKENDS",
+    "GB",
+    "Entry",
+    "EvictionOrder",
+    "GpuBackend",
+    "GpuManager",
+    "NodeLost",
     "RandomEviction",
-    "Residency", "RestoreDecision", "RestoreModel", "Service", "ServiceRegistry",
-    "create_backend", "register",
+    "Residency",
+    "RestoreDecision",
+    "RestoreModel",
+    "Service",
+    "ServiceRegistry",
+    "create_backend",
+    "register",
 ]

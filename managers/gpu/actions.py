@@ -20,9 +20,17 @@ from tangram.profiles import DurationProfiles
 from tangram.resources import Demand
 
 
-def invoke_action(registry: ServiceRegistry, resource: str, service: str, payload: Any,
-                  gpus: Any, now: float, *, profiles: DurationProfiles,
-                  kind: str | None = None) -> Action:
+def invoke_action(
+    registry: ServiceRegistry,
+    resource: str,
+    service: str,
+    payload: Any,
+    gpus: Any,
+    now: float,
+    *,
+    profiles: DurationProfiles,
+    kind: str | None = None,
+) -> Action:
     """The action of one call of `service` on `gpus` (an amount, a choice or a (lo, hi)
     range of its variants), submitted at `now`. `kind`: the trusted caller's name for what
     it is (the estimates it shares), else `invoke:<service>`."""
@@ -49,6 +57,13 @@ def invoke_action(registry: ServiceRegistry, resource: str, service: str, payloa
     key = kind if kind is not None else f"invoke:{service}"
     if elasticity is None and duration is None and not demand.is_fixed:
         elasticity = profiles.learned_elasticity(key, resource)
-    return Action(f"g-{uuid.uuid4().hex[:12]}", {resource: demand}, elasticity=elasticity,
-                  duration=duration, kind=key, service=service, payload=payload,
-                  submit_time=now)
+    return Action(
+        f"g-{uuid.uuid4().hex[:12]}",
+        {resource: demand},
+        elasticity=elasticity,
+        duration=duration,
+        kind=key,
+        service=service,
+        payload=payload,
+        submit_time=now,
+    )

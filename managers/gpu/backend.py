@@ -19,11 +19,15 @@ from tangram.registry import Registry
 
 Chunk = tuple[int, int]
 
-BACKENDS: Registry[Callable[..., GpuBackend]] = Registry("gpu.backend", {
-    "sim": "managers.gpu.sim:SimBackend",
-    "torch": "managers.gpu.torch_backend:TorchBackend",
-    "http": "managers.gpu.http_backend:HttpBackend",
-}, group="tangram.gpu_backends")
+BACKENDS: Registry[Callable[..., GpuBackend]] = Registry(
+    "gpu.backend",
+    {
+        "sim": "managers.gpu.sim:SimBackend",
+        "torch": "managers.gpu.torch_backend:TorchBackend",
+        "http": "managers.gpu.http_backend:HttpBackend",
+    },
+    group="tangram.gpu_backends",
+)
 
 
 class GpuBackend(ABC):
@@ -67,7 +71,9 @@ def create_backend(name: str, **options: Any) -> GpuBackend:
     try:
         factory = BACKENDS.get(name)
     except ImportError as exc:
-        raise BackendUnavailable(f"GPU backend {name!r} cannot load ({exc}); for torch "
-                                 "install the extra: pip install 'arl-tangram[gpu]'") from None
+        raise BackendUnavailable(
+            f"GPU backend {name!r} cannot load ({exc}); for torch "
+            "install the extra: pip install 'arl-tangram[gpu]'"
+        ) from None
     assert factory is not None
     return factory(**options)

@@ -45,8 +45,9 @@ class Endpoint:
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
-            raise ValidationError("endpoint.engine", self.engine, f"must be one of "
-                                  f"{sorted(ENGINES)}")
+            raise ValidationError(
+                "endpoint.engine", self.engine, f"must be one of {sorted(ENGINES)}"
+            )
         if not self.url.startswith(("http://", "https://")):
             raise ValidationError("endpoint.url", self.url, "must be an http(s) URL")
 
@@ -60,24 +61,31 @@ class HttpBackend(GpuBackend):
 
     name = "http"
 
-    def __init__(self, endpoints: Mapping[tuple[str, str, Chunk], Endpoint],
-                 timeout_s: float = 300.0, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Mapping[tuple[str, str, Chunk], Endpoint],
+        timeout_s: float = 300.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
         self.endpoints = {(s, n, (int(c[0]), int(c[1]))): e for (s, n, c), e in endpoints.items()}
         self._client = httpx.AsyncClient(timeout=timeout_s, headers=dict(headers or {}))
 
     def endpoint(self, service: str, node: str, chunk: Chunk) -> Endpoint:
         ep = self.endpoints.get((service, node, (int(chunk[0]), int(chunk[1]))))
         if ep is None:
-            raise ValidationError("gpu.http.endpoints", (service, node, chunk),
-                                  "no server deployed for this service variant and chunk")
+            raise ValidationError(
+                "gpu.http.endpoints",
+                (service, node, chunk),
+                "no server deployed for this service variant and chunk",
+            )
         return ep
 
     async def _post(self, ep: Endpoint, path: str, params: Any = None, body: Any = None) -> Any:
-        r = await self._client.post(ep.url.rstrip("/") + path, params=params,
-                                    json=body if body is not None else {})
+        r = await self._client.post(
+            ep.url.rstrip("/") + path, params=params, json=body if body is not None else {}
+        )
         if r.status_code >= 300:
-            raise RuntimeError(f"{ep.engine} {ep.url}{path}: HTTP {r.status_code}: "
-                               f"{r.text[:200]}")
+            raise RuntimeError(f"{ep.engine} {ep.url}{path}: HTTP {r.status_code}: {r.text[:200]}")
         return r.json() if r.content and "json" in r.headers.get("content-type", "") else None
 
     async def deploy(self, service: Service) -> None:

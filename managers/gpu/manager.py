@@ -30,11 +30,19 @@ class GpuManager(Manager):
 
     name = "gpu"
 
-    def __init__(self, pool: ChunkPool, residency: Residency, backend: GpuBackend,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pool: ChunkPool,
+        residency: Residency,
+        backend: GpuBackend,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if pool.resource != residency.resource:
-            raise ValidationError("gpu.resource", residency.resource,
-                                  f"the residency and the pool ({pool.resource!r}) differ")
+            raise ValidationError(
+                "gpu.resource",
+                residency.resource,
+                f"the residency and the pool ({pool.resource!r}) differ",
+            )
         self.resource = pool.resource
         self.pool = pool
         self.residency = residency
@@ -62,8 +70,12 @@ class GpuManager(Manager):
         if node in self.pool.nodes():
             self.pool.retire(node)
             dropped = self.residency.forget_node(node)
-            log.warning("gpu: node %s %s: its chunks leave the pool, %d resident copies "
-                        "forgotten", node, why, dropped)
+            log.warning(
+                "gpu: node %s %s: its chunks leave the pool, %d resident copies forgotten",
+                node,
+                why,
+                dropped,
+            )
 
     async def start(self) -> None:
         """Deploy every registered service's host copy (once)."""
@@ -76,8 +88,11 @@ class GpuManager(Manager):
         action = assignment.action
         placement = assignment.placement.get(self.resource)
         if action.service is None or placement is None or placement.chunk is None:
-            return Result(Status.FAILED, detail=f"action {action.id}: a GPU action needs a service "
-                           f"and a chunk of {self.resource!r}")
+            return Result(
+                Status.FAILED,
+                detail=f"action {action.id}: a GPU action needs a service "
+                f"and a chunk of {self.resource!r}",
+            )
         await self.start()
         node, chunk = placement.node, placement.chunk
         service = self.residency.registry.get(action.service)
@@ -86,34 +101,52 @@ class GpuManager(Manager):
         try:
             for victim in decision.evicted:
                 try:
-                    await self.backend.evict(self.residency.registry.get(victim.service),
-                                             victim.node, victim.chunk)
+                    await self.backend.evict(
+                        self.residency.registry.get(victim.service), victim.node, victim.chunk
+                    )
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Result(Status.FAILED, detail=f"evicting {victim.service} from "
-                                   f"{victim.node}{victim.chunk} failed: {exc}")
+                    return Result(
+                        Status.FAILED,
+                        detail=f"evicting {victim.service} from "
+                        f"{victim.node}{victim.chunk} failed: {exc}",
+                    )
             if decision.restored:
                 try:
                     restore_s = await self.backend.restore(service, node, chunk)
                 except NodeLost as exc:
                     self.lose_node(node, str(exc))
-                    return Result(Status.FAILED, detail=f"restore of {service.name} on "
-                                   f"{node}{chunk} could not run: {exc}")
+                    return Result(
+                        Status.FAILED,
+                        detail=f"restore of {service.name} on {node}{chunk} could not run: {exc}",
+                    )
                 except Exception as exc:
                     self.residency.forget(service.name, node, chunk)
-                    return Result(Status.FAILED, detail=f"restore of {service.name} on "
-                                   f"{node}{chunk} failed: {exc}")
+                    return Result(
+                        Status.FAILED,
+                        detail=f"restore of {service.name} on {node}{chunk} failed: {exc}",
+                    )
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
             except NodeLost as exc:
                 self.lose_node(node, str(exc))
-                return Result(Status.FAILED, detail=f"{service.name} on {node}{chunk} could not "
-                               f"run: {exc}", restore_s=restore_s)
+                return Result(
+                    Status.FAILED,
+                    detail=f"{service.name} on {node}{chunk} could not run: {exc}",
+                    restore_s=restore_s,
+                )
             except Exception as exc:
-                return Result(Status.ERROR, detail=f"{service.name} on {node}{chunk}: {exc}",
-                               restore_s=restore_s)
-            return Result(Status.OK, output=output, restore_s=restore_s,
-                           detail="restored" if decision.restored else "resident")
+                return Result(
+                    Status.ERROR,
+                    detail=f"{service.name} on {node}{chunk}: {exc}",
+                    restore_s=restore_s,
+                )
+            return Result(
+                Status.OK,
+                output=output,
+                restore_s=restore_s,
+                detail="restored" if decision.restored else "resident",
+            )
         finally:
             self.residency.end(action, node, chunk, self.clock())
 

@@ -72,8 +72,9 @@ class EvictionOrder:
 
     name = "lru"
 
-    def pick(self, candidates: Sequence[Entry], last_use: Mapping[Entry, tuple[float, int]]
-             ) -> Entry:
+    def pick(
+        self, candidates: Sequence[Entry], last_use: Mapping[Entry, tuple[float, int]]
+    ) -> Entry:
         return min(candidates, key=lambda e: (last_use[e], e.service, e.chunk))
 
 
@@ -96,9 +97,15 @@ class Residency:
     variant must fit an empty GPU of every node, checked here and at `register`.
     """
 
-    def __init__(self, memory: Mapping[str, Sequence[int]], registry: ServiceRegistry,
-                 resource: str = "gpu", restore: RestoreModel | None = None,
-                 eviction: EvictionOrder | None = None, check: bool = True) -> None:
+    def __init__(
+        self,
+        memory: Mapping[str, Sequence[int]],
+        registry: ServiceRegistry,
+        resource: str = "gpu",
+        restore: RestoreModel | None = None,
+        eviction: EvictionOrder | None = None,
+        check: bool = True,
+    ) -> None:
         self.resource = resource
         self.registry = registry
         self.restore = restore or RestoreModel()
@@ -108,8 +115,9 @@ class Residency:
         for node, mems in memory.items():
             for i, m in enumerate(mems):
                 if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
-                    raise ValidationError(f"{resource}.{node}.gpu{i}.memory_bytes", m,
-                                          "must be a positive integer")
+                    raise ValidationError(
+                        f"{resource}.{node}.gpu{i}.memory_bytes", m, "must be a positive integer"
+                    )
             self._gpus[node] = [_Gpu(m) for m in mems]
         self._entries: dict[tuple[str, str, Chunk], Entry] = {}
         self._last_use: dict[Entry, tuple[float, int]] = {}
@@ -119,8 +127,9 @@ class Residency:
             self._check_fits(s)
 
     @classmethod
-    def uniform(cls, nodes: Mapping[str, int], memory_bytes: int, registry: ServiceRegistry,
-                **kw) -> Residency:
+    def uniform(
+        cls, nodes: Mapping[str, int], memory_bytes: int, registry: ServiceRegistry, **kw
+    ) -> Residency:
         """Every node has `nodes[n]` GPUs of `memory_bytes` each."""
         return cls({n: [memory_bytes] * g for n, g in nodes.items()}, registry, **kw)
 
@@ -135,8 +144,10 @@ class Residency:
             for k in service.dops:
                 if k <= len(gpus) and service.bytes_per_gpu(k) > smallest:
                     raise ValidationError(
-                        f"services.{service.name}.memory_bytes[{k}]", service.bytes_per_gpu(k),
-                        f"exceeds the smallest GPU of {self.resource}.{node} ({smallest} bytes)")
+                        f"services.{service.name}.memory_bytes[{k}]",
+                        service.bytes_per_gpu(k),
+                        f"exceeds the smallest GPU of {self.resource}.{node} ({smallest} bytes)",
+                    )
 
     # -- reads -----------------------------------------------------------------------------
     def nodes(self) -> list[str]:
@@ -186,10 +197,17 @@ class Residency:
         newest = max((self._last_use[e][1] for e in victims), default=0)
         return -newest / (self._tick + 1)
 
-    def should_wait(self, action: Action, resource: str, node: str, chunk: Chunk,
-                    busy: Iterable[tuple[str, Chunk, float]], now: float,
-                    claimed: dict[tuple[str, Chunk], int] | None = None,
-                    infer_s: float | None = None) -> bool:
+    def should_wait(
+        self,
+        action: Action,
+        resource: str,
+        node: str,
+        chunk: Chunk,
+        busy: Iterable[tuple[str, Chunk, float]],
+        now: float,
+        claimed: dict[tuple[str, Chunk], int] | None = None,
+        infer_s: float | None = None,
+    ) -> bool:
         """True when starting `action` on `chunk` would restore its service although a copy of
         the same variant is resident on a busy chunk that frees sooner than the restore would
         take (`busy`: node, chunk and expected end of the running actions). Waiting for that
@@ -232,12 +250,16 @@ class Residency:
         need = service.bytes_per_gpu(chunk[1] - chunk[0])
         gpus = self._gpus[node]
         if action.id in self._running:
-            raise InvariantError(f"{self.resource}: action {action.id} is already running on "
-                                 f"{self._running[action.id]}")
+            raise InvariantError(
+                f"{self.resource}: action {action.id} is already running on "
+                f"{self._running[action.id]}"
+            )
         for g in range(*chunk):
             if gpus[g].busy is not None:
-                raise InvariantError(f"{self.resource}.{node}.gpu{g}: runs {gpus[g].busy}, "
-                                     f"cannot also run {action.id}")
+                raise InvariantError(
+                    f"{self.resource}.{node}.gpu{g}: runs {gpus[g].busy}, "
+                    f"cannot also run {action.id}"
+                )
         for g in range(*chunk):
             gpus[g].busy = action.id
         self._running[action.id] = (node, chunk)
@@ -256,21 +278,31 @@ class Residency:
             gpus[g].used += need
             gpus[g].entries.add(entry)
             if gpus[g].used > gpus[g].memory:
-                raise InvariantError(f"{self.resource}.{node}.gpu{g}: {gpus[g].used} bytes "
-                                     f"resident, over its {gpus[g].memory}")
+                raise InvariantError(
+                    f"{self.resource}.{node}.gpu{g}: {gpus[g].used} bytes "
+                    f"resident, over its {gpus[g].memory}"
+                )
         self._entries[key] = entry
         self._last_use[entry] = (now, self._tick)
         self._verify()
-        return RestoreDecision(service.name, node, chunk, True,
-                               service.restore_seconds(chunk[1] - chunk[0], self.restore),
-                               need, tuple(evicted))
+        return RestoreDecision(
+            service.name,
+            node,
+            chunk,
+            True,
+            service.restore_seconds(chunk[1] - chunk[0], self.restore),
+            need,
+            tuple(evicted),
+        )
 
     def end(self, action: Action, node: str, chunk: Chunk, now: float) -> None:
         """`action` finished: free its GPUs and stamp its service's last use with `now`."""
         chunk = self._checked_chunk(node, chunk)
         if self._running.get(action.id) != (node, chunk):
-            raise InvariantError(f"{self.resource}: action {action.id} is not running on "
-                                 f"{node}{chunk} (running: {self._running.get(action.id)})")
+            raise InvariantError(
+                f"{self.resource}: action {action.id} is not running on "
+                f"{node}{chunk} (running: {self._running.get(action.id)})"
+            )
         del self._running[action.id]
         for g in range(*chunk):
             self._gpus[node][g].busy = None
@@ -314,8 +346,10 @@ class Residency:
             while gpus[g].memory - gpus[g].used + freed.get(g, 0) < need:
                 candidates = [e for e in gpus[g].entries if e not in victims]
                 if not candidates:
-                    raise InvariantError(f"{self.resource}.{node}.gpu{g}: {need} bytes cannot "
-                                         f"fit its {gpus[g].memory} even when empty")
+                    raise InvariantError(
+                        f"{self.resource}.{node}.gpu{g}: {need} bytes cannot "
+                        f"fit its {gpus[g].memory} even when empty"
+                    )
                 victim = self.eviction.pick(candidates, self._last_use)
                 victims.append(victim)
                 for vg in victim.gpus:
@@ -341,11 +375,15 @@ class Residency:
             for g, gpu in enumerate(gpus):
                 total = sum(e.bytes_per_gpu for e in gpu.entries)
                 if total != gpu.used or not 0 <= gpu.used <= gpu.memory:
-                    raise InvariantError(f"{self.resource}.{node}.gpu{g}: used {gpu.used}, "
-                                         f"entries hold {total}, memory {gpu.memory}")
+                    raise InvariantError(
+                        f"{self.resource}.{node}.gpu{g}: used {gpu.used}, "
+                        f"entries hold {total}, memory {gpu.memory}"
+                    )
                 if gpu.busy is not None and self._running.get(gpu.busy, (None,))[0] != node:
-                    raise InvariantError(f"{self.resource}.{node}.gpu{g}: busy with "
-                                         f"{gpu.busy}, which is not running here")
+                    raise InvariantError(
+                        f"{self.resource}.{node}.gpu{g}: busy with "
+                        f"{gpu.busy}, which is not running here"
+                    )
         for aid, (node, chunk) in self._running.items():
             for g in range(*chunk):
                 if self._gpus[node][g].busy != aid:
@@ -370,13 +408,27 @@ class ResidentWait:
             return False
         if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
             self._claims = (view, {})
-        busy = [(ra.assignment.placement[resource].node, ra.assignment.placement[resource].chunk,
-                 ra.expected_end) for ra in view.running
-                if resource in ra.assignment.placement
-                and ra.assignment.placement[resource].chunk is not None]
+        busy = [
+            (
+                ra.assignment.placement[resource].node,
+                ra.assignment.placement[resource].chunk,
+                ra.expected_end,
+            )
+            for ra in view.running
+            if resource in ra.assignment.placement
+            and ra.assignment.placement[resource].chunk is not None
+        ]
         k = placement.chunk[1] - placement.chunk[0]
-        return self.residency.should_wait(action, resource, placement.node, placement.chunk,
-                                          busy, now, self._claims[1], view.estimate(action, k))
+        return self.residency.should_wait(
+            action,
+            resource,
+            placement.node,
+            placement.chunk,
+            busy,
+            now,
+            self._claims[1],
+            view.estimate(action, k),
+        )
 
 
 class ResidencyAdvisor(PlacementAdvisor):

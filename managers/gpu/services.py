@@ -44,8 +44,9 @@ class RestoreModel:
         return self.latency_s + nbytes / (self.bandwidth_gbps * GB)
 
 
-def _per_dop(path: str, table: Mapping[int, float] | None, dops: tuple[int, ...],
-             integer: bool) -> Mapping[int, float]:
+def _per_dop(
+    path: str, table: Mapping[int, float] | None, dops: tuple[int, ...], integer: bool
+) -> Mapping[int, float]:
     if table is None:
         return MappingProxyType({})
     out = {}
@@ -77,34 +78,57 @@ class Service:
         if not isinstance(self.name, str) or not self.name:
             raise ValidationError("service.name", self.name, "must be a non-empty string")
         if not self.memory_bytes:
-            raise ValidationError(f"services.{self.name}.memory_bytes", self.memory_bytes,
-                                  "must allow at least one DoP")
+            raise ValidationError(
+                f"services.{self.name}.memory_bytes",
+                self.memory_bytes,
+                "must allow at least one DoP",
+            )
         for k in self.memory_bytes:
             if isinstance(k, bool) or not isinstance(k, int) or not is_pow2(k):
-                raise ValidationError(f"services.{self.name}.dop", k,
-                                      "DoP variants are powers of two (one aligned chunk each)")
+                raise ValidationError(
+                    f"services.{self.name}.dop",
+                    k,
+                    "DoP variants are powers of two (one aligned chunk each)",
+                )
         dops = tuple(sorted(self.memory_bytes))
         path = f"services.{self.name}"
-        object.__setattr__(self, "memory_bytes",
-                           _per_dop(f"{path}.memory_bytes", self.memory_bytes, dops, True))
-        object.__setattr__(self, "restore_s", _per_dop(f"{path}.restore_s", self.restore_s,
-                                                       dops, False))
-        object.__setattr__(self, "infer_s", _per_dop(f"{path}.infer_s", self.infer_s,
-                                                     dops, False))
+        object.__setattr__(
+            self, "memory_bytes", _per_dop(f"{path}.memory_bytes", self.memory_bytes, dops, True)
+        )
+        object.__setattr__(
+            self, "restore_s", _per_dop(f"{path}.restore_s", self.restore_s, dops, False)
+        )
+        object.__setattr__(self, "infer_s", _per_dop(f"{path}.infer_s", self.infer_s, dops, False))
 
     @classmethod
-    def uniform(cls, name: str, memory_bytes: int, dops: tuple[int, ...] = (1,),
-                restore_s: float | None = None, infer_s: float | None = None) -> Service:
-        return cls(name, {k: memory_bytes for k in dops},
-                   {k: restore_s for k in dops} if restore_s is not None else {},
-                   {k: infer_s for k in dops} if infer_s is not None else {})
+    def uniform(
+        cls,
+        name: str,
+        memory_bytes: int,
+        dops: tuple[int, ...] = (1,),
+        restore_s: float | None = None,
+        infer_s: float | None = None,
+    ) -> Service:
+        return cls(
+            name,
+            {k: memory_bytes for k in dops},
+            {k: restore_s for k in dops} if restore_s is not None else {},
+            {k: infer_s for k in dops} if infer_s is not None else {},
+        )
 
     @classmethod
-    def sharded(cls, name: str, weights_bytes: int, dops: tuple[int, ...] = (1,),
-                reserve_bytes: int = 0, infer_s: Mapping[int, float] | None = None) -> Service:
+    def sharded(
+        cls,
+        name: str,
+        weights_bytes: int,
+        dops: tuple[int, ...] = (1,),
+        reserve_bytes: int = 0,
+        infer_s: Mapping[int, float] | None = None,
+    ) -> Service:
         """Weights split evenly over k GPUs (tensor parallel) plus `reserve_bytes` per GPU."""
-        return cls(name, {k: -(-weights_bytes // k) + reserve_bytes for k in dops},
-                   {}, dict(infer_s or {}))
+        return cls(
+            name, {k: -(-weights_bytes // k) + reserve_bytes for k in dops}, {}, dict(infer_s or {})
+        )
 
     @property
     def dops(self) -> tuple[int, ...]:
@@ -114,8 +138,9 @@ class Service:
         try:
             return int(self.memory_bytes[k])
         except KeyError:
-            raise ValidationError(f"services.{self.name}.dop", k,
-                                  f"no variant of {k} GPUs (allowed: {self.dops})") from None
+            raise ValidationError(
+                f"services.{self.name}.dop", k, f"no variant of {k} GPUs (allowed: {self.dops})"
+            ) from None
 
     def restore_seconds(self, k: int, model: RestoreModel) -> float:
         """The measured/declared restore time of the k-GPU variant, else from its bytes."""
@@ -143,8 +168,9 @@ class ServiceRegistry:
 
     def get(self, name: str | None) -> Service:
         if name is None or name not in self._services:
-            raise ValidationError("action.service", name,
-                                  f"unknown service (registered: {sorted(self._services)})")
+            raise ValidationError(
+                "action.service", name, f"unknown service (registered: {sorted(self._services)})"
+            )
         return self._services[name]
 
     def __contains__(self, name: object) -> bool:

@@ -26,10 +26,16 @@ def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:
     when `weights_gb` is given, `ServiceSpec.per_gpu_gb`) at every DoP the node allows (a
     chunk of any power-of-two size up to `gpus_per_node`)."""
     dops = chunk_sizes(spec.gpus_per_node)
-    return ServiceRegistry({
-        name: Service(name, {k: round(s.per_gpu_gb(k) * GB) for k in dops},
-                      {k: s.restore_at(k) for k in dops})
-        for name, s in spec.services.items()})
+    return ServiceRegistry(
+        {
+            name: Service(
+                name,
+                {k: round(s.per_gpu_gb(k) * GB) for k in dops},
+                {k: s.restore_at(k) for k in dops},
+            )
+            for name, s in spec.services.items()
+        }
+    )
 
 
 class SimServiceModel:
@@ -41,16 +47,23 @@ class SimServiceModel:
 
     def __init__(self, resource_spec: ResourceSpec, restore: RestoreModel | None = None) -> None:
         if resource_spec.topology != "chunks":
-            raise ValidationError(f"resources.{resource_spec.name}.topology",
-                                  resource_spec.topology, "services need a chunks pool")
+            raise ValidationError(
+                f"resources.{resource_spec.name}.topology",
+                resource_spec.topology,
+                "services need a chunks pool",
+            )
         self.resource = resource_spec.name
         memory = round((resource_spec.memory_gb or 0) * GB) or None
         registry = registry_from_spec(resource_spec)
         if memory is None:  # no services declared: any memory will do
             memory = 1 << 62
         self.residency = Residency.uniform(
-            {n: resource_spec.gpus_per_node for n in resource_spec.node_names()}, memory,
-            registry, resource=self.resource, restore=restore)
+            {n: resource_spec.gpus_per_node for n in resource_spec.node_names()},
+            memory,
+            registry,
+            resource=self.resource,
+            restore=restore,
+        )
         self.decisions: dict[str, RestoreDecision] = {}
         self.advisor = ResidencyAdvisor(self.residency)  # set on the pool it models
 
@@ -87,8 +100,12 @@ class SimBackend(GpuBackend):
 
     name = "sim"
 
-    def __init__(self, restore: RestoreModel | None = None, time_scale: float = 1.0,
-                 default_infer_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        restore: RestoreModel | None = None,
+        time_scale: float = 1.0,
+        default_infer_s: float = 0.0,
+    ) -> None:
         self.restore_model = restore or RestoreModel()
         self.time_scale = time_scale
         self.default_infer_s = default_infer_s
@@ -116,6 +133,12 @@ class SimBackend(GpuBackend):
         seconds = service.infer_seconds(chunk[1] - chunk[0], self.default_infer_s)
         await asyncio.sleep(seconds * self.time_scale)
         self.calls.append(("invoke", service.name, node, chunk))
-        return {"simulated": True, "service": service.name, "node": node, "chunk": list(chunk),
-                "infer_s": seconds, "request": payload,
-                "note": "simulated GPU backend: no model ran; the time is the profile's"}
+        return {
+            "simulated": True,
+            "service": service.name,
+            "node": node,
+            "chunk": list(chunk),
+            "infer_s": seconds,
+            "request": payload,
+            "note": "simulated GPU backend: no model ran; the time is the profile's",
+        }

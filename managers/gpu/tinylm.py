@@ -18,8 +18,14 @@ if TYPE_CHECKING:
     import torch
 
 # bytes per element of the dtypes a config may name (torch's `element_size`)
-DTYPE_BYTES = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1,
-               "float8_e5m2": 1}
+DTYPE_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,11 +97,11 @@ def _model_classes() -> dict[str, type]:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, d = x.shape
             q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
-            att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                 v.transpose(1, 2), is_causal=True)
+            att = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
             return x + self.down(F.gelu(self.up(self.ln2(x))))
-
 
     class TinyLM(nn.Module):
         def __init__(self, cfg: TinyLMConfig) -> None:

@@ -55,13 +55,16 @@ def _torch() -> ModuleType:
     try:
         import torch  # optional third-party dependency
     except ImportError as exc:
-        raise BackendUnavailable(f"GPU backend 'torch' cannot load ({exc}); install the extra: "
-                                 "pip install 'arl-tangram[gpu]'") from None
+        raise BackendUnavailable(
+            f"GPU backend 'torch' cannot load ({exc}); install the extra: "
+            "pip install 'arl-tangram[gpu]'"
+        ) from None
     return torch
 
 
-def torch_service(name: str, cfg: TinyLMConfig, dops: tuple[int, ...] = (1,),
-                  reserve_bytes: int = 0) -> Service:
+def torch_service(
+    name: str, cfg: TinyLMConfig, dops: tuple[int, ...] = (1,), reserve_bytes: int = 0
+) -> Service:
     """A service whose footprint per GPU is the model's weights (one replica per GPU)."""
     return Service.uniform(name, cfg.nbytes() + reserve_bytes, dops)
 
@@ -82,16 +85,22 @@ class TorchBackend(GpuBackend):
 
     name = "torch"
 
-    def __init__(self, models: Mapping[str, ModelSource | Mapping[str, Any]],
-                 use_cuda: bool | None = None, release_cached: bool = True,
-                 cpu_stand_in: bool = False) -> None:
+    def __init__(
+        self,
+        models: Mapping[str, ModelSource | Mapping[str, Any]],
+        use_cuda: bool | None = None,
+        release_cached: bool = True,
+        cpu_stand_in: bool = False,
+    ) -> None:
         torch = _torch()
         self.models = {n: _source(n, m) for n, m in models.items()}
         have = torch.cuda.is_available()
         if use_cuda is None and not have and not cpu_stand_in:
-            raise BackendUnavailable("GPU backend 'torch': no CUDA device (torch "
-                                     f"{torch.__version__}); set gpu.options.cpu_stand_in: true "
-                                     "to run it on the CPU as a stand-in, or gpu.backend: sim")
+            raise BackendUnavailable(
+                "GPU backend 'torch': no CUDA device (torch "
+                f"{torch.__version__}); set gpu.options.cpu_stand_in: true "
+                "to run it on the CPU as a stand-in, or gpu.backend: sim"
+            )
         self.cuda = have if use_cuda is None else use_cuda
         if self.cuda and not have:
             raise ValidationError("gpu.torch.use_cuda", use_cuda, "CUDA is not available")
@@ -106,8 +115,9 @@ class TorchBackend(GpuBackend):
         if not self.cuda:
             return torch.device("cpu")
         if gpu >= torch.cuda.device_count():
-            raise ValidationError("gpu.chunk", gpu, f"this machine has "
-                                  f"{torch.cuda.device_count()} CUDA devices")
+            raise ValidationError(
+                "gpu.chunk", gpu, f"this machine has {torch.cuda.device_count()} CUDA devices"
+            )
         return torch.device("cuda", gpu)
 
     def device_bytes(self) -> int:
@@ -120,8 +130,11 @@ class TorchBackend(GpuBackend):
             return
         source = self.models.get(service.name)
         if source is None:
-            raise ValidationError(f"gpu.torch.models.{service.name}", None,
-                                  f"no model for this service (models: {sorted(self.models)})")
+            raise ValidationError(
+                f"gpu.torch.models.{service.name}",
+                None,
+                f"no model for this service (models: {sorted(self.models)})",
+            )
         module = tinylm.TinyLM(source) if isinstance(source, TinyLMConfig) else source()
         module.eval()
         state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
@@ -142,8 +155,9 @@ class TorchBackend(GpuBackend):
         replicas = []
         for g in range(*chunk):
             dev = self.device_of(g)
-            replicas.append({n: t.to(dev, non_blocking=True, copy=True)
-                             for n, t in self.host[name].items()})
+            replicas.append(
+                {n: t.to(dev, non_blocking=True, copy=True) for n, t in self.host[name].items()}
+            )
         if self.cuda:
             for g in range(*chunk):
                 _torch().cuda.synchronize(self.device_of(g))
@@ -191,22 +205,29 @@ def _source(name: str, model: Any) -> ModelSource:
         known = set(TinyLMConfig.__dataclass_fields__)
         bad = sorted(set(model) - known)
         if bad:
-            raise ValidationError(f"gpu.services.{name}.model.{bad[0]}", model[bad[0]],
-                                  f"not a TinyLM size (known: {sorted(known)})")
+            raise ValidationError(
+                f"gpu.services.{name}.model.{bad[0]}",
+                model[bad[0]],
+                f"not a TinyLM size (known: {sorted(known)})",
+            )
         try:
             return TinyLMConfig(**model)
         except (TypeError, ValueError) as exc:
             raise ValidationError(f"gpu.services.{name}.model", dict(model), str(exc)) from None
-    raise ValidationError(f"gpu.services.{name}.model", model,
-                          "must be TinyLM sizes (a mapping), a TinyLMConfig or a factory")
+    raise ValidationError(
+        f"gpu.services.{name}.model",
+        model,
+        "must be TinyLM sizes (a mapping), a TinyLMConfig or a factory",
+    )
 
 
 def _tokens(payload: Any) -> list[list[int]]:
     """The request: {"tokens": [[id, ...], ...]}, each sequence at least 2 tokens long."""
     seqs = payload.get("tokens") if isinstance(payload, dict) else None
     if not isinstance(seqs, list) or not all(
-            isinstance(s, list) and len(s) >= 2 and all(isinstance(t, int) for t in s)
-            for s in seqs):
-        raise ValidationError("payload.tokens", seqs,
-                              "must be a list of token-id lists of length >= 2")
+        isinstance(s, list) and len(s) >= 2 and all(isinstance(t, int) for t in s) for s in seqs
+    ):
+        raise ValidationError(
+            "payload.tokens", seqs, "must be a list of token-id lists of length >= 2"
+        )
     return seqs

@@ -9,5 +9,12 @@ from solvers.exact.allocator import CpSatAllocator, ExactAllocator, PulpAllocato
 from solvers.exact.arrangement import ExactArrangement, solve_arrangement
 from solvers.exact.schedule import Schedule, solve_schedule
 
-__all__ = ["CpSatAllocator", "ExactAllocator", "ExactArrangement", "PulpAllocator", "Schedule",
-           "solve_arrangement", "solve_schedule"]
+__all__ = [
+    "CpSatAllocator",
+    "ExactAllocator",
+    "ExactArrangement",
+    "PulpAllocator",
+    "Schedule",
+    "solve_arrangement",
+    "solve_schedule",
+]

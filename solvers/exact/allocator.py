@@ -33,13 +33,7 @@ from solvers.exact.model import (
 from solvers.exact.schedule import realise, solve_model
 from solvers.exact.timeline import EPS
 from tangram.actions import Action
-from tangram.allocation import (
-    Assignment,
-    ClusterView,
-    RunningAction,
-    SlowPolicy,
-    check_assignments,
-)
+from tangram.allocation import Assignment, ClusterView, RunningAction, SlowPolicy, check_assignments
 from tangram.pools import ChunkPool, CorePool, Pool
 
 
@@ -65,8 +59,9 @@ def _pinned(ra: RunningAction, now: float, resolution: float) -> Job:
     return Job(a.action, a.action.submit_time, 0, (mode,), pinned=True)
 
 
-def view_model(view: ClusterView, queue: Sequence[Action], now: float,
-               resolution: float) -> ScheduleModel:
+def view_model(
+    view: ClusterView, queue: Sequence[Action], now: float, resolution: float
+) -> ScheduleModel:
     """The schedule model of one decision: time 0 is `now`, the queue is released at 0."""
     pools, running = view.pools, list(view.running)
     ran_flat, ran_gpus = _usage(pools, running)
@@ -74,8 +69,10 @@ def view_model(view: ClusterView, queue: Sequence[Action], now: float,
     blocked: dict[str, dict[str, set[int]]] = {}
     for r, p in pools.items():
         if isinstance(p, ChunkPool):
-            blocked[r] = {n: {g for c in p.tree(n).used for g in range(*c)} - ran_gpus[(r, n)]
-                          for n in p.nodes()}
+            blocked[r] = {
+                n: {g for c in p.tree(n).used for g in range(*c)} - ran_gpus[(r, n)]
+                for n in p.nodes()
+            }
 
     def duration(a: Action, units: int | None) -> float:
         return view.estimate(a, units)
@@ -83,11 +80,18 @@ def view_model(view: ClusterView, queue: Sequence[Action], now: float,
     jobs = [_pinned(ra, now, resolution) for ra in running]
     for a in queue:
         bound = {r: n for r in a.demands if (n := view.node_for(a, r)) is not None}
-        jobs.append(Job(a, a.submit_time, 0,
-                        build_modes(a, pools, duration, resolution, blocked, bound, cap)))
+        jobs.append(
+            Job(
+                a,
+                a.submit_time,
+                0,
+                build_modes(a, pools, duration, resolution, blocked, bound, cap),
+            )
+        )
     flat, gpu = index_sets(jobs)
-    return ScheduleModel(tuple(jobs), resolution, now, cap, flat, gpu,
-                         template_pools(pools, cap, blocked))
+    return ScheduleModel(
+        tuple(jobs), resolution, now, cap, flat, gpu, template_pools(pools, cap, blocked)
+    )
 
 
 def _concrete(pools: Mapping[str, Pool], starts: list[Assignment]) -> list[Assignment]:
@@ -116,16 +120,20 @@ class ExactAllocator(SlowPolicy):
     def __post_init__(self) -> None:
         check_backend(self.backend)
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         visible = list(queue)[: self.window]
         if not visible:
             return []
         model = view_model(view, visible, now, self.resolution)
         raw = solve_model(model, self.backend, self.time_limit, self.workers)
         entries = realise(model, raw)
-        starts = [e.assignment() for job, e in zip(model.jobs, entries)
-                  if not job.pinned and e.start <= now + EPS]
+        starts = [
+            e.assignment()
+            for job, e in zip(model.jobs, entries)
+            if not job.pinned and e.start <= now + EPS
+        ]
         out = _concrete(view.pools, starts)
         check_assignments(view.pools, out, view.bindings)
         return out
@@ -139,4 +147,3 @@ class CpSatAllocator(ExactAllocator):
 @dataclass(frozen=True)
 class PulpAllocator(ExactAllocator):
     backend: str = "pulp-cbc"
-

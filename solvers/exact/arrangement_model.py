@@ -69,37 +69,64 @@ def _chunk_model(tasks: Sequence[Mapping[int, float]], pool: ChunkPool, nodes: l
         used = {x for c in tree.used for x in range(*c)}
         for t, task in enumerate(tasks):
             for k, d in task.items():
-                cands[t] += [Candidate(k, d, n, chunk=c) for c, data in g.nodes(data=True)
-                             if data["size"] == k and not used.intersection(range(*c))]
+                cands[t] += [
+                    Candidate(k, d, n, chunk=c)
+                    for c, data in g.nodes(data=True)
+                    if data["size"] == k and not used.intersection(range(*c))
+                ]
         for leaf in (c for c, data in g.nodes(data=True) if data["size"] == 1):
             if leaf[0] in used:
                 continue
             path = nx.ancestors(g, leaf) | {leaf}  # the chunks on this GPU's root-to-leaf path
-            members = tuple((t, c, 1) for t in range(len(tasks))
-                            for c, cd in enumerate(cands[t]) if cd.node == n and cd.chunk in path)
+            members = tuple(
+                (t, c, 1)
+                for t in range(len(tasks))
+                for c, cd in enumerate(cands[t])
+                if cd.node == n and cd.chunk in path
+            )
             groups.append(CapacityGroup(1, members))
     return cands, groups
 
 
-def _flat_model(tasks: Sequence[Mapping[int, float]], pool: Pool, nodes: list[str],
-                numa_strict: bool):
+def _flat_model(
+    tasks: Sequence[Mapping[int, float]], pool: Pool, nodes: list[str], numa_strict: bool
+):
     bins: list[tuple[str, int | None, int]] = []  # (node, domain, free units)
     for n in nodes:
         if isinstance(pool, CorePool) and numa_strict:
             bins += [(n, d, len(free)) for d, free in sorted(pool.cpu_node(n).free.items())]
         else:
             bins.append((n, None, pool.free(n)))
-    cands = [[Candidate(k, d, n, domain=dom) for n, dom, free in bins
-              for k, d in task.items() if k <= free] for task in tasks]
-    groups = [CapacityGroup(free, tuple((t, c, cd.amount) for t in range(len(tasks))
-                                        for c, cd in enumerate(cands[t])
-                                        if (cd.node, cd.domain) == (n, dom)))
-              for n, dom, free in bins]
+    cands = [
+        [
+            Candidate(k, d, n, domain=dom)
+            for n, dom, free in bins
+            for k, d in task.items()
+            if k <= free
+        ]
+        for task in tasks
+    ]
+    groups = [
+        CapacityGroup(
+            free,
+            tuple(
+                (t, c, cd.amount)
+                for t in range(len(tasks))
+                for c, cd in enumerate(cands[t])
+                if (cd.node, cd.domain) == (n, dom)
+            ),
+        )
+        for n, dom, free in bins
+    ]
     return cands, groups
 
 
-def arrangement_model(tasks: Sequence[Mapping[int, float]], pool: Pool, node: str | None = None,
-                      numa_strict: bool = True) -> ArrangementModel:
+def arrangement_model(
+    tasks: Sequence[Mapping[int, float]],
+    pool: Pool,
+    node: str | None = None,
+    numa_strict: bool = True,
+) -> ArrangementModel:
     """Candidates and capacity groups for `tasks` on `pool`'s current free state."""
     for i, task in enumerate(tasks):
         if not task or any(k <= 0 or not math.isfinite(d) or d < 0 for k, d in task.items()):
@@ -112,12 +139,12 @@ def arrangement_model(tasks: Sequence[Mapping[int, float]], pool: Pool, node: st
     for i, c in enumerate(cands):
         if not c:
             raise Infeasible(f"tasks[{i}]: no allowed amount fits anywhere in {pool.resource}")
-    return ArrangementModel(tuple(tuple(c) for c in cands),
-                            tuple(g for g in groups if g.members))
+    return ArrangementModel(tuple(tuple(c) for c in cands), tuple(g for g in groups if g.members))
 
 
-def concrete_placements(model: ArrangementModel, chosen: Sequence[int],
-                        pool: Pool) -> tuple[Placement, ...]:
+def concrete_placements(
+    model: ArrangementModel, chosen: Sequence[int], pool: Pool
+) -> tuple[Placement, ...]:
     """Placements of the chosen candidates; cores are picked inside the chosen NUMA domain.
     Verified by taking them into a copy of the pool (raises on any broken invariant)."""
     work = pool.copy()
@@ -126,8 +153,9 @@ def concrete_placements(model: ArrangementModel, chosen: Sequence[int],
         cd = cands[c]
         if isinstance(work, CorePool):
             free = work.cpu_node(cd.node).free
-            doms = ([cd.domain] if cd.domain is not None
-                    else sorted(free, key=lambda d: -len(free[d])))
+            doms = (
+                [cd.domain] if cd.domain is not None else sorted(free, key=lambda d: -len(free[d]))
+            )
             cores = sorted(x for d in doms for x in sorted(free[d]))[: cd.amount]
             p = Placement(cd.node, cores=tuple(cores))
         else:

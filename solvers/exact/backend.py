@@ -77,8 +77,10 @@ def pulp_status(prob) -> SolveStatus:
         return SolveStatus.FEASIBLE
     if prob.sol_status == pulp.LpSolutionInfeasible or prob.status == pulp.LpStatusInfeasible:
         return SolveStatus.INFEASIBLE
-    raise TangramError(f"PuLP found no solution (status {pulp.LpStatus[prob.status]}, "
-                       f"solution status {prob.sol_status}); raise the time limit")
+    raise TangramError(
+        f"PuLP found no solution (status {pulp.LpStatus[prob.status]}, "
+        f"solution status {prob.sol_status}); raise the time limit"
+    )
 
 
 @contextlib.contextmanager
@@ -97,8 +99,7 @@ def quiet_stdout() -> Iterator[None]:
         os.close(saved)
 
 
-def solve_pulp_problem(prob, backend: str,
-                       time_limit: float) -> tuple[SolveStatus, float | None]:
+def solve_pulp_problem(prob, backend: str, time_limit: float) -> tuple[SolveStatus, float | None]:
     """Solve a PuLP problem quietly; (status, the backend's proven bound or None)."""
     with quiet_stdout():
         prob.solve(pulp_solver(backend, time_limit))

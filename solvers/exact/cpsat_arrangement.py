@@ -15,8 +15,9 @@ COST_SCALE = 1_000_000
 arrangements closer than 1e-6 s apart may tie."""
 
 
-def solve_arrangement_cpsat(model: ArrangementModel, backend: str,
-                            time_limit: float) -> tuple[str, tuple[int, ...], float]:
+def solve_arrangement_cpsat(
+    model: ArrangementModel, backend: str, time_limit: float
+) -> tuple[str, tuple[int, ...], float]:
     """(status, chosen candidate per task, wall seconds); raises `Infeasible`."""
     # data
     cands = model.candidates
@@ -33,8 +34,13 @@ def solve_arrangement_cpsat(model: ArrangementModel, backend: str,
         cp.add(sum(w * x[t][c] for t, c, w in g.members) <= g.limit)
 
     # objective: the sum of the chosen durations
-    cp.minimize(sum(round(cd.duration * COST_SCALE) * x[t][c]
-                    for t, cs in enumerate(cands) for c, cd in enumerate(cs)))
+    cp.minimize(
+        sum(
+            round(cd.duration * COST_SCALE) * x[t][c]
+            for t, cs in enumerate(cands)
+            for c, cd in enumerate(cs)
+        )
+    )
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)

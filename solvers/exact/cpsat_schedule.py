@@ -28,9 +28,14 @@ from solvers.exact.model import ScheduleModel
 from tangram.errors import Infeasible, TangramError
 
 
-def solve_cpsat(model: ScheduleModel, time_limit: float, workers: int | None = None,
-                hint: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
-                fcfs: bool = False, dominance: bool = True) -> RawSolution:
+def solve_cpsat(
+    model: ScheduleModel,
+    time_limit: float,
+    workers: int | None = None,
+    hint: tuple[tuple[int, ...], tuple[int, ...]] | None = None,
+    fcfs: bool = False,
+    dominance: bool = True,
+) -> RawSolution:
     """Minimise the weighted sum of end ticks; raises when CP-SAT finds no schedule in time.
 
     `fcfs`: queued jobs start in arrival order (the order-constrained optimum of the gap
@@ -67,8 +72,10 @@ def _variables(cp: cp_model.CpModel, model: ScheduleModel) -> _Vars:
         lo, hi = (0, 0) if job.pinned else (job.release, model.horizon)
         s = cp.new_int_var(lo, hi, f"start_{i}")
         lits = [cp.new_bool_var(f"mode_{i}_{m}") for m in range(len(job.modes))]
-        ivs = [cp.new_optional_fixed_size_interval_var(s, mode.ticks, lit, f"iv_{i}_{m}")
-               for m, (mode, lit) in enumerate(zip(job.modes, lits))]
+        ivs = [
+            cp.new_optional_fixed_size_interval_var(s, mode.ticks, lit, f"iv_{i}_{m}")
+            for m, (mode, lit) in enumerate(zip(job.modes, lits))
+        ]
         e = cp.new_int_var(lo + min(m.ticks for m in job.modes), model.horizon, f"end_{i}")
         v.starts.append(s)
         v.ends.append(e)
@@ -83,12 +90,16 @@ def _pool_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars) -> N
         cp.add_exactly_one(lits)
     # a job ends its chosen mode's duration after it starts
     for i, job in enumerate(model.jobs):
-        cp.add(v.ends[i] == v.starts[i] + sum(m.ticks * lit
-                                              for m, lit in zip(job.modes, v.present[i])))
+        cp.add(
+            v.ends[i] == v.starts[i] + sum(m.ticks * lit for m, lit in zip(job.modes, v.present[i]))
+        )
     # flat pools: the units in use on a node never exceed its capacity
     for key, users in model.flat_users.items():
-        cp.add_cumulative([v.intervals[i][m] for i, m, _ in users], [k for _, _, k in users],
-                          model.flat_capacity[key])
+        cp.add_cumulative(
+            [v.intervals[i][m] for i, m, _ in users],
+            [k for _, _, k in users],
+            model.flat_capacity[key],
+        )
     # GPU pools: at most one action at a time on each GPU (its chunk's root-to-leaf path)
     for on_gpu in model.gpu_users.values():
         if len(on_gpu) > 1:
@@ -98,8 +109,9 @@ def _pool_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars) -> N
         _area_cumulative(cp, model, key, users, v.starts, v.ends, v.present)
 
 
-def _order_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars, fcfs: bool,
-                       dominance: bool) -> None:
+def _order_constraints(
+    cp: cp_model.CpModel, model: ScheduleModel, v: _Vars, fcfs: bool, dominance: bool
+) -> None:
     jobs, starts, ends = model.jobs, v.starts, v.ends
     queued = [i for i, job in enumerate(jobs) if not job.pinned]
     order = sorted(queued, key=lambda i: (jobs[i].arrival, i))
@@ -126,8 +138,7 @@ def _order_constraints(cp: cp_model.CpModel, model: ScheduleModel, v: _Vars, fcf
             cp.add_bool_or(at)
 
 
-def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float,
-           workers: int | None) -> RawSolution:
+def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float, workers: int | None) -> RawSolution:
     """Solve with the injected time limit, check the status, extract."""
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
@@ -141,19 +152,28 @@ def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float,
     if status == cp_model.INFEASIBLE:
         raise Infeasible("CP-SAT proved the schedule infeasible")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise TangramError(f"CP-SAT found no schedule within {time_limit:g} s "
-                           f"({solver.status_name(status)}); raise the time limit")
-    modes = tuple(next(m for m, lit in enumerate(lits) if solver.boolean_value(lit))
-                  for lits in v.present)
+        raise TangramError(
+            f"CP-SAT found no schedule within {time_limit:g} s "
+            f"({solver.status_name(status)}); raise the time limit"
+        )
+    modes = tuple(
+        next(m for m, lit in enumerate(lits) if solver.boolean_value(lit)) for lits in v.present
+    )
     proved = SolveStatus.OPTIMAL if status == cp_model.OPTIMAL else SolveStatus.FEASIBLE
-    return RawSolution(proved, modes,
-                       tuple(solver.value(s) for s in v.starts),
-                       # the objective is a sum of integer ticks: CP-SAT reports it as a float
-                       float(round(solver.objective_value)), solver.best_objective_bound, wall)
+    return RawSolution(
+        proved,
+        modes,
+        tuple(solver.value(s) for s in v.starts),
+        # the objective is a sum of integer ticks: CP-SAT reports it as a float
+        float(round(solver.objective_value)),
+        solver.best_objective_bound,
+        wall,
+    )
 
 
-def _area_cumulative(cp: cp_model.CpModel, model: ScheduleModel, key: tuple[str, str],
-                     users, starts, ends, present) -> None:
+def _area_cumulative(
+    cp: cp_model.CpModel, model: ScheduleModel, key: tuple[str, str], users, starts, ends, present
+) -> None:
     """A cumulative over one always-present interval per job whose every mode uses this flat
     node: size and demand are the chosen mode's, so the job's area counts before its mode is
     fixed. Skipped when some job could also run elsewhere (the job's interval would lie)."""

@@ -104,8 +104,9 @@ class ScheduleModel:
     @property
     def horizon(self) -> int:
         """An end no optimal schedule passes: the latest release plus every job run serially."""
-        return (max((j.release for j in self.jobs), default=0)
-                + sum(max(m.ticks for m in j.modes) for j in self.jobs))
+        return max((j.release for j in self.jobs), default=0) + sum(
+            max(m.ticks for m in j.modes) for j in self.jobs
+        )
 
     def queued(self) -> list[int]:
         return [i for i, j in enumerate(self.jobs) if not j.pinned]
@@ -131,27 +132,49 @@ def _options(action: Action, duration: Duration, resolution: float) -> list[tupl
 def free_chunks(pool: ChunkPool, node: str, k: int, blocked: set[int]) -> list[tuple[int, int]]:
     """Aligned k-GPU chunks of `node`'s chunk tree that hold no blocked GPU."""
     g: nx.DiGraph = pool.tree(node).graph
-    return sorted(c for c, data in g.nodes(data=True)
-                  if data["size"] == k and not any(x in blocked for x in range(*c)))
+    return sorted(
+        c
+        for c, data in g.nodes(data=True)
+        if data["size"] == k and not any(x in blocked for x in range(*c))
+    )
 
 
-def _slots(pool: Pool, resource: str, k: int, blocked: Mapping[str, set[int]],
-           node: str | None, capacity: Mapping[tuple[str, str], int]) -> list[Slot]:
+def _slots(
+    pool: Pool,
+    resource: str,
+    k: int,
+    blocked: Mapping[str, set[int]],
+    node: str | None,
+    capacity: Mapping[tuple[str, str], int],
+) -> list[Slot]:
     nodes = [node] if node is not None else pool.nodes()
     if isinstance(pool, ChunkPool):
-        return [Slot(resource, n, c) for n in nodes
-                for c in free_chunks(pool, n, k, blocked.get(n, set()))]
+        return [
+            Slot(resource, n, c)
+            for n in nodes
+            for c in free_chunks(pool, n, k, blocked.get(n, set()))
+        ]
     return [Slot(resource, n) for n in nodes if capacity[(resource, n)] >= k]
 
 
 def flat_capacities(pools: Mapping[str, Pool]) -> dict[tuple[str, str], int]:
-    return {(r, n): p.capacity(n) for r, p in pools.items()
-            if not isinstance(p, ChunkPool) for n in p.nodes()}
+    return {
+        (r, n): p.capacity(n)
+        for r, p in pools.items()
+        if not isinstance(p, ChunkPool)
+        for n in p.nodes()
+    }
 
 
-def build_modes(action: Action, pools: Mapping[str, Pool], duration: Duration, resolution: float,
-                blocked: Mapping[str, Mapping[str, set[int]]], bound: Mapping[str, str],
-                capacity: Mapping[tuple[str, str], int]) -> tuple[Mode, ...]:
+def build_modes(
+    action: Action,
+    pools: Mapping[str, Pool],
+    duration: Duration,
+    resolution: float,
+    blocked: Mapping[str, Mapping[str, set[int]]],
+    bound: Mapping[str, str],
+    capacity: Mapping[tuple[str, str], int],
+) -> tuple[Mode, ...]:
     """Every (amount, slot per resource) the action can run in; `bound` pins a node per resource,
     `blocked` takes GPUs out of chunk pools and `capacity` sizes flat nodes."""
     modes: list[Mode] = []
@@ -183,8 +206,11 @@ def index_sets(jobs: Sequence[Job]) -> tuple[dict, dict]:
     return ({k: tuple(v) for k, v in flat.items()}, {k: tuple(v) for k, v in gpu.items()})
 
 
-def template_pools(pools: Mapping[str, Pool], flat_capacity: Mapping[tuple[str, str], int],
-                   blocked: Mapping[str, Mapping[str, set[int]]]) -> dict[str, Pool]:
+def template_pools(
+    pools: Mapping[str, Pool],
+    flat_capacity: Mapping[tuple[str, str], int],
+    blocked: Mapping[str, Mapping[str, set[int]]],
+) -> dict[str, Pool]:
     """Verification pools: FlatPool per flat resource at the model capacity, chunk trees with
     the blocked GPUs taken (one GPU at a time)."""
     out: dict[str, Pool] = {}
@@ -204,20 +230,31 @@ def _bound(action: Action, bindings: Mapping[tuple[str, str], str]) -> dict[str,
     return {r: n for (t, r), n in bindings.items() if t == action.trajectory}
 
 
-def instance_model(resources_pools: Mapping[str, Pool], actions: Sequence[Action],
-                   resolution: float = DEFAULT_RESOLUTION,
-                   duration: Duration = action_duration,
-                   bindings: Mapping[tuple[str, str], str] | None = None) -> ScheduleModel:
+def instance_model(
+    resources_pools: Mapping[str, Pool],
+    actions: Sequence[Action],
+    resolution: float = DEFAULT_RESOLUTION,
+    duration: Duration = action_duration,
+    bindings: Mapping[tuple[str, str], str] | None = None,
+) -> ScheduleModel:
     """The whole-instance schedule: every action released at its arrival, empty pools; an
     action whose trajectory is bound (`bindings`: (trajectory, resource) -> node) runs there."""
     if not resolution > 0:
         raise TangramError(f"resolution must be positive, got {resolution!r}")
     origin = 0.0
     cap = flat_capacities(resources_pools)
-    jobs = tuple(Job(a, a.submit_time, to_ticks(a.submit_time - origin, resolution),
-                     build_modes(a, resources_pools, duration, resolution, {},
-                                 _bound(a, bindings or {}), cap))
-                 for a in actions)
+    jobs = tuple(
+        Job(
+            a,
+            a.submit_time,
+            to_ticks(a.submit_time - origin, resolution),
+            build_modes(
+                a, resources_pools, duration, resolution, {}, _bound(a, bindings or {}), cap
+            ),
+        )
+        for a in actions
+    )
     flat, gpu = index_sets(jobs)
-    return ScheduleModel(jobs, resolution, origin, cap, flat, gpu,
-                         template_pools(resources_pools, cap, {}))
+    return ScheduleModel(
+        jobs, resolution, origin, cap, flat, gpu, template_pools(resources_pools, cap, {})
+    )

@@ -11,16 +11,20 @@ from solvers.exact.backend import SolveStatus, chosen, solve_pulp_problem
 from tangram.errors import Infeasible
 
 
-def solve_arrangement_pulp(model: ArrangementModel, backend: str,
-                           time_limit: float) -> tuple[str, tuple[int, ...], float]:
+def solve_arrangement_pulp(
+    model: ArrangementModel, backend: str, time_limit: float
+) -> tuple[str, tuple[int, ...], float]:
     """(status, chosen candidate per task, wall seconds); raises `Infeasible`."""
     # data
     cands = model.candidates
     prob = pulp.LpProblem("tangram_arrangement", pulp.LpMinimize)
 
     # variables: x[t, c] = task t takes candidate c
-    x = {(t, c): prob.add_variable(f"x_{t}_{c}", cat="Binary")
-         for t, cs in enumerate(cands) for c in range(len(cs))}
+    x = {
+        (t, c): prob.add_variable(f"x_{t}_{c}", cat="Binary")
+        for t, cs in enumerate(cands)
+        for c in range(len(cs))
+    }
 
     # every task takes exactly one candidate
     for t, cs in enumerate(cands):
@@ -30,8 +34,9 @@ def solve_arrangement_pulp(model: ArrangementModel, backend: str,
         prob += pulp.lpSum(w * x[t, c] for t, c, w in g.members) <= g.limit, f"cap_{n}"
 
     # objective: the sum of the chosen durations
-    prob += pulp.lpSum(cd.duration * x[t, c] for t, cs in enumerate(cands)
-                       for c, cd in enumerate(cs))
+    prob += pulp.lpSum(
+        cd.duration * x[t, c] for t, cs in enumerate(cands) for c, cd in enumerate(cs)
+    )
 
     t0 = time.perf_counter()
     status, _ = solve_pulp_problem(prob, backend, time_limit)

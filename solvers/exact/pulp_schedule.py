@@ -27,8 +27,13 @@ def _pairs(model: ScheduleModel) -> tuple[set, list[list[int]]]:
     groups = [sorted({i for i, _, _ in users}) for users in model.flat_users.values()]
     gpu_groups = [sorted({i for i, _ in users}) for users in model.gpu_users.values()]
     pinned = {i for i, j in enumerate(model.jobs) if j.pinned}
-    pairs = {(i, j) for g in groups + gpu_groups for i in g for j in g
-             if i != j and not (i in pinned and j in pinned)}
+    pairs = {
+        (i, j)
+        for g in groups + gpu_groups
+        for i in g
+        for j in g
+        if i != j and not (i in pinned and j in pinned)
+    }
     return pairs, groups
 
 
@@ -40,12 +45,21 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     prob = pulp.LpProblem("tangram_schedule", pulp.LpMinimize)
 
     # variables: mode choice, integer start and end per job, end-before-start per pair, start order
-    x = {(i, m): prob.add_variable(f"x_{i}_{m}", cat="Binary")
-         for i, job in enumerate(jobs) for m in range(len(job.modes))}
-    s = [prob.add_variable(f"s_{i}", 0 if j.pinned else j.release, 0 if j.pinned else big_m,
-                         cat="Integer") for i, j in enumerate(jobs)]
-    e = [s[i] + pulp.lpSum(mode.ticks * x[i, m] for m, mode in enumerate(job.modes))
-         for i, job in enumerate(jobs)]
+    x = {
+        (i, m): prob.add_variable(f"x_{i}_{m}", cat="Binary")
+        for i, job in enumerate(jobs)
+        for m in range(len(job.modes))
+    }
+    s = [
+        prob.add_variable(
+            f"s_{i}", 0 if j.pinned else j.release, 0 if j.pinned else big_m, cat="Integer"
+        )
+        for i, j in enumerate(jobs)
+    ]
+    e = [
+        s[i] + pulp.lpSum(mode.ticks * x[i, m] for m, mode in enumerate(job.modes))
+        for i, job in enumerate(jobs)
+    ]
     p = {ij: prob.add_variable(f"p_{ij[0]}_{ij[1]}", cat="Binary") for ij in pairs}
     flat_pairs = {(i, j) for g in groups for i in g for j in g if i != j}
     b = {ij: prob.add_variable(f"b_{ij[0]}_{ij[1]}", cat="Binary") for ij in flat_pairs}
@@ -69,8 +83,17 @@ def solve_pulp(model: ScheduleModel, backend: str, time_limit: float) -> RawSolu
     return RawSolution(status, modes, starts, objective, bound, wall)
 
 
-def _order_constraints(prob: pulp.LpProblem, model: ScheduleModel, x: dict, s: list, e: list,
-                       p: dict, b: dict, groups: list[list[int]], big_m: int) -> None:
+def _order_constraints(
+    prob: pulp.LpProblem,
+    model: ScheduleModel,
+    x: dict,
+    s: list,
+    e: list,
+    p: dict,
+    b: dict,
+    groups: list[list[int]],
+    big_m: int,
+) -> None:
     jobs = model.jobs
     # each job runs in exactly one mode
     for i, job in enumerate(jobs):
@@ -91,18 +114,23 @@ def _order_constraints(prob: pulp.LpProblem, model: ScheduleModel, x: dict, s: l
                 prob += b[i, j] + b[j, k] + b[k, i] <= 2, f"transitive_{i}_{j}_{k}"
 
 
-def _pool_constraints(prob: pulp.LpProblem, model: ScheduleModel, x: dict, p: dict,
-                      b: dict) -> None:
+def _pool_constraints(
+    prob: pulp.LpProblem, model: ScheduleModel, x: dict, p: dict, b: dict
+) -> None:
     # flat pools: at each start, the units of every job started and not ended fit the node
     for n, (key, users) in enumerate(model.flat_users.items()):
-        amount = {i: pulp.lpSum(k * x[i, m] for ii, m, k in users if ii == i)
-                  for i in {u[0] for u in users}}
+        amount = {
+            i: pulp.lpSum(k * x[i, m] for ii, m, k in users if ii == i)
+            for i in {u[0] for u in users}
+        }
         peak = {i: max(k for ii, _, k in users if ii == i) for i in amount}
         for j in amount:
             w = {i: prob.add_variable(f"w_{n}_{i}_{j}", 0) for i in amount if i != j}
             for i, wi in w.items():
-                prob += (wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)),
-                         f"load_{n}_{i}_{j}")
+                prob += (
+                    wi >= amount[i] - peak[i] * (1 - b[i, j] + p.get((i, j), 0)),
+                    f"load_{n}_{i}_{j}",
+                )
             prob += amount[j] + pulp.lpSum(w.values()) <= model.flat_capacity[key], f"cap_{n}_{j}"
     # GPU pools: two jobs whose chunks share a GPU run one after the other
     for n, on_gpu in enumerate(model.gpu_users.values()):

@@ -43,15 +43,25 @@ def _action(rng: random.Random, i: int, res: str, arrival: float) -> dict[str, A
     if rng.random() < 0.5:
         amounts = [1, 2, 4, 8]
         s = rng.uniform(0.05, 0.5)
-        return {"id": f"a{i}", "arrival": arrival, "key": res, "demand": {res: amounts},
-                "t_ori": round(rng.uniform(2.0, 20.0), 1),
-                "efficiency": {str(m): amdahl_efficiency(m, s) for m in amounts}}
-    return {"id": f"a{i}", "arrival": arrival, "demand": {res: rng.choice([1, 1, 2, 4])},
-            "duration": round(rng.uniform(0.5, 5.0), 1)}
+        return {
+            "id": f"a{i}",
+            "arrival": arrival,
+            "key": res,
+            "demand": {res: amounts},
+            "t_ori": round(rng.uniform(2.0, 20.0), 1),
+            "efficiency": {str(m): amdahl_efficiency(m, s) for m in amounts},
+        }
+    return {
+        "id": f"a{i}",
+        "arrival": arrival,
+        "demand": {res: rng.choice([1, 1, 2, 4])},
+        "duration": round(rng.uniform(0.5, 5.0), 1),
+    }
 
 
-def random_instance_doc(cls: InstanceClass, seed: int, units: int = 8,
-                        gpu_nodes: int = 1) -> dict[str, Any]:
+def random_instance_doc(
+    cls: InstanceClass, seed: int, units: int = 8, gpu_nodes: int = 1
+) -> dict[str, Any]:
     """A reproducible instance document of class `cls` (parse with `parse_instance`)."""
     rng = random.Random(f"{cls.pool}/{cls.arrivals}/{cls.size}/{seed}")
     if cls.pool == "flat":
@@ -61,5 +71,7 @@ def random_instance_doc(cls: InstanceClass, seed: int, units: int = 8,
         resources = {"gpu": {"topology": "chunks", "nodes": gpu_nodes, "gpus_per_node": units}}
         res = "gpu"
     arrivals = _arrivals(rng, cls.size, cls.arrivals)
-    return {"resources": resources,
-            "actions": [_action(rng, i, res, t) for i, t in enumerate(arrivals)]}
+    return {
+        "resources": resources,
+        "actions": [_action(rng, i, res, t) for i, t in enumerate(arrivals)],
+    }

@@ -42,9 +42,15 @@ class Schedule:
         """`tangram replay`'s JSON plus status, bound, backend, resolution and solve time."""
         return {
             "total_act": self.total_act,
-            "actions": {e.action.id: {"start": e.start, "end": e.end, "units": dict(e.units),
-                                      "placement": _placement_json(e)}
-                        for e in self.entries},
+            "actions": {
+                e.action.id: {
+                    "start": e.start,
+                    "end": e.end,
+                    "units": dict(e.units),
+                    "placement": _placement_json(e),
+                }
+                for e in self.entries
+            },
             "status": self.status,
             "bound": self.bound,
             "backend": self.backend,
@@ -54,12 +60,15 @@ class Schedule:
 
 
 def _placement_json(e: ScheduledAction) -> dict[str, dict[str, Any]]:
-    return {r: {"node": p.node, **({"chunk": list(p.chunk)} if p.chunk else {})}
-            for r, p in e.placement.items()}
+    return {
+        r: {"node": p.node, **({"chunk": list(p.chunk)} if p.chunk else {})}
+        for r, p in e.placement.items()
+    }
 
 
-def solve_model(model: ScheduleModel, backend: str, time_limit: float,
-                workers: int | None = None) -> RawSolution:
+def solve_model(
+    model: ScheduleModel, backend: str, time_limit: float, workers: int | None = None
+) -> RawSolution:
     """Dispatch to the backend by name."""
     check_backend(backend)
     if backend == "cpsat":
@@ -67,8 +76,7 @@ def solve_model(model: ScheduleModel, backend: str, time_limit: float,
     return solve_pulp(model, backend, time_limit)
 
 
-def realise(model: ScheduleModel, raw: RawSolution,
-            compact: bool = True) -> list[ScheduledAction]:
+def realise(model: ScheduleModel, raw: RawSolution, compact: bool = True) -> list[ScheduledAction]:
     """Real-time entries of every job (pinned ones too), left-shifted and verified."""
     entries = extract(model, raw)
     if compact:
@@ -81,19 +89,24 @@ def total_act(entries: Sequence[ScheduledAction]) -> float:
     return sum(e.end - e.action.submit_time for e in entries)
 
 
-def solve_schedule(instance: Instance, backend: str = "cpsat", time_limit: float = 30.0,
-                   resolution: float = DEFAULT_RESOLUTION, workers: int | None = None,
-                   compact: bool = True) -> Schedule:
+def solve_schedule(
+    instance: Instance,
+    backend: str = "cpsat",
+    time_limit: float = 30.0,
+    resolution: float = DEFAULT_RESOLUTION,
+    workers: int | None = None,
+    compact: bool = True,
+) -> Schedule:
     """The exact (or, at the time limit, best found) schedule of `instance`.
 
     Raises `tangram.Infeasible` when no schedule exists and `TangramError` when the backend
     finds none in time. The result has passed `timeline.verify`.
     """
-    model = instance_model(instance.build_pools(), instance.actions, resolution,
-                           bindings=instance.bindings)
+    model = instance_model(
+        instance.build_pools(), instance.actions, resolution, bindings=instance.bindings
+    )
     raw = solve_model(model, backend, time_limit, workers)
     entries = tuple(realise(model, raw, compact))
     arrivals = sum(j.arrival for j in model.jobs)
     bound = None if raw.bound is None else max(0.0, raw.bound * resolution - arrivals)
-    return Schedule(raw.status, entries, total_act(entries), bound, backend, resolution,
-                    raw.wall_s)
+    return Schedule(raw.status, entries, total_act(entries), bound, backend, resolution, raw.wall_s)

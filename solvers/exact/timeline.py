@@ -43,13 +43,21 @@ def extract(model: ScheduleModel, raw: RawSolution) -> list[ScheduledAction]:
     for job, m, tick in zip(model.jobs, raw.modes, raw.starts):
         mode = job.modes[m]
         start = model.origin + tick * model.resolution
-        out.append(ScheduledAction(job.action, start, start + mode.duration, dict(mode.units),
-                                   {s.resource: s.placement() for s in mode.slots}))
+        out.append(
+            ScheduledAction(
+                job.action,
+                start,
+                start + mode.duration,
+                dict(mode.units),
+                {s.resource: s.placement() for s in mode.slots},
+            )
+        )
     return out
 
 
-def fits(pools: Mapping[str, Pool], placed: Sequence[ScheduledAction],
-         new: ScheduledAction) -> bool:
+def fits(
+    pools: Mapping[str, Pool], placed: Sequence[ScheduledAction], new: ScheduledAction
+) -> bool:
     """Whether `new` can run alongside `placed` at every moment of its interval."""
     times = [new.start] + [p.start for p in placed if new.start < p.start < new.end - EPS]
     for t in times:
@@ -89,16 +97,21 @@ def left_shift(model: ScheduleModel, entries: Sequence[ScheduledAction]) -> list
     return out
 
 
-def verify(pools: Mapping[str, Pool], entries: Sequence[ScheduledAction],
-           arrivals: Mapping[str, float] | None = None) -> None:
+def verify(
+    pools: Mapping[str, Pool],
+    entries: Sequence[ScheduledAction],
+    arrivals: Mapping[str, float] | None = None,
+) -> None:
     """Raise `InvariantError` unless every moment of the schedule passes `check_assignments`
     (and, given `arrivals`, no action starts before it arrives)."""
     for e in entries:
         if e.end <= e.start:
             raise InvariantError(f"action {e.action.id}: ends at {e.end} before start {e.start}")
         if arrivals is not None and e.start < arrivals[e.action.id] - EPS:
-            raise InvariantError(f"action {e.action.id}: starts at {e.start} before it arrives "
-                                 f"at {arrivals[e.action.id]}")
+            raise InvariantError(
+                f"action {e.action.id}: starts at {e.start} before it arrives "
+                f"at {arrivals[e.action.id]}"
+            )
     for t in sorted({e.start for e in entries}):
         running = [e.assignment() for e in entries if e.running_at(t)]
         try:

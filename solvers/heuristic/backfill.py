@@ -59,6 +59,8 @@ class Order(StrEnum):
 
     FCFS = "fcfs"  # arrival order, the paper's
     SRPT = "srpt"  # shortest estimated work first, with aging (see the module docstring)
+
+
 RESERVE_OPTIONS = 3
 """Amounts a waiting elastic action's reservation tries (evenly spread, minimum and maximum
 included): it reserves the one that finishes soonest."""
@@ -86,8 +88,7 @@ class BackfillDecision:
 class _Timelines:
     """One timeline per resource, built on first use from what holds units now."""
 
-    def __init__(self, view: ClusterView, held: list[tuple[Assignment, float]],
-                 now: float) -> None:
+    def __init__(self, view: ClusterView, held: list[tuple[Assignment, float]], now: float) -> None:
         self.view, self.held, self.now = view, held, now
         self._by_res: dict[str, Timeline] = {}
 
@@ -102,8 +103,11 @@ class _Timelines:
         items = [(a.placement[r], a.units[r], end) for a, end in self.held if r in a.units]
         if isinstance(pool, ChunkPool):
             gpus = {n: pool.capacity(n) for n in pool.nodes()}
-            return ChunkTimeline(self.now, gpus, [(p.node, p.chunk, end) for p, _, end in items
-                                                  if p.chunk is not None])
+            return ChunkTimeline(
+                self.now,
+                gpus,
+                [(p.node, p.chunk, end) for p, _, end in items if p.chunk is not None],
+            )
         held_units: dict[str, int] = {}
         for p, u, _ in items:
             held_units[p.node] = held_units.get(p.node, 0) + u
@@ -134,8 +138,9 @@ def _choices(view: ClusterView, a: Action, fastest_first: bool):
     return [(dict(a.mins), view.estimate(a, a.mins[k] if k else None))]
 
 
-def _earliest(tls: _Timelines, view: ClusterView, a: Action, units: Mapping[str, int],
-              d: float, now: float) -> tuple[float, dict[str, Slot]] | None:
+def _earliest(
+    tls: _Timelines, view: ClusterView, a: Action, units: Mapping[str, int], d: float, now: float
+) -> tuple[float, dict[str, Slot]] | None:
     """First estimated time every resource of `units` is free for d seconds (a fixed point over
     the resources: each one's earliest time at or after the others')."""
     t = now
@@ -170,6 +175,7 @@ def _reserve(tls: _Timelines, view: ClusterView, a: Action, now: float) -> Reser
 
 def _now_ok(pool: Pool, k: int) -> Callable[[Slot], bool]:
     """Whether a slot is free in the pool *now* (the timeline only knows estimates)."""
+
     def ok(slot: Slot) -> bool:
         node, chunk = slot
         if chunk is None:
@@ -177,11 +183,13 @@ def _now_ok(pool: Pool, k: int) -> Callable[[Slot], bool]:
         assert isinstance(pool, ChunkPool)
         size = 1 << chunk_level(k)
         return pool.tree(node).free_container((chunk[0], chunk[0] + size)) is not None
+
     return ok
 
 
-def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Action,
-               now: float) -> Assignment | None:
+def _try_start(
+    tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Action, now: float
+) -> Assignment | None:
     """Start `a` now with its fastest amount that fits now and beside every reservation."""
     for units, d in _choices(view, a, True):
         if any(pools[r].free() < k for r, k in units.items()):
@@ -190,7 +198,7 @@ def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Actio
         for r, k in units.items():
             pool, tl = pools[r], tls[r]
             bound = view.node_for(a, r)
-            for n in ([bound] if bound is not None else tl.nodes()):
+            for n in [bound] if bound is not None else tl.nodes():
                 slot = tl.fits_now(k, d, n, _now_ok(pool, k))
                 if slot is not None:
                     slots[r] = slot
@@ -217,9 +225,16 @@ def _try_start(tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Actio
     return None
 
 
-def _walk(view: ClusterView, queue: Collection[Action], now: float, pools: ScratchPools,
-          started: list[Assignment], wait: set[str], window: int,
-          backfill: bool) -> tuple[list[Assignment], dict[str, Reservation]]:
+def _walk(
+    view: ClusterView,
+    queue: Collection[Action],
+    now: float,
+    pools: ScratchPools,
+    started: list[Assignment],
+    wait: set[str],
+    window: int,
+    backfill: bool,
+) -> tuple[list[Assignment], dict[str, Reservation]]:
     """Phase 2 over the actions not in `started`: start (if `backfill`) or reserve each."""
     tls = _Timelines(view, _held_now(view, started, now), now)
     done = {a.action.id for a in started}
@@ -244,8 +259,13 @@ def _walk(view: ClusterView, queue: Collection[Action], now: float, pools: Scrat
     return out, reservations
 
 
-def estimated_starts(view: ClusterView, queue: Collection[Action], now: float,
-                     started: list[Assignment], window: int = 64) -> dict[str, Reservation]:
+def estimated_starts(
+    view: ClusterView,
+    queue: Collection[Action],
+    now: float,
+    started: list[Assignment],
+    window: int = 64,
+) -> dict[str, Reservation]:
     """The reservation of every waiting action when exactly `started` start now: the estimate
     backfilling promises never to make later for an action ahead of a backfiller."""
     pools = ScratchPools(view.pools)
@@ -255,8 +275,13 @@ def estimated_starts(view: ClusterView, queue: Collection[Action], now: float,
     return _walk(view, queue, now, pools, started, set(), window, False)[1]
 
 
-def _conserve(view: ClusterView, arrival: Collection[Action], now: float, pools: ScratchPools,
-              started: list[Assignment]) -> list[Assignment]:
+def _conserve(
+    view: ClusterView,
+    arrival: Collection[Action],
+    now: float,
+    pools: ScratchPools,
+    started: list[Assignment],
+) -> list[Assignment]:
     """Work conservation in arrival order (`tangram.conservation`): the SRPT order decides
     between actions that contend for units, never to leave an earlier arrival waiting beside
     free units it could use while nothing ahead of it is blocked. Those start now, at their
@@ -273,8 +298,9 @@ def _conserve(view: ClusterView, arrival: Collection[Action], now: float, pools:
 
 
 # -- ordering ----------------------------------------------------------------------------------
-def srpt_order(view: ClusterView, queue: Collection[Action], now: float,
-               aging: float) -> list[Action]:
+def srpt_order(
+    view: ClusterView, queue: Collection[Action], now: float, aging: float
+) -> list[Action]:
     """Shortest estimated work first; an action waiting over `aging` x its shortest duration
     goes ahead of all that are not (arrival order among those)."""
     aged, fresh = [], []
@@ -315,33 +341,39 @@ class BackfillAllocator(HeuristicAllocator):
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ValidationError("allocator.window", self.window, "must be an integer >= 0")
         if self.order not in tuple(Order):  # the option as the user gave it, parsed once here
-            raise ValidationError("allocator.order", self.order,
-                                  f"must be one of {', '.join(Order)}")
+            raise ValidationError(
+                "allocator.order", self.order, f"must be one of {', '.join(Order)}"
+            )
         object.__setattr__(self, "order", Order(self.order))
-        if isinstance(self.aging, bool) or not isinstance(self.aging, (int, float)) \
-                or not self.aging > 0:
+        if (
+            isinstance(self.aging, bool)
+            or not isinstance(self.aging, (int, float))
+            or not self.aging > 0
+        ):
             raise ValidationError("allocator.aging", self.aging, "must be a positive number")
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         return self.decide(view, queue, now).assignments
 
-    def decide(self, view: ClusterView, queue: Collection[Action],
-               now: float) -> BackfillDecision:
+    def decide(self, view: ClusterView, queue: Collection[Action], now: float) -> BackfillDecision:
         arrival = queue
         if self.order is Order.SRPT:
             queue = srpt_order(view, queue, now, self.aging)
         cands, evicted, pools = self.arrange(view, queue, now)
-        started = [Assignment(c.action, c.units, c.placement)
-                   for i, c in enumerate(cands) if i not in evicted]
+        started = [
+            Assignment(c.action, c.units, c.placement)
+            for i, c in enumerate(cands)
+            if i not in evicted
+        ]
         wait = {cands[i].action.id for i in evicted}
         if self.order is Order.SRPT:  # before backfilling: its reservations count these starts
             started += _conserve(view, arrival, now, pools, started)
         if self.window == 0:
             return BackfillDecision(started, frozenset(), {})
         more, reservations = _walk(view, queue, now, pools, started, wait, self.window, True)
-        return BackfillDecision(started + more, frozenset(a.action.id for a in more),
-                                reservations)
+        return BackfillDecision(started + more, frozenset(a.action.id for a in more), reservations)
 
 
 @dataclass(frozen=True)

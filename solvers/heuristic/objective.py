@@ -32,8 +32,14 @@ def spread(options: tuple[tuple[int, float], ...], depth: int) -> tuple[tuple[in
     return tuple(options[i] for i in idx)
 
 
-def _fill(releases: list[tuple[float, int]], free: int, now: float,
-          first: tuple[int, float] | None, rest: list[Waiting], capacity: int) -> float:
+def _fill(
+    releases: list[tuple[float, int]],
+    free: int,
+    now: float,
+    first: tuple[int, float] | None,
+    rest: list[Waiting],
+    capacity: int,
+) -> float:
     """Sum of (end - now) of the waiting actions, started in order as units come back.
 
     `releases` (sorted by time) are the busy units known now; the estimate's own completions
@@ -65,9 +71,15 @@ def _fill(releases: list[tuple[float, int]], free: int, now: float,
     return total
 
 
-def estimate_waiting(busy: list[tuple[float, int]], free: int, now: float,
-                     rest: list[Waiting], depth: int, capacity: int,
-                     presorted: bool = False) -> float:
+def estimate_waiting(
+    busy: list[tuple[float, int]],
+    free: int,
+    now: float,
+    rest: list[Waiting],
+    depth: int,
+    capacity: int,
+    presorted: bool = False,
+) -> float:
     """Best estimated completion sum of `rest` over the first one's `depth` options.
 
     `busy`: (end time, units) of everything holding units of the pool now (already in

@@ -35,9 +35,13 @@ def _target(a: Action, r: str, capacity: int) -> int:
     return max((m for m, _ in a.options if m <= capacity), default=a.options[0][0])
 
 
-def hold_back(releases: list[tuple[float, int]], capacity: int, target: int,
-              later: list[tuple[int, float, int]],
-              now: float) -> tuple[float, list[int], list[int]]:
+def hold_back(
+    releases: list[tuple[float, int]],
+    capacity: int,
+    target: int,
+    later: list[tuple[int, float, int]],
+    now: float,
+) -> tuple[float, list[int], list[int]]:
     """The "put-off action keeps its place" rule on one pool (node). `releases`: (estimated
     end, units) of everything holding the pool's units ahead of the put-off action (running
     actions, candidates ahead of it); `later`: (index, estimated end, units) of the later
@@ -81,18 +85,26 @@ class HeuristicAllocator:
     def __post_init__(self) -> None:
         if isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 1:
             raise ValidationError("allocator.depth", self.depth, "must be an integer >= 1")
-        if (isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int)
-                or self.lookahead < 0):
+        if (
+            isinstance(self.lookahead, bool)
+            or not isinstance(self.lookahead, int)
+            or self.lookahead < 0
+        ):
             raise ValidationError("allocator.lookahead", self.lookahead, "must be an integer >= 0")
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         cands, evicted, _ = self.arrange(view, queue, now)
-        return [Assignment(c.action, c.units, c.placement)
-                for i, c in enumerate(cands) if i not in evicted]
+        return [
+            Assignment(c.action, c.units, c.placement)
+            for i, c in enumerate(cands)
+            if i not in evicted
+        ]
 
-    def arrange(self, view: ClusterView, queue: Collection[Action],
-                now: float) -> tuple[list[Candidate], set[int], ScratchPools]:
+    def arrange(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> tuple[list[Candidate], set[int], ScratchPools]:
         """The decision in full: the FCFS candidates (with their final units and placements),
         the indices of those greedy eviction sent back to wait, and the scratch pools holding
         exactly the kept candidates (what `backfill` builds on)."""
@@ -113,8 +125,9 @@ class HeuristicAllocator:
             gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
             while gone:
                 first = gone[0]
-                reservation, held = self._keep_place(view, cands, evicted | set(gone), first,
-                                                     r, node, now)
+                reservation, held = self._keep_place(
+                    view, cands, evicted | set(gone), first, r, node, now
+                )
                 if reservation <= now + EPS:
                     # what it waits for is free now (once the later candidates it holds back
                     # give way): it starts now with them, the first of the rest waits next
@@ -136,8 +149,9 @@ class HeuristicAllocator:
                 break
         return cands, evicted, pools
 
-    def _elsewhere(self, view: ClusterView, pool: Pool, c: Candidate, r: str,
-                   node: str | None) -> bool:
+    def _elsewhere(
+        self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None
+    ) -> bool:
         """A put-off candidate not bound to a node waits for more units on the node the scan
         placed it on; when another node of the pool has every amount it allows free, it starts
         there now at its fastest amount instead (what it waits for is never free units)."""
@@ -147,8 +161,7 @@ class HeuristicAllocator:
         amounts = [m for m, _ in a.options if m <= pool.largest_request()]
         if not amounts:
             return False
-        there = next((n for n in pool.nodes() if n != node and pool.free(n) >= amounts[-1]),
-                     None)
+        there = next((n for n in pool.nodes() if n != node and pool.free(n) >= amounts[-1]), None)
         if there is None:
             return False
         m = min(amounts, key=lambda k: (view.estimate(a, k), k))
@@ -156,8 +169,16 @@ class HeuristicAllocator:
         c.placement[r] = pool.place(m, there, (), _prefer(view, a, r))
         return True
 
-    def _start_now(self, view: ClusterView, pools: ScratchPools, cands: list[Candidate],
-                   first: int, held: list[int], r: str, node: str | None) -> list[int] | None:
+    def _start_now(
+        self,
+        view: ClusterView,
+        pools: ScratchPools,
+        cands: list[Candidate],
+        first: int,
+        held: list[int],
+        r: str,
+        node: str | None,
+    ) -> list[int] | None:
         """Start the put-off candidate `first` now at its fastest amount that fits once the
         later candidates `held` give their units of the pool back; then re-place each of those,
         in order, where it still fits. Returns the ones that no longer fit (they wait), or None
@@ -185,8 +206,9 @@ class HeuristicAllocator:
             h = cands[i]
             k = h.units[r]
             try:
-                h.placement[r] = pool.place(k, view.node_for(h.action, r), (),
-                                            _prefer(view, h.action, r))
+                h.placement[r] = pool.place(
+                    k, view.node_for(h.action, r), (), _prefer(view, h.action, r)
+                )
             except Infeasible:
                 for r2, p in h.placement.items():
                     if r2 != r:
@@ -194,8 +216,16 @@ class HeuristicAllocator:
                 late.append(i)
         return late
 
-    def _keep_place(self, view: ClusterView, cands: list[Candidate], evicted: set[int],
-                    first: int, r: str, node: str | None, now: float) -> tuple[float, list[int]]:
+    def _keep_place(
+        self,
+        view: ClusterView,
+        cands: list[Candidate],
+        evicted: set[int],
+        first: int,
+        r: str,
+        node: str | None,
+        now: float,
+    ) -> tuple[float, list[int]]:
         """An elastic candidate put off to wait for more units keeps its place. Its reservation
         is the estimated time at which the units it waits for (its largest useful amount) are
         free, counting only what runs now and the candidates ahead of it. A later candidate
@@ -203,8 +233,9 @@ class HeuristicAllocator:
         reservation or fits in the units left over at the reservation (conservative
         backfilling). Returns the reservation and the later candidates that must wait too."""
         capacity = view.pools[r].capacity(node)
-        releases = [(max(ra.expected_end, now), ra.assignment.units[r])
-                    for ra in view.running_on(r, node)]
+        releases = [
+            (max(ra.expected_end, now), ra.assignment.units[r]) for ra in view.running_on(r, node)
+        ]
         later: list[tuple[int, float, int]] = []
         for i, c in enumerate(cands):
             if i in evicted or r not in c.units:
@@ -217,19 +248,32 @@ class HeuristicAllocator:
                 releases.append((end, c.units[r]))
             else:
                 later.append((i, end, c.units[r]))
-        reservation, _, held = hold_back(releases, capacity, _target(cands[first].action, r,
-                                                                     capacity), later, now)
+        reservation, _, held = hold_back(
+            releases, capacity, _target(cands[first].action, r, capacity), later, now
+        )
         return reservation, held
 
     # -- one group -----------------------------------------------------------------------------
-    def _arrange(self, view: ClusterView, pool: Pool, pools, cands: list[Candidate],
-                 idxs: list[int], r: str, node: str | None, queue: Collection[Action],
-                 now: float) -> list[int]:
+    def _arrange(
+        self,
+        view: ClusterView,
+        pool: Pool,
+        pools,
+        cands: list[Candidate],
+        idxs: list[int],
+        r: str,
+        node: str | None,
+        queue: Collection[Action],
+        now: float,
+    ) -> list[int]:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
-        if len(idxs) == 1 and pool.per_node and self._alone(view, pool, cands[idxs[0]], r,
-                                                            node, cap):
+        if (
+            len(idxs) == 1
+            and pool.per_node
+            and self._alone(view, pool, cands[idxs[0]], r, node, cap)
+        ):
             return []
         table = dp_table(_tasks(cands, idxs, cap), pool.operator(node))
         running, others, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
@@ -241,8 +285,10 @@ class HeuristicAllocator:
         # nothing busy in the group, at least one candidate starts (no idle strand).
         last = 0 if self.allow_wait and (running or others) else 1
         # what holds the pool when every other candidate starts: sorted once for every prefix
-        base_all = (sorted(running + [(e, u) for _, e, u in others]),
-                    sum(e - now for _, e, _ in others))
+        base_all = (
+            sorted(running + [(e, u) for _, e, u in others]),
+            sum(e - now for _, e, _ in others),
+        )
         ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
@@ -255,9 +301,20 @@ class HeuristicAllocator:
                 if end is None:
                     end = ends[i, u] = now + view.estimate(cands[i].action, u)
                 starting.append((end, u))
-            obj = arr.total + self._rest(running, others, base_all, starting, idxs[t:],
-                                         waiting_evicted[t:], rest_tail, cands, r, view,
-                                         capacity, now)
+            obj = arr.total + self._rest(
+                running,
+                others,
+                base_all,
+                starting,
+                idxs[t:],
+                waiting_evicted[t:],
+                rest_tail,
+                cands,
+                r,
+                view,
+                capacity,
+                now,
+            )
             if best_obj is not None and obj >= best_obj - 1e-12:
                 break
             best_t, best_obj, best_units = t, obj, arr.units
@@ -269,8 +326,9 @@ class HeuristicAllocator:
             c.placement[r] = pool.place(best_units[j], node, (), _prefer(view, c.action, r))
         return idxs[best_t:]
 
-    def _alone(self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None,
-               cap: int) -> bool:
+    def _alone(
+        self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None, cap: int
+    ) -> bool:
         """One candidate that cannot get more units by waiting: placed at its fastest amount
         that fits, no split to search (True); False where waiting could get it more."""
         if self.allow_wait and cap != pool.capacity(node) and c.action.options[-1][0] > cap:
@@ -283,11 +341,21 @@ class HeuristicAllocator:
         c.placement[r] = pool.place(m, node, (), _prefer(view, c.action, r))
         return True
 
-    def _rest(self, running: list[tuple[float, int]], others: list[tuple[int, float, int]],
-              base_all: tuple[list[tuple[float, int]], float],
-              starting: list[tuple[float, int]], gone: list[int], gone_waiting: list[Waiting],
-              tail: list[Waiting], cands: list[Candidate], r: str, view: ClusterView,
-              capacity: int, now: float) -> float:
+    def _rest(
+        self,
+        running: list[tuple[float, int]],
+        others: list[tuple[int, float, int]],
+        base_all: tuple[list[tuple[float, int]], float],
+        starting: list[tuple[float, int]],
+        gone: list[int],
+        gone_waiting: list[Waiting],
+        tail: list[Waiting],
+        cands: list[Candidate],
+        r: str,
+        view: ClusterView,
+        capacity: int,
+        now: float,
+    ) -> float:
         """Estimated completion sum of everything but the group's starting candidates when the
         group's candidates `gone` are put off: the other candidates on the pool that start now
         (ahead of the first put-off one, or let through by `hold_back`: a later candidate that
@@ -328,8 +396,9 @@ class HeuristicAllocator:
             merged += [(i, self._waiting(cands[i].action, r, view, capacity)) for i in held]
             merged.sort(key=lambda x: x[0])
             waiting = [w for _, w in merged]
-        return total + estimate_waiting(busy, free, now, waiting + tail, self.depth, capacity,
-                                        presorted=True)
+        return total + estimate_waiting(
+            busy, free, now, waiting + tail, self.depth, capacity, presorted=True
+        )
 
     def _waiting(self, a: Action, r: str, view: ClusterView, capacity: int) -> Waiting:
         if a.options and a.key == r:
@@ -338,12 +407,21 @@ class HeuristicAllocator:
             return Waiting(tuple(o for o in a.options if o[0] <= capacity) or a.options[:1])
         return Waiting(((a.mins[r], view.estimate(a, None)),))
 
-    def _contention(self, view: ClusterView, cands: list[Candidate], idxs: list[int], r: str,
-                    node: str | None, queue: Collection[Action], now: float):
+    def _contention(
+        self,
+        view: ClusterView,
+        cands: list[Candidate],
+        idxs: list[int],
+        r: str,
+        node: str | None,
+        queue: Collection[Action],
+        now: float,
+    ):
         """What holds the group's pool besides the group: the running actions' (end, units),
         the other candidates' (index, end, units), and the queue behind the candidates."""
-        running = [(max(ra.expected_end, now), ra.assignment.units[r])
-                   for ra in view.running_on(r, node)]
+        running = [
+            (max(ra.expected_end, now), ra.assignment.units[r]) for ra in view.running_on(r, node)
+        ]
         others: list[tuple[int, float, int]] = []
         group = set(idxs)
         cand_ids = set()
@@ -360,8 +438,11 @@ class HeuristicAllocator:
         if self.lookahead:
             # only the queue's classes that wait on this pool (and node): an indexed queue
             # walks just those, a plain one is filtered
-            walk = (queue.scan(_never, only=((r, node), (r, None)))
-                    if isinstance(queue, ActionQueue) else queue)
+            walk = (
+                queue.scan(_never, only=((r, node), (r, None)))
+                if isinstance(queue, ActionQueue)
+                else queue
+            )
             for a in walk:
                 if a.id in cand_ids or r not in a.mins:
                     continue

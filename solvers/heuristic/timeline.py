@@ -33,8 +33,9 @@ class CountTimeline:
 
     __slots__ = ("now", "_times", "_free")
 
-    def __init__(self, now: float, free_now: dict[str, int],
-                 releases: Iterable[tuple[str, float, int]]) -> None:
+    def __init__(
+        self, now: float, free_now: dict[str, int], releases: Iterable[tuple[str, float, int]]
+    ) -> None:
         """`free_now[node]`: units free now; `releases`: (node, estimated end, units) of the
         units held now."""
         self.now = now
@@ -68,14 +69,15 @@ class CountTimeline:
             i += 1
         return lo
 
-    def earliest(self, k: int, d: float, t0: float,
-                 node: str | None = None) -> tuple[float, Slot] | None:
+    def earliest(
+        self, k: int, d: float, t0: float, node: str | None = None
+    ) -> tuple[float, Slot] | None:
         """First (time >= t0, node) with k units free for d seconds; None if never.
 
         One pass per node: a window that meets a step with fewer than k free units fails for
         every start up to that step's end, so the next candidate is the step after it."""
         best: tuple[float, Slot] | None = None
-        for n in ([node] if node is not None else self._times):
+        for n in [node] if node is not None else self._times:
             times, free = self._times[n], self._free[n]
             last = len(times) - 1
             i = max(0, bisect.bisect_right(times, t0 + EPS) - 1)
@@ -96,8 +98,7 @@ class CountTimeline:
                 break
         return best
 
-    def fits_now(self, k: int, d: float, node: str,
-                 now_ok: Callable[[Slot], bool]) -> Slot | None:
+    def fits_now(self, k: int, d: float, node: str, now_ok: Callable[[Slot], bool]) -> Slot | None:
         slot = (node, None)
         if now_ok(slot) and self._min_free(node, self.now, self.now + d) >= k:
             return slot
@@ -122,8 +123,9 @@ class ChunkTimeline:
 
     __slots__ = ("now", "_busy", "_gpus")
 
-    def __init__(self, now: float, gpus: dict[str, int],
-                 held: Iterable[tuple[str, tuple[int, int], float]]) -> None:
+    def __init__(
+        self, now: float, gpus: dict[str, int], held: Iterable[tuple[str, tuple[int, int], float]]
+    ) -> None:
         """`gpus[node]`: GPUs per node; `held`: (node, chunk, estimated end) held now."""
         self.now = now
         self._gpus = dict(gpus)
@@ -146,11 +148,19 @@ class ChunkTimeline:
     def _chunks(self, node: str, k: int) -> range:
         return range(0, self._gpus[node] - k + 1, k) if k <= self._gpus[node] else range(0)
 
-    def earliest(self, k: int, d: float, t0: float,
-                 node: str | None = None) -> tuple[float, Slot] | None:
+    def earliest(
+        self, k: int, d: float, t0: float, node: str | None = None
+    ) -> tuple[float, Slot] | None:
         nodes = [node] if node is not None else list(self._gpus)
-        ends = sorted({b1 for n in nodes for g in range(self._gpus[n])
-                       for _, b1 in self._busy.get((n, g), ()) if b1 > t0 + EPS})
+        ends = sorted(
+            {
+                b1
+                for n in nodes
+                for g in range(self._gpus[n])
+                for _, b1 in self._busy.get((n, g), ())
+                if b1 > t0 + EPS
+            }
+        )
         for t in [t0, *ends]:
             for n in nodes:
                 for s in self._chunks(n, k):
@@ -158,8 +168,7 @@ class ChunkTimeline:
                         return t, (n, (s, s + k))
         return None
 
-    def fits_now(self, k: int, d: float, node: str,
-                 now_ok: Callable[[Slot], bool]) -> Slot | None:
+    def fits_now(self, k: int, d: float, node: str, now_ok: Callable[[Slot], bool]) -> Slot | None:
         for s in self._chunks(node, k):
             slot = (node, (s, s + k))
             if self._free(node, (s, s + k), self.now, self.now + d) and now_ok(slot):

@@ -116,8 +116,7 @@ class TangramRunner:
 
     def __init__(self, factory: Callable[[], Any]) -> None:
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, name="tangram", daemon=True)
         self._thread.start()
 
         async def build() -> Any:
@@ -162,8 +161,11 @@ def shared_runner(spec: Mapping[str, Any] | None = None) -> TangramRunner:
             url = spec.pop("url", None)
             if url is not None:
                 if address is not None:
-                    raise ValidationError("tool.config.tangram", sorted(spec),
-                                          "give `url` (a shared server) or `address`, not both")
+                    raise ValidationError(
+                        "tool.config.tangram",
+                        sorted(spec),
+                        "give `url` (a shared server) or `address`, not both",
+                    )
                 _RUNNERS[key] = TangramRunner(lambda: TangramClient(str(url), **spec))
             elif address is None:
                 _RUNNERS[key] = TangramRunner(lambda: Tangram.local(**spec))
@@ -195,8 +197,9 @@ def _demand(path: str, v: Any) -> Any:
 class TangramTool(_Base):  # type: ignore[misc,valid-type]
     """A verl tool whose calls run as Tangram actions; see the module docstring for config."""
 
-    def __init__(self, config: dict, tool_schema: Any, *,
-                 runner: TangramRunner | None = None) -> None:
+    def __init__(
+        self, config: dict, tool_schema: Any, *, runner: TangramRunner | None = None
+    ) -> None:
         super().__init__(config, tool_schema)
         self.cpu = _demand("tool.config.cpu", config.get("cpu", 1))
         self.reward_cpu = _demand("tool.config.reward_cpu", config.get("reward_cpu", [1, 8]))
@@ -219,36 +222,49 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
     async def create(self, instance_id: str | None = None, **kwargs: Any) -> Any:
         iid = instance_id or f"verl-{uuid.uuid4().hex[:12]}"
         tg = self.runner.tangram
-        tree = {"image": kwargs.get("image", self.image), "snapshot": kwargs.get("snapshot"),
-                "disk_mb": self.disk_mb}
+        tree = {
+            "image": kwargs.get("image", self.image),
+            "snapshot": kwargs.get("snapshot"),
+            "disk_mb": self.disk_mb,
+        }
         if tree["snapshot"] is not None:
             tree["image"] = None
         tree = {k: v for k, v in tree.items() if v is not None}
-        self.envs[iid] = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb,
-                                                            **tree))
+        self.envs[iid] = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb, **tree))
         if HAVE_VERL and _VerlResponse is None:
             return iid
         return iid, _respond("")
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any],
-                      **kwargs: Any) -> tuple[Any, float, dict]:
+    async def execute(
+        self, instance_id: str, parameters: dict[str, Any], **kwargs: Any
+    ) -> tuple[Any, float, dict]:
         env = self._env(instance_id)
         command = parameters.get(self.command_param) if isinstance(parameters, Mapping) else None
         if not isinstance(command, str) or not command.strip():
-            return _respond(f"error: the tool needs a non-empty '{self.command_param}'"), 0.0, \
-                {"status": "invalid"}
+            return (
+                _respond(f"error: the tool needs a non-empty '{self.command_param}'"),
+                0.0,
+                {"status": "invalid"},
+            )
         tg = self.runner.tangram
-        r = await self.runner.call(tg.exec(env, command, cpu=self.cpu, timeout=self.timeout,
-                                           kind=f"tool:{self.name}"))
+        r = await self.runner.call(
+            tg.exec(env, command, cpu=self.cpu, timeout=self.timeout, kind=f"tool:{self.name}")
+        )
         return _respond(self._text(r)), 0.0, _metrics(r)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
         if not self.reward_command:
             return 0.0
         tg = self.runner.tangram
-        return await self.runner.call(run_tests_reward(tg, self.reward_command,
-                                                  env=self._env(instance_id),
-                                                  cpu=self.reward_cpu, timeout=self.timeout))
+        return await self.runner.call(
+            run_tests_reward(
+                tg,
+                self.reward_command,
+                env=self._env(instance_id),
+                cpu=self.reward_cpu,
+                timeout=self.timeout,
+            )
+        )
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         env = self.envs.pop(instance_id, None)
@@ -258,8 +274,9 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
     def _env(self, instance_id: str) -> str:
         env = self.envs.get(instance_id)
         if env is None:
-            raise ValidationError("instance_id", instance_id, "no such tool instance (create "
-                                  "it first)")
+            raise ValidationError(
+                "instance_id", instance_id, "no such tool instance (create it first)"
+            )
         return env
 
     def _text(self, r: Any) -> str:
@@ -274,13 +291,25 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
 
 def _metrics(r: Any) -> dict[str, Any]:
     pl = r.placement.get("cpu")
-    return {"status": r.status, "queued_s": r.queued_s, "run_s": r.run_s,
-            "cores": r.units.get("cpu", 0), "node": None if pl is None else pl.node,
-            "core_ids": [] if pl is None else list(pl.cores)}
+    return {
+        "status": r.status,
+        "queued_s": r.queued_s,
+        "run_s": r.run_s,
+        "cores": r.units.get("cpu", 0),
+        "node": None if pl is None else pl.node,
+        "core_ids": [] if pl is None else list(pl.cores),
+    }
 
 
-async def run_tests_reward(tg: Any, command: str, *, env: str | None = None, cpu: Any = (1, 8),
-                      timeout: float = 600.0, memory_mb: int = 1024) -> float:
+async def run_tests_reward(
+    tg: Any,
+    command: str,
+    *,
+    env: str | None = None,
+    cpu: Any = (1, 8),
+    timeout: float = 600.0,
+    memory_mb: int = 1024,
+) -> float:
     """1.0 when `command` (a test run) exits 0, else 0.0. It runs as an elastic action:
     Tangram picks its cores from `cpu` and gives pytest `-n <cores>`. Without `env` it opens
     a throwaway environment and closes it afterwards."""
@@ -288,16 +317,26 @@ async def run_tests_reward(tg: Any, command: str, *, env: str | None = None, cpu
     if own:
         env = await tg.open_env(f"reward-{uuid.uuid4().hex[:12]}", memory_mb=memory_mb)
     try:
-        r = await tg.exec(env, command, cpu=cpu, elastic=not isinstance(cpu, int),
-                          timeout=timeout, kind="reward:tests")
+        r = await tg.exec(
+            env,
+            command,
+            cpu=cpu,
+            elastic=not isinstance(cpu, int),
+            timeout=timeout,
+            kind="reward:tests",
+        )
         return 1.0 if r.ok else 0.0
     finally:
         if own:
             await tg.close_env(env)
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: Any,
-                  extra_info: Mapping[str, Any] | None = None) -> float:
+def compute_score(
+    data_source: str,
+    solution_str: str,
+    ground_truth: Any,
+    extra_info: Mapping[str, Any] | None = None,
+) -> float:
     """verl `custom_reward_function` (synchronous): writes the solution to
     `extra_info['solution_file']` (default `solution.py`) in a fresh environment and scores it by
     `extra_info['test_command']` (default `pytest -q`) run elastically on (1, 8) cores.
@@ -306,7 +345,10 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any,
     runner = shared_runner(info.get("tangram"))
     tg = runner.tangram
     path = str(info.get("solution_file", "solution.py"))
-    command = (f"printf %s {shlex.quote(solution_str)} > {shlex.quote(path)} && "
-               f"{info.get('test_command', 'pytest -q')}")
-    return runner.call_sync(run_tests_reward(tg, command, cpu=(1, 8),
-                                        timeout=float(info.get("timeout", 600.0))))
+    command = (
+        f"printf %s {shlex.quote(solution_str)} > {shlex.quote(path)} && "
+        f"{info.get('test_command', 'pytest -q')}"
+    )
+    return runner.call_sync(
+        run_tests_reward(tg, command, cpu=(1, 8), timeout=float(info.get("timeout", 600.0)))
+    )

@@ -17,10 +17,11 @@ from tangram.registry import Registry
 
 GROUP = "tangram.commands"
 
-COMMANDS: Registry[Callable[[list[str]], int]] = Registry("command", {
-    "serve": "tangram.runtime.server:main",
-    "image": "tangram.runtime.image_cli:main",
-}, group=GROUP)
+COMMANDS: Registry[Callable[[list[str]], int]] = Registry(
+    "command",
+    {"serve": "tangram.runtime.server:main", "image": "tangram.runtime.image_cli:main"},
+    group=GROUP,
+)
 
 
 def commands() -> list[str]:
@@ -36,14 +37,21 @@ def main(argv: list[str] | None = None) -> int:
         description="ARL-Tangram: action-level resource management for agentic RL.",
         epilog="Run 'tangram COMMAND --help' for the options of one command.",
     )
-    parser.add_argument("command", choices=sorted(found), metavar="COMMAND",
-                        help="one of: " + ", ".join(sorted(found)))
+    parser.add_argument(
+        "command",
+        choices=sorted(found),
+        metavar="COMMAND",
+        help="one of: " + ", ".join(sorted(found)),
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         if set(found) <= set(COMMANDS.builtin_names()):
-            print("\nthe evaluation's commands (demo, bench, ...) are entry points: "
-                  "pip install -e . registers them", file=sys.stderr)
+            print(
+                "\nthe evaluation's commands (demo, bench, ...) are entry points: "
+                "pip install -e . registers them",
+                file=sys.stderr,
+            )
         return 0
     ns = parser.parse_args(argv[:1])
     try:

@@ -40,14 +40,23 @@ class TangramClient:
     """An asyncio client of one server. `timeout`: seconds to wait for an answer (None: as
     long as the action takes, queueing included); `limits`: httpx connection-pool limits."""
 
-    def __init__(self, base_url: str, token: str | None = None, *,
-                 timeout: float | None = None, limits: httpx.Limits | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float | None = None,
+        limits: httpx.Limits | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers,
-            timeout=httpx.Timeout(timeout, connect=10.0), transport=transport,
-            limits=limits or httpx.Limits(max_connections=256, max_keepalive_connections=256))
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=10.0),
+            transport=transport,
+            limits=limits or httpx.Limits(max_connections=256, max_keepalive_connections=256),
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -59,18 +68,33 @@ class TangramClient:
         await self._http.aclose()
 
     # -- the operations --------------------------------------------------------------------------
-    async def open_env(self, trajectory: str, memory_mb: int = 1024,
-                       network: bool = False, *, image: str | None = None,
-                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
+    async def open_env(
+        self,
+        trajectory: str,
+        memory_mb: int = 1024,
+        network: bool = False,
+        *,
+        image: str | None = None,
+        disk_mb: int | None = None,
+        snapshot: str | None = None,
+    ) -> str:
         body = {"trajectory": trajectory, "memory_mb": memory_mb, "network": network}
-        body.update({k: v for k, v in (("image", image), ("disk_mb", disk_mb),
-                                       ("snapshot", snapshot)) if v is not None})
+        body.update(
+            {
+                k: v
+                for k, v in (("image", image), ("disk_mb", disk_mb), ("snapshot", snapshot))
+                if v is not None
+            }
+        )
         doc = await self._request("POST", "/v1/envs", body)
         return str(doc["env_id"])
 
     async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:
-        doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/fork",
-                                  {"trajectories": list(trajectories)})
+        doc = await self._request(
+            "POST",
+            f"/v1/envs/{_segment(env_id, 'env_id')}/fork",
+            {"trajectories": list(trajectories)},
+        )
         return [str(e) for e in doc["env_ids"]]
 
     async def snapshot(self, env_id: str) -> str:
@@ -89,26 +113,40 @@ class TangramClient:
 
     async def tar_files(self, env_id: str, path: str = "/sandbox") -> bytes:
         """The tar archive of one folder of the environment."""
-        response = await self._http.get(f"/v1/envs/{_segment(env_id, 'env_id')}/files/tar",
-                                        params={"path": path})
+        response = await self._http.get(
+            f"/v1/envs/{_segment(env_id, 'env_id')}/files/tar", params={"path": path}
+        )
         _raise_for(response)
         return response.content
 
     async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
-        doc = await self._request("POST", f"/v1/envs/{_segment(env_id, 'env_id')}/files/read",
-                                  {"paths": list(paths)})
+        doc = await self._request(
+            "POST", f"/v1/envs/{_segment(env_id, 'env_id')}/files/read", {"paths": list(paths)}
+        )
         return {p: None if v is None else base64.b64decode(v) for p, v in doc["files"].items()}
 
     async def close_env(self, env_id: str) -> None:
         await self._request("DELETE", f"/v1/envs/{_segment(env_id, 'env_id')}")
 
-    async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
-                   timeout: float = 60.0, kind: str | None = None) -> Result:
-        body = {"command": command if isinstance(command, str) else list(command),
-                "cpu": demand_json(cpu), "elastic": elastic, "timeout": timeout,
-                **({"kind": kind} if kind is not None else {})}
-        return _result(await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec",
-                                           body))
+    async def exec(
+        self,
+        env: str,
+        command: str | list[str],
+        cpu: Any = 1,
+        elastic: bool = False,
+        timeout: float = 60.0,
+        kind: str | None = None,
+    ) -> Result:
+        body = {
+            "command": command if isinstance(command, str) else list(command),
+            "cpu": demand_json(cpu),
+            "elastic": elastic,
+            "timeout": timeout,
+            **({"kind": kind} if kind is not None else {}),
+        }
+        return _result(
+            await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec", body)
+        )
 
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
         body = {"payload": payload, "gpus": demand_json(gpus)}
@@ -132,8 +170,9 @@ class TangramClient:
         try:
             response = await self._http.request(method, path, json=body)
         except httpx.TransportError as exc:
-            raise TangramError(f"{method} {path}: no answer from the server "
-                               f"({type(exc).__name__}: {exc})") from exc
+            raise TangramError(
+                f"{method} {path}: no answer from the server ({type(exc).__name__}: {exc})"
+            ) from exc
         _raise_for(response)
         return response.json()
 
@@ -163,6 +202,7 @@ def _raise_for(response: httpx.Response) -> None:
     if code == 409:
         raise Infeasible(message)
     if code in (404, 413, 422) and doc.get("field"):
-        raise ValidationError(str(doc["field"]), doc.get("value"),
-                              str(doc.get("problem") or message))
+        raise ValidationError(
+            str(doc["field"]), doc.get("value"), str(doc.get("problem") or message)
+        )
     raise TangramError(f"HTTP {code}: {message}")

@@ -52,14 +52,7 @@ from managers.gpu.discovery import inventory_from
 from solvers import get_allocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.pools import ChunkPool
-from tangram.runtime.config_schema import (
-    ApiSpec,
-    ConfigSpec,
-    CpuSpec,
-    GpuSpec,
-    ServiceSpec,
-    parse,
-)
+from tangram.runtime.config_schema import ApiSpec, ConfigSpec, CpuSpec, GpuSpec, ServiceSpec, parse
 from tangram.validation import read_document
 from topology import ChunkTree, GpuDiscovery, discover_gpus
 
@@ -72,8 +65,7 @@ DEFAULT_POLICY = "backfill-srpt"
 
 def build_services(path: str, spec: Any) -> ServiceRegistry:
     """The services of `gpu.services` (a document's mapping, or its parsed specs)."""
-    if not isinstance(spec, Mapping) or not all(isinstance(s, ServiceSpec)
-                                                 for s in spec.values()):
+    if not isinstance(spec, Mapping) or not all(isinstance(s, ServiceSpec) for s in spec.values()):
         spec = parse(GpuSpec, path.removesuffix(".services"), {"services": spec}).services
     registry = ServiceRegistry()
     for name, s in spec.items():
@@ -83,13 +75,17 @@ def build_services(path: str, spec: Any) -> ServiceRegistry:
         try:
             registry.register(Service(name, {k: mem for k in s.dops}, restore, dict(s.infer_s)))
         except ValidationError as exc:
-            raise ValidationError(f"{sp}.{exc.field.split('.')[-1]}", exc.value,
-                                  exc.problem) from None
+            raise ValidationError(
+                f"{sp}.{exc.field.split('.')[-1]}", exc.value, exc.problem
+            ) from None
     return registry
 
 
-def build_gpu(path: str, spec: Mapping[str, Any] | GpuSpec | None,
-              discover: Callable[[], GpuDiscovery] = discover_gpus) -> GpuManager:
+def build_gpu(
+    path: str,
+    spec: Mapping[str, Any] | GpuSpec | None,
+    discover: Callable[[], GpuDiscovery] = discover_gpus,
+) -> GpuManager:
     """The GPU pool and backend. Without `backend`: `torch` on the GPUs NVML finds (`discover`),
     the pool sized from them (count, memory, NVLink groups: `managers.gpu.discovery`), else
     `sim` on a simulated pool, said at WARNING and in `/v1/status` (`gpu_simulated`). `nodes`,
@@ -102,18 +98,26 @@ def build_gpu(path: str, spec: Mapping[str, Any] | GpuSpec | None,
     registry = build_services(f"{path}.services", spec.services)
     if inventory.empty or sized:
         mem = int(spec.memory_gb * GB)
-        trees, memory = uniform_gpus({f"gpu{i}": spec.gpus_per_node
-                                      for i in range(spec.nodes)}, mem)
-        origin = (f"{'configured' if sized else 'default'}: {spec.nodes} x "
-                  f"{spec.gpus_per_node} GPUs of {mem / GB:g} GB")
+        trees, memory = uniform_gpus(
+            {f"gpu{i}": spec.gpus_per_node for i in range(spec.nodes)}, mem
+        )
+        origin = (
+            f"{'configured' if sized else 'default'}: {spec.nodes} x "
+            f"{spec.gpus_per_node} GPUs of {mem / GB:g} GB"
+        )
     else:
         trees, memory = dict(inventory.trees), dict(inventory.memory)
-        origin = (f"discovered (NVML): {len(found.gpus)} GPUs, pool of "
-                  f"{inventory.trees['gpu0'].num_gpus} ({min(inventory.memory['gpu0']) / GB:.0f}"
-                  f" GB each){'; ' + '; '.join(inventory.notes) if inventory.notes else ''}")
+        origin = (
+            f"discovered (NVML): {len(found.gpus)} GPUs, pool of "
+            f"{inventory.trees['gpu0'].num_gpus} ({min(inventory.memory['gpu0']) / GB:.0f}"
+            f" GB each){'; ' + '; '.join(inventory.notes) if inventory.notes else ''}"
+        )
     if backend == "sim":
-        why = (f"no GPU ({inventory.reason})" if inventory.empty else
-               f"gpu.backend is sim although NVML found {len(found.gpus)} GPUs")
+        why = (
+            f"no GPU ({inventory.reason})"
+            if inventory.empty
+            else f"gpu.backend is sim although NVML found {len(found.gpus)} GPUs"
+        )
         origin = f"SIMULATED GPU pool, {why}; {origin}"
         log.warning("gpu: %s: calls return modelled times, no model runs", origin)
     else:
@@ -130,15 +134,23 @@ def build_gpu(path: str, spec: Mapping[str, Any] | GpuSpec | None,
     return manager
 
 
-def uniform_gpus(gpus: Mapping[str, int], memory_b: int
-                 ) -> tuple[dict[str, ChunkTree], dict[str, list[int]]]:
+def uniform_gpus(
+    gpus: Mapping[str, int], memory_b: int
+) -> tuple[dict[str, ChunkTree], dict[str, list[int]]]:
     """A chunk tree per node of `gpus[node]` GPUs (a power of two), each GPU `memory_b` bytes."""
-    return ({n: ChunkTree(g, n) for n, g in gpus.items()},
-            {n: [memory_b] * g for n, g in gpus.items()})
+    return (
+        {n: ChunkTree(g, n) for n, g in gpus.items()},
+        {n: [memory_b] * g for n, g in gpus.items()},
+    )
 
 
-def gpu_manager(path: str, trees: Mapping[str, ChunkTree], memory: Mapping[str, list[int]],
-                registry: ServiceRegistry, backend: Callable[[], GpuBackend]) -> GpuManager:
+def gpu_manager(
+    path: str,
+    trees: Mapping[str, ChunkTree],
+    memory: Mapping[str, list[int]],
+    registry: ServiceRegistry,
+    backend: Callable[[], GpuBackend],
+) -> GpuManager:
     """The one GPU pool builder (local, configured and Ray): the chunk pool of `trees`, the
     residency of `registry`'s services in `memory` (bytes per GPU per node; a service that
     fits no GPU is an error at `path.services`), over the backend `backend` makes (made only
@@ -155,10 +167,13 @@ def torch_models(path: str, services: Mapping[str, ServiceSpec]) -> dict[str, An
     models = {}
     for name, s in services.items():
         if s.model is None:
-            raise ValidationError(f"{path}.{name}.model", None,
-                                  "the torch backend runs a model per service: give its TinyLM "
-                                  "sizes (model: {dim: 64, layers: 2}), or set gpu.backend: "
-                                  "http (an inference server) or sim")
+            raise ValidationError(
+                f"{path}.{name}.model",
+                None,
+                "the torch backend runs a model per service: give its TinyLM "
+                "sizes (model: {dim: 64, layers: 2}), or set gpu.backend: "
+                "http (an inference server) or sim",
+            )
         models[name] = dict(s.model)
     return models
 
@@ -173,12 +188,24 @@ def build_apis(path: str, spec: Any) -> dict[str, Manager]:
     for name, s in spec.items():
         try:
             limits = Limits(s.concurrency, s.quota, s.period_s)
-            configs.append(ApiConfig(str(name), s.url, limits, s.method, dict(s.headers),
-                                     s.timeout_s, s.retries, s.backoff_s, s.learn))
+            configs.append(
+                ApiConfig(
+                    str(name),
+                    s.url,
+                    limits,
+                    s.method,
+                    dict(s.headers),
+                    s.timeout_s,
+                    s.retries,
+                    s.backoff_s,
+                    s.learn,
+                )
+            )
         except ValidationError as exc:
             key = exc.field.split(".")[-1].removeprefix(f"api[{name}]")
-            raise ValidationError(f"{path}.{name}.{key or 'limits'}", exc.value,
-                                  exc.problem) from None
+            raise ValidationError(
+                f"{path}.{name}.{key or 'limits'}", exc.value, exc.problem
+            ) from None
     manager = ApiManager(configs)
     return {c.name: manager for c in configs}
 
@@ -199,8 +226,11 @@ def backend_options(path: str, backend: str, options: Mapping[str, Any]) -> dict
         takes |= known
     for key, value in options.items():
         if key not in takes:
-            raise ValidationError(f"{path}.{key}", value, f"not an option of the {backend} "
-                                  f"backend (options: {sorted(takes)})")
+            raise ValidationError(
+                f"{path}.{key}",
+                value,
+                f"not an option of the {backend} backend (options: {sorted(takes)})",
+            )
     return dict(options)
 
 
@@ -211,8 +241,9 @@ def build_cpu(path: str, spec: Mapping[str, Any] | CpuSpec | None) -> CpuManager
     node's disk for environments) of the CPU manager."""
     spec = spec if isinstance(spec, CpuSpec) else parse(CpuSpec, path, spec)
     options = backend_options(f"{path}.options", spec.backend, spec.options)
-    layers = spec.model_dump(include={"state_dir", "disk_mb", "disk_capacity_mb"},
-                             exclude_unset=True)
+    layers = spec.model_dump(
+        include={"state_dir", "disk_mb", "disk_capacity_mb"}, exclude_unset=True
+    )
     return CpuManager(spec.backend, backend_options=options, **layers)
 
 
@@ -237,8 +268,9 @@ def check_policy(policy: str, options: Mapping[str, Any]) -> None:
     try:
         get_allocator(policy, **options)
     except ValidationError as exc:
-        raise ValidationError("policy" + exc.field.removeprefix("allocator"), exc.value,
-                              exc.problem) from None
+        raise ValidationError(
+            "policy" + exc.field.removeprefix("allocator"), exc.value, exc.problem
+        ) from None
 
 
 def policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
@@ -255,8 +287,9 @@ def policy_of(spec: Any) -> tuple[str, dict[str, Any]]:
     return spec, options
 
 
-def build(doc: Mapping[str, Any],
-          discover: Callable[[], GpuDiscovery] = discover_gpus) -> Components:
+def build(
+    doc: Mapping[str, Any], discover: Callable[[], GpuDiscovery] = discover_gpus
+) -> Components:
     """A config document (module docstring) checked whole against `config_schema`, then
     built; `cpu: false` means no CPU pool, an absent or empty `gpu` no GPU pool."""
     no_cpu = isinstance(doc, Mapping) and doc.get("cpu") is False
@@ -266,9 +299,15 @@ def build(doc: Mapping[str, Any],
     policy, options = policy_of(spec.policy)
     cpu = None if no_cpu else build_cpu("cpu", spec.cpu or CpuSpec())
     gpu = build_gpu("gpu", spec.gpu, discover) if doc.get("gpu") else None
-    return Components(cpu=cpu, gpu=gpu, apis=build_apis("apis", spec.apis), policy=policy,
-                      policy_options=options, idle_env_s=spec.idle_env_s,
-                      shards=spec.shards)
+    return Components(
+        cpu=cpu,
+        gpu=gpu,
+        apis=build_apis("apis", spec.apis),
+        policy=policy,
+        policy_options=options,
+        idle_env_s=spec.idle_env_s,
+        shards=spec.shards,
+    )
 
 
 def load_config(path: str | Path) -> Components:
@@ -276,19 +315,25 @@ def load_config(path: str | Path) -> Components:
     return build(doc or {})
 
 
-def build_local(cpu_backend: str = "auto", services: Mapping[str, Any] | None = None,
-                apis: Mapping[str, Any] | None = None, policy: str = DEFAULT_POLICY,
-                policy_options: Mapping[str, Any] | None = None,
-                idle_env_s: float | None = None,
-                gpu: Mapping[str, Any] | None = None,
-                discover: Callable[[], GpuDiscovery] = discover_gpus,
-                shards: int = 0) -> Components:
+def build_local(
+    cpu_backend: str = "auto",
+    services: Mapping[str, Any] | None = None,
+    apis: Mapping[str, Any] | None = None,
+    policy: str = DEFAULT_POLICY,
+    policy_options: Mapping[str, Any] | None = None,
+    idle_env_s: float | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    discover: Callable[[], GpuDiscovery] = discover_gpus,
+    shards: int = 0,
+) -> Components:
     """The embedded default: this machine's cores, a GPU pool (the GPUs `discover` finds on
     the torch backend; simulated, with a warning, when there is none), the given services and
     APIs. Nothing to start."""
-    doc: dict[str, Any] = {"policy": {"name": policy, **dict(policy_options or {})},
-                           "cpu": {"backend": cpu_backend},
-                           "gpu": {**dict(gpu or {}), "services": dict(services or {})}}
+    doc: dict[str, Any] = {
+        "policy": {"name": policy, **dict(policy_options or {})},
+        "cpu": {"backend": cpu_backend},
+        "gpu": {**dict(gpu or {}), "services": dict(services or {})},
+    }
     if apis:
         doc["apis"] = dict(apis)
     if idle_env_s is not None:

@@ -170,7 +170,8 @@ def _fields_at(model: type[BaseModel], loc: list[str]) -> list[str] | None:
 
 def _is_mapping(annotation: Any) -> bool:
     return get_origin(annotation) is dict or any(
-        get_origin(a) is dict for a in getattr(annotation, "__args__", ()))
+        get_origin(a) is dict for a in getattr(annotation, "__args__", ())
+    )
 
 
 def _model_in(annotation: Any) -> Any:

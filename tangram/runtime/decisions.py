@@ -42,8 +42,14 @@ class Decisions:
     time. `offload`: whether decisions may leave the loop at all (False on a virtual clock;
     a scheduler without `prepare`, the sharded one, always decides inline)."""
 
-    def __init__(self, scheduler: object, now: Callable[[], float],
-                 started: Callable[[list[Assignment]], None], *, offload: bool = True) -> None:
+    def __init__(
+        self,
+        scheduler: object,
+        now: Callable[[], float],
+        started: Callable[[list[Assignment]], None],
+        *,
+        offload: bool = True,
+    ) -> None:
         self.scheduler = scheduler
         self._now = now
         self._started = started
@@ -78,8 +84,11 @@ class Decisions:
             self.mean_inline_s += (took - self.mean_inline_s) / 5
         if self.can_offload and self.mean_inline_s > SLOW_DECISION_S:
             self.slow = True
-            log.info("decisions: the last took %.3f s: the policy decides off the event loop "
-                     "from now on", took)
+            log.info(
+                "decisions: the last took %.3f s: the policy decides off the event loop "
+                "from now on",
+                took,
+            )
         self._started(granted)
 
     def _offload(self) -> None:

@@ -33,6 +33,19 @@ from tangram.runtime.ray_remote import (
     node_name,
 )
 
-__all__ = ["INSTALL_HINT", "RayCpuManager", "RayGpuBackend", "RayNode", "RayNodes",
-           "MiB", "RemoteAgent", "build_ray", "build_ray_gpu", "import_ray", "is_actor_death",
-           "local_cluster", "node_name", "ray_session"]
+__all__ = [
+    "INSTALL_HINT",
+    "RayCpuManager",
+    "RayGpuBackend",
+    "RayNode",
+    "RayNodes",
+    "MiB",
+    "RemoteAgent",
+    "build_ray",
+    "build_ray_gpu",
+    "import_ray",
+    "is_actor_death",
+    "local_cluster",
+    "node_name",
+    "ray_session",
+]

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from managers.base import Manager
 from tangram.actions import Action
 
-UNKNOWN_ENV = ("unknown environment: open one first (environments do not survive a restart of "
-               "the server or the scheduler)")
+UNKNOWN_ENV = (
+    "unknown environment: open one first (environments do not survive a restart of "
+    "the server or the scheduler)"
+)
 
 
 @dataclass(slots=True)

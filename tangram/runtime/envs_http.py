@@ -99,17 +99,25 @@ async def write_files(env_id: str, body: WriteFiles, request: Request) -> dict[s
 @router.post("/v1/envs/{env_id}/files/read")
 async def read_files(env_id: str, body: ReadFiles, request: Request) -> dict[str, Any]:
     got = await request.app.state.tangram.read_files(env_id, body.paths)
-    return {"files": {p: None if data is None else base64.b64encode(data).decode()
-                      for p, data in got.items()}}
+    return {
+        "files": {
+            p: None if data is None else base64.b64encode(data).decode() for p, data in got.items()
+        }
+    }
 
 
-@router.get("/v1/envs/{env_id}/files/tar", response_class=StreamingResponse,
-            responses={200: {"content": {"application/x-tar": {}}}})
+@router.get(
+    "/v1/envs/{env_id}/files/tar",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"application/x-tar": {}}}},
+)
 async def tar_files(env_id: str, request: Request, path: str = "/sandbox") -> StreamingResponse:
     stream = request.app.state.tangram.tar_files(env_id, path)
     first = await anext(stream, b"")  # errors (unknown env, bad path) before the 200
+
     async def body():
         yield first
         async for chunk in stream:
             yield chunk
+
     return StreamingResponse(body(), media_type="application/x-tar")

@@ -44,14 +44,22 @@ from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
 
+
 class Tangram:
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
-    def __init__(self, *, cpu: EnvironmentManager | None = None, gpu: GpuManager | None = None,
-                 apis: Mapping[str, Manager] | None = None, policy: str = DEFAULT_POLICY,
-                 policy_options: Mapping[str, Any] | None = None,
-                 idle_env_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic, shards: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        cpu: EnvironmentManager | None = None,
+        gpu: GpuManager | None = None,
+        apis: Mapping[str, Manager] | None = None,
+        policy: str = DEFAULT_POLICY,
+        policy_options: Mapping[str, Any] | None = None,
+        idle_env_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        shards: int = 0,
+    ) -> None:
         """`clock`: the time source of every timing and decision (a virtual-time loop's
         `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`).
         `shards` > 0: the scheduler split into that many node shards plus the global shard
@@ -61,8 +69,9 @@ class Tangram:
         self.gpu = gpu
         self.apis = dict(apis or {})
         pools = {}
-        self._managers = list({id(m): m for m in [cpu, gpu, *self.apis.values()]
-                               if m is not None}.values())
+        self._managers = list(
+            {id(m): m for m in [cpu, gpu, *self.apis.values()] if m is not None}.values()
+        )
         for m in self._managers:
             for r, p in m.pools().items():
                 if r in pools:
@@ -84,8 +93,9 @@ class Tangram:
         self._t0 = clock()
         self._reaper: asyncio.Task | None = None
         # a slow policy decides in a worker thread; never on a virtual clock (module docstring)
-        self._decisions = Decisions(self.scheduler, self._now, self._started,
-                                    offload=clock is time.monotonic)
+        self._decisions = Decisions(
+            self.scheduler, self._now, self._started, offload=clock is time.monotonic
+        )
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
@@ -116,8 +126,11 @@ class Tangram:
             await m.start()
         if self.idle_env_s and self._reaper is None:
             self._reaper = asyncio.create_task(self._reap_idle())
-        log.info("tangram: policy %s; pools %s", self.policy,
-                 ", ".join(f"{r} ({p.capacity()} units)" for r, p in self.scheduler.pools.items()))
+        log.info(
+            "tangram: policy %s; pools %s",
+            self.policy,
+            ", ".join(f"{r} ({p.capacity()} units)" for r, p in self.scheduler.pools.items()),
+        )
         return self
 
     async def __aenter__(self) -> Tangram:
@@ -127,9 +140,16 @@ class Tangram:
         await self.shutdown()
 
     # -- environments --------------------------------------------------------------------------
-    async def open_env(self, trajectory: str, memory_mb: int = 1024,
-                       network: bool = False, *, image: str | None = None,
-                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
+    async def open_env(
+        self,
+        trajectory: str,
+        memory_mb: int = 1024,
+        network: bool = False,
+        *,
+        image: str | None = None,
+        disk_mb: int | None = None,
+        snapshot: str | None = None,
+    ) -> str:
         """The trajectory's sandbox: `memory_mb` reserved for its life, no network unless
         `network` (backends that isolate: bwrap, docker). `image`: its root filesystem is that
         image of the node's store under a private layer bounded by `disk_mb` MiB; `snapshot`:
@@ -140,13 +160,21 @@ class Tangram:
             raise ValidationError("env", trajectory, "no CPU pool is configured")
         pos_int("memory_mb", memory_mb, " (MiB)")
         boolean("network", network)
-        layers = {k: v for k, v in (("image", image), ("disk_mb", disk_mb),
-                                    ("snapshot", snapshot)) if v is not None}
+        layers = {
+            k: v
+            for k, v in (("image", image), ("disk_mb", disk_mb), ("snapshot", snapshot))
+            if v is not None
+        }
         env_id = await self.cpu.open_env(trajectory, memory_mb, network=network, **layers)
         self._opened(env_id, trajectory)
-        log.info("env %s: trajectory %s on node %s (%d MiB reserved%s)", env_id, trajectory,
-                 self.cpu.binding(trajectory), memory_mb,
-                 "".join(f", {k} {v}" for k, v in layers.items()))
+        log.info(
+            "env %s: trajectory %s on node %s (%d MiB reserved%s)",
+            env_id,
+            trajectory,
+            self.cpu.binding(trajectory),
+            memory_mb,
+            "".join(f", {k} {v}" for k, v in layers.items()),
+        )
         return env_id
 
     def _opened(self, env_id: str, trajectory: str) -> None:
@@ -163,8 +191,9 @@ class Tangram:
         self._admitting()
         e = self._env(env_id)
         if e.running:
-            raise ValidationError("env_id", env_id, "a command of it is queued or running: "
-                                  "fork it when it is idle")
+            raise ValidationError(
+                "env_id", env_id, "a command of it is queued or running: fork it when it is idle"
+            )
         assert self.cpu is not None
         children = await self.cpu.fork_env(env_id, trajectories)
         for child, trajectory in zip(children, trajectories):
@@ -179,8 +208,11 @@ class Tangram:
         self._admitting()
         e = self._env(env_id)
         if e.running:
-            raise ValidationError("env_id", env_id, "a command of it is queued or running: "
-                                  "snapshot it when it is idle")
+            raise ValidationError(
+                "env_id",
+                env_id,
+                "a command of it is queued or running: snapshot it when it is idle",
+            )
         assert self.cpu is not None
         return await self.cpu.snapshot(env_id)
 
@@ -236,18 +268,35 @@ class Tangram:
         return env
 
     # -- actions -------------------------------------------------------------------------------
-    async def exec(self, env: str, command: str | list[str], cpu: Any = 1, elastic: bool = False,
-                   timeout: float = 60.0, output_cap: int | None = None,
-                   kind: str | None = None) -> Result:
+    async def exec(
+        self,
+        env: str,
+        command: str | list[str],
+        cpu: Any = 1,
+        elastic: bool = False,
+        timeout: float = 60.0,
+        output_cap: int | None = None,
+        kind: str | None = None,
+    ) -> Result:
         """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
         keys the duration estimates every trajectory shares; without it, the estimates are the
         trajectory's own (`profiles.exec_kind`). The action: `managers.cpu.actions`."""
         self._admitting()
         e = self._env(env)
         assert self.cpu is not None
-        action = exec_action(self.cpu.resource, env, e.trajectory, command, cpu,
-                             elastic=elastic, timeout=timeout, output_cap=output_cap, kind=kind,
-                             profiles=self.scheduler.profiles, now=self._now())
+        action = exec_action(
+            self.cpu.resource,
+            env,
+            e.trajectory,
+            command,
+            cpu,
+            elastic=elastic,
+            timeout=timeout,
+            output_cap=output_cap,
+            kind=kind,
+            profiles=self.scheduler.profiles,
+            now=self._now(),
+        )
         e.running.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
@@ -255,16 +304,24 @@ class Tangram:
             e.running.discard(action.id)
             e.last_used = self._clock()
 
-    async def invoke(self, service: str, payload: Any = None, gpus: Any = 1,
-                     kind: str | None = None) -> Result:
+    async def invoke(
+        self, service: str, payload: Any = None, gpus: Any = 1, kind: str | None = None
+    ) -> Result:
         """One call of a registered GPU service; `kind` as for `exec` (default
         `invoke:<service>`). The action: `managers.gpu.actions`."""
         self._admitting()
         if self.gpu is None:
             raise NotFound("service", service, "no GPU pool is configured")
-        action = invoke_action(self.gpu.residency.registry, self.gpu.resource, service,
-                               payload, gpus, self._now(), profiles=self.scheduler.profiles,
-                               kind=kind)
+        action = invoke_action(
+            self.gpu.residency.registry,
+            self.gpu.resource,
+            service,
+            payload,
+            gpus,
+            self._now(),
+            profiles=self.scheduler.profiles,
+            kind=kind,
+        )
         return await self._submit(action, self.gpu, f"invoke:{service}")
 
     async def call_api(self, name: str, payload: Any = None, kind: str | None = None) -> Result:
@@ -288,8 +345,9 @@ class Tangram:
     async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result:
         self.scheduler.submit(action)  # validation: unknown resource, demand that never fits
         fut = asyncio.get_running_loop().create_future()
-        self._pending[action.id] = Pending(action, manager, fut, self._clock(),
-                                            metric_kind=metric_kind)
+        self._pending[action.id] = Pending(
+            action, manager, fut, self._clock(), metric_kind=metric_kind
+        )
         self._kick()
         try:
             return await asyncio.shield(fut)
@@ -317,9 +375,13 @@ class Tangram:
             task.add_done_callback(self._tasks.discard)
         if self.scheduler.queue and log.isEnabledFor(logging.DEBUG):
             head = next(iter(self.scheduler.queue.values()))
-            log.debug("%d waiting; first %s needs %s, free %s", len(self.scheduler.queue),
-                      head.id, dict(head.mins),
-                      {r: self.scheduler.pools[r].free() for r in head.mins})
+            log.debug(
+                "%d waiting; first %s needs %s, free %s",
+                len(self.scheduler.queue),
+                head.id,
+                dict(head.mins),
+                {r: self.scheduler.pools[r].free() for r in head.mins},
+            )
 
     async def _run(self, p: Pending, a: Assignment) -> None:
         try:
@@ -330,12 +392,16 @@ class Tangram:
             log.exception("action %s: manager %s raised", a.action.id, p.manager.name)
             outcome = Result(Status.FAILED, detail=f"{type(exc).__name__}: {exc}")
         end = self._clock()  # learned: its own run, not its restore; at 1 ns as the engine
-        self.scheduler.complete(a.action.id, self._now(),
-                                run_s=round(max(0.0, end - p.started - outcome.restore_s), 9),
-                                status=outcome.status)
+        self.scheduler.complete(
+            a.action.id,
+            self._now(),
+            run_s=round(max(0.0, end - p.started - outcome.restore_s), 9),
+            status=outcome.status,
+        )
         self._pending.pop(a.action.id, None)
-        result = outcome.granted(a.action.id, a.units, a.placement, p.started - p.submitted,
-                                 end - p.started)
+        result = outcome.granted(
+            a.action.id, a.units, a.placement, p.started - p.submitted, end - p.started
+        )
         self.metrics.observe(p.metric_kind, outcome.status, result.queued_s, result.act_s)
         if outcome.restore_s > 0 and a.action.service:
             self.metrics.restores.labels(a.action.service).inc()
@@ -344,28 +410,49 @@ class Tangram:
         if not self._closed:
             self._kick()
 
-    def _finish_cancelled(self, action_id: str, why: str,
-                          status: Status = Status.CANCELLED) -> None:
+    def _finish_cancelled(
+        self, action_id: str, why: str, status: Status = Status.CANCELLED
+    ) -> None:
         p = self._pending.pop(action_id, None)
         if p is not None and not p.future.done():
-            p.future.set_result(Result(status, detail=why, action_id=action_id,
-                                       queued_s=self._clock() - p.submitted))
+            p.future.set_result(
+                Result(
+                    status, detail=why, action_id=action_id, queued_s=self._clock() - p.submitted
+                )
+            )
 
     # -- observability -------------------------------------------------------------------------
     def status(self) -> StatusSnapshot:
-        pools = {r: PoolStatus(p.capacity(), p.free(),
-                               {n: NodeUnits(p.capacity(n), p.free(n)) for n in p.nodes()})
-                 for r, p in self.scheduler.pools.items()}
-        throttled = {name: m.throttled(name) if isinstance(m, ApiManager) else 0
-                     for name, m in self.apis.items()}
-        learned = {name: w.allowed(time.monotonic()) for name, m in self.apis.items()
-                   if isinstance(m, ApiManager) and (w := m.window(name)) is not None}
+        pools = {
+            r: PoolStatus(
+                p.capacity(), p.free(), {n: NodeUnits(p.capacity(n), p.free(n)) for n in p.nodes()}
+            )
+            for r, p in self.scheduler.pools.items()
+        }
+        throttled = {
+            name: m.throttled(name) if isinstance(m, ApiManager) else 0
+            for name, m in self.apis.items()
+        }
+        learned = {
+            name: w.allowed(time.monotonic())
+            for name, m in self.apis.items()
+            if isinstance(m, ApiManager) and (w := m.window(name)) is not None
+        }
         gpu = self.gpu
         return StatusSnapshot(
-            self.policy, pools, len(self.scheduler.queue), len(self.scheduler.running),
-            len(self._envs), None if self.cpu is None else self.cpu.backend_name,
-            None if gpu is None else gpu.backend_name, None if gpu is None else gpu.simulated,
-            None if gpu is None else gpu.origin, throttled, learned, self._closing)
+            self.policy,
+            pools,
+            len(self.scheduler.queue),
+            len(self.scheduler.running),
+            len(self._envs),
+            None if self.cpu is None else self.cpu.backend_name,
+            None if gpu is None else gpu.backend_name,
+            None if gpu is None else gpu.simulated,
+            None if gpu is None else gpu.origin,
+            throttled,
+            learned,
+            self._closing,
+        )
 
     # -- lifecycle -------------------------------------------------------------------------------
     async def _reap_idle(self) -> None:
@@ -400,8 +487,11 @@ class Tangram:
             for t in late:
                 t.cancel()
             if late:
-                log.warning("shutdown: %d actions still running after %.1f s were cancelled",
-                            len(late), deadline)
+                log.warning(
+                    "shutdown: %d actions still running after %.1f s were cancelled",
+                    len(late),
+                    deadline,
+                )
                 await asyncio.gather(*late, return_exceptions=True)
         self._closed = True
         for env_id in list(self._envs):

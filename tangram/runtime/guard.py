@@ -53,8 +53,7 @@ MAX_HEAD = 16 << 10  # bytes of one request head (h11's bound on an incomplete e
 MAX_CONNECTIONS = 16_384  # at most, whatever the descriptor limit
 FD_RESERVE = 256  # descriptors kept for everything but connections (execs, logs, the store)
 PER_CLIENT = 4_096  # connections from one client address
-OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect",
-                        "/redoc"})
+OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 # SandboxFusion's paths, whose clients (its SDK: `endpoint="http://host:port/?token=T&_="`, which
 # puts the path in the query) send no headers: its two runners, the SDK's dispatch `/`, and the
 # dataset endpoints it calls, which answer a JSON 404 saying they are not served
@@ -72,10 +71,13 @@ class Limits:
     def for_this_process(cls, **overrides: Any) -> Limits:
         """Limits whose connection bound fits the current open-file limit."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        room = max(16, (soft - FD_RESERVE) // 2) if soft != resource.RLIM_INFINITY \
-            else MAX_CONNECTIONS
-        fields = {"max_connections": min(MAX_CONNECTIONS, room),
-                  "per_client": min(PER_CLIENT, room)}
+        room = (
+            max(16, (soft - FD_RESERVE) // 2) if soft != resource.RLIM_INFINITY else MAX_CONNECTIONS
+        )
+        fields = {
+            "max_connections": min(MAX_CONNECTIONS, room),
+            "per_client": min(PER_CLIENT, room),
+        }
         fields.update(overrides)
         return cls(**fields)
 
@@ -112,16 +114,24 @@ class _Connections:
         self.peak = 0  # the most connections open at once
 
     def admit(self, proto: Any, client: str) -> bool:
-        if self.per_client[client] >= self.limits.per_client \
-                and not self._evict(lambda p: self.open.get(p) == client):
+        if self.per_client[client] >= self.limits.per_client and not self._evict(
+            lambda p: self.open.get(p) == client
+        ):
             self.refused += 1
-            _flood.note("refused", "connection refused: %d from client %s (per-client bound)",
-                        self.limits.per_client, client)
+            _flood.note(
+                "refused",
+                "connection refused: %d from client %s (per-client bound)",
+                self.limits.per_client,
+                client,
+            )
             return False
         if len(self.open) >= self.limits.max_connections and not self._evict_heaviest(client):
             self.refused += 1
-            _flood.note("refused", "connection refused: %d open (the server's bound), none "
-                        "waiting to evict", self.limits.max_connections)
+            _flood.note(
+                "refused",
+                "connection refused: %d open (the server's bound), none waiting to evict",
+                self.limits.max_connections,
+            )
             return False
         self.open[proto] = client
         self.per_client[client] += 1
@@ -152,8 +162,10 @@ class _Connections:
         for old in [*self.fresh, *self.idle]:
             if which(old):
                 self.evicted += 1
-                _flood.note("evicted", "closed a connection that sent no request head (at a "
-                            "connection bound)")
+                _flood.note(
+                    "evicted",
+                    "closed a connection that sent no request head (at a connection bound)",
+                )
                 old.drop()
                 return True
         return False
@@ -201,8 +213,11 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
             self._head_timer = None
             if book.waiting(self):
                 book.expired += 1
-                _flood.note("expired", "closed a connection that sent no whole request head "
-                            "within %g s", limits.header_timeout_s)
+                _flood.note(
+                    "expired",
+                    "closed a connection that sent no whole request head within %g s",
+                    limits.header_timeout_s,
+                )
                 self.drop()
 
         def drop(self) -> None:
@@ -235,8 +250,12 @@ def guarded_protocol(limits: Limits) -> type[H11Protocol]:
 def uvicorn_options(limits: Limits | None = None) -> dict[str, Any]:
     """The options of `uvicorn.Config` that apply the guard."""
     limits = limits or Limits.for_this_process()
-    return {"http": guarded_protocol(limits), "timeout_keep_alive": KEEP_ALIVE_S,
-            "h11_max_incomplete_event_size": MAX_HEAD, "backlog": backlog(limits)}
+    return {
+        "http": guarded_protocol(limits),
+        "timeout_keep_alive": KEEP_ALIVE_S,
+        "h11_max_incomplete_event_size": MAX_HEAD,
+        "backlog": backlog(limits),
+    }
 
 
 def backlog(limits: Limits) -> int:
@@ -265,8 +284,9 @@ def presented_token(scope: Scope) -> str:
 
 
 def token_ok(scope: Scope, token: str) -> bool:
-    return hmac.compare_digest(presented_token(scope).encode("utf-8", "surrogateescape"),
-                               token.encode())
+    return hmac.compare_digest(
+        presented_token(scope).encode("utf-8", "surrogateescape"), token.encode()
+    )
 
 
 class TokenFirst:
@@ -277,8 +297,12 @@ class TokenFirst:
         self.app, self.token, self.unauthorized = app, token, unauthorized
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self.token is None or scope.get("path") in OPEN_PATHS \
-                or token_ok(scope, self.token):
+        if (
+            scope["type"] != "http"
+            or self.token is None
+            or scope.get("path") in OPEN_PATHS
+            or token_ok(scope, self.token)
+        ):
             await self.app(scope, receive, send)
             return
         response = self.unauthorized()
@@ -302,13 +326,19 @@ class RedactTokens(logging.Filter):
 
     def __init__(self, token: str | None = None) -> None:
         super().__init__()
-        self.forms = sorted({f for f in (token, token and quote(token, safe=""),
-                                         token and quote_plus(token)) if f}, key=len,
-                            reverse=True)
+        self.forms = sorted(
+            {f for f in (token, token and quote(token, safe=""), token and quote_plus(token)) if f},
+            key=len,
+            reverse=True,
+        )
 
     def redact(self, text: str) -> str:
-        text = _PAIR.sub(lambda m: f"{m[1]}{m[2]}=***" if unquote_plus(m[2]).strip().lower()
-                         == "token" else m[0], text)
+        text = _PAIR.sub(
+            lambda m: (
+                f"{m[1]}{m[2]}=***" if unquote_plus(m[2]).strip().lower() == "token" else m[0]
+            ),
+            text,
+        )
         for form in self.forms:
             text = text.replace(form, "***")
         return text
@@ -343,8 +373,10 @@ class _Flood:
             return
         more = self.quiet.pop(kind, 0)
         self.last[kind] = now
-        log.warning(msg + (f" (and {more} more like it in the last {LOG_EVERY_S:g} s)"
-                           if more else ""), *args)
+        log.warning(
+            msg + (f" (and {more} more like it in the last {LOG_EVERY_S:g} s)" if more else ""),
+            *args,
+        )
 
 
 _flood = _Flood()

@@ -29,11 +29,20 @@ from tangram.errors import TangramError, ValidationError
 def _steps(ns: argparse.Namespace) -> list[dict]:
     steps: list[dict] = json.loads(open(ns.steps).read()) if ns.steps else []
     if ns.debian:
-        steps.insert(0, {"debian": {"suite": ns.debian, "packages": [
-            p for p in (ns.packages or "").split(",") if p]}})
+        steps.insert(
+            0,
+            {
+                "debian": {
+                    "suite": ns.debian,
+                    "packages": [p for p in (ns.packages or "").split(",") if p],
+                }
+            },
+        )
     if ns.host or ns.host_folder:
-        steps.insert(1 if ns.debian else 0, {"host": {"programs": ns.host or [],
-                                                      "folders": ns.host_folder or []}})
+        steps.insert(
+            1 if ns.debian else 0,
+            {"host": {"programs": ns.host or [], "folders": ns.host_folder or []}},
+        )
     if ns.pip:
         steps.append({"pip": ns.pip})
     for spec in ns.copy or []:
@@ -45,8 +54,11 @@ def _steps(ns: argparse.Namespace) -> list[dict]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tangram image", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tangram image",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--state-dir", default=None, help="the node's state folder")
     sub = p.add_subparsers(dest="cmd", required=True)
     imp = sub.add_parser("import", help="import a folder, tarball or OCI layout")

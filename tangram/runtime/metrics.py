@@ -19,8 +19,9 @@ class _PoolCollector:
 
     def collect(self):
         s = self.snapshot()
-        busy = GaugeMetricFamily("tangram_units_busy", "units granted to running actions",
-                                 labels=["pool"])
+        busy = GaugeMetricFamily(
+            "tangram_units_busy", "units granted to running actions", labels=["pool"]
+        )
         cap = GaugeMetricFamily("tangram_units_capacity", "units of the pool", labels=["pool"])
         for name, p in s.pools.items():
             busy.add_metric([name], p.busy)
@@ -33,8 +34,9 @@ class _PoolCollector:
         r = GaugeMetricFamily("tangram_running", "actions running")
         r.add_metric([], s.running)
         yield r
-        thr = GaugeMetricFamily("tangram_api_throttled_total",
-                                "API calls delayed by flow control", labels=["api"])
+        thr = GaugeMetricFamily(
+            "tangram_api_throttled_total", "API calls delayed by flow control", labels=["api"]
+        )
         for api, n in s.api_throttled.items():
             thr.add_metric([api], n)
         yield thr
@@ -43,14 +45,26 @@ class _PoolCollector:
 class Metrics:
     def __init__(self, snapshot: Callable[[], StatusSnapshot]) -> None:
         self.registry = CollectorRegistry()
-        self.act = Histogram("tangram_act_seconds", "action completion time (queued + run)",
-                             ["kind"], buckets=BUCKETS, registry=self.registry)
-        self.queued = Histogram("tangram_queued_seconds", "time from submission to start",
-                                ["kind"], buckets=BUCKETS, registry=self.registry)
-        self.actions = Counter("tangram_actions", "finished actions", ["kind", "status"],
-                               registry=self.registry)
-        self.restores = Counter("tangram_restores", "GPU service restores", ["service"],
-                                registry=self.registry)
+        self.act = Histogram(
+            "tangram_act_seconds",
+            "action completion time (queued + run)",
+            ["kind"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.queued = Histogram(
+            "tangram_queued_seconds",
+            "time from submission to start",
+            ["kind"],
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.actions = Counter(
+            "tangram_actions", "finished actions", ["kind", "status"], registry=self.registry
+        )
+        self.restores = Counter(
+            "tangram_restores", "GPU service restores", ["service"], registry=self.registry
+        )
         self.registry.register(_PoolCollector(snapshot))
 
     def observe(self, kind: str, status: Status, queued_s: float, act_s: float) -> None:

@@ -61,8 +61,9 @@ def _gpu_count() -> int:
         return 0
 
 
-def choose_cores(numa: Mapping[int, tuple[int, ...]], limit: int | None
-                 ) -> dict[int, tuple[int, ...]]:
+def choose_cores(
+    numa: Mapping[int, tuple[int, ...]], limit: int | None
+) -> dict[int, tuple[int, ...]]:
     """`limit` of this machine's cores (all of them when None or more than it has), filling
     NUMA domains in order so a grant stays within as few domains as possible."""
     if limit is None:
@@ -90,22 +91,41 @@ class NodeAgent:
     (otherwise NVML's count is reported).
     """
 
-    def __init__(self, name: str, ray_node_id: str, backend: str = "auto",
-                 backend_options: Mapping[str, Any] | None = None, cores: int | None = None,
-                 memory_mb: int | None = None, gpu_backend: str | None = None,
-                 gpu_options: Mapping[str, Any] | None = None,
-                 gpus: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        ray_node_id: str,
+        backend: str = "auto",
+        backend_options: Mapping[str, Any] | None = None,
+        cores: int | None = None,
+        memory_mb: int | None = None,
+        gpu_backend: str | None = None,
+        gpu_options: Mapping[str, Any] | None = None,
+        gpus: int | None = None,
+    ) -> None:
         if backend == "sim":
-            numa = {0: tuple(range(cores))} if cores is not None else \
-                {d: tuple(c) for d, c in discover_numa().items()}
+            numa = (
+                {0: tuple(range(cores))}
+                if cores is not None
+                else {d: tuple(c) for d, c in discover_numa().items()}
+            )
         else:
             numa = choose_cores({d: tuple(c) for d, c in discover_numa().items()}, cores)
         memory = memory_mb if memory_mb is not None else local_memory_mb()
-        self.manager = CpuManager(backend, backend_options=backend_options,
-                                  nodes={name: CpuNode(name, numa)}, memory_mb={name: memory})
-        self.info = NodeInfo(name, ray_node_id, numa, memory,
-                             gpus if gpus is not None else _gpu_count(),
-                             str(self.manager.backend_name))
+        self.manager = CpuManager(
+            backend,
+            backend_options=backend_options,
+            nodes={name: CpuNode(name, numa)},
+            memory_mb={name: memory},
+        )
+        self.info = NodeInfo(
+            name,
+            ray_node_id,
+            numa,
+            memory,
+            gpus if gpus is not None else _gpu_count(),
+            str(self.manager.backend_name),
+        )
         self.gpu: GpuBackend | None = None
         if gpu_backend is not None:
             self.gpu = create_backend(gpu_backend, **dict(gpu_options or {}))
@@ -120,10 +140,16 @@ class NodeAgent:
     def describe(self) -> NodeInfo:
         return self.info
 
-    async def open_env(self, trajectory: str, memory_mb: int, network: bool = False,
-                       layers: Mapping[str, Any] | None = None) -> str:
-        return await self.manager.open_env(trajectory, memory_mb, network=network,
-                                           **dict(layers or {}))
+    async def open_env(
+        self,
+        trajectory: str,
+        memory_mb: int,
+        network: bool = False,
+        layers: Mapping[str, Any] | None = None,
+    ) -> str:
+        return await self.manager.open_env(
+            trajectory, memory_mb, network=network, **dict(layers or {})
+        )
 
     # -- environments' trees (images, forks, snapshots, files: see managers.cpu.roots) -------
     async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:

@@ -18,14 +18,22 @@ from tangram.runtime.ray_remote import MiB, import_ray
 from tangram.validation import pos_num
 
 
-def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
-              backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
-              services: Mapping[str, Any] | None = None, apis: Mapping[str, Any] | None = None,
-              gpu: Mapping[str, Any] | None = None, policy: str = DEFAULT_POLICY,
-              policy_options: Mapping[str, Any] | None = None,
-              idle_env_s: float | None = None, gpu_backend: str | None = None,
-              gpu_options: Mapping[str, Any] | None = None,
-              gpus_per_node: int | None = None) -> Components:
+def build_ray(
+    address: str | None = None,
+    *,
+    cpu_backend: str = "auto",
+    backend_options: Mapping[str, Any] | None = None,
+    poll_s: float = 1.0,
+    services: Mapping[str, Any] | None = None,
+    apis: Mapping[str, Any] | None = None,
+    gpu: Mapping[str, Any] | None = None,
+    policy: str = DEFAULT_POLICY,
+    policy_options: Mapping[str, Any] | None = None,
+    idle_env_s: float | None = None,
+    gpu_backend: str | None = None,
+    gpu_options: Mapping[str, Any] | None = None,
+    gpus_per_node: int | None = None,
+) -> Components:
     """`Tangram.ray(...)`: the CPU pool over the cluster's agents. With `gpu_backend`, the GPU
     pool too: each agent runs that backend on its machine's GPUs (`gpus_per_node` for `sim`)
     and the central GPU manager places chunks and keeps residency. Without it, the GPU pool is
@@ -34,18 +42,31 @@ def build_ray(address: str | None = None, *, cpu_backend: str = "auto",
     idle = None if idle_env_s is None else pos_num("idle_env_s", idle_env_s)
     if cpu_backend == "sim" and backend_options is None:
         backend_options = {"duration": sleep_seconds, "time_scale": 1.0}
-    cpu = RayCpuManager.connect(address, backend=cpu_backend, backend_options=backend_options,
-                                poll_s=poll_s, gpu_backend=gpu_backend,
-                                gpu_options=gpu_options, gpus_per_node=gpus_per_node)
+    cpu = RayCpuManager.connect(
+        address,
+        backend=cpu_backend,
+        backend_options=backend_options,
+        poll_s=poll_s,
+        gpu_backend=gpu_backend,
+        gpu_options=gpu_options,
+        gpus_per_node=gpus_per_node,
+    )
     try:
         gpu_spec = {**dict(gpu or {}), "services": dict(services or {})}
         gpu_manager = build_ray_gpu(cpu, gpu_spec) if gpu_backend else None
         if gpu_backend and gpu_manager is None:
-            raise BackendUnavailable(f"gpu_backend={gpu_backend!r}: no Ray node reports a GPU "
-                                     "(set gpus_per_node for the sim backend)")
-        return Components(cpu=cpu, gpu=gpu_manager or build_gpu("gpu", gpu_spec),
-                          apis=build_apis("apis", apis), policy=policy,
-                          policy_options=dict(policy_options or {}), idle_env_s=idle)
+            raise BackendUnavailable(
+                f"gpu_backend={gpu_backend!r}: no Ray node reports a GPU "
+                "(set gpus_per_node for the sim backend)"
+            )
+        return Components(
+            cpu=cpu,
+            gpu=gpu_manager or build_gpu("gpu", gpu_spec),
+            apis=build_apis("apis", apis),
+            policy=policy,
+            policy_options=dict(policy_options or {}),
+            idle_env_s=idle,
+        )
     except BaseException:
         asyncio.run(cpu.close()) if not _loop_running() else None
         raise
@@ -60,8 +81,12 @@ def _loop_running() -> bool:
 
 
 @contextlib.contextmanager
-def local_cluster(nodes: int = 3, cpus_per_node: int | Sequence[int] = 2,
-                  object_store_mb: int = 100, health_check_ms: int = 500) -> Iterator[Any]:
+def local_cluster(
+    nodes: int = 3,
+    cpus_per_node: int | Sequence[int] = 2,
+    object_store_mb: int = 100,
+    health_check_ms: int = 500,
+) -> Iterator[Any]:
     """An N-node Ray cluster on this machine (a CPU-less head plus N worker nodes of
     `cpus_per_node` logical CPUs each, or one count per node), connected; shut down on exit.
     Small by default: 100 MB object store per node, no dashboard."""
@@ -70,10 +95,19 @@ def local_cluster(nodes: int = 3, cpus_per_node: int | Sequence[int] = 2,
     from ray.cluster_utils import Cluster
 
     store = object_store_mb * MiB
-    cluster = Cluster(initialize_head=True, connect=True, head_node_args={
-        "num_cpus": 0, "object_store_memory": store, "include_dashboard": False,
-        "_system_config": {"health_check_period_ms": health_check_ms,
-                           "health_check_failure_threshold": 3}})
+    cluster = Cluster(
+        initialize_head=True,
+        connect=True,
+        head_node_args={
+            "num_cpus": 0,
+            "object_store_memory": store,
+            "include_dashboard": False,
+            "_system_config": {
+                "health_check_period_ms": health_check_ms,
+                "health_check_failure_threshold": 3,
+            },
+        },
+    )
     try:
         cpus = [cpus_per_node] * nodes if isinstance(cpus_per_node, int) else cpus_per_node
         for c in cpus:
@@ -96,8 +130,7 @@ def ray_session(address: str | None) -> Iterator[tuple[str | None, dict[str, Any
         try:
             nodes, cores = int(n or 3), int(c or 2)
         except ValueError:
-            raise ValidationError("ray", address, "local cluster is local:N or local:NxC") \
-                from None
+            raise ValidationError("ray", address, "local cluster is local:N or local:NxC") from None
         with local_cluster(nodes, cores) as cluster:
             yield cluster.address, {"cpu_backend": "sim"}
     else:

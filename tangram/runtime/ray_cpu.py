@@ -44,16 +44,26 @@ class RayCpuManager(EnvironmentManager):
 
     name = "cpu"
 
-    def __init__(self, agents: Mapping[str, tuple[RemoteAgent, NodeInfo]], *,
-                 resource: str = "cpu", backend: str = "auto",
-                 backend_options: Mapping[str, Any] | None = None, poll_s: float = 1.0,
-                 owns_ray: bool = False, gpu_backend: str | None = None,
-                 gpu_options: Mapping[str, Any] | None = None,
-                 gpus_per_node: int | None = None) -> None:
+    def __init__(
+        self,
+        agents: Mapping[str, tuple[RemoteAgent, NodeInfo]],
+        *,
+        resource: str = "cpu",
+        backend: str = "auto",
+        backend_options: Mapping[str, Any] | None = None,
+        poll_s: float = 1.0,
+        owns_ray: bool = False,
+        gpu_backend: str | None = None,
+        gpu_options: Mapping[str, Any] | None = None,
+        gpus_per_node: int | None = None,
+    ) -> None:
         self.resource = resource
         self.backend = _Backend(f"ray:{backend}")
-        self._agent_spec = (backend, dict(backend_options or {}),
-                            (gpu_backend, dict(gpu_options or {}), gpus_per_node))
+        self._agent_spec = (
+            backend,
+            dict(backend_options or {}),
+            (gpu_backend, dict(gpu_options or {}), gpus_per_node),
+        )
         self._owns_ray = owns_ray
         self.pool = CorePool(resource, {})
         self.envs = EnvironmentTable({})
@@ -65,8 +75,9 @@ class RayCpuManager(EnvironmentManager):
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def connect(cls, address: str | None = None, *, timeout_s: float = 60.0,
-                **options: Any) -> RayCpuManager:
+    def connect(
+        cls, address: str | None = None, *, timeout_s: float = 60.0, **options: Any
+    ) -> RayCpuManager:
         """Join the Ray cluster at `address` (None: start a local one-node Ray; an existing
         connection is reused), start an agent on every alive node and wait for their reports.
         `options`: the constructor's. With `gpu_backend`, every agent also runs that GPU
@@ -75,8 +86,12 @@ class RayCpuManager(EnvironmentManager):
         owns = False
         if not ray.is_initialized():
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address=address, namespace="tangram", logging_level=logging.WARNING,
-                     include_dashboard=False if address is None else None)
+            ray.init(
+                address=address,
+                namespace="tangram",
+                logging_level=logging.WARNING,
+                include_dashboard=False if address is None else None,
+            )
             owns = True
         self = cls({}, owns_ray=owns, **options)
         spawned = [self._spawn(rid, n["Resources"]) for rid, n in alive_nodes().items()]
@@ -137,23 +152,42 @@ class RayCpuManager(EnvironmentManager):
             return await call
         except NodeLost as exc:
             self.members.lose(node, str(exc).removeprefix(f"node {node}: "))
-            raise BackendUnavailable(f"{what}: node {node} was lost ({exc}); open a new "
-                                     "environment") from None
+            raise BackendUnavailable(
+                f"{what}: node {node} was lost ({exc}); open a new environment"
+            ) from None
 
-    async def open_env(self, trajectory: str, memory_mb: int = 1024, min_cores: int = 1,
-                       network: bool = False, *, image: str | None = None,
-                       disk_mb: int | None = None, snapshot: str | None = None) -> str:
+    async def open_env(
+        self,
+        trajectory: str,
+        memory_mb: int = 1024,
+        min_cores: int = 1,
+        network: bool = False,
+        *,
+        image: str | None = None,
+        disk_mb: int | None = None,
+        snapshot: str | None = None,
+    ) -> str:
         self.members.ensure_watcher()
-        layers = {k: v for k, v in (("image", image), ("disk_mb", disk_mb),
-                                    ("snapshot", snapshot)) if v is not None}
+        layers = {
+            k: v
+            for k, v in (("image", image), ("disk_mb", disk_mb), ("snapshot", snapshot))
+            if v is not None
+        }
         self._check_free([trajectory], "env.trajectory")
-        name = self._snapshot_node(snapshot) if snapshot is not None else \
-            self.envs.choose_node(self.pool, memory_mb, min_cores,
-                                  exclude=self.members.lost_nodes())
+        name = (
+            self._snapshot_node(snapshot)
+            if snapshot is not None
+            else self.envs.choose_node(
+                self.pool, memory_mb, min_cores, exclude=self.members.lost_nodes()
+            )
+        )
         hold = self._hold(trajectory, name, memory_mb)
         try:
-            env_id = await self._on(name, self.nodes[name].agent.open_env(
-                trajectory, memory_mb, network, layers), f"env for {trajectory}")
+            env_id = await self._on(
+                name,
+                self.nodes[name].agent.open_env(trajectory, memory_mb, network, layers),
+                f"env for {trajectory}",
+            )
         finally:
             self.envs.remove(hold)
         self.envs.add(Environment(env_id, trajectory, name, memory_mb, workdir=""))
@@ -182,12 +216,15 @@ class RayCpuManager(EnvironmentManager):
         self._check_free(trajectories, "trajectories")
         free = self.envs.memory_free(env.node)
         if free < len(trajectories) * env.memory_mb:
-            raise Infeasible(f"env.memory_mb: {len(trajectories)} x {env.memory_mb} MiB over "
-                             f"the {free} MiB free on {env.node}")
+            raise Infeasible(
+                f"env.memory_mb: {len(trajectories)} x {env.memory_mb} MiB over "
+                f"the {free} MiB free on {env.node}"
+            )
         holds = [self._hold(t, env.node, env.memory_mb) for t in trajectories]
         try:
-            children = await self._on(env.node, node.agent.fork_env(env_id, trajectories),
-                                      f"fork of {env_id}")
+            children = await self._on(
+                env.node, node.agent.fork_env(env_id, trajectories), f"fork of {env_id}"
+            )
         finally:
             for hold in holds:
                 self.envs.remove(hold)
@@ -206,8 +243,9 @@ class RayCpuManager(EnvironmentManager):
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         name = self._snapshot_node(snapshot_id)
-        await self._on(name, self.nodes[name].agent.delete_snapshot(snapshot_id),
-                       f"snapshot {snapshot_id}")
+        await self._on(
+            name, self.nodes[name].agent.delete_snapshot(snapshot_id), f"snapshot {snapshot_id}"
+        )
         del self._snapshots[snapshot_id]
 
     async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
@@ -216,8 +254,7 @@ class RayCpuManager(EnvironmentManager):
 
     async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
         env, node = self._remote(env_id)
-        return await self._on(env.node, node.agent.read_files(env_id, paths),
-                              f"files of {env_id}")
+        return await self._on(env.node, node.agent.read_files(env_id, paths), f"files of {env_id}")
 
     async def close_env(self, env_id: str) -> None:
         env = self.envs.get(env_id) if isinstance(env_id, str) else None
@@ -237,9 +274,11 @@ class RayCpuManager(EnvironmentManager):
         node = self.nodes.get(env.node) if env is not None else None
         if node is None or not node.lost:
             return None
-        return (f"environment {env_id} of trajectory {env.trajectory} is lost: node {env.node} "
-                f"(Ray node {node.info.ray_node_id[:12]}) {node.lost}; close it and open a "
-                "new one")
+        return (
+            f"environment {env_id} of trajectory {env.trajectory} is lost: node {env.node} "
+            f"(Ray node {node.info.ray_node_id[:12]}) {node.lost}; close it and open a "
+            "new one"
+        )
 
     async def run(self, assignment: Assignment) -> Result:
         self.members.ensure_watcher()
@@ -255,9 +294,12 @@ class RayCpuManager(EnvironmentManager):
             return await node.agent.run(assignment)
         except NodeLost as exc:
             self.members.lose(env.node, str(exc).removeprefix(f"node {env.node}: "))
-            return Result(Status.FAILED, detail=f"action {assignment.action_id} failed: node "
-                           f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
-                           f"it ran; its environment {env.id} is lost")
+            return Result(
+                Status.FAILED,
+                detail=f"action {assignment.action_id} failed: node "
+                f"{env.node} (Ray node {node.info.ray_node_id[:12]}) was lost while "
+                f"it ran; its environment {env.id} is lost",
+            )
         except Exception as exc:
             return Result(Status.FAILED, detail=f"node {env.node}: {type(exc).__name__}: {exc}")
 

@@ -22,8 +22,11 @@ class RayGpuBackend(GpuBackend):
 
     name = "ray"
 
-    def __init__(self, agents: Mapping[str, RemoteAgent],
-                 lost: Callable[[str], str | None] = lambda node: None) -> None:
+    def __init__(
+        self,
+        agents: Mapping[str, RemoteAgent],
+        lost: Callable[[str], str | None] = lambda node: None,
+    ) -> None:
         self.agents = dict(agents)
         self.lost = lost
 
@@ -45,8 +48,9 @@ class RayGpuBackend(GpuBackend):
     async def evict(self, service: Service, node: str, chunk: tuple[int, int]) -> None:
         await self._agent(node).gpu_evict(service, chunk)
 
-    async def invoke(self, service: Service, node: str, chunk: tuple[int, int],
-                     payload: Any) -> Any:
+    async def invoke(
+        self, service: Service, node: str, chunk: tuple[int, int], payload: Any
+    ) -> Any:
         return await self._agent(node).gpu_invoke(service, chunk, payload)
 
 
@@ -54,8 +58,11 @@ def build_ray_gpu(cpu: RayCpuManager, spec: Mapping[str, Any] | None) -> GpuMana
     """A chunk pool over the agents that report GPUs (the largest power of two of each node's
     GPUs), residency with `spec`'s memory per GPU and services, and `RayGpuBackend`. Nodes are
     those present now; GPU nodes joining later are not added in this version."""
-    sizes = {name: 1 << (node.info.gpus.bit_length() - 1)
-             for name, node in cpu.nodes.items() if node.info.gpus > 0}
+    sizes = {
+        name: 1 << (node.info.gpus.bit_length() - 1)
+        for name, node in cpu.nodes.items()
+        if node.info.gpus > 0
+    }
     if not sizes:
         return None
     gpu = parse(GpuSpec, "gpu", spec)  # the config's schema: the same checks, the same paths

@@ -45,8 +45,9 @@ class RayNodes:
     """The nodes with an agent: cores in `pool`, memory in `envs` (the one environment table,
     which the CPU manager reads for bindings), agents started by `spawn`."""
 
-    def __init__(self, pool: CorePool, envs: EnvironmentTable, spawn: Spawn,
-                 poll_s: float = 1.0) -> None:
+    def __init__(
+        self, pool: CorePool, envs: EnvironmentTable, spawn: Spawn, poll_s: float = 1.0
+    ) -> None:
         self.pool = pool
         self.envs = envs
         self.spawn = spawn
@@ -61,8 +62,14 @@ class RayNodes:
         self.nodes[info.name] = RayNode(info, agent)
         self.pool.add_node(CpuNode(info.name, info.numa))
         self.envs.add_node(info.name, info.memory_mb)
-        log.info("ray: node %s joined (%d cores, %d MiB, %d GPUs, backend %s)", info.name,
-                 info.cores, info.memory_mb, info.gpus, info.backend)
+        log.info(
+            "ray: node %s joined (%d cores, %d MiB, %d GPUs, backend %s)",
+            info.name,
+            info.cores,
+            info.memory_mb,
+            info.gpus,
+            info.backend,
+        )
 
     def lost_nodes(self) -> set[str]:
         return {n for n, s in self.nodes.items() if s.lost}
@@ -72,8 +79,13 @@ class RayNodes:
         if node is None or node.lost:
             return
         node.lost = why
-        log.warning("ray: node %s (Ray node %s) %s: %d environments lost", name,
-                    node.info.ray_node_id[:12], why, len(self.envs.on_node(name)))
+        log.warning(
+            "ray: node %s (Ray node %s) %s: %d environments lost",
+            name,
+            node.info.ray_node_id[:12],
+            why,
+            len(self.envs.on_node(name)),
+        )
         for hook in self.on_lost:
             hook(name, why)
         self.retire_drained()
@@ -81,18 +93,29 @@ class RayNodes:
     def retire_drained(self) -> None:
         """A lost node leaves the pool once nothing of it is granted or bound."""
         for name, node in list(self.nodes.items()):
-            if node.lost and not self.envs.on_node(name) and \
-                    self.pool.free(name) == self.pool.capacity(name):
+            if (
+                node.lost
+                and not self.envs.on_node(name)
+                and self.pool.free(name) == self.pool.capacity(name)
+            ):
                 self.pool.remove_node(name)
                 self.envs.remove_node(name)
                 del self.nodes[name]
                 log.info("ray: node %s left the pool", name)
 
     def describe(self) -> dict[str, dict[str, Any]]:
-        return {n: {"ray_node_id": s.info.ray_node_id, "cores": s.info.cores,
-                    "memory_mb": s.info.memory_mb, "gpus": s.info.gpus, "lost": s.lost or None,
-                    "envs": len(self.envs.on_node(n)), "backend": s.info.backend}
-                for n, s in self.nodes.items()}
+        return {
+            n: {
+                "ray_node_id": s.info.ray_node_id,
+                "cores": s.info.cores,
+                "memory_mb": s.info.memory_mb,
+                "gpus": s.info.gpus,
+                "lost": s.lost or None,
+                "envs": len(self.envs.on_node(n)),
+                "backend": s.info.backend,
+            }
+            for n, s in self.nodes.items()
+        }
 
     # -- the watcher ---------------------------------------------------------------------------
     def ensure_watcher(self) -> None:
@@ -143,8 +166,9 @@ class RayNodes:
                 await self._watcher
         live = [n.agent for n in self.nodes.values() if not n.lost]
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*(a.close() for a in live),
-                                                  return_exceptions=True), 10.0)
+            await asyncio.wait_for(
+                asyncio.gather(*(a.close() for a in live), return_exceptions=True), 10.0
+            )
         for n in self.nodes.values():
             with contextlib.suppress(Exception):
                 n.agent.kill()

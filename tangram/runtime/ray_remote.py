@@ -42,8 +42,11 @@ def is_actor_death(exc: BaseException) -> bool:
         from ray import exceptions
     except ImportError:
         return False
-    kinds = tuple(getattr(exceptions, k) for k in ("RayActorError", "ActorUnavailableError")
-                  if hasattr(exceptions, k))  # the second is Ray >= 2.30 only
+    kinds = tuple(
+        getattr(exceptions, k)
+        for k in ("RayActorError", "ActorUnavailableError")
+        if hasattr(exceptions, k)
+    )  # the second is Ray >= 2.30 only
     return isinstance(exc, kinds)
 
 
@@ -60,8 +63,7 @@ class RemoteAgent:
             return await ref
         except Exception as exc:
             if is_actor_death(exc):
-                raise NodeLost(f"node {self.node}: its agent died ({type(exc).__name__})"
-                               ) from None
+                raise NodeLost(f"node {self.node}: its agent died ({type(exc).__name__})") from None
             raise
 
     # -- the node's environments (NodeAgent's CPU side) ----------------------------------------
@@ -72,10 +74,12 @@ class RemoteAgent:
     async def describe(self) -> NodeInfo:
         return await self._rpc(self.handle.describe.remote())
 
-    async def open_env(self, trajectory: str, memory_mb: int, network: bool,
-                       layers: Mapping[str, Any]) -> str:
-        return await self._rpc(self.handle.open_env.remote(trajectory, memory_mb, network,
-                                                           dict(layers)))
+    async def open_env(
+        self, trajectory: str, memory_mb: int, network: bool, layers: Mapping[str, Any]
+    ) -> str:
+        return await self._rpc(
+            self.handle.open_env.remote(trajectory, memory_mb, network, dict(layers))
+        )
 
     async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
         return list(await self._rpc(self.handle.fork_env.remote(env_id, list(trajectories))))
@@ -128,9 +132,13 @@ def start_now(agents: Sequence[RemoteAgent], timeout_s: float) -> list[NodeInfo]
     return ray.get([a.handle.start.remote() for a in agents], timeout=timeout_s)
 
 
-def spawn_agent(ray_node_id: str, resources: Mapping[str, float], backend: str,
-                backend_options: Mapping[str, Any],
-                gpu: tuple[str | None, Mapping[str, Any], int | None]) -> RemoteAgent | None:
+def spawn_agent(
+    ray_node_id: str,
+    resources: Mapping[str, float],
+    backend: str,
+    backend_options: Mapping[str, Any],
+    gpu: tuple[str | None, Mapping[str, Any], int | None],
+) -> RemoteAgent | None:
     """An agent pinned to the node, or None when the node offers no CPU. `gpu`: the GPU
     backend the agent runs, its options and the GPU count a `sim` backend models."""
     ray = import_ray()
@@ -149,6 +157,15 @@ def spawn_agent(ray_node_id: str, resources: Mapping[str, float], backend: str,
     handle = actor.options(
         scheduling_strategy=NodeAffinitySchedulingStrategy(ray_node_id, soft=False),
         name=f"tangram-agent-{ray_node_id[:8]}-{uuid.uuid4().hex[:6]}",
-    ).remote(name, ray_node_id, backend, dict(backend_options), cores, memory,
-             gpu_backend=gpu[0], gpu_options=dict(gpu[1]), gpus=gpu[2])
+    ).remote(
+        name,
+        ray_node_id,
+        backend,
+        dict(backend_options),
+        cores,
+        memory,
+        gpu_backend=gpu[0],
+        gpu_options=dict(gpu[1]),
+        gpus=gpu[2],
+    )
     return RemoteAgent(handle, name)

@@ -95,10 +95,32 @@ from tangram.runtime.http.schemas import (
 log = logging.getLogger("tangram.runtime.server")
 RedactTokens = guard.RedactTokens  # where earlier code imported it from
 __all__ = [  # what earlier code imported from here, now at home in tangram.runtime.http
-    "BODY_TIMEOUT_S", "DRAIN_BODY", "ERRORS", "MAX_ARGV", "MAX_BODY", "MAX_CHOICES",
-    "MAX_COMMAND", "MAX_NAME", "MAX_TIMEOUT", "MAX_UNITS", "BodyLimit", "CallApi", "Demand",
-    "DrainingServer", "EnvOut", "ErrorOut", "Exec", "Invoke", "OpenEnv", "RedactTokens",
-    "UnitRange", "create_app", "demand_arg", "error", "main", "serve_in_thread",
+    "BODY_TIMEOUT_S",
+    "DRAIN_BODY",
+    "ERRORS",
+    "MAX_ARGV",
+    "MAX_BODY",
+    "MAX_CHOICES",
+    "MAX_COMMAND",
+    "MAX_NAME",
+    "MAX_TIMEOUT",
+    "MAX_UNITS",
+    "BodyLimit",
+    "CallApi",
+    "Demand",
+    "DrainingServer",
+    "EnvOut",
+    "ErrorOut",
+    "Exec",
+    "Invoke",
+    "OpenEnv",
+    "RedactTokens",
+    "UnitRange",
+    "create_app",
+    "demand_arg",
+    "error",
+    "main",
+    "serve_in_thread",
 ]
 
 
@@ -127,8 +149,9 @@ def _lifespan(tg: Tangram, shutdown_deadline: float):
     return lifespan, stop
 
 
-def create_app(tg: Tangram, token: str | None = None, *,
-               shutdown_deadline: float = 10.0) -> FastAPI:
+def create_app(
+    tg: Tangram, token: str | None = None, *, shutdown_deadline: float = 10.0
+) -> FastAPI:
     """An app serving `tg`. The app's lifespan starts `tg` and shuts it down (stop admitting,
     let running actions finish within `shutdown_deadline` s, close every environment)."""
     lifespan, stop = _lifespan(tg, shutdown_deadline)
@@ -139,8 +162,12 @@ def create_app(tg: Tangram, token: str | None = None, *,
         if token is not None and not guard.token_ok(request.scope, token):
             raise Unauthorized()
 
-    app = FastAPI(title="ARL-Tangram", version="0.1.0", lifespan=lifespan,
-                  description="Action-level resource management for agentic RL.")
+    app = FastAPI(
+        title="ARL-Tangram",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Action-level resource management for agentic RL.",
+    )
     app.add_middleware(BodyLimit)
     app.add_middleware(guard.TokenFirst, token=token, unauthorized=unauthorized)  # outermost
     app.state.tangram = tg
@@ -174,17 +201,22 @@ class DrainingServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                    startup_timeout: float = 30.0, limits: guard.Limits | None = None
-                    ) -> Iterator[str]:
+def serve_in_thread(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    startup_timeout: float = 30.0,
+    limits: guard.Limits | None = None,
+) -> Iterator[str]:
     """Serve `app` with uvicorn in a background thread (its own event loop) until the block
     ends, then shut it down gracefully (the app's lifespan shuts the runtime down). Yields the
     base URL; port 0 picks a free one; `limits`: the guard's (default: from this process's
     open-file limit). For tests and benchmarks."""
     options = guard.uvicorn_options(limits)
     app.state.connections = options["http"].connections_book  # for tests: what the guard saw
-    server = DrainingServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           lifespan="on", **options))
+    server = DrainingServer(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on", **options)
+    )
     thread = threading.Thread(target=server.run, name="tangram-serve", daemon=True)
     thread.start()
     deadline = time.monotonic() + startup_timeout
@@ -213,33 +245,55 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--config", help="YAML cluster config (default: Tangram.local())")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
     parser.add_argument("--port", type=int, default=8470)
-    parser.add_argument("--token", default=os.environ.get("TANGRAM_TOKEN"),
-                        help="require 'Authorization: Bearer TOKEN' or ?token=TOKEN "
-                             "(default: $TANGRAM_TOKEN)")
-    parser.add_argument("--shutdown-deadline", type=float, default=10.0, metavar="S",
-                        help="on stop, running actions get this long to finish (default 10)")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a non-loopback --host without a token (anyone who reaches "
-                             "it can run commands)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("TANGRAM_TOKEN"),
+        help="require 'Authorization: Bearer TOKEN' or ?token=TOKEN (default: $TANGRAM_TOKEN)",
+    )
+    parser.add_argument(
+        "--shutdown-deadline",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="on stop, running actions get this long to finish (default 10)",
+    )
+    parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow a non-loopback --host without a token (anyone who reaches it can run commands)",
+    )
     parser.add_argument("--log-level", default="info")
-    parser.add_argument("--ray", metavar="ADDRESS",
-                        help="serve over a Ray cluster: auto, ray://head:10001, or local:N[xC] "
-                             "to start N local nodes of C cores (sim backend)")
-    parser.add_argument("--shards", type=int, metavar="N",
-                        help="split the scheduler into N node shards, each a process (a Ray "
-                             "actor with --ray); with --config, set `shards:` there")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="serve over a Ray cluster: auto, ray://head:10001, or local:N[xC] "
+        "to start N local nodes of C cores (sim backend)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="split the scheduler into N node shards, each a process (a Ray "
+        "actor with --ray); with --config, set `shards:` there",
+    )
     ns = parser.parse_args(argv)
     if ns.shards is not None and (ns.shards < 0 or ns.config):
-        parser.error("--shards must be >= 0 (0: one scheduler process)" if ns.shards < 0 else
-                     "--shards and --config are exclusive: set `shards: N` in the config file")
+        parser.error(
+            "--shards must be >= 0 (0: one scheduler process)"
+            if ns.shards < 0
+            else "--shards and --config are exclusive: set `shards: N` in the config file"
+        )
     shards = {"shards": ns.shards} if ns.shards else {}
     logging.basicConfig(level=ns.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     guard.raise_nofile()  # before anything opens: the connection bound is derived from it
     guard.quiet_floods()
     if not _is_loopback(ns.host) and not ns.token and not ns.insecure:
-        print(f"tangram serve: refusing to serve on {ns.host} without a token: set --token (or "
-              "TANGRAM_TOKEN), or pass --insecure to accept that anyone who reaches it can run "
-              "commands", file=sys.stderr)
+        print(
+            f"tangram serve: refusing to serve on {ns.host} without a token: set --token (or "
+            "TANGRAM_TOKEN), or pass --insecure to accept that anyone who reaches it can run "
+            "commands",
+            file=sys.stderr,
+        )
         return 2
     if ns.ray:
         if ns.config:
@@ -251,15 +305,25 @@ def main(argv: list[str]) -> int:
 
 def _serve(ns: argparse.Namespace, tg: Tangram) -> int:
     if not _is_loopback(ns.host) and not ns.token:
-        log.warning("INSECURE: serving on %s without a token: anyone who reaches it can run "
-                    "commands", ns.host)
+        log.warning(
+            "INSECURE: serving on %s without a token: anyone who reaches it can run commands",
+            ns.host,
+        )
     app = create_app(tg, ns.token or None, shutdown_deadline=ns.shutdown_deadline)
     limits = guard.Limits.for_this_process()
-    print(f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs; at most "
-          f"{limits.max_connections} connections, {limits.per_client} per client)",
-          file=sys.stderr)
-    DrainingServer(uvicorn.Config(app, host=ns.host, port=ns.port,
-                                  log_level=ns.log_level.lower(),
-                                  timeout_graceful_shutdown=ns.shutdown_deadline + 5,
-                                  **guard.uvicorn_options(limits))).run()
+    print(
+        f"tangram serve: http://{ns.host}:{ns.port} (schema at /docs; at most "
+        f"{limits.max_connections} connections, {limits.per_client} per client)",
+        file=sys.stderr,
+    )
+    DrainingServer(
+        uvicorn.Config(
+            app,
+            host=ns.host,
+            port=ns.port,
+            log_level=ns.log_level.lower(),
+            timeout_graceful_shutdown=ns.shutdown_deadline + 5,
+            **guard.uvicorn_options(limits),
+        )
+    ).run()
     return 0

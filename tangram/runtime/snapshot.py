@@ -37,9 +37,12 @@ class PoolStatus:
         return 0.0 if self.capacity == 0 else self.busy / self.capacity
 
     def to_dict(self) -> dict[str, Any]:
-        return {"capacity": self.capacity, "free": self.free, "utilisation": self.utilisation,
-                "nodes": {n: {"capacity": u.capacity, "free": u.free}
-                          for n, u in self.nodes.items()}}
+        return {
+            "capacity": self.capacity,
+            "free": self.free,
+            "utilisation": self.utilisation,
+            "nodes": {n: {"capacity": u.capacity, "free": u.free} for n, u in self.nodes.items()},
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,30 +66,53 @@ class StatusSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON of `GET /v1/status`."""
-        return {"policy": self.policy,
-                "pools": {r: p.to_dict() for r, p in self.pools.items()},
-                "queue": self.queue, "running": self.running, "envs": self.envs,
-                "cpu_backend": self.cpu_backend, "gpu_backend": self.gpu_backend,
-                "gpu_simulated": self.gpu_simulated, "gpu_pool": self.gpu_pool,
-                "api_throttled": dict(self.api_throttled), "api_window": dict(self.api_window),
-                "closing": self.closing}
+        return {
+            "policy": self.policy,
+            "pools": {r: p.to_dict() for r, p in self.pools.items()},
+            "queue": self.queue,
+            "running": self.running,
+            "envs": self.envs,
+            "cpu_backend": self.cpu_backend,
+            "gpu_backend": self.gpu_backend,
+            "gpu_simulated": self.gpu_simulated,
+            "gpu_pool": self.gpu_pool,
+            "api_throttled": dict(self.api_throttled),
+            "api_window": dict(self.api_window),
+            "closing": self.closing,
+        }
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> StatusSnapshot:
         """`to_dict`'s inverse (what the client reads); `ValidationError` naming the field
         that is missing or malformed. Keys it does not know are ignored (a newer server)."""
         try:
-            pools = {r: PoolStatus(int(p["capacity"]), int(p["free"]),
-                                   {n: NodeUnits(int(u["capacity"]), int(u["free"]))
-                                    for n, u in (p.get("nodes") or {}).items()})
-                     for r, p in doc["pools"].items()}
+            pools = {
+                r: PoolStatus(
+                    int(p["capacity"]),
+                    int(p["free"]),
+                    {
+                        n: NodeUnits(int(u["capacity"]), int(u["free"]))
+                        for n, u in (p.get("nodes") or {}).items()
+                    },
+                )
+                for r, p in doc["pools"].items()
+            }
         except (AttributeError, KeyError, TypeError, ValueError):
             raise ValidationError("status.pools", doc.get("pools"), "not a pool table") from None
         for name in ("policy", "queue", "running", "envs"):
             if name not in doc:
                 raise ValidationError(f"status.{name}", None, "missing")
-        return cls(str(doc["policy"]), pools, int(doc["queue"]), int(doc["running"]),
-                   int(doc["envs"]), doc.get("cpu_backend"), doc.get("gpu_backend"),
-                   doc.get("gpu_simulated"), doc.get("gpu_pool"),
-                   dict(doc.get("api_throttled") or {}), dict(doc.get("api_window") or {}),
-                   bool(doc.get("closing", False)))
+        return cls(
+            str(doc["policy"]),
+            pools,
+            int(doc["queue"]),
+            int(doc["running"]),
+            int(doc["envs"]),
+            doc.get("cpu_backend"),
+            doc.get("gpu_backend"),
+            doc.get("gpu_simulated"),
+            doc.get("gpu_pool"),
+            dict(doc.get("api_throttled") or {}),
+            dict(doc.get("api_window") or {}),
+            bool(doc.get("closing", False)),
+        )

@@ -139,8 +139,9 @@ class _Server(ThreadingHTTPServer):
 
 @pytest.fixture
 def upstream() -> Iterator[Upstream]:
-    up = Upstream(limit=int(os.environ.get("TANGRAM_TEST_API_LIMIT", "8")), period=0.25,
-                  latency=0.005)
+    up = Upstream(
+        limit=int(os.environ.get("TANGRAM_TEST_API_LIMIT", "8")), period=0.25, latency=0.005
+    )
     server = _Server(("127.0.0.1", 0), _handler(up))
     up.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)

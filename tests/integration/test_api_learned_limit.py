@@ -106,17 +106,17 @@ def test_a_wrong_limit_is_learned_and_followed_when_it_changes(server):
             for limit, n in ((4, 120), (2, 120), (6, 400)):
                 start = server.phase(limit)
                 outcomes = await burst(n)
-                assert all(o.status == "ok" for o in outcomes), [o.detail for o in outcomes
-                                                                 if o.status != "ok"][:3]
-                phases.append((limit, server.answers[start:], server.peak,
-                               m.window("s").window))
+                assert all(o.status == "ok" for o in outcomes), [
+                    o.detail for o in outcomes if o.status != "ok"
+                ][:3]
+                phases.append((limit, server.answers[start:], server.peak, m.window("s").window))
         finally:
             await m.close()
 
     asyncio.run(go())
     (l1, a1, _, w1), (l2, a2, _, w2), (l3, a3, peak3, _) = phases
     refused = lambda xs: sum(c == 429 for c in xs)
-    first, late = lambda xs: xs[: len(xs) // 2], lambda xs: xs[len(xs) // 2:]
+    first, late = lambda xs: xs[: len(xs) // 2], lambda xs: xs[len(xs) // 2 :]
     # it started wrong and the server said so; then the 429s thin out to a probe's (1-3)
     assert refused(first(a1)) > refused(late(a1)) and refused(late(a1)) <= 3
     assert w1 <= 2 * l1  # the window sits near the limit (the server frees a slot before

@@ -22,14 +22,21 @@ def call(api: ApiConfig, req: ApiRequest) -> Assignment:
 
 
 def test_flow_control_never_draws_429_at_full_load(upstream):
-    api = ApiConfig("search", upstream.url, Limits(quota=upstream.limit, period_s=upstream.period,
-                                                   concurrency=16))
+    api = ApiConfig(
+        "search",
+        upstream.url,
+        Limits(quota=upstream.limit, period_s=upstream.period, concurrency=16),
+    )
     m = ApiManager([api])
 
     async def go():
         try:
-            return await asyncio.gather(*(m.run(call(api, ApiRequest("/q", json={"i": i})))
-                                          for i in range(5 * upstream.limit)))
+            return await asyncio.gather(
+                *(
+                    m.run(call(api, ApiRequest("/q", json={"i": i})))
+                    for i in range(5 * upstream.limit)
+                )
+            )
         finally:
             await m.close()
 
@@ -42,8 +49,12 @@ def test_flow_control_never_draws_429_at_full_load(upstream):
 def test_naive_concurrent_calls_draw_many_429(upstream):
     async def go():
         async with httpx.AsyncClient() as client:
-            return await asyncio.gather(*(client.post(upstream.url + "/q", json={"i": i})
-                                          for i in range(5 * upstream.limit)))
+            return await asyncio.gather(
+                *(
+                    client.post(upstream.url + "/q", json={"i": i})
+                    for i in range(5 * upstream.limit)
+                )
+            )
 
     answers = asyncio.run(go())
     assert sum(r.status_code == 429 for r in answers) >= 2 * upstream.limit
@@ -76,15 +87,20 @@ def test_errors_timeouts_and_retries_are_outcomes(upstream):
 def test_retries_count_against_the_quota(upstream):
     """A misconfigured quota (twice the upstream's) draws some 429s; retries, each a quota use,
     still get every call through."""
-    api = ApiConfig("over", upstream.url, Limits(quota=2 * upstream.limit,
-                                                 period_s=upstream.period), retries=6,
-                    backoff_s=upstream.period / 2)
+    api = ApiConfig(
+        "over",
+        upstream.url,
+        Limits(quota=2 * upstream.limit, period_s=upstream.period),
+        retries=6,
+        backoff_s=upstream.period / 2,
+    )
     m = ApiManager([api])
 
     async def go():
         try:
-            return await asyncio.gather(*(m.run(call(api, ApiRequest("/q", json=i)))
-                                          for i in range(4 * upstream.limit)))
+            return await asyncio.gather(
+                *(m.run(call(api, ApiRequest("/q", json=i))) for i in range(4 * upstream.limit))
+            )
         finally:
             await m.close()
 
@@ -95,10 +111,15 @@ def test_retries_count_against_the_quota(upstream):
     assert m.gates[api.resource].uses == attempts
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"name": "a:b"}, "api.name"), ({"base_url": "ftp://x"}, "base_url"),
-    ({"retries": -1}, "retries"), ({"timeout_s": 0}, "timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"name": "a:b"}, "api.name"),
+        ({"base_url": "ftp://x"}, "base_url"),
+        ({"retries": -1}, "retries"),
+        ({"timeout_s": 0}, "timeout_s"),
+    ],
+)
 def test_config_validation(kw, field):
     args = {"name": "x", "base_url": "http://127.0.0.1:1", "limits": Limits(concurrency=1), **kw}
     with pytest.raises(ValidationError, match=field):

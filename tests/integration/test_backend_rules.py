@@ -24,9 +24,13 @@ from tangram.errors import ValidationError
 from tangram.results import Result, Status
 from topology import CpuNode
 
-OOM = 'x=$(yes | head -c 300000000); echo ${#x}'  # a shell holding 300 MB: no python needed
-CGROUP_GLOBS = ("/sys/fs/cgroup/*/tangram-*", "/sys/fs/cgroup/*/*/tangram-*",
-                "/sys/fs/cgroup/tangram-*", "/sys/fs/cgroup/*/*/*/tangram-*")
+OOM = "x=$(yes | head -c 300000000); echo ${#x}"  # a shell holding 300 MB: no python needed
+CGROUP_GLOBS = (
+    "/sys/fs/cgroup/*/tangram-*",
+    "/sys/fs/cgroup/*/*/tangram-*",
+    "/sys/fs/cgroup/tangram-*",
+    "/sys/fs/cgroup/*/*/*/tangram-*",
+)
 
 
 def _children() -> set[int]:
@@ -50,8 +54,11 @@ def _system() -> tuple[set[int], set[str], set[str], set[str]]:
     cgroups = {p for g in CGROUP_GLOBS for p in glob.glob(g) if ours in p}
     temp = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ours)}
     try:
-        claims = {ln for ln in Path("/run/tangram/uid-ranges").read_text().splitlines()
-                  if ln.split()[-1:] == [str(os.getpid())]}
+        claims = {
+            ln
+            for ln in Path("/run/tangram/uid-ranges").read_text().splitlines()
+            if ln.split()[-1:] == [str(os.getpid())]
+        }
     except OSError:
         claims = set()
     return _children(), cgroups, temp, claims
@@ -105,9 +112,11 @@ def test_unknown_options_name_what_the_backend_takes():
 # -- the one OOM rule, on the rule itself --------------------------------------------------------
 counts = st.builds(LimitCounts, st.integers(0, 3), st.integers(0, 3))
 outcomes = st.builds(
-    Result, st.sampled_from(list(Status)),
+    Result,
+    st.sampled_from(list(Status)),
     st.one_of(st.none(), st.sampled_from([0, 1, 2, 125, 126, 127, *SIGKILLED, -15])),
-    detail=st.sampled_from(["exit code 1", "killed at its 1 s timeout", "x"]))
+    detail=st.sampled_from(["exit code 1", "killed at its 1 s timeout", "x"]),
+)
 
 
 @given(outcomes, counts, counts, st.integers(1, 4096), st.integers(1, 512))
@@ -115,15 +124,17 @@ def test_the_oom_rule(outcome, before, after, memory_mb, pids_max):
     named = name_limits(outcome, before, after, memory_mb, pids_max)
     assert named.status == outcome.status  # the rule names a limit, it never re-labels
     assert (named.stdout, named.stderr, named.exit_code) == (
-        outcome.stdout, outcome.stderr, outcome.exit_code)
+        outcome.stdout,
+        outcome.stderr,
+        outcome.exit_code,
+    )
     failed = outcome.status in (Status.ERROR, Status.TIMEOUT)
     if not failed:
         assert named == outcome
         return
     oom = after.ooms > before.ooms
     assert (f"memory (limit {memory_mb} MiB)" in named.detail) == oom
-    assert (f"process limit ({pids_max} pids)" in named.detail) == (after.refused
-                                                                   > before.refused)
+    assert (f"process limit ({pids_max} pids)" in named.detail) == (after.refused > before.refused)
     if oom and outcome.status is Status.ERROR and outcome.exit_code in SIGKILLED:
         assert named.detail.startswith(f"killed: out of memory (limit {memory_mb} MiB)")
     else:
@@ -154,10 +165,14 @@ MEMORY = [n for n in RUNNABLE if n in ("bwrap", "cgroup", "docker", "sim")]
 
 async def _manager(name: str, tmp_path: Path) -> CpuManager:
     if name == "sim":  # a command's memory modelled: the OOM program needs 300 MiB
-        backend = SimBackend(lambda c, k: 2.0 if "sleep" in str(c) else 0.0, time_scale=1.0,
-                             peak_mb=lambda c: 300 if "300000000" in str(c) else 0)
-        m = CpuManager(backend, nodes={"local": CpuNode.flat("local", 2)},
-                       memory_mb={"local": 1024})
+        backend = SimBackend(
+            lambda c, k: 2.0 if "sleep" in str(c) else 0.0,
+            time_scale=1.0,
+            peak_mb=lambda c: 300 if "300000000" in str(c) else 0,
+        )
+        m = CpuManager(
+            backend, nodes={"local": CpuNode.flat("local", 2)}, memory_mb={"local": 1024}
+        )
     else:
         m = CpuManager(name, workdir_root=str(tmp_path))
     await m.start()
@@ -229,8 +244,7 @@ def test_one_cgroup_version_rule(tmp_path):
 
 
 @settings(deadline=None)  # files on a loaded machine: no per-example time limit
-@given(st.sampled_from([1, 2]), st.lists(st.integers(0, 63), min_size=1, max_size=8,
-                                         unique=True))
+@given(st.sampled_from([1, 2]), st.lists(st.integers(0, 63), min_size=1, max_size=8, unique=True))
 def test_set_cores_writes_exactly_the_grant_and_skips_what_it_holds(version, cores):
     with tempfile.TemporaryDirectory() as d:
         cpuset, cpu = Path(d) / "cpuset", Path(d) / "cpu"
@@ -242,8 +256,11 @@ def test_set_cores_writes_exactly_the_grant_and_skips_what_it_holds(version, cor
         now = fs.set_cores(version, folders, tuple(cores))
         assert (cpuset / "cpuset.cpus").read_text() == ",".join(map(str, cores)) == now[0]
         quota = len(cores) * fs.PERIOD_US
-        assert quota_file.read_text() == now[1] == (str(quota) if version == 1
-                                                    else f"{quota} {fs.PERIOD_US}")
+        assert (
+            quota_file.read_text()
+            == now[1]
+            == (str(quota) if version == 1 else f"{quota} {fs.PERIOD_US}")
+        )
         (cpuset / "cpuset.cpus").unlink()  # a write now would fail: nothing may be written
         quota_file.unlink()
         assert fs.set_cores(version, folders, tuple(cores), now) == now

@@ -45,10 +45,23 @@ def server(nofile: int, workdir: str) -> Iterator[tuple[str, subprocess.Popen]]:
     """`tangram serve` (the bwrap backend here) under RLIMIT_NOFILE nofile:nofile."""
     port = _free_port()
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(["prlimit", f"--nofile={nofile}:{nofile}", sys.executable, "-m",
-                             "tangram.runtime.cli", "serve", "--port", str(port),
-                             "--log-level", "warning"], stdout=log, stderr=log,
-                            env={**os.environ, "TMPDIR": workdir})
+    proc = subprocess.Popen(
+        [
+            "prlimit",
+            f"--nofile={nofile}:{nofile}",
+            sys.executable,
+            "-m",
+            "tangram.runtime.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=log,
+        env={**os.environ, "TMPDIR": workdir},
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -75,9 +88,12 @@ def server(nofile: int, workdir: str) -> Iterator[tuple[str, subprocess.Popen]]:
 
 def _open(url: str, names: range) -> list[tuple[int, str]]:
     with httpx.Client(base_url=url, timeout=120) as c:
-        return [(r.status_code, r.text) for r in
-                (c.post("/v1/envs", json={"trajectory": f"t{i}", "memory_mb": 8})
-                 for i in names)]
+        return [
+            (r.status_code, r.text)
+            for r in (
+                c.post("/v1/envs", json={"trajectory": f"t{i}", "memory_mb": 8}) for i in names
+            )
+        ]
 
 
 def test_a_thousand_environments_under_1024_open_files(bwrap_or_skip, tmp_path):
@@ -89,15 +105,19 @@ def test_a_thousand_environments_under_1024_open_files(bwrap_or_skip, tmp_path):
         codes = sorted({code for code, _ in answers})
         with httpx.Client(base_url=url, timeout=120) as c:
             last = answers[-1][1]
-            env_id = httpx.Response(200, content=last).json()["env_id"] if codes == [200] \
+            env_id = httpx.Response(200, content=last).json()["env_id"] if codes == [200] else None
+            echo = (
+                c.post(f"/v1/envs/{env_id}/exec", json={"command": "echo hi"}).json()
+                if env_id
                 else None
-            echo = c.post(f"/v1/envs/{env_id}/exec", json={"command": "echo hi"}).json() \
-                if env_id else None
+            )
             status = c.get("/v1/status").json()
         held = len(os.listdir(f"/proc/{proc.pid}/fd"))
     opened_s = time.monotonic() - t0
-    print(f"\n{ENVS} environments opened under RLIMIT_NOFILE 1024:1024 in {opened_s:.1f} s "
-          f"(loaded machine); the server held {held} descriptors with all of them open")
+    print(
+        f"\n{ENVS} environments opened under RLIMIT_NOFILE 1024:1024 in {opened_s:.1f} s "
+        f"(loaded machine); the server held {held} descriptors with all of them open"
+    )
     assert codes == [200], [t for c, t in answers if c != 200][:3]
     assert status["envs"] == ENVS
     assert echo is not None and echo["stdout"] == "hi\n"
@@ -116,8 +136,9 @@ def test_out_of_descriptors_is_a_503_naming_the_limit(bwrap_or_skip, tmp_path):
     RLIMIT_NOFILE, never a 500, and the server still answers afterwards."""
     with server(16, str(tmp_path)) as (url, proc):
         with cf.ThreadPoolExecutor(6) as ex:
-            answers = [a for part in ex.map(lambda i: _open(url, range(i, i + 1)), range(6))
-                       for a in part]
+            answers = [
+                a for part in ex.map(lambda i: _open(url, range(i, i + 1)), range(6)) for a in part
+            ]
         alive = httpx.get(f"{url}/healthz", timeout=10).status_code
     codes = {c for c, _ in answers}
     assert codes <= {200, 503}, answers

@@ -121,8 +121,11 @@ def test_unknown_backend_is_a_validation_error():
 def test_sim_environments_balance_memory_and_bind_nodes():
     async def go():
         nodes = {f"n{i}": CpuNode.flat(f"n{i}", 4) for i in range(3)}
-        m = CpuManager(SimBackend(duration=lambda cmd, k: 8.0 / k), nodes=nodes,
-                       memory_mb={"n0": 1000, "n1": 1000, "n2": 1000})
+        m = CpuManager(
+            SimBackend(duration=lambda cmd, k: 8.0 / k),
+            nodes=nodes,
+            memory_mb={"n0": 1000, "n1": 1000, "n2": 1000},
+        )
         await m.start()
         envs = [await m.open_env(f"traj{i}", 300) for i in range(6)]
         placed = [m.envs.get(e).node for e in envs]
@@ -134,8 +137,11 @@ def test_sim_environments_balance_memory_and_bind_nodes():
         with pytest.raises(ValidationError, match="already has environment"):
             await m.open_env("traj0", 10)
         o = await m.execute(ExecRequest(envs[0], "pytest -q", elastic=True), cores=4)
-        assert o.status == "ok" and m.backend.execs[-1] == (envs[0], (0, 1, 2, 3),
-                                                            "pytest -q")  # never rewritten
+        assert o.status == "ok" and m.backend.execs[-1] == (
+            envs[0],
+            (0, 1, 2, 3),
+            "pytest -q",
+        )  # never rewritten
         o = await m.execute(ExecRequest(envs[0], "x", timeout=1.0), cores=2)
         assert o.status == "timeout"
         await m.close_env(envs[0])
@@ -153,11 +159,16 @@ def test_node_choice_prefers_free_cores_now():
     assert table.choose_node(pool, 2000, min_cores=1) == "b"  # only b has the memory
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({"command": ""}, "exec.command"), ({"command": ()}, "exec.command"),
-    ({"timeout": 0}, "exec.timeout"), ({"output_cap": -1}, "exec.output_cap"),
-    ({"env_id": ""}, "exec.env_id"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"command": ""}, "exec.command"),
+        ({"command": ()}, "exec.command"),
+        ({"timeout": 0}, "exec.timeout"),
+        ({"output_cap": -1}, "exec.output_cap"),
+        ({"env_id": ""}, "exec.env_id"),
+    ],
+)
 def test_exec_request_validation_names_the_field(kw, field):
     args = {"env_id": "e", "command": "true", **kw}
     with pytest.raises(ValidationError, match=field):

@@ -44,8 +44,12 @@ async def run_on(m: CpuManager, env_id: str, cores: tuple[int, ...], command, **
     env = m.envs.get(env_id)
     placement = Placement(env.node, cores=cores)
     m.pool.take(placement, len(cores))
-    action = Action(f"a-{uuid.uuid4().hex[:6]}", {"cpu": len(cores)}, trajectory=env.trajectory,
-                    payload=ExecRequest(env_id, command, **kw))
+    action = Action(
+        f"a-{uuid.uuid4().hex[:6]}",
+        {"cpu": len(cores)},
+        trajectory=env.trajectory,
+        payload=ExecRequest(env_id, command, **kw),
+    )
     try:
         return await m.run(Assignment(action, {"cpu": len(cores)}, {"cpu": placement}))
     finally:
@@ -155,8 +159,9 @@ def test_faults_come_back_as_outcomes_and_kill_the_tree():
             o = await run_on(m, env, (0,), "echo partial; exit 3")
             assert (o.status, o.exit_code, o.stdout) == ("error", 3, "partial\n")
             # timeout: the command, its child and a child that left the session all die
-            o = await run_on(m, env, (0,), "sleep 30 & echo $!; setsid sleep 31 & echo $!; "
-                             "sleep 32", timeout=0.5)
+            o = await run_on(
+                m, env, (0,), "sleep 30 & echo $!; setsid sleep 31 & echo $!; sleep 32", timeout=0.5
+            )
             assert o.status == "timeout" and "timeout" in o.detail, o
             pids = [int(p) for p in o.stdout.split()]
             assert len(pids) == 2 and not any(alive(p) for p in pids)
@@ -186,8 +191,9 @@ def test_concurrent_execs_of_one_environment_are_confined_separately():
             cores = sorted(m.pool.cpu_node(m.envs.get(env).node).domain_of)[:2]
             if len(cores) < 2:
                 pytest.skip("this machine has one core")
-            a, b = await asyncio.gather(*(run_on(m, env, (c,), "cat /proc/self/status; sleep 0.3")
-                                          for c in cores))
+            a, b = await asyncio.gather(
+                *(run_on(m, env, (c,), "cat /proc/self/status; sleep 0.3") for c in cores)
+            )
             assert (allowed(a.stdout), allowed(b.stdout)) == ({cores[0]}, {cores[1]})
             assert len(m.backend._envs[env].slots) == 2
         finally:
@@ -202,12 +208,16 @@ def test_elastic_pytest_gets_its_granted_cores_without_a_rewrite():
         await m.start()
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
-            fake = ('pytest() { echo "pytest $* $TANGRAM_CPUS $PYTEST_XDIST_AUTO_NUM_WORKERS '
-                    '${PYTEST_PLUGINS:-none}"; }; pytest -q tests; echo "run pytest now"')
+            fake = (
+                'pytest() { echo "pytest $* $TANGRAM_CPUS $PYTEST_XDIST_AUTO_NUM_WORKERS '
+                '${PYTEST_PLUGINS:-none}"; }; pytest -q tests; echo "run pytest now"'
+            )
             n = m.pool.capacity()
             o = await m.execute(ExecRequest(env, fake, elastic=True), cores=n)
-            assert o.stdout.splitlines() == [f"pytest -q tests {n} {n} tangram_pytest_grant",
-                                             "run pytest now"]
+            assert o.stdout.splitlines() == [
+                f"pytest -q tests {n} {n} tangram_pytest_grant",
+                "run pytest now",
+            ]
             o = await m.execute(ExecRequest(env, fake), cores=1)
             assert o.stdout.splitlines() == ["pytest -q tests 1 1 none", "run pytest now"]
         finally:
@@ -246,8 +256,9 @@ def test_nothing_is_left_after_close():
         workdir = m.envs.get(env).workdir
         assert all(f.is_dir() for f in folders) and os.path.isdir(workdir)
         # two concurrent execs (two slots), one still running when the environment closes
-        task = asyncio.ensure_future(m.execute(ExecRequest(env, "sleep 30 & echo $!; sleep 30"),
-                                               cores=1))
+        task = asyncio.ensure_future(
+            m.execute(ExecRequest(env, "sleep 30 & echo $!; sleep 30"), cores=1)
+        )
         await m.execute(ExecRequest(env, "true"), cores=1)
         await asyncio.sleep(0.2)
         await m.close_env(env)

@@ -61,8 +61,10 @@ def test_enforcement_one_core():
         try:
             acct = backend._envs[env].folders["cpuacct"] / "cpuacct.usage"
             before, t0 = int(fs.read(acct)), time.monotonic()
-            o = await m.execute(ExecRequest(env, "while :; do :; done & while :; do :; done & "
-                                            "wait", timeout=2.0), cores=1)
+            o = await m.execute(
+                ExecRequest(env, "while :; do :; done & while :; do :; done & wait", timeout=2.0),
+                cores=1,
+            )
             rate = (int(fs.read(acct)) - before) / 1e9 / (time.monotonic() - t0)
             assert o.status == "timeout", o
             assert rate <= 1.1, f"1 granted core used {rate:.2f} core-s/s"
@@ -134,8 +136,12 @@ def test_no_container_or_process_left_after_close():
 
         client = docker.from_env()
         try:
-            assert client.containers.list(all=True, filters={"label": f"tangram.backend="
-                                                              f"{backend.tag}"}) == []
+            assert (
+                client.containers.list(
+                    all=True, filters={"label": f"tangram.backend={backend.tag}"}
+                )
+                == []
+            )
         finally:
             client.close()
 
@@ -144,8 +150,9 @@ def test_no_container_or_process_left_after_close():
 
 def test_missing_image_says_how_to_fix():
     with pytest.raises(BackendUnavailable, match="docker-test-missing.*dockerd.sh"):
-        asyncio.run(DockerBackend(image=f"docker-test-missing-{uuid.uuid4().hex[:6]}:latest"
-                                  ).start())
+        asyncio.run(
+            DockerBackend(image=f"docker-test-missing-{uuid.uuid4().hex[:6]}:latest").start()
+        )
 
 
 def test_container_is_hardened(monkeypatch):
@@ -158,13 +165,21 @@ def test_container_is_hardened(monkeypatch):
         try:
             env = await m.open_env(f"t-{uuid.uuid4().hex[:6]}", 128)
             status = await m.execute(ExecRequest(env, "cat /proc/self/status /proc/net/dev"))
-            writes = await m.execute(ExecRequest(
-                env, "echo x > /work/f && cat /work/f && echo y > /tmp/g && cat /tmp/g; "
-                     "echo z > /etc/evil; echo z > /evil"))
+            writes = await m.execute(
+                ExecRequest(
+                    env,
+                    "echo x > /work/f && cat /work/f && echo y > /tmp/g && cat /tmp/g; "
+                    "echo z > /etc/evil; echo z > /evil",
+                )
+            )
             seen = await m.execute(ExecRequest(env, "cat /proc/self/environ"))
-            bomb = await m.execute(ExecRequest(
-                env, "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done; wait",
-                timeout=20))
+            bomb = await m.execute(
+                ExecRequest(
+                    env,
+                    "i=0; while [ $i -lt 100 ]; do sleep 20 & i=$((i+1)); done; wait",
+                    timeout=20,
+                )
+            )
             name = backend._envs[env].name
             attrs = backend.client.containers.get(name).attrs["HostConfig"]
             return status, writes, seen, bomb, attrs
@@ -191,8 +206,12 @@ def test_dead_servers_containers_are_swept():
         dead = subprocess.Popen(["true"])
         dead.wait()
         c = backend.client.containers.run(
-            backend.image, ["sleep", "1000"], detach=True, network_mode="none",
-            labels={"tangram.server": f"{socket.gethostname()}/{dead.pid}"})
+            backend.image,
+            ["sleep", "1000"],
+            detach=True,
+            network_mode="none",
+            labels={"tangram.server": f"{socket.gethostname()}/{dead.pid}"},
+        )
         swept = backend.sweep()
         await backend.shutdown()
         return c.name, swept

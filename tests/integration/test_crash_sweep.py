@@ -48,13 +48,16 @@ def dead_pid() -> int:
     return p.pid
 
 
-
-
 def owned_by(pid: int, workdir_root: Path) -> list[Path]:
     """The cgroup folders and work folders named for server `pid`."""
     parents = {b.parent for b in fs.detect("probe").bases.values()} | {workdir_root}
-    return [p for parent in parents if parent.is_dir() for p in parent.iterdir()
-            if p.name.startswith(f"tangram-{pid}-")]
+    return [
+        p
+        for parent in parents
+        if parent.is_dir()
+        for p in parent.iterdir()
+        if p.name.startswith(f"tangram-{pid}-")
+    ]
 
 
 def wait_ready(proc: subprocess.Popen, timeout: float) -> None:
@@ -63,8 +66,9 @@ def wait_ready(proc: subprocess.Popen, timeout: float) -> None:
     line = proc.stdout.readline() if ready else ""
     if line.strip() != "ready":
         proc.kill()
-        raise AssertionError(f"the server did not get ready: {line!r} "
-                             f"{proc.stderr.read() if proc.stderr else ''}")
+        raise AssertionError(
+            f"the server did not get ready: {line!r} {proc.stderr.read() if proc.stderr else ''}"
+        )
 
 
 @pytest.mark.cgroup
@@ -75,9 +79,13 @@ def test_restart_after_sigkill_leaves_nothing(backend, tmp_path, procs_with):
         pytest.skip(f"{backend} backend unavailable: {why}")
     marker = f"{400 + uuid.uuid4().int % 500}.{uuid.uuid4().int % 10**6}"
     root = Path(tempfile.gettempdir())
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, backend, marker],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, backend, marker],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     try:
         wait_ready(proc, 60)
         assert len(procs_with(f"sleep\0{marker}")) >= 2
@@ -97,8 +105,9 @@ def test_restart_after_sigkill_leaves_nothing(backend, tmp_path, procs_with):
 
     asyncio.run(restart())
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and (owned_by(proc.pid, root)
-                                           or procs_with(f"sleep\0{marker}")):
+    while time.monotonic() < deadline and (
+        owned_by(proc.pid, root) or procs_with(f"sleep\0{marker}")
+    ):
         time.sleep(0.1)
     assert owned_by(proc.pid, root) == []
     assert procs_with(f"sleep\0{marker}") == []
@@ -114,11 +123,17 @@ def test_sweep_removes_only_dead_servers_folders_and_logs_it(tmp_path, caplog):
     assert dead_owner(f"tangram-{alive}-env-def") is None
     assert dead_owner("tangram-test-folder") is None and dead_owner("other") is None
     with caplog.at_level(logging.WARNING, logger="managers.cpu.manager"):
-        m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 64},
-                       workdir_root=str(tmp_path))
+        m = CpuManager(
+            SimBackend(),
+            nodes={"n": CpuNode.flat("n", 2)},
+            memory_mb={"n": 64},
+            workdir_root=str(tmp_path),
+        )
         asyncio.run(m.start())
     assert m.swept == [f"{tmp_path / f'tangram-{dead}-env-abc'} (server pid {dead})"]
     assert any(f"server pid {dead}" in r.getMessage() for r in caplog.records)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"tangram-{alive}-env-def",
-                                                          "tangram-test-folder"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"tangram-{alive}-env-def",
+        "tangram-test-folder",
+    ]
     assert sweep_workdirs(tmp_path / "missing") == []

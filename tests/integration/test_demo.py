@@ -7,9 +7,12 @@ import sys
 
 
 def test_demo_runs_both_allocations():
-    out = subprocess.run([sys.executable, "-m", "tangram.runtime.cli", "demo",
-                          "--trajectories", "2",
-                          "--json"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "tangram.runtime.cli", "demo", "--trajectories", "2", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = {r["run"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])}
     assert set(rows) == {"tangram", "static"}

@@ -25,11 +25,36 @@ def test_each_blocked_call_fails_under_the_docker_profile(tmp_path):
     name = image.image
     asyncio.run(image.shutdown())
     done = subprocess.run(
-        ["docker", "run", "--rm", "--user", "65534:65534", "--cap-drop", "ALL",
-         "--security-opt", "no-new-privileges", "--security-opt", f"seccomp={profile}",
-         "-v", "/usr:/usr:ro", "-v", "/lib:/lib:ro", "-v", "/lib64:/lib64:ro", name,
-         "/usr/bin/python3", "-I", "-S", "-c", PROBE, json.dumps(numbers())],
-        capture_output=True, text=True, timeout=180)
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--user",
+            "65534:65534",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+            "--security-opt",
+            f"seccomp={profile}",
+            "-v",
+            "/usr:/usr:ro",
+            "-v",
+            "/lib:/lib:ro",
+            "-v",
+            "/lib64:/lib64:ro",
+            name,
+            "/usr/bin/python3",
+            "-I",
+            "-S",
+            "-c",
+            PROBE,
+            json.dumps(numbers()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     if done.returncode != 0 and "python3" in done.stderr:
         pytest.skip(f"the host's python3 does not run in {name}: {done.stderr.strip()}")
     assert done.returncode == 0, done.stderr
@@ -46,8 +71,9 @@ def test_the_backend_applies_the_profile_and_a_uid_per_environment():
         try:
             a = await m.open_env("a", 64)
             b = await m.open_env("b", 64)
-            uids = [(await m.execute(ExecRequest(e, "cat /proc/self/status"))).stdout
-                    for e in (a, b)]
+            uids = [
+                (await m.execute(ExecRequest(e, "cat /proc/self/status"))).stdout for e in (a, b)
+            ]
             opts = backend.api.inspect_container(backend._envs[a].id)["HostConfig"]
             return uids, opts["SecurityOpt"]
         finally:

@@ -14,13 +14,15 @@ from managers.cpu.backends.affinity import AffinityBackend
 from tangram.runtime.facade import Tangram
 from topology.cpu import CpuNode
 
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 
 
 def one_core(tmp_path) -> Tangram:
-    cpu = CpuManager(AffinityBackend(), nodes={"local": CpuNode("local", {0: [0]})},
-                     workdir_root=str(tmp_path))
+    cpu = CpuManager(
+        AffinityBackend(), nodes={"local": CpuNode("local", {0: [0]})}, workdir_root=str(tmp_path)
+    )
     return Tangram(cpu=cpu, policy="backfill-srpt")
 
 

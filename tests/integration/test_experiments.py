@@ -25,19 +25,28 @@ def test_quick_mode_writes_files(name, tmp_path):
     checks = {
         # the paper's ACT (queue + run per action): Kubernetes' dedicated pods are faster per
         # action; with the pods' admission wait counted, Tangram is faster per trajectory
-        "fig6": lambda o: _compare(o, "coding: ACT (") < 1.0
-        and _compare(o, "coding: ACT + admission") >= 3.5 and _compare(o, "mopd: ACT (") >= 5.0,
-        "fig7": lambda o: _compare(o, "coding: environment") < 1.0
-        and _compare(o, "coding: actions with admission") >= 3.5
-        and _compare(o, "coding: reward") < 1.0
-        and _compare(o, "deepsearch: API 429 answers, tangram") == 0
-        and _compare(o, "deepsearch: API 429 answers, api-retry") > 0,
-        "fig8-cpu": lambda o: _compare(o, "ACT vs Kubernetes, largest") < 1.0
-        and _compare(o, "ACT + admission vs Kubernetes, largest") >= 3.5,
+        "fig6": lambda o: (
+            _compare(o, "coding: ACT (") < 1.0
+            and _compare(o, "coding: ACT + admission") >= 3.5
+            and _compare(o, "mopd: ACT (") >= 5.0
+        ),
+        "fig7": lambda o: (
+            _compare(o, "coding: environment") < 1.0
+            and _compare(o, "coding: actions with admission") >= 3.5
+            and _compare(o, "coding: reward") < 1.0
+            and _compare(o, "deepsearch: API 429 answers, tangram") == 0
+            and _compare(o, "deepsearch: API 429 answers, api-retry") > 0
+        ),
+        "fig8-cpu": lambda o: (
+            _compare(o, "ACT vs Kubernetes, largest") < 1.0
+            and _compare(o, "ACT + admission vs Kubernetes, largest") >= 3.5
+        ),
         "fig8-gpu": lambda o: _compare(o, "static / Tangram") >= 15.0,
         "fig9": lambda o: _compare(o, "fixed DoP=16") >= 1.8 and _compare(o, "fixed DoP=1 ") > 1,
-        "table1": lambda o: _compare(o, "AI coding: overhead,") < 3.0
-        and _compare(o, "AI coding: overhead with") > 3.0,
+        "table1": lambda o: (
+            _compare(o, "AI coding: overhead,") < 3.0
+            and _compare(o, "AI coding: overhead with") > 3.0
+        ),
     }
     assert checks[name](outcome), [(c.metric, c.ours) for c in outcome.compares]
 
@@ -50,13 +59,17 @@ def test_cli_json(tmp_path, capsys):
     assert all(c["range"] is None for c in doc["compare"]) and doc["sensitivity"] == []
 
 
-@pytest.mark.parametrize("name,sizes", [("coding", {"batch": 24, "nodes": 1,
-                                                    "cores_per_node": 24}),
-                                         ("mopd", {"batch": 24}),
-                                         # one GPU node, heavy queueing: the engine had
-                                         # decided at trajectory starts the runtime never saw
-                                         ("mopd", {"batch": 256, "gpu_nodes": 1}),
-                                         ("deepsearch", {"batch": 24})])
+@pytest.mark.parametrize(
+    "name,sizes",
+    [
+        ("coding", {"batch": 24, "nodes": 1, "cores_per_node": 24}),
+        ("mopd", {"batch": 24}),
+        # one GPU node, heavy queueing: the engine had
+        # decided at trajectory starts the runtime never saw
+        ("mopd", {"batch": 256, "gpu_nodes": 1}),
+        ("deepsearch", {"batch": 24}),
+    ],
+)
 def test_engine_runtime_runs_tangram_through_the_facade(name, sizes):
     """`tangram experiment --engine runtime`: Tangram's run of a CPU, GPU-service or API
     workload goes through the runtime's own facade on virtual time (`runtime_sim`: its result

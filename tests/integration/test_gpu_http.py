@@ -89,21 +89,26 @@ def servers():
 
 def test_manager_drives_release_and_resume_over_http(servers) -> None:
     sglang, vllm = servers
-    reg = ServiceRegistry({"judge": Service.uniform("judge", 60 * GB),
-                           "teacher": Service.uniform("teacher", 60 * GB)})
+    reg = ServiceRegistry(
+        {"judge": Service.uniform("judge", 60 * GB), "teacher": Service.uniform("teacher", 60 * GB)}
+    )
     res = Residency.uniform({"n": 1}, 80 * GB, reg)
-    backend = create_backend("http", endpoints={
-        ("judge", "n", (0, 1)): Endpoint(sglang.url, "sglang"),
-        ("teacher", "n", (0, 1)): Endpoint(vllm.url, "vllm")})
+    backend = create_backend(
+        "http",
+        endpoints={
+            ("judge", "n", (0, 1)): Endpoint(sglang.url, "sglang"),
+            ("teacher", "n", (0, 1)): Endpoint(vllm.url, "vllm"),
+        },
+    )
     m = GpuManager(ChunkPool("gpu", {"n": ChunkTree(1, "n")}), res, backend)
 
     async def go():
         outs = []
         for i, name in enumerate(["judge", "judge", "teacher", "judge"]):
-            a = Action(f"x{i}", {"gpu": 1}, duration=1.0, service=name,
-                       payload={"prompt": f"p{i}"})
-            outs.append(await m.run(Assignment(a, {"gpu": 1},
-                                               {"gpu": Placement("n", chunk=(0, 1))})))
+            a = Action(f"x{i}", {"gpu": 1}, duration=1.0, service=name, payload={"prompt": f"p{i}"})
+            outs.append(
+                await m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))}))
+            )
         await m.close()
         return outs
 
@@ -111,9 +116,15 @@ def test_manager_drives_release_and_resume_over_http(servers) -> None:
     assert [o.status for o in outs] == ["ok"] * 4, [o.detail for o in outs]
     assert [o.output["text"] for o in outs] == ["sglang:p0", "sglang:p1", "vllm:p2", "sglang:p3"]
     assert [o.detail for o in outs] == ["restored", "resident", "restored", "restored"]
-    assert sglang.log == ["/release_memory_occupation", "/resume_memory_occupation", "/generate",
-                          "/generate", "/release_memory_occupation",
-                          "/resume_memory_occupation", "/generate"]
+    assert sglang.log == [
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/generate",
+        "/generate",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/generate",
+    ]
     assert vllm.log == ["/sleep", "/wake_up", "/v1/completions", "/sleep"]
     assert sglang.resident and not vllm.resident
 
@@ -121,10 +132,15 @@ def test_manager_drives_release_and_resume_over_http(servers) -> None:
 def test_server_errors_become_outcomes(servers) -> None:
     sglang, _ = servers
     reg = ServiceRegistry({"judge": Service.uniform("judge", 10 * GB)})
-    backend = create_backend("http", endpoints={
-        ("judge", "n", (0, 1)): Endpoint(sglang.url, "sglang", request_path="/missing")})
-    m = GpuManager(ChunkPool("gpu", {"n": ChunkTree(1, "n")}),
-                   Residency.uniform({"n": 1}, 80 * GB, reg), backend)
+    backend = create_backend(
+        "http",
+        endpoints={("judge", "n", (0, 1)): Endpoint(sglang.url, "sglang", request_path="/missing")},
+    )
+    m = GpuManager(
+        ChunkPool("gpu", {"n": ChunkTree(1, "n")}),
+        Residency.uniform({"n": 1}, 80 * GB, reg),
+        backend,
+    )
     a = Action("x", {"gpu": 1}, duration=1.0, service="judge", payload={"prompt": "p"})
 
     async def go():

@@ -23,8 +23,10 @@ STAND_IN = {"options": {"cpu_stand_in": True}}
 
 
 def gpus(n: int, gb: int = 80) -> GpuDiscovery:
-    infos = tuple(GpuInfo(i, "NVIDIA H100", gb * 10**9, tuple(j for j in range(n) if j != i))
-                  for i in range(n))
+    infos = tuple(
+        GpuInfo(i, "NVIDIA H100", gb * 10**9, tuple(j for j in range(n) if j != i))
+        for i in range(n)
+    )
     return GpuDiscovery(infos, nvlink_groups=(tuple(range(n)),))
 
 
@@ -33,8 +35,9 @@ def no_gpu() -> GpuDiscovery:
 
 
 def test_two_discovered_gpus_make_a_two_gpu_pool_on_the_torch_backend():
-    tg = Tangram.local(cpu_backend="sim", services=SERVICES, gpu=STAND_IN,
-                       discover=lambda: gpus(2, gb=141))
+    tg = Tangram.local(
+        cpu_backend="sim", services=SERVICES, gpu=STAND_IN, discover=lambda: gpus(2, gb=141)
+    )
 
     async def go():
         async with tg:
@@ -59,8 +62,11 @@ def test_six_discovered_gpus_use_the_power_of_two_prefix():
 
 def test_no_gpu_means_a_simulated_pool_said_at_warning_in_status_and_in_results(caplog):
     with caplog.at_level(logging.WARNING, logger="tangram"):
-        tg = Tangram.local(cpu_backend="sim", discover=no_gpu,
-                           services={"j": {"memory_gb": 1, "infer_s": {1: 0.01}}})
+        tg = Tangram.local(
+            cpu_backend="sim",
+            discover=no_gpu,
+            services={"j": {"memory_gb": 1, "infer_s": {1: 0.01}}},
+        )
     assert any("SIMULATED GPU pool" in m and "no driver" in m for m in caplog.messages)
 
     async def go():
@@ -81,17 +87,29 @@ def test_torch_refuses_without_cuda_unless_asked_to_stand_in():
 
 def test_a_service_without_a_model_on_torch_names_the_field():
     with pytest.raises(ValidationError) as e:
-        build_local(cpu_backend="sim", services={"j": {"memory_gb": 1}}, gpu=STAND_IN,
-                    discover=lambda: gpus(2))
+        build_local(
+            cpu_backend="sim",
+            services={"j": {"memory_gb": 1}},
+            gpu=STAND_IN,
+            discover=lambda: gpus(2),
+        )
     assert e.value.field == "gpu.services.j.model"
     with pytest.raises(ValidationError) as e:
-        build_local(cpu_backend="sim", services={"j": {"memory_gb": 1, "model": {"dimm": 3}}},
-                    gpu=STAND_IN, discover=lambda: gpus(2))
+        build_local(
+            cpu_backend="sim",
+            services={"j": {"memory_gb": 1, "model": {"dimm": 3}}},
+            gpu=STAND_IN,
+            discover=lambda: gpus(2),
+        )
     assert e.value.field == "gpu.services.j.model.dimm"
 
 
 def test_configured_sizes_win_over_discovery():
-    c = build_local(cpu_backend="sim", services=SERVICES,
-                    gpu={"nodes": 2, "gpus_per_node": 4, **STAND_IN}, discover=lambda: gpus(8))
+    c = build_local(
+        cpu_backend="sim",
+        services=SERVICES,
+        gpu={"nodes": 2, "gpus_per_node": 4, **STAND_IN},
+        discover=lambda: gpus(8),
+    )
     assert c.gpu.pool.capacity() == 8 and c.gpu.pool.nodes() == ["gpu0", "gpu1"]
     assert c.gpu.origin.startswith("configured")

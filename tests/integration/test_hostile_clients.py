@@ -25,8 +25,9 @@ from tangram.runtime import guard
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import BodyLimit, create_app, serve_in_thread
 
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 TOKEN = "Tok-3n+/sec=ret"  # characters that URL encoding changes
 BEARER = {"authorization": f"Bearer {TOKEN}"}
 LIMITS = guard.Limits(header_timeout_s=1.0, max_connections=60, per_client=40)
@@ -72,8 +73,9 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def _slow_client(host: str, port: int, source: str, until: float, stats: dict,
-                       reconnect: bool = True) -> None:
+async def _slow_client(
+    host: str, port: int, source: str, until: float, stats: dict, reconnect: bool = True
+) -> None:
     """Connect from `source`, send a request head one line every 0.25 s; when the server
     closes the connection, count it and connect again (if `reconnect`), until `until`."""
     while time.monotonic() < until:
@@ -121,9 +123,12 @@ def _attack_process(host: str, port: int, seconds: float, out: Any) -> None:
     until = time.monotonic() + seconds
 
     async def attack() -> None:
-        await asyncio.gather(*(
-            _slow_client(host, port, ATTACKERS[i % len(ATTACKERS)], until, stats)
-            for i in range(SLOW)))
+        await asyncio.gather(
+            *(
+                _slow_client(host, port, ATTACKERS[i % len(ATTACKERS)], until, stats)
+                for i in range(SLOW)
+            )
+        )
 
     asyncio.run(attack())
     out.put(stats)
@@ -132,8 +137,12 @@ def _attack_process(host: str, port: int, seconds: float, out: Any) -> None:
 def test_slow_headers_from_many_clients_leave_a_healthy_client_served(served, logs):
     url, book = served
     host, port = url.removeprefix("http://").split(":")
-    env_id = httpx.post(f"{url}/v1/envs", json={"trajectory": "healthy", "memory_mb": 64},
-                        headers=BEARER, timeout=60).json()["env_id"]
+    env_id = httpx.post(
+        f"{url}/v1/envs",
+        json={"trajectory": "healthy", "memory_mb": 64},
+        headers=BEARER,
+        timeout=60,
+    ).json()["env_id"]
     quiet, _ = _healthy(url, time.monotonic() + 1.5, env_id)  # the same client, no attack
     base_fds = _fds()
     ctx = multiprocessing.get_context("spawn")
@@ -156,15 +165,17 @@ def test_slow_headers_from_many_clients_leave_a_healthy_client_served(served, lo
     attacker.join(60)
     stop.set()
     watcher.join()
-    print(f"\nslow-header attack: {SLOW} clients on {len(ATTACKERS)} addresses (another "
-          f"process), {stats['opened']} connections in 8 s, {stats['closed_by_server']} closed "
-          f"by the server; healthy exec echo x{len(latencies)} during it: median "
-          f"{statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms "
-          f"(same run, no attack: median {statistics.median(quiet) * 1000:.0f} ms, max "
-          f"{max(quiet) * 1000:.0f} ms; loaded 2-core machine); server descriptors "
-          f"{base_fds} -> peak {peak[0]}; server: at most {book.peak} open, {book.evicted} "
-          f"evicted, {book.refused} refused, {book.expired} cut at the deadline; "
-          f"{len(logs.lines)} log lines")
+    print(
+        f"\nslow-header attack: {SLOW} clients on {len(ATTACKERS)} addresses (another "
+        f"process), {stats['opened']} connections in 8 s, {stats['closed_by_server']} closed "
+        f"by the server; healthy exec echo x{len(latencies)} during it: median "
+        f"{statistics.median(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms "
+        f"(same run, no attack: median {statistics.median(quiet) * 1000:.0f} ms, max "
+        f"{max(quiet) * 1000:.0f} ms; loaded 2-core machine); server descriptors "
+        f"{base_fds} -> peak {peak[0]}; server: at most {book.peak} open, {book.evicted} "
+        f"evicted, {book.refused} refused, {book.expired} cut at the deadline; "
+        f"{len(logs.lines)} log lines"
+    )
     assert codes and all(c == 200 for c in codes), codes
     assert stats["closed_by_server"] >= SLOW  # every slow head was cut off
     assert book.peak <= LIMITS.max_connections and book.evicted + book.expired >= SLOW
@@ -215,10 +226,13 @@ def _announce_bodies(url: str, n: int) -> list[str]:
     socks = []
     answers = []
     for i in range(n):
-        s = socket.create_connection((host, int(port)), timeout=10,
-                                     source_address=(ATTACKERS[i % 8], 0))
-        s.sendall(b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 1048576\r\n\r\n{\"trajectory\"")
+        s = socket.create_connection(
+            (host, int(port)), timeout=10, source_address=(ATTACKERS[i % 8], 0)
+        )
+        s.sendall(
+            b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 1048576\r\n\r\n{"trajectory"'
+        )
         socks.append(s)
     for s in socks:
         answers.append(s.recv(65536).decode(errors="replace"))
@@ -235,8 +249,10 @@ def test_a_trickled_body_meets_one_deadline(tmp_path):
     limit.kwargs["timeout_s"] = 1.0
     with serve_in_thread(app, limits=LIMITS) as url:
         s = _raw(url)
-        s.sendall(b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 1000\r\n\r\n")
+        s.sendall(
+            b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + TOKEN.encode() + b"\r\nContent-Length: 1000\r\n\r\n"
+        )
         s.settimeout(0.1)
         sent, answer = 0, b""
         while sent < 1000 and not answer:
@@ -253,14 +269,22 @@ def test_a_trickled_body_meets_one_deadline(tmp_path):
     assert sent < 100  # it came at ~1 s, long before the body would have been complete
 
 
-@pytest.mark.parametrize("query", ["%74oken={v}", "to%6Ben={v}", "token={e}", "%74%6F%6B%65%6E={e}",
-                                   "a=1&TOKEN={v}&b=2", "token={v}"])
+@pytest.mark.parametrize(
+    "query",
+    [
+        "%74oken={v}",
+        "to%6Ben={v}",
+        "token={e}",
+        "%74%6F%6B%65%6E={e}",
+        "a=1&TOKEN={v}&b=2",
+        "token={v}",
+    ],
+)
 def test_the_token_is_never_logged_however_encoded(served, logs, query):
     url, _ = served
     encoded = "".join(f"%{b:02X}" for b in TOKEN.encode())
     q = query.format(v=TOKEN.replace("+", "%2B"), e=encoded)
-    httpx.post(f"{url}/run_code?{q}", json={"code": "print(1)", "language": "python"},
-               timeout=60)
+    httpx.post(f"{url}/run_code?{q}", json={"code": "print(1)", "language": "python"}, timeout=60)
     elsewhere = httpx.get(f"{url}/v1/status?{q}", timeout=10)
     assert elsewhere.status_code == 401  # query tokens count on /run_code only
     text = "\n".join(logs.lines)
@@ -278,17 +302,26 @@ def test_control_characters_in_names_are_refused(served, name):
 def test_a_lone_surrogate_in_stdin_is_a_4xx(served):
     url, _ = served
     body = '{"code": "print(input())", "language": "python", "stdin": "\\ud800"}'
-    r = httpx.post(f"{url}/run_code", content=body, headers={**BEARER, "content-type":
-                                                              "application/json"}, timeout=30)
+    r = httpx.post(
+        f"{url}/run_code",
+        content=body,
+        headers={**BEARER, "content-type": "application/json"},
+        timeout=30,
+    )
     assert r.status_code == 422 and r.json()["field"] == "stdin", r.text
 
 
 def test_a_kind_with_control_characters_is_refused(served):
     url, _ = served
-    env_id = httpx.post(f"{url}/v1/envs", json={"trajectory": "k"}, headers=BEARER,
-                        timeout=30).json()["env_id"]
-    r = httpx.post(f"{url}/v1/envs/{env_id}/exec", json={"command": "true", "kind": "a\nb"},
-                   headers=BEARER, timeout=30)
+    env_id = httpx.post(
+        f"{url}/v1/envs", json={"trajectory": "k"}, headers=BEARER, timeout=30
+    ).json()["env_id"]
+    r = httpx.post(
+        f"{url}/v1/envs/{env_id}/exec",
+        json={"command": "true", "kind": "a\nb"},
+        headers=BEARER,
+        timeout=30,
+    )
     assert r.status_code == 422 and r.json()["field"] == "kind", r.text
     httpx.delete(f"{url}/v1/envs/{env_id}", headers=BEARER, timeout=30)
 
@@ -302,8 +335,11 @@ def test_accept_errors_are_rate_limited():
     guard.quiet_floods()
     try:
         for i in range(1000):
-            logger.error("socket.accept() out of system resource\nsocket: <fd=%d> when=%f",
-                         i, time.monotonic())
+            logger.error(
+                "socket.accept() out of system resource\nsocket: <fd=%d> when=%f",
+                i,
+                time.monotonic(),
+            )
     finally:
         logger.removeHandler(h)
     assert 1 <= len(h.lines) <= 2

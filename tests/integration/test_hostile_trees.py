@@ -16,15 +16,14 @@ from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.leftovers import sweep_workdirs
 from managers.cpu.removal import remove_tree
 
-DEEP = ("import os\n"
-        "for _ in range({n}):\n"
-        "    os.mkdir('d'); os.chdir('d'); open('f', 'w').close()\n"
-        "os.symlink('/etc/passwd', 'link'); os.symlink('/usr', 'dlink')\n"
-        "os.chmod('.', 0o500)\n")
-MANY = ("import os\n"
-        "os.mkdir('many')\n"
-        "for i in range({n}):\n"
-        "    open(f'many/{{i}}', 'w').close()\n")
+DEEP = (
+    "import os\n"
+    "for _ in range({n}):\n"
+    "    os.mkdir('d'); os.chdir('d'); open('f', 'w').close()\n"
+    "os.symlink('/etc/passwd', 'link'); os.symlink('/usr', 'dlink')\n"
+    "os.chmod('.', 0o500)\n"
+)
+MANY = "import os\nos.mkdir('many')\nfor i in range({n}):\n    open(f'many/{{i}}', 'w').close()\n"
 
 
 def _deep_tree(root: Path, depth: int) -> None:
@@ -58,8 +57,10 @@ def test_remove_tree_handles_depth_links_permissions_and_immutable_entries(tmp_p
     imm = top / "imm"
     imm.mkdir()
     (imm / "x").write_text("x")
-    flagged = subprocess.run(["chattr", "+i", str(imm / "x")], capture_output=True).returncode \
-        == 0 and subprocess.run(["chattr", "+a", str(imm)], capture_output=True).returncode == 0
+    flagged = (
+        subprocess.run(["chattr", "+i", str(imm / "x")], capture_output=True).returncode == 0
+        and subprocess.run(["chattr", "+a", str(imm)], capture_output=True).returncode == 0
+    )
     assert remove_tree(top) == []
     assert not top.exists()
     assert (outside / "keep").read_text() == "x"  # links removed, never followed
@@ -99,8 +100,9 @@ def test_a_deep_hostile_tree_closes_cleanly_and_the_next_server_starts(bwrap_or_
         m = CpuManager(BwrapBackend())
         await m.start()
         env = await m.open_env("t", 256)
-        made = await m.execute(ExecRequest(env, ["/usr/bin/python3", "-c",
-                                                 DEEP.format(n=1_100)], timeout=120))
+        made = await m.execute(
+            ExecRequest(env, ["/usr/bin/python3", "-c", DEEP.format(n=1_100)], timeout=120)
+        )
         workdir = m.envs.get(env).workdir
         await m.close_env(env)  # no RecursionError, no leftovers
         gone = not os.path.exists(workdir)
@@ -120,14 +122,16 @@ def test_a_deep_hostile_tree_closes_cleanly_and_the_next_server_starts(bwrap_or_
 def test_closing_200000_files_does_not_block_other_clients(bwrap_or_skip):
     """While one environment with 200,000 files is closed, another's exec runs and returns:
     the removal runs in a thread, not on the loop."""
+
     async def go():
         m = CpuManager(BwrapBackend())
         await m.start()
         try:
             big = await m.open_env("big", 512)
             other = await m.open_env("other", 128)
-            made = await m.execute(ExecRequest(big, ["/usr/bin/python3", "-c",
-                                                     MANY.format(n=200_000)], timeout=300))
+            made = await m.execute(
+                ExecRequest(big, ["/usr/bin/python3", "-c", MANY.format(n=200_000)], timeout=300)
+            )
             closing = asyncio.ensure_future(m.close_env(big))
             await asyncio.sleep(0.05)  # the close is under way
             echo = await m.execute(ExecRequest(other, "echo hi"))

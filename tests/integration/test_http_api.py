@@ -37,8 +37,12 @@ def tg() -> Tangram:
 
 @pytest.fixture
 def http(tg: Tangram) -> Iterator[httpx.Client]:
-    with serve_in_thread(create_app(tg, token=TOKEN)) as url, httpx.Client(
-            base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=20) as client:
+    with (
+        serve_in_thread(create_app(tg, token=TOKEN)) as url,
+        httpx.Client(
+            base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=20
+        ) as client,
+    ):
         yield client
 
 
@@ -55,9 +59,10 @@ def test_every_operation_round_trips(http: httpx.Client, tg: Tangram, env: str) 
     doc = r.json()
     assert doc["status"] == "ok" and doc["exit_code"] == 0 and doc["units"] == {"cpu": 1}
     assert set(doc) >= {"action_id", "stdout", "stderr", "placement", "queued_s", "run_s"}
-    r = http.post(f"/v1/envs/{env}/exec",
-                  json={"command": ["pytest", "-q"], "cpu": {"min": 1, "max": 2},
-                        "elastic": True})
+    r = http.post(
+        f"/v1/envs/{env}/exec",
+        json={"command": ["pytest", "-q"], "cpu": {"min": 1, "max": 2}, "elastic": True},
+    )
     assert r.status_code == 200 and 1 <= r.json()["units"]["cpu"] <= 2
     r = http.post(f"/v1/envs/{env}/exec", json={"command": "true", "cpu": [1, 2]})
     assert r.status_code == 200 and r.json()["units"]["cpu"] in (1, 2)
@@ -73,9 +78,15 @@ def test_every_operation_round_trips(http: httpx.Client, tg: Tangram, env: str) 
 def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> None:
     schema = http.get("/openapi.json").json()
     paths = schema["paths"]
-    assert {"/v1/envs", "/v1/envs/{env_id}/exec", "/v1/envs/{env_id}",
-            "/v1/services/{name}/invoke", "/v1/apis/{name}/call", "/v1/status",
-            "/metrics"} <= set(paths)
+    assert {
+        "/v1/envs",
+        "/v1/envs/{env_id}/exec",
+        "/v1/envs/{env_id}",
+        "/v1/services/{name}/invoke",
+        "/v1/apis/{name}/call",
+        "/v1/status",
+        "/metrics",
+    } <= set(paths)
     exec_body = schema["components"]["schemas"]["Exec"]["properties"]
     assert set(exec_body) == {"command", "cpu", "elastic", "timeout", "kind"}
     # the served result model is tangram.results.Result itself, field for field
@@ -88,8 +99,7 @@ def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> Non
 def test_token_is_required(http: httpx.Client, path: str, header: str | None) -> None:
     headers = {"authorization": header} if header else {}
     method = "POST" if path.endswith("exec") else "GET"
-    r = httpx.request(method, str(http.base_url) + path, headers=headers,
-                      json={"command": "true"})
+    r = httpx.request(method, str(http.base_url) + path, headers=headers, json={"command": "true"})
     assert r.status_code == 401
     assert r.json()["field"] == "authorization"
     assert r.headers["www-authenticate"] == "Bearer"
@@ -131,8 +141,9 @@ BAD_EXEC = [  # body, status, field
 
 
 @pytest.mark.parametrize("body,status,field", BAD_EXEC)
-def test_bad_exec_is_named(http: httpx.Client, env: str, body: dict, status: int,
-                           field: str) -> None:
+def test_bad_exec_is_named(
+    http: httpx.Client, env: str, body: dict, status: int, field: str
+) -> None:
     r = http.post(f"/v1/envs/{env}/exec", json=body)
     assert r.status_code == status, r.text
     doc = r.json()
@@ -140,26 +151,33 @@ def test_bad_exec_is_named(http: httpx.Client, env: str, body: dict, status: int
     assert http.get("/v1/status").json()["queue"] == 0
 
 
-@pytest.mark.parametrize("method,path,body,field", [
-    ("POST", "/v1/envs/env-nope/exec", {"command": "true"}, "env_id"),
-    ("DELETE", "/v1/envs/env-nope", None, "env_id"),
-    ("POST", "/v1/services/judge/invoke", {"payload": 1}, "service"),
-    ("POST", "/v1/apis/search/call", {"payload": {"q": 1}}, "api"),
-])
-def test_unknown_names_are_404(http: httpx.Client, method: str, path: str, body: dict | None,
-                               field: str) -> None:
+@pytest.mark.parametrize(
+    "method,path,body,field",
+    [
+        ("POST", "/v1/envs/env-nope/exec", {"command": "true"}, "env_id"),
+        ("DELETE", "/v1/envs/env-nope", None, "env_id"),
+        ("POST", "/v1/services/judge/invoke", {"payload": 1}, "service"),
+        ("POST", "/v1/apis/search/call", {"payload": {"q": 1}}, "api"),
+    ],
+)
+def test_unknown_names_are_404(
+    http: httpx.Client, method: str, path: str, body: dict | None, field: str
+) -> None:
     r = http.request(method, path, json=body)
     assert r.status_code == 404, r.text
     assert r.json()["field"] == field
 
 
-@pytest.mark.parametrize("content,headers", [
-    (b"{not json", {"content-type": "application/json"}),
-    (b"[1, 2]", {"content-type": "application/json"}),
-    (b'"text"', {"content-type": "application/json"}),
-    (b"\xff\xfe", {"content-type": "application/json"}),
-    (b'{"trajectory": "t"}', {"content-type": "text/plain"}),
-])
+@pytest.mark.parametrize(
+    "content,headers",
+    [
+        (b"{not json", {"content-type": "application/json"}),
+        (b"[1, 2]", {"content-type": "application/json"}),
+        (b'"text"', {"content-type": "application/json"}),
+        (b"\xff\xfe", {"content-type": "application/json"}),
+        (b'{"trajectory": "t"}', {"content-type": "text/plain"}),
+    ],
+)
 def test_malformed_bodies_are_422(http: httpx.Client, content: bytes, headers: dict) -> None:
     r = http.post("/v1/envs", content=content, headers=headers)
     assert r.status_code == 422, r.text
@@ -168,34 +186,42 @@ def test_malformed_bodies_are_422(http: httpx.Client, content: bytes, headers: d
 
 def test_huge_bodies_are_413_declared_or_streamed(http: httpx.Client, env: str) -> None:
     big = b'{"command": "' + b"x" * (MAX_BODY + 10) + b'"}'
-    r = http.post(f"/v1/envs/{env}/exec", content=big,
-                  headers={"content-type": "application/json"})
+    r = http.post(f"/v1/envs/{env}/exec", content=big, headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json()["field"] == "body"
 
     def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer
         for i in range(0, len(big), 65536):
-            yield big[i:i + 65536]
+            yield big[i : i + 65536]
 
-    r = http.post(f"/v1/envs/{env}/exec", content=chunks(),
-                  headers={"content-type": "application/json"})
+    r = http.post(
+        f"/v1/envs/{env}/exec", content=chunks(), headers={"content-type": "application/json"}
+    )
     assert r.status_code == 413
     assert http.get("/healthz").status_code == 200
 
 
-def test_disconnected_client_cancels_its_queued_action(http: httpx.Client, tg: Tangram,
-                                                       env: str) -> None:
+def test_disconnected_client_cancels_its_queued_action(
+    http: httpx.Client, tg: Tangram, env: str
+) -> None:
     """Both cores busy for 1.5 s; a second exec waits in the queue; its client gives up after
     0.3 s: the action leaves the queue at once and never runs, the first one is unharmed."""
     import threading
 
     first: dict = {}
-    hold = threading.Thread(target=lambda: first.update(http.post(
-        f"/v1/envs/{env}/exec", json={"command": "sleep 1.5", "cpu": 2}).json()))
+    hold = threading.Thread(
+        target=lambda: first.update(
+            http.post(f"/v1/envs/{env}/exec", json={"command": "sleep 1.5", "cpu": 2}).json()
+        )
+    )
     hold.start()
     _wait(lambda: http.get("/v1/status").json()["running"] == 1)
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{http.base_url}/v1/envs/{env}/exec", json={"command": "sleep 0", "cpu": 1},
-                   headers=http.headers, timeout=0.3)
+        httpx.post(
+            f"{http.base_url}/v1/envs/{env}/exec",
+            json={"command": "sleep 0", "cpu": 1},
+            headers=http.headers,
+            timeout=0.3,
+        )
     _wait(lambda: http.get("/v1/status").json()["queue"] == 0, within=1.0)
     assert http.get("/v1/status").json()["running"] == 1
     hold.join(10)
@@ -204,8 +230,9 @@ def test_disconnected_client_cancels_its_queued_action(http: httpx.Client, tg: T
     assert [c for _, _, c in backend.execs] == ["sleep 1.5"]  # the cancelled one never ran
 
 
-def test_failing_action_answers_its_result_and_others_carry_on(http: httpx.Client,
-                                                               env: str) -> None:
+def test_failing_action_answers_its_result_and_others_carry_on(
+    http: httpx.Client, env: str
+) -> None:
     r = http.post(f"/v1/envs/{env}/exec", json={"command": "sleep 5", "timeout": 0.2})
     assert r.status_code == 200 and r.json()["status"] == "timeout"
     r = http.post(f"/v1/envs/{env}/exec", json={"command": "true"})

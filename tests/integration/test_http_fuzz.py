@@ -29,8 +29,9 @@ class Live:
     def __init__(self, url: str, tg: Tangram) -> None:
         self.url = url
         self.tg = tg
-        self.http = httpx.Client(base_url=url, headers={"authorization": f"Bearer {TOKEN}"},
-                                 timeout=10)
+        self.http = httpx.Client(
+            base_url=url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
         r = self.http.post("/v1/envs", json={"trajectory": "fuzz-home", "memory_mb": 64})
         self.env = r.json()["env_id"]
 
@@ -63,61 +64,79 @@ def _assert_answered(r: Any) -> None:
 # -- schemathesis over the schema ---------------------------------------------------------------
 
 schemathesis = pytest.importorskip("schemathesis")
-schema = schemathesis.openapi.from_dict(create_app(Tangram(cpu=CpuManager(SimBackend())))
-                                        .openapi())
+schema = schemathesis.openapi.from_dict(create_app(Tangram(cpu=CpuManager(SimBackend()))).openapi())
 
 
 @schema.parametrize()
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_schema_fuzz_never_5xx(case: Any, live: Live) -> None:
     if "{env_id}" in case.path and case.method != "DELETE":
         case.path_parameters = {"env_id": live.env}  # exercise exec, not only 404s
-    response = case.call(base_url=live.url, headers={"authorization": f"Bearer {TOKEN}"},
-                         timeout=10)
+    response = case.call(
+        base_url=live.url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=10
+    )
     _assert_answered(response)
 
 
 # -- hypothesis over every exec field -----------------------------------------------------------
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(1 << 70), 1 << 70)
-    | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner,
-                                                                max_size=4),
-    max_leaves=10)
-demands = st.integers(-3, 10) | st.lists(st.integers(-1, 70), max_size=4) | st.fixed_dictionaries(
-    {"min": st.integers(-1, 70), "max": st.integers(-1, 70)}) | json_values
-exec_bodies = st.fixed_dictionaries({}, optional={
-    "command": st.just("true") | st.text(max_size=10) | st.lists(st.text(max_size=5), max_size=3)
-    | json_values,
-    "cpu": demands,
-    "elastic": st.booleans() | json_values,
-    "timeout": st.floats(-10, 1e6) | st.just(float("inf")) | json_values,
-    "extra": json_values,
-})
+    st.none()
+    | st.booleans()
+    | st.integers(-(1 << 70), 1 << 70)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=10,
+)
+demands = (
+    st.integers(-3, 10)
+    | st.lists(st.integers(-1, 70), max_size=4)
+    | st.fixed_dictionaries({"min": st.integers(-1, 70), "max": st.integers(-1, 70)})
+    | json_values
+)
+exec_bodies = st.fixed_dictionaries(
+    {},
+    optional={
+        "command": st.just("true")
+        | st.text(max_size=10)
+        | st.lists(st.text(max_size=5), max_size=3)
+        | json_values,
+        "cpu": demands,
+        "elastic": st.booleans() | json_values,
+        "timeout": st.floats(-10, 1e6) | st.just(float("inf")) | json_values,
+        "extra": json_values,
+    },
+)
 
 
 @given(body=exec_bodies)
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck),
-          derandomize=True)
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
+)
 def test_exec_fuzz_never_5xx_and_never_lost(live: Live, body: dict) -> None:
     try:
         r = live.http.post(f"/v1/envs/{live.env}/exec", json=body)
     except ValueError:  # a float httpx cannot put in JSON (inf): send it as text
         import json
 
-        r = live.http.post(f"/v1/envs/{live.env}/exec", content=json.dumps(body),
-                           headers={"content-type": "application/json"})
+        r = live.http.post(
+            f"/v1/envs/{live.env}/exec",
+            content=json.dumps(body),
+            headers={"content-type": "application/json"},
+        )
     _assert_answered(r)
     if r.status_code == 200:  # accepted: it ran (sim: instantly) and says so
         assert r.json()["status"] == "ok"
     assert live.tg.status().queue == 0
 
 
-@given(path=st.sampled_from(["/v1/envs", "/v1/services/judge/invoke", "/v1/apis/x/call"]),
-       body=json_values)
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck),
-          derandomize=True)
+@given(
+    path=st.sampled_from(["/v1/envs", "/v1/services/judge/invoke", "/v1/apis/x/call"]),
+    body=json_values,
+)
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_any_json_body_is_answered(live: Live, path: str, body: Any) -> None:
     _assert_answered(live.http.post(path, json=body))

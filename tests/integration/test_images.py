@@ -39,8 +39,9 @@ def _reason() -> str | None:
 
 
 REASON = _reason()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs root, bwrap, overlayfs and "
-                                                           f"loop devices: {REASON}")
+pytestmark = pytest.mark.skipif(
+    REASON is not None, reason=f"needs root, bwrap, overlayfs and loop devices: {REASON}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,14 @@ def state() -> Path:
     d = Path(tempfile.mkdtemp(prefix="tangram-images-test."))
     os.chmod(d, 0o755)
     store = ImageStore(d / "images")
-    build(store, "tools", [{"host": {"programs": list(TOOLS)}},
-                           {"file": {"path": "/etc/marker", "content": "from-the-image\n"}}])
+    build(
+        store,
+        "tools",
+        [
+            {"host": {"programs": list(TOOLS)}},
+            {"file": {"path": "/etc/marker", "content": "from-the-image\n"}},
+        ],
+    )
     (d / "secret").write_text(SECRET)  # a host file beside the store: never readable inside
     yield d
     unmount_below(d)  # what a failed test left: everything under it is this module's
@@ -110,13 +117,29 @@ def _oci(folder: Path, layers: list[bytes]) -> None:
         (blobs / h).write_bytes(data)
         return f"sha256:{h}"
 
-    manifest = {"schemaVersion": 2, "layers": [
-        {"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "digest": put(la),
-         "size": len(la)} for la in layers]}
+    manifest = {
+        "schemaVersion": 2,
+        "layers": [
+            {
+                "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                "digest": put(la),
+                "size": len(la),
+            }
+            for la in layers
+        ],
+    }
     digest = put(json.dumps(manifest).encode())
     (folder / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (folder / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest}]}))
+    (folder / "index.json").write_text(
+        json.dumps(
+            {
+                "schemaVersion": 2,
+                "manifests": [
+                    {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest}
+                ],
+            }
+        )
+    )
 
 
 def test_import_folder_tarball_oci_content_addressed(tmp_path: Path) -> None:
@@ -131,9 +154,15 @@ def test_import_folder_tarball_oci_content_addressed(tmp_path: Path) -> None:
     assert sorted(n for i in store.ls() for n in i.names) == ["a", "b:v1"]
     assert len(store.ls()) == 1
     oci = tmp_path / "oci"
-    _oci(oci, [_layer({"etc/": None, "etc/gone": b"x", "etc/kept": b"k", "opt/": None,
-                       "opt/old": b"o"}),
-               _layer({"etc/.wh.gone": b"", "opt/.wh..wh..opq": b"", "opt/new": b"n"})])
+    _oci(
+        oci,
+        [
+            _layer(
+                {"etc/": None, "etc/gone": b"x", "etc/kept": b"k", "opt/": None, "opt/old": b"o"}
+            ),
+            _layer({"etc/.wh.gone": b"", "opt/.wh..wh..opq": b"", "opt/new": b"n"}),
+        ],
+    )
     c = store.import_("c", oci)
     root = Path(c.rootfs)
     assert (root / "etc" / "kept").read_text() == "k"
@@ -156,8 +185,9 @@ def test_image_root_marker_visible_host_etc_not(state: Path) -> None:
         m = await _manager(state)
         try:
             env = await m.open_env("img-1", 256, image="tools", disk_mb=32)
-            r = await sh(m, env, "cat /etc/marker; ls /etc; ls /; cat /etc/hostname; "
-                                 f"cat {state}/secret")
+            r = await sh(
+                m, env, f"cat /etc/marker; ls /etc; ls /; cat /etc/hostname; cat {state}/secret"
+            )
             assert "from-the-image" in r.stdout
             assert r.stdout.split("\n")[1:4] == ["group", "marker", "passwd"]  # /etc: the image's
             assert SECRET not in r.stdout
@@ -179,22 +209,41 @@ def test_files_api_absolute_paths_stay_inside(state: Path) -> None:
         m = await _manager(state)
         try:
             env = await m.open_env("files-1", 256, image="tools", disk_mb=32)
-            await m.write_files(env, {"/etc/added": b"abs", "rel/dir/x": b"rel",
-                                      "/sandbox/y": b"y"})
-            r = await sh(m, env, "cat /etc/added /sandbox/rel/dir/x /sandbox/y; "
-                                 "echo more >> /sandbox/rel/dir/x && cat rel/dir/x")
+            await m.write_files(
+                env, {"/etc/added": b"abs", "rel/dir/x": b"rel", "/sandbox/y": b"y"}
+            )
+            r = await sh(
+                m,
+                env,
+                "cat /etc/added /sandbox/rel/dir/x /sandbox/y; "
+                "echo more >> /sandbox/rel/dir/x && cat rel/dir/x",
+            )
             assert r.stdout == "absrely" + "rel" + "more\n", r
-            got = await m.read_files(env, ["/etc/marker", "rel/dir/x", "/nope",
-                                           "../../../../etc/hostname", "/sandbox"])
-            assert got == {"/etc/marker": b"from-the-image\n", "rel/dir/x": b"relmore\n",
-                           "/nope": None, "../../../../etc/hostname": None, "/sandbox": None}
+            got = await m.read_files(
+                env, ["/etc/marker", "rel/dir/x", "/nope", "../../../../etc/hostname", "/sandbox"]
+            )
+            assert got == {
+                "/etc/marker": b"from-the-image\n",
+                "rel/dir/x": b"relmore\n",
+                "/nope": None,
+                "../../../../etc/hostname": None,
+                "/sandbox": None,
+            }
             # links a command plants resolve inside the root, never on the host
-            await sh(m, env, f"ln -s {state}/secret /sandbox/abs; ln -s ../../../../../.. "
-                             f"/sandbox/up; ln -s /etc/marker /sandbox/to-marker")
-            got = await m.read_files(env, ["/sandbox/abs", f"/sandbox/up{state}/secret",
-                                           "/sandbox/to-marker"])
-            assert got == {"/sandbox/abs": None, f"/sandbox/up{state}/secret": None,
-                           "/sandbox/to-marker": b"from-the-image\n"}
+            await sh(
+                m,
+                env,
+                f"ln -s {state}/secret /sandbox/abs; ln -s ../../../../../.. "
+                f"/sandbox/up; ln -s /etc/marker /sandbox/to-marker",
+            )
+            got = await m.read_files(
+                env, ["/sandbox/abs", f"/sandbox/up{state}/secret", "/sandbox/to-marker"]
+            )
+            assert got == {
+                "/sandbox/abs": None,
+                f"/sandbox/up{state}/secret": None,
+                "/sandbox/to-marker": b"from-the-image\n",
+            }
             await m.write_files(env, {"/sandbox/up/tmp/escaped": b"e"})
             assert not Path("/tmp/escaped").exists()
             assert (await m.read_files(env, ["/tmp/escaped"]))["/tmp/escaped"] == b"e"
@@ -209,11 +258,15 @@ def test_files_api_absolute_paths_stay_inside(state: Path) -> None:
 PART = st.sampled_from(["..", ".", "etc", "sandbox", "abs", "up", "loop", "secret", "x"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(parts=st.lists(PART, min_size=1, max_size=8), absolute=st.booleans())
-def test_property_no_path_reads_or_writes_the_host(state: Path, parts: list[str],
-                                                   absolute: bool) -> None:
+def test_property_no_path_reads_or_writes_the_host(
+    state: Path, parts: list[str], absolute: bool
+) -> None:
     """Whatever the path (`..`, links to host paths, to `..`, a loop), a read never returns a
     host file and a write never lands outside the environment's tree."""
     path = ("/" if absolute else "") + "/".join(parts)
@@ -222,8 +275,12 @@ def test_property_no_path_reads_or_writes_the_host(state: Path, parts: list[str]
         m = await _manager(state)
         try:
             env = await m.open_env("prop", 64, image="tools", disk_mb=16)
-            await sh(m, env, f"ln -s {state} /sandbox/abs; ln -s ../../../../.. /sandbox/up; "
-                             f"ln -s loop /sandbox/loop; ln -s {state}/secret /sandbox/secret")
+            await sh(
+                m,
+                env,
+                f"ln -s {state} /sandbox/abs; ln -s ../../../../.. /sandbox/up; "
+                f"ln -s loop /sandbox/loop; ln -s {state}/secret /sandbox/secret",
+            )
             got = (await m.read_files(env, [path]))[path]
             assert got is None or SECRET.encode() not in got
             before = sorted(os.listdir(state))
@@ -281,19 +338,24 @@ def test_fork_children_start_from_parent_and_are_isolated(state: Path) -> None:
                 timings[name] = time.perf_counter() - t
                 if env == parent:
                     children = kids
-            print(f"fork of 2: parent with 200 MB {timings['200 MB'] * 1e3:.0f} ms, empty "
-                  f"parent {timings['empty'] * 1e3:.0f} ms (loaded machine)")
+            print(
+                f"fork of 2: parent with 200 MB {timings['200 MB'] * 1e3:.0f} ms, empty "
+                f"parent {timings['empty'] * 1e3:.0f} ms (loaded machine)"
+            )
             k1, k2 = children
             for k in children:
                 got = await m.read_files(k, ["/sandbox/a"])
                 assert got["/sandbox/a"] == b"parent"
-            r = await sh(m, k1, "echo k1 > /sandbox/a; echo mine > /sandbox/k1; ls -l "
-                                "/sandbox/big")
+            r = await sh(m, k1, "echo k1 > /sandbox/a; echo mine > /sandbox/k1; ls -l /sandbox/big")
             assert r.ok and r.stdout.split()[4] == str(200 << 20), r  # the parent's, shared
             assert (await m.read_files(k2, ["/sandbox/a", "/sandbox/k1"])) == {
-                "/sandbox/a": b"parent", "/sandbox/k1": None}
+                "/sandbox/a": b"parent",
+                "/sandbox/k1": None,
+            }
             assert (await m.read_files(parent, ["/sandbox/a", "/sandbox/k1"])) == {
-                "/sandbox/a": b"parent", "/sandbox/k1": None}
+                "/sandbox/a": b"parent",
+                "/sandbox/k1": None,
+            }
             await m.write_files(parent, {"/sandbox/later": b"p"})
             assert (await m.read_files(k1, ["/sandbox/later"]))["/sandbox/later"] is None
             r = await sh(m, parent, "cat /sandbox/a /sandbox/later")
@@ -348,7 +410,9 @@ def test_fork_refuses_plain_envs_and_bad_input(state: Path) -> None:
                 await m.write_files(plain, {"/etc/x": b"x"})
             await m.write_files(plain, {"/sandbox/ok": b"ok", "rel": b"r"})
             assert await m.read_files(plain, ["ok", "/sandbox/rel"]) == {
-                "ok": b"ok", "/sandbox/rel": b"r"}
+                "ok": b"ok",
+                "/sandbox/rel": b"r",
+            }
             env = await m.open_env("layered", 64, image="tools", disk_mb=16)
             for bad in ([], "abc", ["plain"], ["a", "a"], [""]):
                 with pytest.raises(ValidationError):
@@ -375,12 +439,16 @@ def test_http_and_client_images_fork_snapshot_files(state: Path) -> None:
 
     tg = Tangram(cpu=CpuManager("bwrap", state_dir=str(state)))
     with serve_in_thread(create_app(tg)) as url:
+
         async def go():
             async with TangramClient(url) as c:
                 env = await c.open_env("http-1", memory_mb=128, image="tools", disk_mb=32)
                 await c.write_files(env, {"/etc/h": b"\x00\xffbin", "w.txt": b"w"})
                 assert await c.read_files(env, ["/etc/h", "/sandbox/w.txt", "/none"]) == {
-                    "/etc/h": b"\x00\xffbin", "/sandbox/w.txt": b"w", "/none": None}
+                    "/etc/h": b"\x00\xffbin",
+                    "/sandbox/w.txt": b"w",
+                    "/none": None,
+                }
                 kids = await c.fork_env(env, ["http-k1", "http-k2"])
                 assert len(kids) == 2
                 r = await c.exec(kids[0], "cat /etc/h /sandbox/w.txt")
@@ -408,6 +476,7 @@ def test_http_and_client_images_fork_snapshot_files(state: Path) -> None:
                 assert bad.status_code in (404, 422), bad.text
                 bad = await h.get(f"/v1/envs/{env}/files/tar", params={"path": "/nope"})
                 assert bad.status_code == 422 and bad.json()["field"] == "files", bad.text
+
         asyncio.run(go())
     assert leftovers(state) == []  # shutdown closed every environment and snapshot
 
@@ -431,17 +500,24 @@ asyncio.run(main())
 def test_sigkill_then_restart_sweeps_mounts_layers_snapshots(state: Path) -> None:
     import signal
 
-    proc = subprocess.Popen([os.sys.executable, "-c", CRASHING, str(state)],
-                            stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
+    proc = subprocess.Popen(
+        [os.sys.executable, "-c", CRASHING, str(state)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     try:
         assert proc.stdout.readline().strip() == "ready"
         assert leftovers(state)  # its roots and layers are mounted
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    owned = [p for d in ("roots", "layers") for p in (state / d).iterdir()
-             if p.name.startswith(f"tangram-{proc.pid}-")]
+    owned = [
+        p
+        for d in ("roots", "layers")
+        for p in (state / d).iterdir()
+        if p.name.startswith(f"tangram-{proc.pid}-")
+    ]
     assert owned
     m = CpuManager("bwrap", state_dir=str(state))  # the next server sweeps before serving
     asyncio.run(m.start())
@@ -520,19 +596,27 @@ def test_verl_tool_opens_its_sample_from_an_image(state: Path) -> None:
     from tangram.adapters import verl as adapter
     from tangram.runtime.facade import Tangram
 
-    schema = {"type": "function", "function": {
-        "name": "bash", "description": "Run a shell command.",
-        "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                       "required": ["command"]}}}
+    schema = {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
     if adapter.HAVE_VERL:
         from verl.tools.schemas import OpenAIFunctionToolSchema
 
         schema = OpenAIFunctionToolSchema.model_validate(schema)
-    runner = adapter.TangramRunner(lambda: Tangram(cpu=CpuManager("bwrap",
-                                                                  state_dir=str(state))))
+    runner = adapter.TangramRunner(lambda: Tangram(cpu=CpuManager("bwrap", state_dir=str(state))))
     try:
-        tool = adapter.TangramTool({"image": "tools", "disk_mb": 16, "memory_mb": 64}, schema,
-                                   runner=runner)
+        tool = adapter.TangramTool(
+            {"image": "tools", "disk_mb": 16, "memory_mb": 64}, schema, runner=runner
+        )
 
         async def main():
             created = await tool.create("verl-img")  # the tool's image
@@ -561,8 +645,7 @@ def test_tar_stream_of_a_folder_keeps_links_and_stays_inside(state: Path) -> Non
         try:
             env = await m.open_env("tar-1", 64, image="tools", disk_mb=16)
             await m.write_files(env, {"repo/a.py": b"print(1)\n", "repo/sub/b.txt": b"b"})
-            await sh(m, env, f"ln -s {state} /sandbox/repo/host; ln -s ../../../.. "
-                             f"/sandbox/up")
+            await sh(m, env, f"ln -s {state} /sandbox/repo/host; ln -s ../../../.. /sandbox/up")
             data = b"".join([c async for c in m.tar_files(env, "repo")])
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 members = {t.name: t for t in tar.getmembers()}
@@ -588,10 +671,18 @@ def test_image_cli_import_ls_build_rm(tmp_path: Path, capsys) -> None:
     _tree(src)
     state = ["--state-dir", str(tmp_path / "state")]
     assert tangram([*state, "import", "mine", str(src)]) == 0
-    assert tangram([*state, "build", "tiny", "--host", "sh", "--copy",
-                    f"{src}/etc/marker:/etc/marker"]) == 0
-    assert tangram([*state, "build", "tiny", "--host", "sh", "--copy",
-                    f"{src}/etc/marker:/etc/marker"]) == 0  # every step cached
+    assert (
+        tangram(
+            [*state, "build", "tiny", "--host", "sh", "--copy", f"{src}/etc/marker:/etc/marker"]
+        )
+        == 0
+    )
+    assert (
+        tangram(
+            [*state, "build", "tiny", "--host", "sh", "--copy", f"{src}/etc/marker:/etc/marker"]
+        )
+        == 0
+    )  # every step cached
     err = capsys.readouterr().err
     assert "step 1/2 host: cached" in err and "step 2/2 copy: cached" in err
     assert tangram([*state, "ls", "--json"]) == 0
@@ -618,8 +709,10 @@ def test_docker_backend_takes_the_image_per_environment(need_docker) -> None:
         try:
             env = await m.open_env("docker-img", 64, image="tangram-test-per-env:v1")
             plain = await m.open_env("docker-plain", 64)
-            tags = {e: backend.client.containers.get(owned_name(e)).attrs["Config"]["Image"]
-                    for e in (env, plain)}
+            tags = {
+                e: backend.client.containers.get(owned_name(e)).attrs["Config"]["Image"]
+                for e in (env, plain)
+            }
             assert tags == {env: "tangram-test-per-env:v1", plain: DEFAULT_IMAGE}
             r = await m.execute(ExecRequest(env, "echo in-its-image"))
             assert r.ok and r.stdout == "in-its-image\n", r
@@ -642,8 +735,7 @@ def test_a_command_granted_during_a_fork_waits_for_it(state: Path) -> None:
             kid = (await fork)[0]
             assert r.ok and r.stdout == "before", r
             assert (await m.read_files(kid, ["/sandbox/f"]))["/sandbox/f"] == b"before"
-            both = await asyncio.gather(m.snapshot(env), m.snapshot(env),
-                                        return_exceptions=True)
+            both = await asyncio.gather(m.snapshot(env), m.snapshot(env), return_exceptions=True)
             assert sum(isinstance(b, ValidationError) for b in both) == 1, both
             # closing while a snapshot is under way leaves nothing behind either
             asyncio.ensure_future(m.snapshot(env))

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.cgroup]
 
 # Each call with arguments that would succeed (or fail on its arguments, not with EPERM) where
 # no filter refuses it. Numbers come from libseccomp's table for this machine.
-PROBE = r'''
+PROBE = r"""
 import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 nr = json.loads(sys.argv[1])
@@ -63,7 +63,7 @@ out["clone(CLONE_NEWUSER)"] = 0 if r >= 0 else ctypes.get_errno()
 r = libc.syscall(nr["ptrace"], 16, 1, None, None)  # PTRACE_ATTACH to the sandbox's init
 out["ptrace(ATTACH, 1)"] = 0 if r >= 0 else ctypes.get_errno()
 print(json.dumps(out))
-'''
+"""
 
 
 def numbers() -> dict[str, int]:
@@ -84,13 +84,15 @@ def bwrap_or_skip() -> None:
 def inside(bwrap_or_skip, request) -> dict[str, int]:
     """The probe's errno per call, run once inside a sandbox, with each loader (the C one,
     and the Python one used where the host has no C compiler)."""
+
     async def go():
         m = CpuManager(BwrapBackend())
         await m.start()
         try:
             env = await m.open_env("t", 256)
-            return await m.execute(ExecRequest(env, ["/usr/bin/python3", "-c", PROBE,
-                                                     json.dumps(numbers())]))
+            return await m.execute(
+                ExecRequest(env, ["/usr/bin/python3", "-c", PROBE, json.dumps(numbers())])
+            )
         finally:
             await m.close()
 
@@ -119,9 +121,23 @@ def test_ptrace_of_the_sandboxs_init_fails(inside):
 def test_the_probe_can_fail_without_the_filter(bwrap_or_skip):
     """The same probe as an unprivileged uid on the host, without the filter: the calls that an
     unprivileged process may make get through (so the tests above do test the filter)."""
-    done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-                           "/usr/bin/python3", "-c", PROBE, json.dumps(numbers())],
-                          capture_output=True, text=True, timeout=60, cwd="/")
+    done = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--",
+            "/usr/bin/python3",
+            "-c",
+            PROBE,
+            json.dumps(numbers()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["keyctl"] == 0 and out["add_key"] == 0 and out["open_tree"] == 0
@@ -130,16 +146,28 @@ def test_the_probe_can_fail_without_the_filter(bwrap_or_skip):
 
 def test_keys_cannot_pass_between_environments(bwrap_or_skip):
     """Env A stores a key (if it can), is closed; env B gets another uid and finds no key."""
+
     async def go():
         m = CpuManager(BwrapBackend())
         await m.start()
         try:
             a = await m.open_env("a", 128)
             a_uid = (await m.execute(ExecRequest(a, "id -u"))).stdout.strip()
-            keys = await m.execute(ExecRequest(a, ["/usr/bin/python3", "-c", (
-                "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
-                f"print(l.syscall({numbers()['add_key']}, b'user', b'secret', b'v', 1, -4), "
-                "ctypes.get_errno())")]))
+            keys = await m.execute(
+                ExecRequest(
+                    a,
+                    [
+                        "/usr/bin/python3",
+                        "-c",
+                        (
+                            "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+                            f"print(l.syscall({numbers()['add_key']}, b'user', b'secret', b'v', "
+                            "1, -4), "
+                            "ctypes.get_errno())"
+                        ),
+                    ],
+                )
+            )
             await m.close_env(a)
             b = await m.open_env("b", 128)
             b_uid = (await m.execute(ExecRequest(b, "id -u"))).stdout.strip()
@@ -160,11 +188,21 @@ def test_uids_are_never_reused_and_two_servers_never_share(bwrap_or_skip, tmp_pa
     reg = tmp_path / "ranges"
     a = UidAllocator(3_000_000, reg, size=100)
     first = [a.take() for _ in range(250)]  # three ranges
-    other = subprocess.run([sys.executable, "-c", (
-        "import sys; from pathlib import Path; from managers.cpu.uids import UidAllocator; "
-        f"u = UidAllocator(3_000_000, Path({str(reg)!r}), size=100); "
-        "print(*[u.take() for _ in range(150)])")], capture_output=True, text=True, timeout=60,
-        env={**os.environ, "PYTHONPATH": os.getcwd()})
+    other = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys; from pathlib import Path; from managers.cpu.uids import UidAllocator; "
+                f"u = UidAllocator(3_000_000, Path({str(reg)!r}), size=100); "
+                "print(*[u.take() for _ in range(150)])"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
     assert other.returncode == 0, other.stderr
     second = [int(x) for x in other.stdout.split()]
     more = [a.take() for _ in range(100)]
@@ -198,9 +236,20 @@ def test_nothing_of_the_host_in_init_and_a_private_writable_dev_shm(bwrap_or_ski
         try:
             e = await m.open_env("t", 128)
             init = await m.execute(ExecRequest(e, "tr '\\0' ' ' </proc/1/cmdline"))
-            shm = await m.execute(ExecRequest(e, ["/usr/bin/python3", "-c", (
-                "import multiprocessing as mp; l = mp.Lock(); l.acquire(); l.release(); "
-                "open('/dev/shm/x', 'w').write('1'); print('ok')")]))
+            shm = await m.execute(
+                ExecRequest(
+                    e,
+                    [
+                        "/usr/bin/python3",
+                        "-c",
+                        (
+                            "import multiprocessing as mp; l = mp.Lock(); l.acquire(); "
+                            "l.release(); "
+                            "open('/dev/shm/x', 'w').write('1'); print('ok')"
+                        ),
+                    ],
+                )
+            )
             e2 = await m.open_env("u", 128)
             other = await m.execute(ExecRequest(e2, "ls /dev/shm"))
             return init, shm, other
@@ -224,8 +273,7 @@ def test_a_flood_of_output_is_dropped_in_the_sandbox_not_read_by_the_server(bwra
     """1 GB to stdout with a 64 KiB cap: the server's loop spends next to no CPU on it (it
     reads ~the cap); the command ends on its own
     (not at its timeout) and what it writes to stderr after the flood still arrives."""
-    flood = ("dd if=/dev/zero bs=1M count=1000 2>/tmp/dd; echo after >&2; "
-             "tail -1 /tmp/dd >&2")
+    flood = "dd if=/dev/zero bs=1M count=1000 2>/tmp/dd; echo after >&2; tail -1 /tmp/dd >&2"
 
     async def go(backend):
         m = CpuManager(backend)
@@ -240,8 +288,10 @@ def test_a_flood_of_output_is_dropped_in_the_sandbox_not_read_by_the_server(bwra
 
     o, cpu = asyncio.run(go(BwrapBackend()))
     _, ref = asyncio.run(go(CgroupBackend()))  # same run: a server that drains it all
-    print(f"\n1 GB of output past a 64 KiB cap: {cpu:.3f} s of the loop's CPU (same run, "
-          f"drained by the server as the cgroup backend does: {ref:.3f} s)")
+    print(
+        f"\n1 GB of output past a 64 KiB cap: {cpu:.3f} s of the loop's CPU (same run, "
+        f"drained by the server as the cgroup backend does: {ref:.3f} s)"
+    )
     assert o.status == "ok" and o.truncated and len(o.stdout) == 65536, o.detail
     assert "after" in o.stderr and "1048576000 bytes" in o.stderr
     assert cpu < 0.08  # draining it all here costs ~0.25 s (the reference printed above)
@@ -262,6 +312,7 @@ def _namespace_fds() -> list[str]:
 def test_the_server_holds_no_namespace_of_an_environment(bwrap_or_skip):
     """Nothing in the server keeps a sandbox's namespaces (and so its /tmp tmpfs) alive: with
     environments open and after they are closed, it holds no namespace descriptor."""
+
     async def go():
         m = CpuManager(BwrapBackend())
         await m.start()
@@ -284,15 +335,19 @@ def test_one_servers_environment_exhausting_inotify_leaves_anothers_unharmed(bwr
     """Per-uid kernel limits are per environment, across servers too: A (of one server)
     holds every inotify instance its uid may have (fs.inotify.max_user_instances) while B (of
     a second server on this host, same default uid base), concurrently, still gets one."""
-    hog = ("import ctypes, time\n"
-           "l = ctypes.CDLL(None, use_errno=True)\n"
-           "n = 0\n"
-           "while l.inotify_init() >= 0:\n"
-           "    n += 1\n"
-           "print(n, ctypes.get_errno(), flush=True)\n"
-           "time.sleep(3)\n")
-    probe = ("import ctypes; l = ctypes.CDLL(None, use_errno=True); "
-             "print(l.inotify_init(), ctypes.get_errno())")
+    hog = (
+        "import ctypes, time\n"
+        "l = ctypes.CDLL(None, use_errno=True)\n"
+        "n = 0\n"
+        "while l.inotify_init() >= 0:\n"
+        "    n += 1\n"
+        "print(n, ctypes.get_errno(), flush=True)\n"
+        "time.sleep(3)\n"
+    )
+    probe = (
+        "import ctypes; l = ctypes.CDLL(None, use_errno=True); "
+        "print(l.inotify_init(), ctypes.get_errno())"
+    )
 
     async def go():
         m, n = CpuManager(BwrapBackend()), CpuManager(BwrapBackend())
@@ -300,8 +355,9 @@ def test_one_servers_environment_exhausting_inotify_leaves_anothers_unharmed(bwr
         try:
             a = await m.open_env("a", 128)
             b = await n.open_env("b", 128)
-            held = asyncio.ensure_future(m.execute(ExecRequest(
-                a, ["/usr/bin/python3", "-c", hog], timeout=60)))
+            held = asyncio.ensure_future(
+                m.execute(ExecRequest(a, ["/usr/bin/python3", "-c", hog], timeout=60))
+            )
             await asyncio.sleep(1.5)  # A holds them all by now
             other = await n.execute(ExecRequest(b, ["/usr/bin/python3", "-c", probe]))
             return await held, other

@@ -69,8 +69,7 @@ def test_shutdown_cancels_queued_kills_late_and_leaves_nothing() -> None:
         cores = tg.status().pools["cpu"].capacity
         env = await tg.open_env("traj-1", memory_mb=256)
         workdir = tg.cpu.envs.get(env).workdir
-        running = asyncio.create_task(tg.exec(env, f"sleep 30; echo {mark}", cpu=cores,
-                                              timeout=60))
+        running = asyncio.create_task(tg.exec(env, f"sleep 30; echo {mark}", cpu=cores, timeout=60))
         while tg.status().running == 0:
             await asyncio.sleep(0.02)
         queued = asyncio.create_task(tg.exec(env, f"echo {mark}", cpu=1, timeout=60))
@@ -145,10 +144,23 @@ def test_serve_stops_gracefully_on_sigterm() -> None:
     mark = marker()
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tangram.runtime.cli", "serve", "--port", str(port),
-         "--shutdown-deadline", "1", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "TANGRAM_TOKEN": "t0k"})
+        [
+            sys.executable,
+            "-m",
+            "tangram.runtime.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--shutdown-deadline",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TANGRAM_TOKEN": "t0k"},
+    )
     base = f"http://127.0.0.1:{port}"
     http = httpx.Client(base_url=base, headers={"authorization": "Bearer t0k"}, timeout=30)
     try:
@@ -171,9 +183,13 @@ def test_serve_stops_gracefully_on_sigterm() -> None:
             except (httpx.HTTPError, ValueError) as exc:
                 answers.append({"status": repr(exc)})
 
-        threads = [threading.Thread(target=call, args=(b,)) for b in (
-            {"command": f"sleep 30; echo {mark}", "cpu": cores, "timeout": 60},
-            {"command": f"echo {mark}", "cpu": 1})]
+        threads = [
+            threading.Thread(target=call, args=(b,))
+            for b in (
+                {"command": f"sleep 30; echo {mark}", "cpu": cores, "timeout": 60},
+                {"command": f"echo {mark}", "cpu": 1},
+            )
+        ]
         for t in threads:
             t.start()
             time.sleep(0.3)

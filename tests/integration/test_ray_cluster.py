@@ -48,8 +48,11 @@ async def timed_exec(tg, env, command, cpu):
 def test_pool_is_the_nodes_agents(cluster):
     tg = tangram(cluster)
     try:
-        alive = {node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
-                 for n in ray.nodes() if n["Alive"]}
+        alive = {
+            node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
+            for n in ray.nodes()
+            if n["Alive"]
+        }
         assert cpu_nodes(tg) == {n: c for n, c in alive.items() if c}
         assert sorted(cpu_nodes(tg).values()) == [2, 4]
         assert isinstance(tg.cpu, RayCpuManager)
@@ -66,8 +69,9 @@ def test_placement_across_nodes_never_oversubscribes_a_node(cluster):
     async def main():
         async with tg:
             envs = [await tg.open_env(f"t{i}", memory_mb=256) for i in range(6)]
-            runs = await asyncio.gather(*(timed_exec(tg, e, "sleep 0.3", 2)
-                                          for e in envs for _ in range(2)))
+            runs = await asyncio.gather(
+                *(timed_exec(tg, e, "sleep 0.3", 2) for e in envs for _ in range(2))
+            )
             return envs, runs
 
     envs, runs = asyncio.run(main())
@@ -93,8 +97,13 @@ def test_trajectory_stays_on_its_node(cluster):
         async with tg:
             envs = {f"s{i}": await tg.open_env(f"s{i}", memory_mb=128) for i in range(4)}
             bound = {t: tg.cpu.binding(t) for t in envs}
-            results = await asyncio.gather(*(tg.exec(e, "sleep 0.05", cpu=(1, 2), elastic=True)
-                                             for e in envs.values() for _ in range(4)))
+            results = await asyncio.gather(
+                *(
+                    tg.exec(e, "sleep 0.05", cpu=(1, 2), elastic=True)
+                    for e in envs.values()
+                    for _ in range(4)
+                )
+            )
             return envs, bound, results
 
     envs, bound, results = asyncio.run(main())
@@ -128,8 +137,11 @@ def test_node_joins_then_dies_mid_run(cluster):
             assert tg.cpu.binding("victim") == new_name
             doomed = asyncio.create_task(tg.exec(victim, "sleep 30", cpu=1))
             # the surviving nodes are kept busy with a queue longer than their cores
-            survivors = [asyncio.create_task(tg.exec(e, "sleep 0.4", cpu=2))
-                         for e in others for _ in range(3)]
+            survivors = [
+                asyncio.create_task(tg.exec(e, "sleep 0.4", cpu=2))
+                for e in others
+                for _ in range(3)
+            ]
             await wait_for(lambda: tg.scheduler.pools["cpu"].free(new_name) < 2, "doomed start")
             cluster.remove_node(new)
             r = await asyncio.wait_for(doomed, 30)
@@ -153,8 +165,14 @@ def test_gpu_services_run_on_the_agents(cluster):
     """With a GPU backend on the agents, the central GPU manager places chunks over the nodes
     and each node's agent restores and invokes the service on its own (simulated) GPUs."""
     services = {"judge": {"memory_gb": 30, "dops": [4], "infer_s": {4: 0.3}, "restore_s": 0.1}}
-    tg = Tangram.ray(cluster.address, cpu_backend="sim", poll_s=POLL_S, gpu_backend="sim",
-                     gpus_per_node=4, services=services)
+    tg = Tangram.ray(
+        cluster.address,
+        cpu_backend="sim",
+        poll_s=POLL_S,
+        gpu_backend="sim",
+        gpus_per_node=4,
+        services=services,
+    )
     try:
         pool = tg.scheduler.pools["gpu"]
         assert {n: pool.capacity(n) for n in pool.nodes()} == {n: 4 for n in cpu_nodes(tg)}
@@ -162,10 +180,12 @@ def test_gpu_services_run_on_the_agents(cluster):
 
         async def main():
             async with tg:
-                results = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
-                                                 for i in range(6)))
-                calls = {n: await tg.cpu.nodes[n].agent.gpu_calls()
-                         for n in cpu_nodes(tg)}  # before shutdown stops the agents
+                results = await asyncio.gather(
+                    *(tg.invoke("judge", {"i": i}, gpus=4) for i in range(6))
+                )
+                calls = {
+                    n: await tg.cpu.nodes[n].agent.gpu_calls() for n in cpu_nodes(tg)
+                }  # before shutdown stops the agents
                 return results, calls
 
         results, calls_by_node = asyncio.run(main())
@@ -189,15 +209,17 @@ def test_concurrent_open_env_of_one_trajectory_is_atomic(cluster):
 
     async def main():
         async with tg:
-            got = await asyncio.gather(*(tg.open_env("twice", memory_mb=64) for _ in range(2)),
-                                       return_exceptions=True)
+            got = await asyncio.gather(
+                *(tg.open_env("twice", memory_mb=64) for _ in range(2)), return_exceptions=True
+            )
             envs = [g for g in got if isinstance(g, str)]
             errors = [g for g in got if isinstance(g, BaseException)]
             assert len(envs) == 1 and len(errors) == 1, got
             assert "twice" in str(errors[0]) and "environment" in str(errors[0])
             await tg.close_env(envs[0])
             assert tg.cpu.envs.all() == [] and all(
-                tg.cpu.envs.memory_load(n) == 0 for n in tg.cpu.nodes)
+                tg.cpu.envs.memory_load(n) == 0 for n in tg.cpu.nodes
+            )
 
     asyncio.run(main())
 
@@ -208,8 +230,11 @@ def test_agent_cores_follow_the_ray_cpu_resource(cluster):
     phys = len(os.sched_getaffinity(0))
     cpu = RayCpuManager.connect(cluster.address, backend="affinity", poll_s=0)
     try:
-        offered = {node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
-                   for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU")}
+        offered = {
+            node_name(n["NodeID"]): int(n["Resources"].get("CPU", 0))
+            for n in ray.nodes()
+            if n.get("Alive") and n["Resources"].get("CPU")
+        }
         got = {n: cpu.pool.capacity(n) for n in cpu.pool.nodes()}
         assert got == {n: min(c, phys) for n, c in offered.items()}, (got, offered, phys)
     finally:
@@ -222,25 +247,28 @@ def test_gpu_node_death_takes_its_chunks_and_residency_out(cluster):
     new = cluster.add_node(num_cpus=1, object_store_memory=100 << 20)
     cluster.wait_for_nodes()
     dead = node_name(new.node_id)
-    services = {"judge": {"memory_gb": 30, "dops": [4], "infer_s": {4: 0.05},
-                          "restore_s": 0.05}}
-    tg = Tangram.ray(cluster.address, cpu_backend="sim", poll_s=POLL_S, gpu_backend="sim",
-                     gpus_per_node=4, services=services)
+    services = {"judge": {"memory_gb": 30, "dops": [4], "infer_s": {4: 0.05}, "restore_s": 0.05}}
+    tg = Tangram.ray(
+        cluster.address,
+        cpu_backend="sim",
+        poll_s=POLL_S,
+        gpu_backend="sim",
+        gpus_per_node=4,
+        services=services,
+    )
 
     async def main():
         async with tg:
             pool = tg.scheduler.pools["gpu"]
             assert dead in pool.nodes()
-            warm = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
-                                          for i in range(6)))
+            warm = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4) for i in range(6)))
             assert all(r.ok for r in warm) and dead in {r.placement["gpu"].node for r in warm}
             cluster.remove_node(new)
             t0 = time.monotonic()
             while dead in pool.nodes():
                 assert time.monotonic() - t0 < 30, "the dead node's chunks stayed in the pool"
                 await asyncio.sleep(0.05)
-            after = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4)
-                                           for i in range(8)))
+            after = await asyncio.gather(*(tg.invoke("judge", {"i": i}, gpus=4) for i in range(8)))
             assert all(r.ok for r in after), [(r.status, r.detail) for r in after]
             assert dead not in {r.placement["gpu"].node for r in after}
             assert not tg.gpu.residency.entries(dead)

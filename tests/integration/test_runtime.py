@@ -6,8 +6,9 @@ import pytest
 
 from tangram import Infeasible, ShuttingDown, Tangram, ValidationError
 
-SERVICES = {"judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.05, 2: 0.03},
-                      "restore_s": 0.05}}
+SERVICES = {
+    "judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.05, 2: 0.03}, "restore_s": 0.05}
+}
 
 
 def run(coro):
@@ -35,6 +36,7 @@ def test_exec_invoke_and_status():
             assert st.pools["cpu"].free == n and st.queue == 0 and st.envs == 1
             assert b"tangram_act_seconds" in tg.metrics.render()
             await tg.close_env(env)
+
     run(main())
 
 
@@ -51,6 +53,7 @@ def test_failures_come_back_as_results():
             assert tg.cpu.pool.free() == tg.cpu.pool.capacity()  # cores came back
             r = await tg.exec(env, "true", cpu=1)
             assert r.ok
+
     run(main())
 
 
@@ -75,6 +78,7 @@ def test_bad_input_is_a_clear_error():
             with pytest.raises(ValidationError, match="memory_mb"):
                 await tg.open_env("t4", memory_mb=0)
             assert tg.status().queue == 0 and not tg.scheduler.running
+
     run(main())
 
 
@@ -93,6 +97,7 @@ def test_cancelled_caller_drops_its_queued_action():
                 await waiter
             assert tg.status().queue == 0
             assert (await hog).ok
+
     run(main())
 
 
@@ -111,6 +116,7 @@ def test_shutdown_cancels_queued_and_closes_envs():
         assert tg.status().envs == 0 and tg.cpu.pool.free() == n
         with pytest.raises(ShuttingDown):
             await tg.open_env("t7")
+
     run(main())
 
 
@@ -129,8 +135,10 @@ def test_yaml_config_errors_name_the_key(tmp_path):
     with pytest.raises(ValidationError, match="cpus"):
         Tangram.from_config(bad)
     good = tmp_path / "ok.yaml"
-    good.write_text("policy: {name: heuristic, depth: 3}\ncpu: {backend: auto}\n"
-                    "gpu: {nodes: 2, gpus_per_node: 4, services: {rm: {memory_gb: 8}}}\n")
+    good.write_text(
+        "policy: {name: heuristic, depth: 3}\ncpu: {backend: auto}\n"
+        "gpu: {nodes: 2, gpus_per_node: 4, services: {rm: {memory_gb: 8}}}\n"
+    )
     tg = Tangram.from_config(good)
     assert tg.scheduler.pools["gpu"].capacity() == 8
     asyncio.run(tg.shutdown())

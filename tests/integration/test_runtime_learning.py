@@ -21,12 +21,14 @@ INFER_S, RESTORE_S = 0.5, 3.0
 
 
 async def _two_calls() -> tuple[list[float], float | None]:
-    reg = ServiceRegistry({"A": Service.uniform("A", 60 * GB, restore_s=RESTORE_S,
-                                                infer_s=INFER_S)})
+    reg = ServiceRegistry(
+        {"A": Service.uniform("A", 60 * GB, restore_s=RESTORE_S, infer_s=INFER_S)}
+    )
     res = Residency.uniform({"g0": 1}, 80 * GB, reg)
     loop = asyncio.get_running_loop()
-    gpu = GpuManager(ChunkPool("gpu", {"g0": ChunkTree(1, "g0")}), res, SimBackend(),
-                     clock=loop.time)
+    gpu = GpuManager(
+        ChunkPool("gpu", {"g0": ChunkTree(1, "g0")}), res, SimBackend(), clock=loop.time
+    )
     async with Tangram(gpu=gpu, clock=loop.time) as tg:
         runs = [(await tg.invoke("A", {"n": i}, kind="lp")).run_s for i in range(2)]
         return runs, tg.scheduler.profiles.mean("lp")

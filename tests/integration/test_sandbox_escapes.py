@@ -44,9 +44,6 @@ async def sandbox(**options) -> CpuManager:
     return m
 
 
-
-
-
 def test_cannot_read_host_secrets_or_the_servers_environment(monkeypatch):
     secret = f"tok-{uuid.uuid4().hex}"
     monkeypatch.setenv("TANGRAM_TOKEN", secret)
@@ -67,8 +64,11 @@ def test_cannot_read_host_secrets_or_the_servers_environment(monkeypatch):
     assert shadow.status == "error" and "Permission denied" in shadow.stderr
     assert environ.status == "error" and "No such file" in environ.stderr
     assert secret not in own.stdout + own.stderr
-    names = {ln.split("=", 1)[0] for ln in own.stdout.splitlines() if "=" in ln and
-             ln.split("=", 1)[0].isupper()}
+    names = {
+        ln.split("=", 1)[0]
+        for ln in own.stdout.splitlines()
+        if "=" in ln and ln.split("=", 1)[0].isupper()
+    }
     assert DOCUMENTED <= names and not (names - DOCUMENTED - SHELL_OWN), names
     assert int(ps.stdout) <= 6  # its own processes only (bwrap's init, sh, ls, grep)
 
@@ -83,9 +83,13 @@ def test_cannot_see_or_touch_another_environments_files():
             b = await m.open_env("b", 128)
             wrote = await m.execute(ExecRequest(a, "echo secret-a > mine && cat mine"))
             a_dir = m.envs.get(a).workdir
-            tries = await m.execute(ExecRequest(
-                b, f"cat {a_dir}/mine; ls {a_dir}; ls /tmp; ls $HOME; echo x > {evil[0]}; "
-                   f"echo x > {evil[1]}"))
+            tries = await m.execute(
+                ExecRequest(
+                    b,
+                    f"cat {a_dir}/mine; ls {a_dir}; ls /tmp; ls $HOME; echo x > {evil[0]}; "
+                    f"echo x > {evil[1]}",
+                )
+            )
             return wrote, tries, a_dir
         finally:
             await m.close()
@@ -115,10 +119,14 @@ def test_cannot_kill_the_server_or_other_processes():
             other = asyncio.ensure_future(m.execute(ExecRequest(a, "sleep 1.5; echo survived")))
             await asyncio.sleep(0.5)
             # the guard keeps a broken sandbox from killing the host: it fails the test instead
-            attack = await m.execute(ExecRequest(
-                b, f"if [ -e /proc/{host.pid} ] || [ $(id -u) = 0 ]; then echo NOT ISOLATED; "
-                   f"exit 99; fi; kill -9 {os.getpid()}; kill -9 {host.pid}; "
-                   f"pkill -9 sleep; echo still here"))
+            attack = await m.execute(
+                ExecRequest(
+                    b,
+                    f"if [ -e /proc/{host.pid} ] || [ $(id -u) = 0 ]; then echo NOT ISOLATED; "
+                    f"exit 99; fi; kill -9 {os.getpid()}; kill -9 {host.pid}; "
+                    f"pkill -9 sleep; echo still here",
+                )
+            )
             # everything it may signal: its own processes only (its parent, the seccomp
             # loader that carries its output, too: so this one's output is its own loss)
             await m.execute(ExecRequest(b, "kill -9 -1"))
@@ -141,11 +149,18 @@ def test_cannot_leave_its_cgroup_or_gain_privileges():
         m = await sandbox()
         try:
             env = await m.open_env("t", 128)
-            return await m.execute(ExecRequest(env, (
-                "echo $$ > /sys/fs/cgroup/cpu/cgroup.procs; echo $$ > /sys/fs/cgroup/cgroup.procs;"
-                " mount -t tmpfs x $HOME 2>&1; unshare -Urm sh -c 'cat /etc/shadow; "
-                "mount -t cgroup -o cpu x /tmp; mount -t cgroup2 x /tmp' 2>&1; "
-                "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; id -u")))
+            return await m.execute(
+                ExecRequest(
+                    env,
+                    (
+                        "echo $$ > /sys/fs/cgroup/cpu/cgroup.procs; "
+                        "echo $$ > /sys/fs/cgroup/cgroup.procs;"
+                        " mount -t tmpfs x $HOME 2>&1; unshare -Urm sh -c 'cat /etc/shadow; "
+                        "mount -t cgroup -o cpu x /tmp; mount -t cgroup2 x /tmp' 2>&1; "
+                        "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; id -u"
+                    ),
+                )
+            )
         finally:
             await m.close()
 
@@ -167,8 +182,12 @@ def test_setsid_does_not_outlive_its_exec(procs_with):
         m = await sandbox()
         try:
             env = await m.open_env("t", 128)
-            o = await m.execute(ExecRequest(env, f"setsid sleep {marker} & nohup sleep "
-                                                 f"{marker} >/dev/null 2>&1 & echo started"))
+            o = await m.execute(
+                ExecRequest(
+                    env,
+                    f"setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & echo started",
+                )
+            )
             return o, procs_with(f"sleep\0{marker}")
         finally:
             await m.close()
@@ -182,9 +201,13 @@ def test_fork_bomb_stops_at_the_pids_limit_and_says_so():
         m = await sandbox(pids_max=40)
         try:
             env = await m.open_env("t", 256)
-            bomb = await m.execute(ExecRequest(
-                env, "i=0; while [ $i -lt 200 ]; do sleep 20 & i=$((i+1)); done; wait",
-                timeout=20))
+            bomb = await m.execute(
+                ExecRequest(
+                    env,
+                    "i=0; while [ $i -lt 200 ]; do sleep 20 & i=$((i+1)); done; wait",
+                    timeout=20,
+                )
+            )
             after = await m.execute(ExecRequest(env, "echo fine"))
             return bomb, after
         finally:
@@ -201,16 +224,20 @@ def test_no_network_unless_asked(tmp_path):
     listener.bind(("127.0.0.1", 0))
     listener.listen(5)
     port = listener.getsockname()[1]
-    probe = (f"python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', {port}), "
-             f"timeout=2); print('connected')\"")
+    probe = (
+        f"python3 -c \"import socket; s=socket.create_connection(('127.0.0.1', {port}), "
+        f"timeout=2); print('connected')\""
+    )
 
     async def go():
         m = await sandbox()
         try:
             off = await m.open_env("off", 128)
             on = await m.open_env("on", 128, network=True)
-            return (await m.execute(ExecRequest(off, probe)),
-                    await m.execute(ExecRequest(on, probe)))
+            return (
+                await m.execute(ExecRequest(off, probe)),
+                await m.execute(ExecRequest(on, probe)),
+            )
         finally:
             await m.close()
 
@@ -247,10 +274,15 @@ def test_normal_commands_still_work():
         try:
             env = await m.open_env("t", 256)
             one = await m.execute(ExecRequest(env, ("python3", "-c", "print(1)")))
-            write = await m.execute(ExecRequest(env, "echo kept > f; mkdir -p d; echo t > /tmp/t;"
-                                                     " cat /tmp/t; echo $HOME"))
-            read = await m.execute(ExecRequest(env, "cat f; ls; nproc; echo $TANGRAM_CPUS"),
-                                   cores=2 if m.pool.capacity() >= 2 else 1)
+            write = await m.execute(
+                ExecRequest(
+                    env, "echo kept > f; mkdir -p d; echo t > /tmp/t; cat /tmp/t; echo $HOME"
+                )
+            )
+            read = await m.execute(
+                ExecRequest(env, "cat f; ls; nproc; echo $TANGRAM_CPUS"),
+                cores=2 if m.pool.capacity() >= 2 else 1,
+            )
             return one, write, read, min(m.pool.capacity(), 2)
         finally:
             await m.close()
@@ -269,13 +301,19 @@ def test_c(): assert os.environ["TANGRAM_CPUS"] == "2"
 
 
 def xdist_in_system_python() -> bool:
-    return subprocess.run(["python3", "-c", "import pytest, xdist"], env={"PATH": SAFE_PATH},
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["python3", "-c", "import pytest, xdist"], env={"PATH": SAFE_PATH}, capture_output=True
+        ).returncode
+        == 0
+    )
 
 
-@pytest.mark.skipif(not xdist_in_system_python(),
-                    reason="the system python3 lacks pytest or pytest-xdist "
-                           "(apt-get install python3-pytest python3-pytest-xdist)")
+@pytest.mark.skipif(
+    not xdist_in_system_python(),
+    reason="the system python3 lacks pytest or pytest-xdist "
+    "(apt-get install python3-pytest python3-pytest-xdist)",
+)
 def test_pytest_uses_the_two_granted_cores():
     async def go():
         m = await sandbox()
@@ -294,6 +332,7 @@ def test_pytest_uses_the_two_granted_cores():
             await m.close()
 
     auto, elastic, plain = run(go())
+
     def workers(o) -> int:  # from xdist's header: `created: N/N workers` or `gw0 I / gw1 I`
         m = re.search(r"created: (\d+)/\d+ workers", o.stdout)
         return int(m.group(1)) if m else len(set(re.findall(r"\bgw(\d+) ", o.stdout)))
@@ -310,8 +349,12 @@ def test_one_granted_core_holds_four_busy_processes():
             env = await m.open_env("t", 128)
             before = m.backend.cpu_seconds(env)
             t = time.monotonic()
-            o = await m.execute(ExecRequest(env, "for i in 1 2 3 4; do timeout 2 sh -c "
-                                                 "'while :; do :; done' & done; wait"), cores=1)
+            o = await m.execute(
+                ExecRequest(
+                    env, "for i in 1 2 3 4; do timeout 2 sh -c 'while :; do :; done' & done; wait"
+                ),
+                cores=1,
+            )
             wall = time.monotonic() - t
             return o, (m.backend.cpu_seconds(env) - before) / wall
         finally:
@@ -345,8 +388,9 @@ def test_a_dead_sandbox_comes_back_and_concurrent_execs_share_it():
             holder.proc.kill()  # as if it died
             holder.proc.wait()
             after = await m.execute(ExecRequest(env, "echo back"))
-            both = await asyncio.gather(*(m.execute(ExecRequest(env, f"sleep 0.3; echo {i}"))
-                                          for i in range(2)))
+            both = await asyncio.gather(
+                *(m.execute(ExecRequest(env, f"sleep 0.3; echo {i}")) for i in range(2))
+            )
             return after, both, m.backend._holders[env] is not holder
         finally:
             await m.close()

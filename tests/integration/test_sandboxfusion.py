@@ -34,8 +34,9 @@ from tangram.runtime.sandboxfusion import (
 from tangram.runtime.sandboxfusion.warm import warm_pool
 from tangram.runtime.server import RedactTokens, create_app, serve_in_thread
 
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 TOKEN = "s3cret-token"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(32))  # bytes a PNG starts with, then anything
 
@@ -83,8 +84,12 @@ def run(client: httpx.Client, **body) -> dict:
 
 
 def test_python_stdin_to_stdout(client):
-    d = run(client, code="import sys\nprint(sys.stdin.read().strip()[::-1])", language="python",
-            stdin="tangram\n")
+    d = run(
+        client,
+        code="import sys\nprint(sys.stdin.read().strip()[::-1])",
+        language="python",
+        stdin="tangram\n",
+    )
     assert d["status"] == "Success" and d["message"] == "" and d["compile_result"] is None
     rr = d["run_result"]
     assert rr["status"] == "Finished" and rr["return_code"] == 0 and rr["stdout"] == "margnat\n"
@@ -99,11 +104,17 @@ def test_no_stdin_reads_eof(client):
 
 
 def test_files_in_and_fetched(client):
-    d = run(client, language="bash",
-            code="mkdir -p out && tr a-z A-Z < in/data.txt > out/up.txt && head -c 3 blob > b2",
-            files={"in/data.txt": b64(b"hello\n"), "blob": b64(bytes(range(256)) * 400),
-                   "skipped": None},
-            fetch_files=["out/up.txt", "b2", "in/data.txt", "missing.txt"])
+    d = run(
+        client,
+        language="bash",
+        code="mkdir -p out && tr a-z A-Z < in/data.txt > out/up.txt && head -c 3 blob > b2",
+        files={
+            "in/data.txt": b64(b"hello\n"),
+            "blob": b64(bytes(range(256)) * 400),
+            "skipped": None,
+        },
+        fetch_files=["out/up.txt", "b2", "in/data.txt", "missing.txt"],
+    )
     assert d["status"] == "Success", d
     assert base64.b64decode(d["files"]["out/up.txt"]) == b"HELLO\n"
     assert base64.b64decode(d["files"]["b2"]) == bytes([0, 1, 2])
@@ -118,8 +129,12 @@ def test_nonzero_exit_is_failed(client):
 
 
 def test_timeout_is_time_limit_exceeded(client):
-    d = run(client, code="import time\nprint('started', flush=True)\ntime.sleep(30)",
-            language="python", run_timeout=0.5)
+    d = run(
+        client,
+        code="import time\nprint('started', flush=True)\ntime.sleep(30)",
+        language="python",
+        run_timeout=0.5,
+    )
     assert d["status"] == "Failed"
     rr = d["run_result"]
     assert rr["status"] == "TimeLimitExceeded" and rr["return_code"] is None
@@ -128,9 +143,12 @@ def test_timeout_is_time_limit_exceeded(client):
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 def test_cpp_compiles_then_runs(client):
-    ok = run(client, language="cpp", stdin="20 22",
-             code="#include <cstdio>\nint main(){int a,b;scanf(\"%d %d\",&a,&b);"
-                  "printf(\"%d\\n\",a+b);}")
+    ok = run(
+        client,
+        language="cpp",
+        stdin="20 22",
+        code='#include <cstdio>\nint main(){int a,b;scanf("%d %d",&a,&b);printf("%d\\n",a+b);}',
+    )
     assert ok["status"] == "Success", ok
     assert ok["compile_result"]["return_code"] == 0 and ok["run_result"]["stdout"] == "42\n"
     assert [s["step"] for s in ok["tangram"]["steps"]] == ["compile", "run"]
@@ -140,11 +158,13 @@ def test_cpp_compiles_then_runs(client):
 
 
 def test_pytest_runs_the_test_file_with_its_grant(client):
-    code = ("import os\n"
-            "def test_cores():\n"
-            "    assert len(os.sched_getaffinity(0)) >= 1\n"
-            "def test_fails():\n"
-            "    assert 1 == 2\n")
+    code = (
+        "import os\n"
+        "def test_cores():\n"
+        "    assert len(os.sched_getaffinity(0)) >= 1\n"
+        "def test_fails():\n"
+        "    assert 1 == 2\n"
+    )
     d = run(client, language="pytest", code=code, args=["-k", "cores"])
     assert d["status"] == "Success", d["run_result"]
     assert "1 passed" in d["run_result"]["stdout"]
@@ -155,8 +175,10 @@ def test_pytest_runs_the_test_file_with_its_grant(client):
 
 def test_an_elastic_pytest_run_gets_its_workers_from_the_grant_plugin(client):
     """/run_code keeps no worker rule of its own: an elastic run loads the grant's plugin."""
-    code = ("def test_plugin(request):\n"
-            "    assert request.config.pluginmanager.has_plugin('tangram_pytest_grant')\n")
+    code = (
+        "def test_plugin(request):\n"
+        "    assert request.config.pluginmanager.has_plugin('tangram_pytest_grant')\n"
+    )
     d = run(client, language="pytest", code=code, cpu={"min": 1, "max": 2})
     assert d["status"] == "Success", d["run_result"]
     d = run(client, language="pytest", code=code)  # not elastic: no plugin
@@ -171,13 +193,15 @@ def test_known_language_without_a_runner_is_a_sandbox_error(client):
 
 def test_multi_turn_in_a_named_environment(client):
     bearer = {"authorization": f"Bearer {TOKEN}"}  # query tokens count on /run_code only
-    env = client.post("/v1/envs", json={"trajectory": "sf-multi", "memory_mb": 64},
-                      headers=bearer).json()
+    env = client.post(
+        "/v1/envs", json={"trajectory": "sf-multi", "memory_mb": 64}, headers=bearer
+    ).json()
     env_id = env["env_id"]
     try:
         run(client, language="python", code="open('state', 'w').write('41')", env_id=env_id)
-        d = run(client, language="python", code="print(int(open('state').read()) + 1)",
-                env_id=env_id)
+        d = run(
+            client, language="python", code="print(int(open('state').read()) + 1)", env_id=env_id
+        )
         assert d["run_result"]["stdout"] == "42\n" and d["tangram"]["env_id"] == env_id
     finally:
         assert client.delete(f"/v1/envs/{env_id}", headers=bearer).status_code == 200
@@ -185,34 +209,40 @@ def test_multi_turn_in_a_named_environment(client):
     assert r.status_code == 404 and r.json()["field"] == "env_id"
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"language": "python"}, "code"),
-    ({"code": "print(1)"}, "language"),
-    ({"code": "print(1)", "language": "klingon"}, "language"),
-    ({"code": "1", "language": "python", "run_timeout": -1}, "run_timeout"),
-    ({"code": "1", "language": "python", "compile_timeout": 0}, "compile_timeout"),
-    ({"code": "1", "language": "python", "memory_limit_MB": 0}, "memory_limit_MB"),
-    ({"code": "1", "language": "python", "files": {"a.txt": "not base64!"}}, "files"),
-    ({"code": "1", "language": "python", "files": {"../x": "aGk="}}, "files"),
-    ({"code": "1", "language": "python", "files": {"/etc/x": "aGk="}}, "files"),
-    ({"code": "1", "language": "python", "files": {"a/../../x": "aGk="}}, "files"),
-    ({"code": "1", "language": "python", "fetch_files": ["../../etc/passwd"]}, "fetch_files"),
-    ({"code": "1", "language": "python", "fetch_files": ["/etc/passwd"]}, "fetch_files"),
-    ({"code": "1", "language": "python", "cpu": 0}, "cpu"),
-    ({"code": "1", "language": "python", "cpu": {"min": 2, "max": 1}}, "cpu"),
-    ({"code": "1", "language": "python", "cpu": 1 << 19}, "cpu"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"language": "python"}, "code"),
+        ({"code": "print(1)"}, "language"),
+        ({"code": "print(1)", "language": "klingon"}, "language"),
+        ({"code": "1", "language": "python", "run_timeout": -1}, "run_timeout"),
+        ({"code": "1", "language": "python", "compile_timeout": 0}, "compile_timeout"),
+        ({"code": "1", "language": "python", "memory_limit_MB": 0}, "memory_limit_MB"),
+        ({"code": "1", "language": "python", "files": {"a.txt": "not base64!"}}, "files"),
+        ({"code": "1", "language": "python", "files": {"../x": "aGk="}}, "files"),
+        ({"code": "1", "language": "python", "files": {"/etc/x": "aGk="}}, "files"),
+        ({"code": "1", "language": "python", "files": {"a/../../x": "aGk="}}, "files"),
+        ({"code": "1", "language": "python", "fetch_files": ["../../etc/passwd"]}, "fetch_files"),
+        ({"code": "1", "language": "python", "fetch_files": ["/etc/passwd"]}, "fetch_files"),
+        ({"code": "1", "language": "python", "cpu": 0}, "cpu"),
+        ({"code": "1", "language": "python", "cpu": {"min": 2, "max": 1}}, "cpu"),
+        ({"code": "1", "language": "python", "cpu": 1 << 19}, "cpu"),
+    ],
+)
 def test_bad_requests_are_4xx_json(client, body, field):
     r = client.post("/run_code", json=body)
     assert 400 <= r.status_code < 500, r.text
     assert r.json()["field"].split(".")[0] == field
 
 
-@pytest.mark.parametrize("body, field", [  # found by the schema fuzzer: a 500 before
-    ({"cells": ["1"], "files": {"a.txt": "x"}}, "files"),
-    ({"cells": ["1"], "files": {"../x": "aGk="}}, "files"),
-    ({"cells": ["1"], "fetch_files": ["../../etc/passwd"]}, "fetch_files"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [  # found by the schema fuzzer: a 500 before
+        ({"cells": ["1"], "files": {"a.txt": "x"}}, "files"),
+        ({"cells": ["1"], "files": {"../x": "aGk="}}, "files"),
+        ({"cells": ["1"], "fetch_files": ["../../etc/passwd"]}, "fetch_files"),
+    ],
+)
 def test_bad_jupyter_files_are_4xx_json(client, body, field):
     r = client.post("/run_jupyter", json=body)
     assert 400 <= r.status_code < 500, r.text
@@ -242,8 +272,9 @@ def test_token_is_redacted_from_the_access_log(server):
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     try:
-        httpx.post(f"{url}/run_code?a=1&token={TOKEN}&b=2",
-                   json={"code": "print(1)", "language": "python"})
+        httpx.post(
+            f"{url}/run_code?a=1&token={TOKEN}&b=2", json={"code": "print(1)", "language": "python"}
+        )
         httpx.get(f"{url}/v1/status?token={TOKEN}")
     finally:
         access.removeHandler(handler)
@@ -268,10 +299,14 @@ def test_status_follows_sandboxfusions_rule():
 
 
 def test_run_jupyter_cells_in_order_with_outputs_errors_and_images(client):
-    cells = ["a = 123", "a", "print(a)", "import sys; sys.stderr.write('err')",
-             "raise RuntimeError('boom')",
-             "from IPython.display import Image, display\n"
-             f"display(Image(data={PNG!r}, format='png'))"]
+    cells = [
+        "a = 123",
+        "a",
+        "print(a)",
+        "import sys; sys.stderr.write('err')",
+        "raise RuntimeError('boom')",
+        f"from IPython.display import Image, display\ndisplay(Image(data={PNG!r}, format='png'))",
+    ]
     r = client.post("/run_jupyter", json={"cells": cells})
     assert r.status_code == 200, r.text
     d = r.json()
@@ -285,20 +320,28 @@ def test_run_jupyter_cells_in_order_with_outputs_errors_and_images(client):
 
 
 def test_run_jupyter_cell_timeout_fails_and_keeps_the_cells_done(client):
-    r = client.post("/run_jupyter", json={
-        "cells": ["x = 1", "import time; time.sleep(30)", "x"], "cell_timeout": 1.0,
-        "fetch_files": ["made.txt"]})
+    r = client.post(
+        "/run_jupyter",
+        json={
+            "cells": ["x = 1", "import time; time.sleep(30)", "x"],
+            "cell_timeout": 1.0,
+            "fetch_files": ["made.txt"],
+        },
+    )
     d = r.json()
     assert d["status"] == "Failed" and d["driver"]["status"] == "TimeLimitExceeded", d
     assert len(d["cells"]) == 2 and d["files"] == {}
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"cells": "print(1)"}, "cells"),
-    ({"cells": [], "total_timeout": 0}, "total_timeout"),
-    ({"cells": [], "kernel": "julia"}, "kernel"),
-    ({"cells": [], "files": {"../x": "aGk="}}, "files"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"cells": "print(1)"}, "cells"),
+        ({"cells": [], "total_timeout": 0}, "total_timeout"),
+        ({"cells": [], "kernel": "julia"}, "kernel"),
+        ({"cells": [], "files": {"../x": "aGk="}}, "files"),
+    ],
+)
 def test_run_jupyter_bad_requests_are_4xx_json(client, body, field):
     r = client.post("/run_jupyter", json=body)
     assert 400 <= r.status_code < 500, r.text
@@ -315,10 +358,14 @@ names = st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, 
 
 
 @settings(max_examples=25, deadline=None)
-@given(files=st.dictionaries(st.lists(names, min_size=1, max_size=3).map("/".join),
-                             st.binary(max_size=300) | st.just(b"\0" * (ARG_CHUNK + 7)),
-                             max_size=4),
-       stdin=st.binary(max_size=50))
+@given(
+    files=st.dictionaries(
+        st.lists(names, min_size=1, max_size=3).map("/".join),
+        st.binary(max_size=300) | st.just(b"\0" * (ARG_CHUNK + 7)),
+        max_size=4,
+    ),
+    stdin=st.binary(max_size=50),
+)
 def test_staged_files_arrive_byte_for_byte(files, stdin):
     """Whatever `files` hold (empty, binary, more than one argv chunk, nested folders), the
     staging shell writes them exactly, then runs the command in the same shell."""
@@ -327,13 +374,11 @@ def test_staged_files_arrive_byte_for_byte(files, stdin):
     for path, data in files.items():
         parts = path.split("/")
         prefixes = {"/".join(parts[:i]) for i in range(1, len(parts))}
-        if not any(p in kept for p in prefixes) and not any(
-                k.startswith(path + "/") for k in kept):
+        if not any(p in kept for p in prefixes) and not any(k.startswith(path + "/") for k in kept):
             kept[path] = data
     kept[".in"] = stdin
     with tempfile.TemporaryDirectory() as d:
-        done = subprocess.run(staged(kept, "exec cat .in"), cwd=d, capture_output=True,
-                              timeout=60)
+        done = subprocess.run(staged(kept, "exec cat .in"), cwd=d, capture_output=True, timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout == stdin
         for path, data in kept.items():
@@ -344,8 +389,9 @@ def test_staged_files_arrive_byte_for_byte(files, stdin):
 def test_warm_sandboxes_give_way_to_a_request_that_needs_their_memory(tmp_path):
     """On a node of 3,000 MiB the pool holds two warm 1,024 MiB sandboxes; a request for
     2,500 MiB still runs (warm ones are closed for it), and the pool refills afterwards."""
-    tg = Tangram(cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path),
-                                memory_mb={"local": 3000}))
+    tg = Tangram(
+        cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path), memory_mb={"local": 3000})
+    )
     with serve_in_thread(create_app(tg)) as url:
         body = {"code": "print(1)", "language": "python"}
         assert httpx.post(f"{url}/run_code", json=body, timeout=60).json()["status"] == "Success"
@@ -364,8 +410,9 @@ def test_a_request_waits_for_memory_the_pool_is_letting_go_of(tmp_path, monkeypa
     requests hold the memory, a third that arrives as one of them is being closed waits for it
     (or for the refill's warm sandbox) instead of failing."""
     monkeypatch.setenv("TANGRAM_SANDBOXFUSION_WARM", "1")
-    tg = Tangram(cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path),
-                                memory_mb={"local": 2100}))
+    tg = Tangram(
+        cpu=CpuManager(AffinityBackend(), workdir_root=str(tmp_path), memory_mb={"local": 2100})
+    )
 
     async def scenario() -> tuple[str, int]:
         await tg.start()

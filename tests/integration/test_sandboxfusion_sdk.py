@@ -18,8 +18,9 @@ from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app, serve_in_thread
 
 sf = pytest.importorskip("sandbox_fusion", reason="the sandbox-fusion SDK is not installed")
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 TOKEN = "sdk-token"
 
 
@@ -32,8 +33,12 @@ def endpoint() -> Iterator[str]:
 
 
 def test_run_code_sync_and_async_with_the_token_in_the_endpoint(endpoint):
-    req = sf.RunCodeRequest(code="print(input()[::-1])", language="python", stdin="abc",
-                            files={"x.txt": base64.b64encode(b"x").decode()})
+    req = sf.RunCodeRequest(
+        code="print(input()[::-1])",
+        language="python",
+        stdin="abc",
+        files={"x.txt": base64.b64encode(b"x").decode()},
+    )
     resp = sf.run_code(req, endpoint=endpoint, max_attempts=1)
     assert resp.status == sf.RunStatus.Success and resp.run_result.stdout == "cba\n"
     resp = asyncio.run(sf.run_code_async(req, endpoint=endpoint, max_attempts=1))
@@ -44,15 +49,19 @@ def test_run_code_sync_and_async_with_the_token_in_the_endpoint(endpoint):
 def test_summary_and_concurrency_helpers(endpoint):
     sf.set_endpoint(endpoint)
     try:
-        reqs = [sf.RunCodeRequest(code=f"import sys; sys.exit({k})", language="python")
-                for k in (0, 3)]
+        reqs = [
+            sf.RunCodeRequest(code=f"import sys; sys.exit({k})", language="python") for k in (0, 3)
+        ]
         results = sf.run_concurrent(sf.run_code, args=[[r] for r in reqs], concurrency=2)
     finally:
         sf.set_endpoint("")
     mapping = sf.SummaryMapping(RunFailed="run failed")
     assert [sf.summary_run_code_result(r, mapping) for r in results] == ["Success", "run failed"]
-    bad = sf.run_code(sf.RunCodeRequest(code="int main() { x }", language="cpp"),
-                      endpoint=endpoint, max_attempts=1)
+    bad = sf.run_code(
+        sf.RunCodeRequest(code="int main() { x }", language="cpp"),
+        endpoint=endpoint,
+        max_attempts=1,
+    )
     assert sf.summary_run_code_result(bad, sf.SummaryMapping(CompileFailed="ce")) == "ce"
 
 
@@ -70,8 +79,10 @@ def test_functions_not_served_fail_saying_so(endpoint):
     with pytest.raises(Exception, match="not served"):
         sf.get_prompts(prompts, endpoint=endpoint)
     with pytest.raises(Exception, match="not served"):
-        sf.get_prompt_by_id(sf.GetPromptByIdRequest(dataset="humaneval", id=0,
-                                                    config=sf.TestConfig()), endpoint=endpoint)
+        sf.get_prompt_by_id(
+            sf.GetPromptByIdRequest(dataset="humaneval", id=0, config=sf.TestConfig()),
+            endpoint=endpoint,
+        )
     submit = sf.SubmitRequest(dataset="humaneval", id=0, completion="x", config=sf.TestConfig())
     with pytest.raises(Exception, match="not served"):
         sf.submit(submit, endpoint=endpoint, max_attempts=1)
@@ -83,5 +94,6 @@ def test_functions_not_served_fail_saying_so(endpoint):
 def test_a_wrong_token_is_refused(endpoint):
     wrong = endpoint.replace(TOKEN, "nope")
     with pytest.raises(Exception, match="401"):
-        sf.run_code(sf.RunCodeRequest(code="print(1)", language="python"), endpoint=wrong,
-                    max_attempts=1)
+        sf.run_code(
+            sf.RunCodeRequest(code="print(1)", language="python"), endpoint=wrong, max_attempts=1
+        )

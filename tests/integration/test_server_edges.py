@@ -29,15 +29,24 @@ def url() -> Iterator[str]:
 
 
 def test_non_loopback_without_a_token_refuses_to_start():
-    out = subprocess.run([sys.executable, "-m", "tangram.runtime.cli", "serve", "--host",
-                          "0.0.0.0", "--port", "1"], capture_output=True, text=True, timeout=60,
-                         env={"PATH": "/usr/bin:/bin"})
+    out = subprocess.run(
+        [sys.executable, "-m", "tangram.runtime.cli", "serve", "--host", "0.0.0.0", "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 2 and "--insecure" in out.stderr and "token" in out.stderr
 
 
-@pytest.mark.parametrize("body", ['{"trajectory": "\\ud800"}',
-                                  '{"\\udfff": 1, "trajectory": "x"}',
-                                  '{"trajectory": "x", "memory_mb": "\\ud83d"}'])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"trajectory": "\\ud800"}',
+        '{"\\udfff": 1, "trajectory": "x"}',
+        '{"trajectory": "x", "memory_mb": "\\ud83d"}',
+    ],
+)
 def test_a_lone_surrogate_is_a_4xx_not_a_500(url: str, body: str):
     r = httpx.post(f"{url}/v1/envs", content=body, headers=JSON, timeout=10)
     assert 400 <= r.status_code < 500, r.text
@@ -59,11 +68,13 @@ def test_a_half_sent_body_times_out_with_408():
     with serve_in_thread(app) as u:
         host, port = u.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as s:
-            s.sendall(b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100\r\n\r\n{\"traj")
+            s.sendall(
+                b"POST /v1/envs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"traj'
+            )
             answer = b""
             while chunk := s.recv(65536):  # the head and the body may come in two segments;
-                answer += chunk            # the server closes the connection after it
+                answer += chunk  # the server closes the connection after it
     text = answer.decode()
     assert text.startswith("HTTP/1.1 408") and '"field":"body"' in text, text
 

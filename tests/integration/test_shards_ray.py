@@ -46,8 +46,9 @@ def test_shards_are_ray_actors_and_a_killed_one_is_replaced():
                 envs = [await tg.open_env(f"t{i}", memory_mb=256) for i in range(4)]
                 first = await asyncio.gather(*(tg.exec(e, "sleep 0.1", cpu=1) for e in envs))
                 ray.kill(sched._shards[0].actor, no_restart=True)  # shard 0 dies
-                second = await asyncio.gather(*(tg.exec(e, "sleep 0.1", cpu=1)
-                                                for e in envs for _ in range(2)))
+                second = await asyncio.gather(
+                    *(tg.exec(e, "sleep 0.1", cpu=1) for e in envs for _ in range(2))
+                )
                 return first, second
 
         first, second = asyncio.run(main())

@@ -24,8 +24,9 @@ from managers.cpu.backends.affinity import AffinityBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app, serve_in_thread
 
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 TOKEN = "shared"
 PER_WORKER = 3  # concurrent tool calls of each worker process
 
@@ -71,9 +72,16 @@ def test_two_workers_never_overgrant(server):
     url, tg = server
     capacity = tg.status().pools["cpu"].capacity
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, url, TOKEN, str(PER_WORKER)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=env) for _ in range(2)]
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, url, TOKEN, str(PER_WORKER)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     records = []
     for w in workers:
         out, err = w.communicate(timeout=120)

@@ -47,43 +47,61 @@ def execute(loop, m: CpuManager, env: str, command, timeout: float = 20.0):
     return loop.run_until_complete(m.execute(ExecRequest(env, command, timeout)))
 
 
-texts = st.text(st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="'\\"),
-                max_size=40)
+texts = st.text(
+    st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="'\\"), max_size=40
+)
 
 
-@settings(max_examples=20, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(out=texts, err=texts, code=st.integers(0, 255), as_argv=st.booleans())
 def test_fast_and_reference_paths_agree(loop, pair, out, err, code, as_argv):
     script = f"printf '%s' '{out}'; printf '%s' '{err}' >&2; cd /sandbox && pwd >&2; exit {code}"
     command = ("sh", "-c", script) if as_argv else script
     (fast, fenv), (ref, renv) = pair
     a, b = execute(loop, fast, fenv, command), execute(loop, ref, renv, command)
-    assert (a.status, a.exit_code, a.stdout, a.stderr) == (b.status, b.exit_code, b.stdout,
-                                                          b.stderr)
+    assert (a.status, a.exit_code, a.stdout, a.stderr) == (
+        b.status,
+        b.exit_code,
+        b.stdout,
+        b.stderr,
+    )
     assert a.exit_code == code and a.stdout == out and a.stderr == err + "/sandbox\n"
 
 
 def test_a_command_runs_confined_to_its_grant_as_the_sandbox_user(loop, pair):
     (fast, env), _ = pair
-    r = execute(loop, fast, env, "grep -E 'Cpus_allowed_list|NoNewPrivs|CapEff|CapBnd' "
-                                 "/proc/self/status; id -u; cat /proc/self/cgroup | wc -l")
+    r = execute(
+        loop,
+        fast,
+        env,
+        "grep -E 'Cpus_allowed_list|NoNewPrivs|CapEff|CapBnd' "
+        "/proc/self/status; id -u; cat /proc/self/cgroup | wc -l",
+    )
     lines = dict(line.split(":\t") for line in r.stdout.splitlines() if ":\t" in line)
     node = fast.envs.get(env).node
     granted = min(fast.pool.cpu_node(node).domain_of)  # `execute` takes the first free core
-    assert lines["NoNewPrivs"] == "1" and int(lines["CapEff"], 16) == 0 \
+    assert (
+        lines["NoNewPrivs"] == "1"
+        and int(lines["CapEff"], 16) == 0
         and int(lines["CapBnd"], 16) == 0
+    )
     assert lines["Cpus_allowed_list"] == str(granted), r.stdout
     assert int(r.stdout.splitlines()[-2]) >= 1000  # not root
 
 
 def test_the_spawner_cannot_be_read_and_its_death_harms_only_its_own_sandbox(loop, pair):
     (fast, env), _ = pair
-    peek = execute(loop, fast, env,
-                   "for p in /proc/[0-9]*; do [ $p = /proc/$$ ] && continue; "
-                   "if grep -q 'tangram_spawne[r]' $p/cmdline 2>/dev/null; then echo FOUND; "
-                   "ls $p/fd >/dev/null 2>&1 && echo READABLE; "
-                   "cat $p/environ >/dev/null 2>&1 && echo READABLE; fi; done")
+    peek = execute(
+        loop,
+        fast,
+        env,
+        "for p in /proc/[0-9]*; do [ $p = /proc/$$ ] && continue; "
+        "if grep -q 'tangram_spawne[r]' $p/cmdline 2>/dev/null; then echo FOUND; "
+        "ls $p/fd >/dev/null 2>&1 && echo READABLE; "
+        "cat $p/environ >/dev/null 2>&1 && echo READABLE; fi; done",
+    )
     # the spawner and bwrap's init (its command line names the spawner too)
     assert peek.stdout.count("FOUND") >= 1 and "READABLE" not in peek.stdout, peek
     execute(loop, fast, env, "echo kept > /sandbox/kept")
@@ -98,23 +116,31 @@ def test_commands_inherit_the_sandbox_filter_with_no_loader_per_exec(loop, pair)
     """The fast path runs no seccomp loader: the command is the spawner's direct child and
     carries the filter bwrap loaded for the spawner (one filter, not two)."""
     (fast, env), _ = pair
-    r = execute(loop, fast, env, "grep -E '^Seccomp(_filters)?:' /proc/self/status; "
-                                 "grep -c tangram_spawne[r] /proc/$PPID/cmdline; "
-                                 "unshare -U true 2>/dev/null; echo unshare=$?")
+    r = execute(
+        loop,
+        fast,
+        env,
+        "grep -E '^Seccomp(_filters)?:' /proc/self/status; "
+        "grep -c tangram_spawne[r] /proc/$PPID/cmdline; "
+        "unshare -U true 2>/dev/null; echo unshare=$?",
+    )
     lines = r.stdout.splitlines()
     assert "Seccomp:\t2" in lines and "Seccomp_filters:\t1" in lines, r.stdout
     assert "unshare=1" in lines, r.stdout  # the filter refuses new namespaces
 
 
-@settings(max_examples=5, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(cap=st.integers(1, 70_000), extra=st.integers(1, 3_000_000))
 def test_output_past_the_cap_is_drained_inside_and_the_command_runs_on(loop, pair, cap, extra):
     """Past the cap the spawner drops the rest in the sandbox: the command is not killed by a
     closed pipe and ends normally; exactly `cap` bytes come back, flagged truncated."""
     (fast, env), _ = pair
-    script = (f"head -c {cap + extra} /dev/zero | tr '\\0' a; echo $? > /sandbox/finished; "
-              f"head -c {cap + extra} /dev/zero >&2; echo $? >> /sandbox/finished")
+    script = (
+        f"head -c {cap + extra} /dev/zero | tr '\\0' a; echo $? > /sandbox/finished; "
+        f"head -c {cap + extra} /dev/zero >&2; echo $? >> /sandbox/finished"
+    )
     r = loop.run_until_complete(fast.execute(ExecRequest(env, script, 30, output_cap=cap)))
     assert r.status == "ok" and r.exit_code == 0, r.detail
     assert r.truncated and r.stdout == "a" * cap and len(r.stderr) == cap
@@ -148,9 +174,21 @@ def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch
         assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
         missing = execute(loop, m, env, ("no-such-program-here",))
         assert missing.exit_code == 127 and "no-such-program-here" in missing.stderr
-        big = loop.run_until_complete(m.execute(ExecRequest(
-            env, "head -c 2000000 /dev/zero | tr '\\0' b; echo rc=$? >&2", 30, output_cap=1000)))
-        assert big.exit_code == 0 and big.truncated and big.stdout == "b" * 1000 \
-            and big.stderr == "rc=0\n", big.detail  # drained: no SIGPIPE (rc=141)
+        big = loop.run_until_complete(
+            m.execute(
+                ExecRequest(
+                    env,
+                    "head -c 2000000 /dev/zero | tr '\\0' b; echo rc=$? >&2",
+                    30,
+                    output_cap=1000,
+                )
+            )
+        )
+        assert (
+            big.exit_code == 0
+            and big.truncated
+            and big.stdout == "b" * 1000
+            and big.stderr == "rc=0\n"
+        ), big.detail  # drained: no SIGPIPE (rc=141)
     finally:
         loop.run_until_complete(m.close())

@@ -26,12 +26,16 @@ from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB
 from tangram.runtime.sandboxfusion.warm import warm_pool
 from tangram.runtime.server import create_app, serve_in_thread
 
-tool_registry = pytest.importorskip("verl.tools.tool_registry",
-                                    reason="verl's tool loader does not import")
-sandbox_fusion = pytest.importorskip("verl.utils.reward_score.sandbox_fusion.utils",
-                                     reason="verl's SandboxFusion client does not import")
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+tool_registry = pytest.importorskip(
+    "verl.tools.tool_registry", reason="verl's tool loader does not import"
+)
+sandbox_fusion = pytest.importorskip(
+    "verl.utils.reward_score.sandbox_fusion.utils",
+    reason="verl's SandboxFusion client does not import",
+)
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 TOKEN = "verl-token"
 
 TOOLS_YAML = """
@@ -79,7 +83,8 @@ def test_tool_from_verls_loader_runs_a_trajectory(server, tmp_path: Path):
         assert tg.status().envs == 1  # the environment is the server's
         assert await tool.calc_reward(iid) == 0.0  # no answer yet
         resp, reward, metrics = await tool.execute(
-            iid, {"command": "echo 'VALUE = 42' > answer.py && cat answer.py"})
+            iid, {"command": "echo 'VALUE = 42' > answer.py && cat answer.py"}
+        )
         assert "[ok, exit 0]" in resp.text and "VALUE = 42" in resp.text
         assert metrics["status"] == "ok" and 1 <= metrics["cores"] <= 2
         assert len(metrics["core_ids"]) == metrics["cores"]
@@ -104,15 +109,19 @@ SOLUTION = "a, b = map(int, input().split())\nprint(a + b)\n"
 CASES = {"inputs": ["1 2\n", "20 22\n", "-5 5\n"], "outputs": ["3\n", "42\n", "0\n"]}
 
 
-@pytest.mark.parametrize("generation, expected", [
-    (SOLUTION, [True, True, True]),  # right answer
-    ("a, b = map(int, input().split())\nprint(a - b)\n", [False, False, False]),  # wrong answer
-    ("raise SystemExit('boom') if input() else None\n", [-2, -2, -2]),  # runtime error
-    ("import time\ntime.sleep(60)\n", [-3, -3, -3]),  # time limit
-])
+@pytest.mark.parametrize(
+    "generation, expected",
+    [
+        (SOLUTION, [True, True, True]),  # right answer
+        ("a, b = map(int, input().split())\nprint(a - b)\n", [False, False, False]),  # wrong answer
+        ("raise SystemExit('boom') if input() else None\n", [-2, -2, -2]),  # runtime error
+        ("import time\ntime.sleep(60)\n", [-3, -3, -3]),  # time limit
+    ],
+)
 def test_verls_check_correctness_gets_its_own_codes(server, run_code_url, generation, expected):
-    results, metadata = sandbox_fusion.check_correctness(run_code_url, CASES, generation,
-                                                         timeout=2, memory_limit_mb=256)
+    results, metadata = sandbox_fusion.check_correctness(
+        run_code_url, CASES, generation, timeout=2, memory_limit_mb=256
+    )
     assert results == expected, [m.get("status") for m in metadata]
     # no environment left open but the warm pool's never-used sandboxes (refilled off the
     # critical path: let the refill settle)
@@ -127,16 +136,19 @@ def test_verls_check_correctness_gets_its_own_codes(server, run_code_url, genera
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 def test_verls_check_correctness_cpp(run_code_url):
-    ok = "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<\"\\n\";}"
-    assert sandbox_fusion.check_correctness(run_code_url, CASES, ok, timeout=10,
-                                            language="cpp")[0] == [True, True, True]
+    ok = '#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a+b<<"\\n";}'
+    assert sandbox_fusion.check_correctness(run_code_url, CASES, ok, timeout=10, language="cpp")[
+        0
+    ] == [True, True, True]
     broken = "int main( {"
-    assert sandbox_fusion.check_correctness(run_code_url, CASES, broken, timeout=10,
-                                            language="cpp")[0] == [-4, -4, -4]
+    assert sandbox_fusion.check_correctness(
+        run_code_url, CASES, broken, timeout=10, language="cpp"
+    )[0] == [-4, -4, -4]
 
 
 def test_wrong_token_is_an_api_error_for_verl(server):
-    results, _ = sandbox_fusion.check_correctness(f"{server[0]}/run_code?token=nope", CASES,
-                                                  SOLUTION, timeout=2)
+    results, _ = sandbox_fusion.check_correctness(
+        f"{server[0]}/run_code?token=nope", CASES, SOLUTION, timeout=2
+    )
     assert results == [-1, -1, -1]
     assert httpx.get(f"{server[0]}/healthz").json() == {"ok": True}

@@ -30,19 +30,24 @@ class PromiseChecker:
         self.policy = policy
         self.checked = 0
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         d = self.policy.decide(view, queue, now)
-        order = (srpt_order(view, queue, now, self.policy.aging)
-                 if self.policy.order == "srpt" else list(queue))
+        order = (
+            srpt_order(view, queue, now, self.policy.aging)
+            if self.policy.order == "srpt"
+            else list(queue)
+        )
         started = {a.action.id for a in d.assignments}
         with_all = estimated_starts(view, order, now, d.assignments)
         for w, res in d.reservations.items():  # the decision's own estimate is the same one
             assert abs(with_all[w].start - res.start) <= EPS, (w, with_all[w], res)
         pos = {a.id: i for i, a in enumerate(order)}
         for b in d.backfilled:
-            without = estimated_starts(view, order, now,
-                                       [a for a in d.assignments if a.action.id != b])
+            without = estimated_starts(
+                view, order, now, [a for a in d.assignments if a.action.id != b]
+            )
             for w, res in with_all.items():
                 if pos[w] < pos[b] and w not in started:
                     assert res.start <= without[w].start + EPS, (b, w, res, without[w])
@@ -54,20 +59,32 @@ class PromiseChecker:
 def instances(draw):
     chunky = draw(st.booleans())
     res = "gpu" if chunky else "cpu"
-    resources = ({"gpu": {"topology": "chunks", "nodes": draw(st.integers(1, 2)),
-                          "gpus_per_node": draw(st.sampled_from([4, 8]))}} if chunky
-                 else {"cpu": {"topology": "flat", "units": draw(st.integers(2, 8))}})
+    resources = (
+        {
+            "gpu": {
+                "topology": "chunks",
+                "nodes": draw(st.integers(1, 2)),
+                "gpus_per_node": draw(st.sampled_from([4, 8])),
+            }
+        }
+        if chunky
+        else {"cpu": {"topology": "flat", "units": draw(st.integers(2, 8))}}
+    )
     cap = 4 if chunky else resources["cpu"]["units"]
     amounts = [a for a in (1, 2, 4) if a <= cap] if chunky else list(range(1, cap + 1))
     acts = []
     for i in range(draw(st.integers(2, 14))):
         arrival = draw(st.sampled_from([0.0, 0.0, 0.0, 0.5, 1.0, 3.0]))
-        demand = sorted(draw(st.lists(st.sampled_from(amounts), min_size=1, max_size=3,
-                                      unique=True)))
+        demand = sorted(
+            draw(st.lists(st.sampled_from(amounts), min_size=1, max_size=3, unique=True))
+        )
         a = {"id": f"a{i}", "arrival": arrival, "demand": {res: demand}}
         if len(demand) > 1:
-            a.update(key=res, t_ori=draw(st.floats(0.5, 10)),
-                     efficiency={str(m): draw(st.floats(0.3, 1.0)) for m in demand})
+            a.update(
+                key=res,
+                t_ori=draw(st.floats(0.5, 10)),
+                efficiency={str(m): draw(st.floats(0.3, 1.0)) for m in demand},
+            )
         else:
             a["duration"] = draw(st.floats(0.1, 5))
         acts.append(a)
@@ -112,11 +129,17 @@ def _run(pools, actions, policy, factors):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(2, 6), st.lists(st.floats(0, 40), min_size=1, max_size=4),
-       st.floats(0.25, 4), st.floats(0.25, 4), st.sampled_from(["fcfs", "srpt"]),
-       st.integers(0, 2**32))
+@given(
+    st.integers(2, 6),
+    st.lists(st.floats(0, 40), min_size=1, max_size=4),
+    st.floats(0.25, 4),
+    st.floats(0.25, 4),
+    st.sampled_from(["fcfs", "srpt"]),
+    st.integers(0, 2**32),
+)
 def test_wide_actions_start_while_a_stream_of_small_ones_could_backfill_forever(
-        units, wide_at, small_factor, wide_factor, order, seed):
+    units, wide_at, small_factor, wide_factor, order, seed
+):
     """Adversarial arrivals: a stream of 1-unit actions keeps the pool busy for 200 s, enough
     to fill every gap beside a waiting wide action. With any estimate error (each kind off by
     its own factor), every wide action still starts long before the stream ends."""
@@ -124,16 +147,26 @@ def test_wide_actions_start_while_a_stream_of_small_ones_could_backfill_forever(
     actions = []
     t, i = 0.0, 0
     while t < 200:
-        actions.append(Action(f"s{i}", {"cpu": [1]}, duration=rng.uniform(0.2, 2.0),
-                              kind="small", submit_time=t))
+        actions.append(
+            Action(
+                f"s{i}", {"cpu": [1]}, duration=rng.uniform(0.2, 2.0), kind="small", submit_time=t
+            )
+        )
         t += rng.uniform(0.05, 0.8) * 2.0 / units
         i += 1
     for j, at in enumerate(wide_at):
-        actions.append(Action(f"w{j}", {"cpu": [units]}, duration=rng.uniform(0.5, 3),
-                              kind="wide", submit_time=at))
+        actions.append(
+            Action(
+                f"w{j}", {"cpu": [units]}, duration=rng.uniform(0.5, 3), kind="wide", submit_time=at
+            )
+        )
     policy = get_allocator("backfill", order=order, aging=2.0)
-    result = _run({"cpu": FlatPool("cpu", {"n0": units})}, actions, policy,
-                  {"small": small_factor, "wide": wide_factor})
+    result = _run(
+        {"cpu": FlatPool("cpu", {"n0": units})},
+        actions,
+        policy,
+        {"small": small_factor, "wide": wide_factor},
+    )
     for j, at in enumerate(wide_at):
         assert result.records[f"w{j}"].start < 150, (j, at, result.records[f"w{j}"])
 
@@ -142,10 +175,13 @@ def test_a_wrong_estimate_delays_the_reserved_action_but_does_not_starve_it():
     """x holds 1 of 2 cores for 4 s; w needs both and is reserved from 4. b (1 core) is
     estimated at 2 s, so it backfills beside w's reservation; it really runs 6 s, so w starts
     at 6 instead of 4 (a delay). With b's estimate right (6 s) it would not have backfilled."""
+
     def actions(b_true):
-        return [Action("x", {"cpu": [1]}, duration=4, kind="x"),
-                Action("w", {"cpu": [2]}, duration=1, kind="w"),
-                Action("b", {"cpu": [1]}, duration=b_true, kind="b")]
+        return [
+            Action("x", {"cpu": [1]}, duration=4, kind="x"),
+            Action("w", {"cpu": [2]}, duration=1, kind="w"),
+            Action("b", {"cpu": [1]}, duration=b_true, kind="b"),
+        ]
 
     pools = lambda: {"cpu": FlatPool("cpu", {"n0": 2})}
     wrong = _run(pools(), actions(6.0), BackfillAllocator(), {"b": 2 / 6})

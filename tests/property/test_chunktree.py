@@ -3,8 +3,9 @@ from hypothesis import strategies as st
 
 from topology import ChunkTree, TopologyError, buddy, chunk_sizes, is_aligned, is_pow2, pow2_floor
 
-ops = st.lists(st.tuples(st.booleans(), st.sampled_from([1, 2, 3, 4, 8, 16]),
-                         st.integers(0, 100)), max_size=40)
+ops = st.lists(
+    st.tuples(st.booleans(), st.sampled_from([1, 2, 3, 4, 8, 16]), st.integers(0, 100)), max_size=40
+)
 
 
 @settings(max_examples=200, deadline=None)

@@ -61,9 +61,11 @@ def flat_instances(draw, max_actions: int = 10, nodes: bool = False) -> dict:
             fit = [n for n, u in sizes.items() if u >= amounts[0]]
             a["node"] = draw(st.sampled_from(fit))
         if len(amounts) > 1 or draw(st.booleans()):
-            a.update(key="cpu", t_ori=draw(st.floats(0.5, 5)),
-                     efficiency={str(m): 1.0 if m == 1 else draw(st.floats(0.3, 1.0))
-                                 for m in amounts})
+            a.update(
+                key="cpu",
+                t_ori=draw(st.floats(0.5, 5)),
+                efficiency={str(m): 1.0 if m == 1 else draw(st.floats(0.3, 1.0)) for m in amounts},
+            )
         else:
             a["duration"] = draw(st.floats(0.1, 3))
         acts.append(a)
@@ -78,13 +80,23 @@ def chunk_instances(draw, max_actions: int = 10) -> dict:
     acts, t = [], 0.0
     for i in range(draw(st.integers(1, max_actions))):
         t += draw(st.sampled_from([0.0, 0.0, 0.5, 1.0]))
-        amounts = sorted(draw(st.lists(st.sampled_from([k for k in (1, 2, 4, 8) if k <= g]),
-                                       min_size=1, max_size=3, unique=True)))
+        amounts = sorted(
+            draw(
+                st.lists(
+                    st.sampled_from([k for k in (1, 2, 4, 8) if k <= g]),
+                    min_size=1,
+                    max_size=3,
+                    unique=True,
+                )
+            )
+        )
         a: dict = {"id": f"a{i}", "arrival": t, "demand": {"gpu": amounts}}
         if len(amounts) > 1:
-            a.update(key="gpu", t_ori=draw(st.floats(0.5, 5)),
-                     efficiency={str(m): 1.0 if m == 1 else draw(st.floats(0.3, 1.0))
-                                 for m in amounts})
+            a.update(
+                key="gpu",
+                t_ori=draw(st.floats(0.5, 5)),
+                efficiency={str(m): 1.0 if m == 1 else draw(st.floats(0.3, 1.0)) for m in amounts},
+            )
         else:
             a["duration"] = draw(st.floats(0.1, 3))
         acts.append(a)
@@ -124,6 +136,7 @@ def test_every_policy_alone_conserves_work_on_flat_instances(policy):
 @pytest.mark.parametrize("policy", CONSERVING)
 def test_every_policy_alone_conserves_work_on_several_nodes(policy):
     """Several flat nodes, some actions bound to one: the rule per node."""
+
     @settings(max_examples=60, deadline=None)
     @given(inst=flat_instances(8, nodes=True))
     def run(inst):
@@ -154,14 +167,17 @@ def test_the_kept_counterexamples_conserve_work(path, policy):
 class Lazy:
     """A policy that starts only every other action `min` would (a bad policy on purpose)."""
 
-    def allocate(self, view: ClusterView, queue: Collection[Action],
-                 now: float) -> list[Assignment]:
+    def allocate(
+        self, view: ClusterView, queue: Collection[Action], now: float
+    ) -> list[Assignment]:
         return MinAllocator().allocate(view, queue, now)[::2]
 
 
 @settings(max_examples=80, deadline=None)
-@given(inst=st.one_of(flat_instances(), flat_instances(8, nodes=True), chunk_instances()),
-       policy=st.sampled_from(["lazy", *CONSERVING]))
+@given(
+    inst=st.one_of(flat_instances(), flat_instances(8, nodes=True), chunk_instances()),
+    policy=st.sampled_from(["lazy", *CONSERVING]),
+)
 def test_the_scheduler_enforces_the_rule_whatever_the_policy(inst, policy):
     """With the rule on (the default), even a policy that leaves units idle on purpose
     leaves no action waiting beside free units it could use."""
@@ -211,9 +227,11 @@ def test_check_schedule_finds_the_hand_worked_interval():
     z = Action("z", {"cpu": 3}, duration=1.0, submit_time=1.0)
     pools = {"cpu": FlatPool("cpu", {"n0": 4})}
     at = pools["cpu"].copy().place(1)
-    sched = [Started(x, 0.0, 2.0, {"cpu": 3}, {"cpu": at}),
-             Started(y, 1.0, 2.0, {"cpu": 1}, {"cpu": at}),
-             Started(z, 2.0, 3.0, {"cpu": 3}, {"cpu": at})]
+    sched = [
+        Started(x, 0.0, 2.0, {"cpu": 3}, {"cpu": at}),
+        Started(y, 1.0, 2.0, {"cpu": 1}, {"cpu": at}),
+        Started(z, 2.0, 3.0, {"cpu": 3}, {"cpu": at}),
+    ]
     report = check_schedule(pools, sched)
     assert [(w.action_id, w.start, w.end) for w in report.intervals] == [("y", 0.0, 1.0)]
     assert report.idle_unit_seconds == pytest.approx(1.0)

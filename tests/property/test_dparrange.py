@@ -18,8 +18,11 @@ durations = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
 def flat_tasks(max_amount):
     amounts = st.lists(st.integers(1, max_amount), min_size=1, max_size=4, unique=True)
-    return st.lists(amounts.flatmap(lambda a: st.fixed_dictionaries({m: durations for m in a})),
-                    min_size=0, max_size=5)
+    return st.lists(
+        amounts.flatmap(lambda a: st.fixed_dictionaries({m: durations for m in a})),
+        min_size=0,
+        max_size=5,
+    )
 
 
 def brute_flat(tasks, units):
@@ -74,10 +77,14 @@ def test_flat_matches_brute_force(tasks, units):
 pow2 = st.sampled_from([1, 2, 4, 8])
 chunk_tasks = st.lists(
     st.lists(pow2, min_size=1, max_size=4, unique=True).flatmap(
-        lambda a: st.fixed_dictionaries({m: durations for m in a})),
-    min_size=0, max_size=4)
-free_chunks = st.fixed_dictionaries({1: st.integers(0, 2), 2: st.integers(0, 2),
-                                     4: st.integers(0, 1), 8: st.integers(0, 2)})
+        lambda a: st.fixed_dictionaries({m: durations for m in a})
+    ),
+    min_size=0,
+    max_size=4,
+)
+free_chunks = st.fixed_dictionaries(
+    {1: st.integers(0, 2), 2: st.integers(0, 2), 4: st.integers(0, 1), 8: st.integers(0, 2)}
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -135,12 +142,14 @@ def test_bad_tasks_are_rejected():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(1, 16), min_size=1, max_size=6, unique=True),
-       st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=6, max_size=6))
+@given(
+    st.lists(st.integers(1, 16), min_size=1, max_size=6, unique=True),
+    st.lists(st.sampled_from([0.0, 1.0, 2.5, 7.0]), min_size=6, max_size=6),
+)
 def test_one_task_shortcut_is_the_dp(amounts, durs):
     """`dp_table`'s one-task shortcut answers exactly what the numpy DP answers, ties included
     (durations drawn from a few values, so equal ones are common)."""
-    task = (np.array(sorted(amounts), dtype=np.int64), np.array(durs[:len(amounts)]))
+    task = (np.array(sorted(amounts), dtype=np.int64), np.array(durs[: len(amounts)]))
     op = FlatOperator(16)
     fast = dp_table([task], op)
     assert isinstance(fast, OneTask)

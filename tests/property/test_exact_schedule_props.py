@@ -17,17 +17,18 @@ from solvers.exact.timeline import verify
 from tangram.instance import parse_instance
 
 RES = 0.1
-SETTINGS = settings(max_examples=20, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
 def instances(draw, max_actions=5):
     chunky = draw(st.booleans())
     res = "gpu" if chunky else "cpu"
-    resources = ({"gpu": {"topology": "chunks", "nodes": draw(st.integers(1, 2)),
-                          "gpus_per_node": 4}} if chunky
-                 else {"cpu": {"topology": "flat", "units": draw(st.sampled_from([2, 4, 6]))}})
+    resources = (
+        {"gpu": {"topology": "chunks", "nodes": draw(st.integers(1, 2)), "gpus_per_node": 4}}
+        if chunky
+        else {"cpu": {"topology": "flat", "units": draw(st.sampled_from([2, 4, 6]))}}
+    )
     amounts = [[1], [2], [1, 2], [1, 2, 4]] if chunky else [[1], [2], [1, 2], [1, 2, 3]]
     actions = []
     for i in range(draw(st.integers(1, max_actions))):
@@ -41,11 +42,25 @@ def instances(draw, max_actions=5):
                 ticks = -(-round(t_ori / RES) // m)  # ceil(t_ori / m) in ticks
                 d = (ticks + draw(st.integers(0, 5))) * RES
                 eff[str(m)] = t_ori / (m * d)
-            actions.append({"id": f"a{i}", "arrival": arrival, "key": res,
-                            "demand": {res: demand}, "t_ori": t_ori, "efficiency": eff})
+            actions.append(
+                {
+                    "id": f"a{i}",
+                    "arrival": arrival,
+                    "key": res,
+                    "demand": {res: demand},
+                    "t_ori": t_ori,
+                    "efficiency": eff,
+                }
+            )
         else:
-            actions.append({"id": f"a{i}", "arrival": arrival, "demand": {res: demand[:1]},
-                            "duration": draw(st.integers(1, 30)) * RES})
+            actions.append(
+                {
+                    "id": f"a{i}",
+                    "arrival": arrival,
+                    "demand": {res: demand[:1]},
+                    "duration": draw(st.integers(1, 30)) * RES,
+                }
+            )
     return parse_instance({"resources": resources, "actions": actions})
 
 
@@ -64,7 +79,8 @@ def test_cpsat_and_pulp_optima_agree(inst):
 def test_highs_agrees_too(inst):
     model = instance_model(inst.build_pools(), inst.actions, RES)
     assert solve_model(model, "cpsat", 20, workers=1).objective == round(
-        solve_model(model, "pulp-highs", 20).objective)
+        solve_model(model, "pulp-highs", 20).objective
+    )
 
 
 @SETTINGS
@@ -73,9 +89,14 @@ def test_exact_is_never_above_any_policy_and_verifies(inst):
     exact = solve_schedule(inst, "cpsat", 20, resolution=RES, workers=1)
     assert exact.status == "optimal"
     verify(inst.build_pools(), exact.entries, {a.id: a.submit_time for a in inst.actions})
-    for name, options in [("heuristic", {}), ("heuristic", {"depth": 1}), ("min", {}),
-                          ("backfill", {}), ("backfill-srpt", {}),
-                          ("cpsat", {"resolution": RES, "workers": 1})]:
+    for name, options in [
+        ("heuristic", {}),
+        ("heuristic", {"depth": 1}),
+        ("min", {}),
+        ("backfill", {}),
+        ("backfill-srpt", {}),
+        ("cpsat", {"resolution": RES, "workers": 1}),
+    ]:
         policy = simulate(inst, get_allocator(name, **options)).total_act
         assert exact.total_act <= policy + 1e-6, (name, options)
 

@@ -41,7 +41,7 @@ def test_window_finds_the_limit_and_429s_thin_out(limit, initial):
     w = AimdWindow(initial, probe_after=16)
     steps = 1200
     refused = drive(w, limit, steps)
-    late = refused[steps // 2:]
+    late = refused[steps // 2 :]
     # a failed probe draws one 429 (the first call over the limit), probes every
     # probe_after x 2^k answers: at most log2(answers / probe_after) + 1 of them late
     assert sum(late) <= math.log2(steps * limit / 16) + 2, (sum(refused), sum(late))

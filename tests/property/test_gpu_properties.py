@@ -16,13 +16,16 @@ MEM = 80 * GB
 
 services_st = st.lists(
     st.tuples(st.integers(5, 80), st.sampled_from([(1,), (1, 2), (2, 4), (1, 2, 4, 8)])),
-    min_size=1, max_size=6)
+    min_size=1,
+    max_size=6,
+)
 ops_st = st.lists(st.tuples(st.booleans(), st.integers(0, 10**6)), min_size=1, max_size=80)
 
 
 def build(specs, nodes: int, gpus: int, random_eviction: bool):
-    reg = ServiceRegistry({f"s{i}": Service.uniform(f"s{i}", gb * GB, dops)
-                           for i, (gb, dops) in enumerate(specs)})
+    reg = ServiceRegistry(
+        {f"s{i}": Service.uniform(f"s{i}", gb * GB, dops) for i, (gb, dops) in enumerate(specs)}
+    )
     names = {f"n{i}": gpus for i in range(nodes)}
     r = Residency.uniform(names, MEM, reg, eviction=RandomEviction(1) if random_eviction else None)
     pool = ChunkPool("gpu", {n: ChunkTree(g, n) for n, g in names.items()})
@@ -44,8 +47,14 @@ def check(r: Residency, pool: ChunkPool, running) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(services_st, ops_st, st.integers(1, 3), st.sampled_from([1, 2, 4, 8]), st.booleans(),
-       st.booleans())
+@given(
+    services_st,
+    ops_st,
+    st.integers(1, 3),
+    st.sampled_from([1, 2, 4, 8]),
+    st.booleans(),
+    st.booleans(),
+)
 def test_random_service_calls_keep_every_invariant(specs, ops, nodes, gpus, prefer, rnd) -> None:
     r, pool = build(specs, nodes, gpus, rnd)
     running: dict[str, tuple[Action, object]] = {}
@@ -61,8 +70,9 @@ def test_random_service_calls_keep_every_invariant(specs, ops, nodes, gpus, pref
             k = a.demands["gpu"].min
             before = r.is_resident
             try:
-                where = pool.place(k, prefer=(lambda n, c, a=a: r.prefer(a, "gpu", n, c))
-                                   if prefer else None)
+                where = pool.place(
+                    k, prefer=(lambda n, c, a=a: r.prefer(a, "gpu", n, c)) if prefer else None
+                )
             except Infeasible:
                 continue
             was_resident = before(name, where.node, where.chunk)
@@ -81,8 +91,12 @@ def test_random_service_calls_keep_every_invariant(specs, ops, nodes, gpus, pref
 
 
 @settings(max_examples=40, deadline=None)
-@given(services_st, st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 99)),
-                             min_size=1, max_size=40))
+@given(
+    services_st,
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 99)), min_size=1, max_size=40
+    ),
+)
 def test_direct_begin_on_busy_gpus_is_refused_without_side_effects(specs, calls) -> None:
     """Bypassing the chunk pool: a begin that would share a GPU raises and changes nothing."""
     r, _ = build(specs, 1, 8, False)

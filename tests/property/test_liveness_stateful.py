@@ -43,14 +43,18 @@ REORDERS = {"backfill-srpt"}
 
 
 class SchedulerMachine(RuleBasedStateMachine):
-    @initialize(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=2),
-                policy=st.sampled_from(POLICIES), scoped=st.booleans())
+    @initialize(
+        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=2),
+        policy=st.sampled_from(POLICIES),
+        scoped=st.booleans(),
+    )
     def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
         nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
         self.pool = CorePool("cpu", nodes)
         self.capacity = self.pool.capacity()
-        self.s = Scheduler({"cpu": self.pool}, get_allocator(policy), scoped=scoped,
-                           conserve=False)  # the policy alone must conserve work
+        self.s = Scheduler(
+            {"cpu": self.pool}, get_allocator(policy), scoped=scoped, conserve=False
+        )  # the policy alone must conserve work
         self.sizes = dict(zip(nodes, sizes))
         self.fcfs = policy not in REORDERS
         self.now = 0.0
@@ -82,8 +86,13 @@ class SchedulerMachine(RuleBasedStateMachine):
         aid = f"a{self.n}"
         traj = f"t{node}" if 0 <= node < len(self.sizes) else None
         if elastic:
-            act = Action(aid, {"cpu": (1, k)}, elasticity=Elasticity("cpu", d, amdahl(0.3)),
-                         submit_time=self.now, trajectory=traj)
+            act = Action(
+                aid,
+                {"cpu": (1, k)},
+                elasticity=Elasticity("cpu", d, amdahl(0.3)),
+                submit_time=self.now,
+                trajectory=traj,
+            )
         else:
             act = Action(aid, {"cpu": k}, duration=d, submit_time=self.now, trajectory=traj)
         bound = self.now + self._serial_work()
@@ -120,8 +129,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     def _decide(self) -> None:
         for a in self.s.decide(self.now):
             aid = a.action.id
-            self.ends[aid] = self.now + self.s.estimate(a.action, a.units.get(a.action.key)
-                                                         if a.action.key else None)
+            self.ends[aid] = self.now + self.s.estimate(
+                a.action, a.units.get(a.action.key) if a.action.key else None
+            )
             bound = self.bound.pop(aid)
             assert not self.fcfs or self.now <= bound + 1e-6, (aid, self.now, bound)
 
@@ -154,8 +164,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.pool.free() == self.capacity
 
 
-SchedulerMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
-                                              deadline=None)
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 TestScheduler = SchedulerMachine.TestCase
 
 
@@ -171,9 +182,11 @@ class RuntimeMachine(RuleBasedStateMachine):
     def setup(self, cores: int) -> None:
         self.loop = asyncio.new_event_loop()
         self.cores = cores
-        cpu = CpuManager(SimBackend(sim_duration, time_scale=0.2),
-                         nodes={"n0": CpuNode("n0", {0: tuple(range(cores))})},
-                         memory_mb={"n0": 1 << 20})
+        cpu = CpuManager(
+            SimBackend(sim_duration, time_scale=0.2),
+            nodes={"n0": CpuNode("n0", {0: tuple(range(cores))})},
+            memory_mb={"n0": 1 << 20},
+        )
         self.tg = Tangram(cpu=cpu)
         self.loop.run_until_complete(self.tg.start())
         self.envs: list[str] = []
@@ -189,14 +202,21 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.envs.append(self._run(self.tg.open_env(f"t{self.opened}", 16)))
 
     @precondition(lambda self: self.envs)
-    @rule(data=st.data(), k=st.integers(1, 4), s=st.sampled_from([0.0, 0.01, 0.05]),
-          elastic=st.booleans())
+    @rule(
+        data=st.data(),
+        k=st.integers(1, 4),
+        s=st.sampled_from([0.0, 0.01, 0.05]),
+        elastic=st.booleans(),
+    )
     def exec(self, data, k: int, s: float, elastic: bool) -> None:
         env = data.draw(st.sampled_from(self.envs))
         k = min(k, self.cores)
         cpu = (1, k) if elastic else k
-        self.calls.append(self.loop.create_task(
-            self.tg.exec(env, f"sleep {s}", cpu=cpu, elastic=elastic, timeout=30)))
+        self.calls.append(
+            self.loop.create_task(
+                self.tg.exec(env, f"sleep {s}", cpu=cpu, elastic=elastic, timeout=30)
+            )
+        )
         self._run(asyncio.sleep(0))
 
     @precondition(lambda self: self.calls)
@@ -245,6 +265,5 @@ class RuntimeMachine(RuleBasedStateMachine):
             self.loop.close()
 
 
-RuntimeMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25,
-                                            deadline=None)
+RuntimeMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
 TestRuntime = RuntimeMachine.TestCase

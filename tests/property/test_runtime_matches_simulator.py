@@ -35,7 +35,7 @@ from tangram.runtime.config import DEFAULT_POLICY
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
 
-PRIMES = [p for p in range(2, 2000) if all(p % q for q in range(2, int(p ** 0.5) + 1))]
+PRIMES = [p for p in range(2, 2000) if all(p % q for q in range(2, int(p**0.5) + 1))]
 SERIAL = 0.3
 TIMEOUT = 1000.0
 
@@ -76,8 +76,11 @@ def cluster(nodes: int, cores: int) -> dict[str, CpuNode]:
 
 async def on_runtime(trajs, nodes: int, cores: int, policy: str):
     loop = asyncio.get_running_loop()
-    cpu = CpuManager(SimBackend(duration, time_scale=1.0), nodes=cluster(nodes, cores),
-                     memory_mb={n: 1 << 20 for n in cluster(nodes, cores)})
+    cpu = CpuManager(
+        SimBackend(duration, time_scale=1.0),
+        nodes=cluster(nodes, cores),
+        memory_mb={n: 1 << 20 for n in cluster(nodes, cores)},
+    )
     tg = Tangram(cpu=cpu, policy=policy, clock=loop.time)
     await tg.start()
     t0 = loop.time()
@@ -106,27 +109,46 @@ def on_simulator(trajs, nodes: int, cores: int, policy: str):
         for j, (think, cmd, cpu_, elastic) in enumerate(steps):
             aid, t = f"{tid}.{j}", float(cmd.split()[1])
             if elastic:
-                act = Action(aid, {"cpu": cpu_},
-                             elasticity=Elasticity("cpu", t, lambda m: 1 / (m * (
-                                 SERIAL + (1 - SERIAL) / m))),
-                             trajectory=tid, kind=exec_kind(tid, cmd), timeout=TIMEOUT)
+                act = Action(
+                    aid,
+                    {"cpu": cpu_},
+                    elasticity=Elasticity(
+                        "cpu", t, lambda m: 1 / (m * (SERIAL + (1 - SERIAL) / m))
+                    ),
+                    trajectory=tid,
+                    kind=exec_kind(tid, cmd),
+                    timeout=TIMEOUT,
+                )
             else:
-                act = Action(aid, {"cpu": cpu_}, duration=t, trajectory=tid,
-                             kind=exec_kind(tid, cmd), timeout=TIMEOUT)
+                act = Action(
+                    aid,
+                    {"cpu": cpu_},
+                    duration=t,
+                    trajectory=tid,
+                    kind=exec_kind(tid, cmd),
+                    timeout=TIMEOUT,
+                )
             ss.append(Step(think, act))
         out.append(Trajectory(tid, "t", start, tuple(ss)))
 
     def pools():
         return {"cpu": CorePool("cpu", cluster(nodes, cores))}
+
     w = Workload("prop", tuple(out), pools, None)
     r = run(w, Policy(policy, get_allocator(policy), EnvironmentStart(0.0)))
-    return {(aid.rsplit(".", 1)[0], int(aid.rsplit(".", 1)[1])): (x.start, x.units["cpu"])
-            for aid, x in r.records.items()}
+    return {
+        (aid.rsplit(".", 1)[0], int(aid.rsplit(".", 1)[1])): (x.start, x.units["cpu"])
+        for aid, x in r.records.items()
+    }
 
 
 @settings(max_examples=40, deadline=None)
-@given(raw=st.lists(trajectory, min_size=1, max_size=5), nodes=st.integers(1, 2),
-       cores=st.integers(1, 4), policy=st.sampled_from(["heuristic", "backfill-srpt", "min"]))
+@given(
+    raw=st.lists(trajectory, min_size=1, max_size=5),
+    nodes=st.integers(1, 2),
+    cores=st.integers(1, 4),
+    policy=st.sampled_from(["heuristic", "backfill-srpt", "min"]),
+)
 def test_runtime_on_virtual_time_grants_what_the_simulator_grants(raw, nodes, cores, policy):
     """Also on two nodes: both open a trajectory's environment by the CPU manager's rule."""
     trajs = plan(raw, cores)

@@ -20,15 +20,24 @@ def instances(draw, chunks=True):
     units = draw(st.integers(1, 8))
     res = {"cpu": {"topology": "flat", "units": units}}
     if chunks:
-        res["gpu"] = {"topology": "chunks", "nodes": draw(st.integers(1, 2)),
-                      "gpus_per_node": draw(st.sampled_from([2, 4, 8]))}
+        res["gpu"] = {
+            "topology": "chunks",
+            "nodes": draw(st.integers(1, 2)),
+            "gpus_per_node": draw(st.sampled_from([2, 4, 8])),
+        }
     acts = []
     for i in range(draw(st.integers(1, 12))):
         arrival = draw(st.sampled_from([0.0, 0.0, 0.5, 1.0, 2.5]))
         if chunks and draw(st.booleans()):
             g = res["gpu"]["gpus_per_node"]
-            amounts = draw(st.lists(st.sampled_from([a for a in (1, 2, 4, 8) if a <= g]),
-                                    min_size=1, max_size=3, unique=True))
+            amounts = draw(
+                st.lists(
+                    st.sampled_from([a for a in (1, 2, 4, 8) if a <= g]),
+                    min_size=1,
+                    max_size=3,
+                    unique=True,
+                )
+            )
             a = {"id": f"a{i}", "arrival": arrival, "demand": {"gpu": sorted(amounts)}}
             key = "gpu"
         else:
@@ -36,8 +45,11 @@ def instances(draw, chunks=True):
             a = {"id": f"a{i}", "arrival": arrival, "demand": {"cpu": sorted(amounts)}}
             key = "cpu"
         if draw(st.booleans()):
-            a.update(key=key, t_ori=draw(st.floats(0.5, 10)),
-                     efficiency={str(m): draw(st.floats(0.3, 1.0)) for m in amounts})
+            a.update(
+                key=key,
+                t_ori=draw(st.floats(0.5, 10)),
+                efficiency={str(m): draw(st.floats(0.3, 1.0)) for m in amounts},
+            )
         else:
             a["duration"] = draw(st.floats(0.1, 5))
         acts.append(a)
@@ -89,15 +101,18 @@ def test_checker_rejects_double_booking():
     pools = {"gpu": ChunkPool("gpu", {"n0": ChunkTree(4, "n0")})}
     a = Action("a", {"gpu": [2]}, duration=1)
     b = Action("b", {"gpu": [2]}, duration=1)
-    ok = [Assignment(a, {"gpu": 2}, {"gpu": Placement("n0", chunk=(0, 2))}),
-          Assignment(b, {"gpu": 2}, {"gpu": Placement("n0", chunk=(2, 4))})]
+    ok = [
+        Assignment(a, {"gpu": 2}, {"gpu": Placement("n0", chunk=(0, 2))}),
+        Assignment(b, {"gpu": 2}, {"gpu": Placement("n0", chunk=(2, 4))}),
+    ]
     check_assignments(pools, ok)
     clash = [ok[0], Assignment(b, {"gpu": 2}, {"gpu": Placement("n0", chunk=(0, 2))})]
     with pytest.raises(InvariantError):
         check_assignments(pools, clash)
     with pytest.raises(InvariantError):  # 3 is not an allowed amount
         check_assignments(
-            pools, [Assignment(a, {"gpu": 4}, {"gpu": Placement("n0", chunk=(0, 4))})])
+            pools, [Assignment(a, {"gpu": 4}, {"gpu": Placement("n0", chunk=(0, 4))})]
+        )
     unaligned = [Assignment(a, {"gpu": 2}, {"gpu": Placement("n0", chunk=(1, 3))})]
     with pytest.raises(InvariantError):
         check_assignments(pools, unaligned)
@@ -112,10 +127,19 @@ def elastic_batch(draw):
         amounts = sorted({1, *draw(st.lists(st.integers(1, units), max_size=4))})
         alpha = draw(st.floats(0.0, 0.3))  # Amdahl serial fraction
         eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
-        acts.append({"id": f"a{i}", "arrival": 0.0, "key": "cpu", "demand": {"cpu": amounts},
-                     "t_ori": draw(st.floats(1, 10)), "efficiency": eff})
-    return parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},
-                           "actions": acts})
+        acts.append(
+            {
+                "id": f"a{i}",
+                "arrival": 0.0,
+                "key": "cpu",
+                "demand": {"cpu": amounts},
+                "t_ori": draw(st.floats(1, 10)),
+                "efficiency": eff,
+            }
+        )
+    return parse_instance(
+        {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
+    )
 
 
 # a quality check, not a proved bound: fresh examples every run, the worst found kept
@@ -152,10 +176,21 @@ def test_heuristic_beats_min_on_average():
             amounts = sorted({1, *[rng.randint(1, units) for _ in range(rng.randint(0, 4))]})
             alpha = rng.uniform(0, 0.3)
             eff = {str(m): amdahl_efficiency(m, alpha) for m in amounts}
-            acts.append({"id": f"a{i}", "arrival": t, "key": "cpu", "demand": {"cpu": amounts},
-                         "t_ori": rng.uniform(1, 10), "efficiency": eff})
-        inst = parse_instance({"resources": {"cpu": {"topology": "flat", "units": units}},
-                               "actions": acts})
-        ratios.append(simulate(inst, get_allocator("heuristic")).total_act
-                      / simulate(inst, get_allocator("min")).total_act)
+            acts.append(
+                {
+                    "id": f"a{i}",
+                    "arrival": t,
+                    "key": "cpu",
+                    "demand": {"cpu": amounts},
+                    "t_ori": rng.uniform(1, 10),
+                    "efficiency": eff,
+                }
+            )
+        inst = parse_instance(
+            {"resources": {"cpu": {"topology": "flat", "units": units}}, "actions": acts}
+        )
+        ratios.append(
+            simulate(inst, get_allocator("heuristic")).total_act
+            / simulate(inst, get_allocator("min")).total_act
+        )
     assert sum(ratios) / len(ratios) < 0.95

@@ -20,8 +20,11 @@ from topology import CpuNode
 
 
 class ShardedMachine(SchedulerMachine):
-    @initialize(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-                policy=st.sampled_from(POLICIES), scoped=st.just(True))
+    @initialize(
+        sizes=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+        policy=st.sampled_from(POLICIES),
+        scoped=st.just(True),
+    )
     def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
         nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
         self.pool = CorePool("cpu", nodes)
@@ -72,6 +75,5 @@ class ShardedMachine(SchedulerMachine):
                 self.s.close()
 
 
-ShardedMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=30,
-                                            deadline=None)
+ShardedMachine.TestCase.settings = settings(max_examples=20, stateful_step_count=30, deadline=None)
 TestShardedScheduler = ShardedMachine.TestCase

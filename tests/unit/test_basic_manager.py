@@ -80,10 +80,15 @@ def test_failures_are_outcomes():
     asyncio.run(go())
 
 
-@pytest.mark.parametrize("kw,field", [
-    ({}, "limits"), ({"concurrency": 0}, "limits.concurrency"),
-    ({"quota": 2, "period_s": 0}, "limits.period_s"), ({"quota": True}, "limits.quota"),
-])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({}, "limits"),
+        ({"concurrency": 0}, "limits.concurrency"),
+        ({"quota": 2, "period_s": 0}, "limits.period_s"),
+        ({"quota": True}, "limits.quota"),
+    ],
+)
 def test_limits_validation(kw, field):
     with pytest.raises(ValidationError, match=field):
         Limits(**kw)

@@ -50,8 +50,10 @@ def test_an_attached_table_is_the_answer_and_own_binds_stay_apart(steps):
         elif op == "unbind":
             b.unbind(t)  # drops its own binds; the owner's stay until the environment closes
             model_api.pop(t, None)
-        expected = {**{(t, "cpu"): n for t, n in model_cpu.items()},
-                    **{(t, "api"): n for t, n in model_api.items()}}
+        expected = {
+            **{(t, "cpu"): n for t, n in model_cpu.items()},
+            **{(t, "api"): n for t, n in model_api.items()},
+        }
         assert dict(b) == expected and len(b) == len(expected)
         assert all(b.get(k) == v and k in b for k, v in expected.items())
 
@@ -67,9 +69,11 @@ def test_a_binding_that_disagrees_with_the_environment_is_an_invariant_error():
 
 
 def test_the_runtime_scheduler_reads_the_managers_environments():
-    cpu = CpuManager(SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1)}),
-                                          "n1": CpuNode("n1", {0: (0, 1)})},
-                     memory_mb={"n0": 4096, "n1": 4096})
+    cpu = CpuManager(
+        SimBackend(),
+        nodes={"n0": CpuNode("n0", {0: (0, 1)}), "n1": CpuNode("n1", {0: (0, 1)})},
+        memory_mb={"n0": 4096, "n1": 4096},
+    )
     tg = Tangram(cpu=cpu, policy="heuristic")
 
     async def go():

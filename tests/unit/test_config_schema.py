@@ -19,11 +19,31 @@ GOOD = {
     "policy": {"name": "heuristic"},
     "idle_env_s": 600,
     "cpu": {"backend": "sim", "options": {}, "disk_mb": 512},
-    "gpu": {"backend": "sim", "nodes": 2, "gpus_per_node": 4, "memory_gb": 80,
-            "services": {"judge": {"memory_gb": 16, "dops": [1, 2],
-                                   "infer_s": {1: 0.4, 2: 0.25}, "restore_s": 0.5}}},
-    "apis": {"search": {"url": "http://127.0.0.1:9/s", "concurrency": 4, "quota": 20,
-                        "period_s": 1.0, "timeout_s": 10, "retries": 2, "learn": True}},
+    "gpu": {
+        "backend": "sim",
+        "nodes": 2,
+        "gpus_per_node": 4,
+        "memory_gb": 80,
+        "services": {
+            "judge": {
+                "memory_gb": 16,
+                "dops": [1, 2],
+                "infer_s": {1: 0.4, 2: 0.25},
+                "restore_s": 0.5,
+            }
+        },
+    },
+    "apis": {
+        "search": {
+            "url": "http://127.0.0.1:9/s",
+            "concurrency": 4,
+            "quota": 20,
+            "period_s": 1.0,
+            "timeout_s": 10,
+            "retries": 2,
+            "learn": True,
+        }
+    },
 }
 
 # (path, wrong values for it): positive numbers, counts, flags, strings, mappings
@@ -76,16 +96,35 @@ def test_every_bad_leaf_is_named_by_its_path(data):
 
 
 @settings(max_examples=60)
-@given(where=st.sampled_from([(), ("cpu",), ("gpu",), ("gpu", "services", "judge"),
-                              ("apis", "search")]),
-       key=st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12))
+@given(
+    where=st.sampled_from(
+        [(), ("cpu",), ("gpu",), ("gpu", "services", "judge"), ("apis", "search")]
+    ),
+    key=st.text("abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=12),
+)
 def test_an_unknown_key_is_named_with_the_keys_allowed_there(where, key):
     node = GOOD
     for k in where:
         node = node[k]
-    if key in node or key in {"policy", "url", "method", "headers", "quota", "period_s",
-                              "backoff_s", "model", "options", "state_dir", "disk_capacity_mb",
-                              "backend", "services", "apis", "gpu", "cpu", "idle_env_s"}:
+    if key in node or key in {
+        "policy",
+        "url",
+        "method",
+        "headers",
+        "quota",
+        "period_s",
+        "backoff_s",
+        "model",
+        "options",
+        "state_dir",
+        "disk_capacity_mb",
+        "backend",
+        "services",
+        "apis",
+        "gpu",
+        "cpu",
+        "idle_env_s",
+    }:
         return  # a real key: not unknown
     doc = _set(GOOD, (*where, key), 1)
     with pytest.raises(ValidationError) as e:

@@ -53,8 +53,9 @@ def _reset() -> None:
 
 
 def _tangram(policy: str) -> Tangram:
-    cpu = CpuManager(SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})},
-                     memory_mb={"n0": 8192})
+    cpu = CpuManager(
+        SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
+    )
     return Tangram(cpu=cpu, policy=policy)
 
 
@@ -72,8 +73,9 @@ def test_a_slow_decision_leaves_status_and_other_clients_answered():
             env = await tg.open_env("t1")
             run = asyncio.create_task(tg.exec(env, "true", cpu=1))
             await _entered()  # the decision is running now
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(create_app(tg)),
-                                         base_url="http://t") as http:
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(create_app(tg)), base_url="http://t"
+            ) as http:
                 st = (await http.get("/v1/status")).json()
             Gated.log.append("status")
             other = await tg.open_env("t2")  # another client's call
@@ -129,23 +131,42 @@ def test_a_fast_policy_decides_inline():
 def _actions(draw_sizes: list[tuple[int, int, float]]) -> list[Action]:
     out = []
     for i, (lo, hi, d) in enumerate(draw_sizes):
-        out.append(Action(f"a{i}", {"cpu": Demand.range(lo, max(lo, hi)), "api": 1},
-                          duration=d, trajectory=f"t{i % 3}"))
+        out.append(
+            Action(
+                f"a{i}",
+                {"cpu": Demand.range(lo, max(lo, hi)), "api": 1},
+                duration=d,
+                trajectory=f"t{i % 3}",
+            )
+        )
     return out
 
 
 @settings(max_examples=40, deadline=None)
-@given(sizes=st.lists(st.tuples(st.integers(1, 4), st.integers(1, 8),
-                                st.floats(0.1, 5.0)), min_size=1, max_size=12),
-       policy=st.sampled_from(["heuristic", "backfill-srpt", "backfill", "min"]),
-       rounds=st.integers(1, 4))
+@given(
+    sizes=st.lists(
+        st.tuples(st.integers(1, 4), st.integers(1, 8), st.floats(0.1, 5.0)),
+        min_size=1,
+        max_size=12,
+    ),
+    policy=st.sampled_from(["heuristic", "backfill-srpt", "backfill", "min"]),
+    rounds=st.integers(1, 4),
+)
 def test_a_prepared_decision_answers_what_decide_answers(sizes, policy, rounds):
     """The same events through `decide` and through `prepare`/`allocate`/`finish` give the
     same starts in the same order, round after round (completions in between)."""
+
     def scheduler() -> Scheduler:
-        pools = {"cpu": CorePool("cpu", {"n0": CpuNode("n0", {0: (0, 1, 2, 3)}),
-                                         "n1": CpuNode("n1", {0: (0, 1, 2, 3, 4, 5)})}),
-                 "api": FlatPool("api", {"api": 3})}
+        pools = {
+            "cpu": CorePool(
+                "cpu",
+                {
+                    "n0": CpuNode("n0", {0: (0, 1, 2, 3)}),
+                    "n1": CpuNode("n1", {0: (0, 1, 2, 3, 4, 5)}),
+                },
+            ),
+            "api": FlatPool("api", {"api": 3}),
+        }
         s = Scheduler(pools, get_allocator(policy))
         for t, n in (("t0", "n0"), ("t1", "n1"), ("t2", "n0")):
             s.bind(t, "cpu", n)
@@ -160,10 +181,13 @@ def test_a_prepared_decision_answers_what_decide_answers(sizes, policy, rounds):
         got_inline = inline.decide(now)
         prepared = split.prepare(now)
         got_split = [] if prepared is None else split.finish(prepared, prepared.allocate(), now)
-        assert [(a.action.id, dict(a.units), {k: (p.node, p.cores) for k, p in
-                                              a.placement.items()}) for a in got_inline] == \
-               [(a.action.id, dict(a.units), {k: (p.node, p.cores) for k, p in
-                                              a.placement.items()}) for a in got_split]
+        assert [
+            (a.action.id, dict(a.units), {k: (p.node, p.cores) for k, p in a.placement.items()})
+            for a in got_inline
+        ] == [
+            (a.action.id, dict(a.units), {k: (p.node, p.cores) for k, p in a.placement.items()})
+            for a in got_split
+        ]
         assert (inline.rescued, inline.conserved) == (split.rescued, split.conserved)
         for s in (inline, split):  # the oldest running action finishes
             if s.running:
@@ -203,15 +227,17 @@ def test_a_policy_measured_slow_moves_off_the_loop():
 def test_the_exact_policy_decides_off_the_loop_end_to_end():
     """The real CP-SAT policy (`SlowPolicy`) through the runtime: every decision off the loop,
     every action served."""
-    cpu = CpuManager(SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})},
-                     memory_mb={"n0": 8192})
+    cpu = CpuManager(
+        SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
+    )
     tg = Tangram(cpu=cpu, policy="cpsat", policy_options={"time_limit": 1.0})
 
     async def go():
         async with tg:
             envs = [await tg.open_env(f"t{i}") for i in range(3)]
-            return await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 2), elastic=True)
-                                          for e in envs))
+            return await asyncio.gather(
+                *(tg.exec(e, "true", cpu=(1, 2), elastic=True) for e in envs)
+            )
 
     results = asyncio.run(go())
     assert all(r.status == "ok" for r in results), [r.detail for r in results]
@@ -230,6 +256,5 @@ def test_a_placement_on_a_node_lost_during_the_decision_is_dropped_not_an_error(
     pools["gpu"].retire(chosen)  # idle: it leaves the pool at once
     assert chosen not in pools["gpu"].nodes()
     started = s.finish(prepared, answer, 0.1)
-    assert [a.placement["gpu"].node for a in started] == [n for n in ("g0", "g1")
-                                                          if n != chosen]
+    assert [a.placement["gpu"].node for a in started] == [n for n in ("g0", "g1") if n != chosen]
     assert s.rescued == 1 and "a" in s.running

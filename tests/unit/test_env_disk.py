@@ -16,9 +16,12 @@ from topology import CpuNode
 NODES = {"a": CpuNode("a", {0: (0, 1)}), "b": CpuNode("b", {0: (0, 1)})}
 
 
-@given(ops=st.lists(st.tuples(st.sampled_from(["open", "close", "freeze"]),
-                              st.integers(1, 400)), max_size=40),
-       cap=st.integers(100, 1000))
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["open", "close", "freeze"]), st.integers(1, 400)), max_size=40
+    ),
+    cap=st.integers(100, 1000),
+)
 def test_disk_reservations_fit_and_return(ops: list[tuple[str, int]], cap: int) -> None:
     pool = CorePool("cpu", NODES)
     table = EnvironmentTable({"a": 1 << 20, "b": 1 << 20}, {"a": cap, "b": cap})

@@ -2,12 +2,7 @@
 
 from evaluation.baselines import Kubernetes, Serverless, serverless_executors
 from evaluation.closedloop import Policy, run
-from evaluation.experiments.common import (
-    search_baseline,
-    static_gpu,
-    static_policy,
-    tangram,
-)
+from evaluation.experiments.common import search_baseline, static_gpu, static_policy, tangram
 from evaluation.workloads import get_workload
 from solvers import get_allocator
 

@@ -22,8 +22,10 @@ def test_all_registered():
 def test_seed_reproducible_and_different(name):
     a, b = get_workload(name, batch=6, seed=3), get_workload(name, batch=6, seed=3)
     c = get_workload(name, batch=6, seed=4)
-    sig = lambda w: [(t.start, [(s.think_s, s.action.id, s.action.duration_at()) for s in t.steps])
-                     for t in w.trajectories]
+    sig = lambda w: [
+        (t.start, [(s.think_s, s.action.id, s.action.duration_at()) for s in t.steps])
+        for t in w.trajectories
+    ]
     assert sig(a) == sig(b)
     assert sig(a) != sig(c)
 
@@ -47,8 +49,9 @@ def test_source_check_fails_without_a_source_or_a_range():
     class Bad:
         plain: float = 1.0  # no metadata at all
         vague: float = dataclasses.field(default=2.0, metadata={"source": "assumption"})
-        no_range: float = dataclasses.field(default=3.0, metadata={**assumed("x", 0, 1),
-                                                                    "range": None})
+        no_range: float = dataclasses.field(
+            default=3.0, metadata={**assumed("x", 0, 1), "range": None}
+        )
         outside: float = dataclasses.field(default=5.0, metadata=assumed("y", 0.0, 1.0))
         empty: float = dataclasses.field(default=1.0, metadata=src(" "))
         good: float = dataclasses.field(default=0.5, metadata=assumed("z", 0.0, 1.0))

@@ -35,14 +35,18 @@ def test_starts_what_the_optimal_plan_starts_now(name):
 def test_waits_when_starting_now_would_be_worse():
     # A (4 GPUs, 1 s) alone in the queue: it cannot start before r ends, so nothing starts now
     view = gpu_view_with_a_running_half()
-    assert get_allocator("cpsat").allocate(view, [Action("A", {"gpu": 4}, duration=1.0)],
-                                           now=0.0) == []
+    assert (
+        get_allocator("cpsat").allocate(view, [Action("A", {"gpu": 4}, duration=1.0)], now=0.0)
+        == []
+    )
 
 
 def test_core_pool_gets_concrete_cores_that_pass_the_checker():
     pool = CorePool("cpu", {"n0": CpuNode("n0", {0: range(4), 1: range(4, 8)})})
-    queue = [Action(f"c{i}", {"cpu": [1, 2, 4]}, submit_time=0.0,
-                    elasticity=None, duration=1.0) for i in range(3)]
+    queue = [
+        Action(f"c{i}", {"cpu": [1, 2, 4]}, submit_time=0.0, elasticity=None, duration=1.0)
+        for i in range(3)
+    ]
     view = ClusterView({"cpu": pool})
     out = get_allocator("cpsat").allocate(view, queue, now=0.0)
     assert {x.action.id for x in out} == {"c0", "c1", "c2"}

@@ -14,8 +14,23 @@ HOL = Path(__file__).parents[1] / "scenarios" / "backfill_hol.json"
 
 
 def test_gap_json_reports_every_class_and_no_policy_below_the_optimum(capsys):
-    assert main(["--instances", "1", "--size", "4", "--seed", "3", "--time-limit", "20",
-                 "--rows", "--json"]) == 0
+    assert (
+        main(
+            [
+                "--instances",
+                "1",
+                "--size",
+                "4",
+                "--seed",
+                "3",
+                "--time-limit",
+                "20",
+                "--rows",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     classes = {f"{p}/{a}" for p in ("flat", "chunks") for a in ("spread", "bursty", "batch")}
     assert {e["class"] for e in doc["classes"]} == classes

@@ -16,7 +16,7 @@ def test_blocked_node_does_not_stall_other_node():
     s.bind("t1", "cpu", "n1")
     s.submit(Action("big0", {"cpu": 2}, duration=1, trajectory="t0"))
     s.submit(Action("more0", {"cpu": 1}, duration=1, trajectory="t0"))  # n0 now full: waits
-    s.submit(Action("on1", {"cpu": 1}, duration=1, trajectory="t1"))     # other node: starts
+    s.submit(Action("on1", {"cpu": 1}, duration=1, trajectory="t1"))  # other node: starts
     started = {a.action.id: a for a in s.decide(0.0)}
     assert set(started) == {"big0", "on1"}
     assert started["on1"].placement["cpu"].node == "n1"
@@ -28,7 +28,7 @@ def test_unbound_action_does_not_overtake_onto_blocked_node():
     s.bind("t0", "cpu", "n0")
     s.submit(Action("hold0", {"cpu": 1}, duration=1, trajectory="t0"))
     s.submit(Action("need2", {"cpu": 2}, duration=1, trajectory="t0"))  # n0 has 1 free: waits
-    s.submit(Action("free", {"cpu": 1}, duration=1))                     # unbound
+    s.submit(Action("free", {"cpu": 1}, duration=1))  # unbound
     started = {a.action.id: a for a in s.decide(0.0)}
     assert set(started) == {"hold0", "free"}
     assert started["free"].placement["cpu"].node == "n1"  # not the blocked n0

@@ -21,12 +21,14 @@ def _ruff() -> str:
 
 
 def test_the_tree_is_formatted():
-    proc = subprocess.run([_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [_ruff(), "format", "--check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 def test_the_tree_is_lint_clean():
-    proc = subprocess.run([_ruff(), "check", "--no-cache", "."], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [_ruff(), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]

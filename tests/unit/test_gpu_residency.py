@@ -16,8 +16,9 @@ def act(aid: str, service: str, k: int = 1) -> Action:
 
 
 def residency(gpus: int = 1, mem_gb: int = 80, nodes: int = 1, **services: int) -> Residency:
-    reg = ServiceRegistry({n: Service.uniform(n, gb * GB, (1, 2, 4), restore_s=2.0)
-                           for n, gb in services.items()})
+    reg = ServiceRegistry(
+        {n: Service.uniform(n, gb * GB, (1, 2, 4), restore_s=2.0) for n, gb in services.items()}
+    )
     return Residency.uniform({f"g{i}": gpus for i in range(nodes)}, mem_gb * GB, reg)
 
 
@@ -128,8 +129,12 @@ def test_random_eviction_is_seeded_and_only_picks_resident_entries() -> None:
     for _ in range(2):
         reg = ServiceRegistry({n: Service.uniform(n, 30 * GB) for n in "ABCD"})
         r = Residency.uniform({"g0": 1}, 80 * GB, reg, eviction=RandomEviction(7))
-        picks.append([[e.service for e in run(r, act(f"{i}", s), "g0", (0, 1), i).evicted]
-                      for i, s in enumerate("ABCDABCD")])
+        picks.append(
+            [
+                [e.service for e in run(r, act(f"{i}", s), "g0", (0, 1), i).evicted]
+                for i, s in enumerate("ABCDABCD")
+            ]
+        )
     assert picks[0] == picks[1]
 
 
@@ -141,8 +146,10 @@ def test_wait_for_a_busy_resident_copy_only_while_it_beats_a_restore() -> None:
     r.begin(act("x0", "A"), "g0", (0, 1), 0.0)
     busy = [("g0", (0, 1), 0.5)]
     claimed: dict = {}
-    waits = [r.should_wait(act(f"w{i}", "A"), "gpu", "g0", (1, 2), busy, 0.0, claimed, 1.0)
-             for i in range(3)]
+    waits = [
+        r.should_wait(act(f"w{i}", "A"), "gpu", "g0", (1, 2), busy, 0.0, claimed, 1.0)
+        for i in range(3)
+    ]
     assert waits == [True, True, False]
     assert not r.should_wait(act("b", "B"), "gpu", "g0", (1, 2), busy, 0.0, {}, 1.0)
     assert not r.should_wait(act("a", "A"), "gpu", "g0", (0, 1), busy, 0.0, {}, 1.0)

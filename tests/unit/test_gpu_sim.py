@@ -26,12 +26,21 @@ from topology import ChunkTree
 DOC = {
     "resources": {
         "cpu": {"topology": "flat", "units": 4},
-        "gpu": {"topology": "chunks", "nodes": 1, "gpus_per_node": 2, "memory_gb": 80,
-                "services": {"A": {"memory_gb": 60, "restore_s": 2.0},
-                             "B": {"memory_gb": 60, "restore_s": 3.0}}}},
+        "gpu": {
+            "topology": "chunks",
+            "nodes": 1,
+            "gpus_per_node": 2,
+            "memory_gb": 80,
+            "services": {
+                "A": {"memory_gb": 60, "restore_s": 2.0},
+                "B": {"memory_gb": 60, "restore_s": 3.0},
+            },
+        },
+    },
     "actions": [
         {"id": "a", "demand": {"gpu": 1}, "duration": 1, "service": "A"},
-        {"id": "c", "demand": {"cpu": 1}, "duration": 1}],
+        {"id": "c", "demand": {"cpu": 1}, "duration": 1},
+    ],
 }
 
 
@@ -50,8 +59,7 @@ def test_sim_service_model_adds_restore_time_once() -> None:
     assert model.begin(asg, 5.0) == (0.0, False)
     model.end(asg, 6.0)
     cpu = inst.actions[1]
-    assert model.begin(Assignment(cpu, {"cpu": 1}, {"cpu": Placement("node0")}), 0) == (0.0,
-                                                                                           False)
+    assert model.begin(Assignment(cpu, {"cpu": 1}, {"cpu": Placement("node0")}), 0) == (0.0, False)
 
 
 def test_sim_service_model_needs_a_chunk_pool() -> None:
@@ -61,11 +69,19 @@ def test_sim_service_model_needs_a_chunk_pool() -> None:
 
 
 def manager(backend: GpuBackend, gpus: int = 1) -> GpuManager:
-    reg = ServiceRegistry({"A": Service.uniform("A", 60 * GB, infer_s=0.5),
-                           "B": Service.uniform("B", 60 * GB, infer_s=0.5)})
+    reg = ServiceRegistry(
+        {
+            "A": Service.uniform("A", 60 * GB, infer_s=0.5),
+            "B": Service.uniform("B", 60 * GB, infer_s=0.5),
+        }
+    )
     res = Residency.uniform({"g0": gpus}, 80 * GB, reg)
-    return GpuManager(ChunkPool("gpu", {"g0": ChunkTree(gpus, "g0")}), res, backend,
-                      clock=iter(range(1000)).__next__)
+    return GpuManager(
+        ChunkPool("gpu", {"g0": ChunkTree(gpus, "g0")}),
+        res,
+        backend,
+        clock=iter(range(1000)).__next__,
+    )
 
 
 def test_manager_restores_evicts_and_invokes_through_the_backend() -> None:
@@ -85,8 +101,14 @@ def test_manager_restores_evicts_and_invokes_through_the_backend() -> None:
     assert [o.status for o in outs] == ["ok"] * 3
     assert [o.restore_s > 0 for o in outs] == [True, False, True]
     assert outs[1].output["request"] == {"q": 1}
-    assert [c[0] for c in backend.calls] == ["restore", "invoke", "invoke", "evict", "restore",
-                                             "invoke"]
+    assert [c[0] for c in backend.calls] == [
+        "restore",
+        "invoke",
+        "invoke",
+        "evict",
+        "restore",
+        "invoke",
+    ]
     assert backend.deployed == {"A", "B"}
     assert backend.resident == {("B", "g0", (0, 1))}
 

@@ -25,9 +25,11 @@ REQ = {"tokens": [[1, 5, 9, 2], [7, 7, 3]]}
 
 
 def backend() -> TorchBackend:
-    b = create_backend("torch", models={"lm": CFG, "lm2": TinyLMConfig(vocab=64, dim=32,
-                                                                       layers=1, seed=4)},
-                       cpu_stand_in=True)  # CUDA where there is one, else the CPU stands in
+    b = create_backend(
+        "torch",
+        models={"lm": CFG, "lm2": TinyLMConfig(vocab=64, dim=32, layers=1, seed=4)},
+        cpu_stand_in=True,
+    )  # CUDA where there is one, else the CPU stands in
     assert isinstance(b, TorchBackend)
     return b
 
@@ -106,8 +108,9 @@ def test_manager_on_torch_keeps_device_memory_to_the_residency_cache() -> None:
 
 def test_bad_request_is_an_error_outcome_naming_the_field() -> None:
     reg = ServiceRegistry({"lm": torch_service("lm", CFG)})
-    m = GpuManager(ChunkPool("gpu", {"n": ChunkTree(1, "n")}),
-                   Residency.uniform({"n": 1}, GB, reg), backend())
+    m = GpuManager(
+        ChunkPool("gpu", {"n": ChunkTree(1, "n")}), Residency.uniform({"n": 1}, GB, reg), backend()
+    )
     a = Action("x", {"gpu": 1}, duration=1.0, service="lm", payload={"tokens": [[1]]})
     out = asyncio.run(m.run(Assignment(a, {"gpu": 1}, {"gpu": Placement("n", chunk=(0, 1))})))
     assert out.status == "error" and "payload.tokens" in out.detail

@@ -16,27 +16,37 @@ from managers.cpu.pytest_grant.tangram_pytest_grant import workers_to_add
 def test_command_env_is_fixed_and_never_the_servers(monkeypatch):
     monkeypatch.setenv("TANGRAM_TOKEN", "secret")
     env = command_env("env-1", 3, "/work", elastic=False, plugin_dir="/opt/t")
-    assert env == {"PATH": SAFE_PATH, "HOME": "/work", "LANG": "C.UTF-8",
-                   "TANGRAM_ENV_ID": "env-1", "TANGRAM_CPUS": "3", "OMP_NUM_THREADS": "3",
-                   "MKL_NUM_THREADS": "3", "OPENBLAS_NUM_THREADS": "3",
-                   "PYTEST_XDIST_AUTO_NUM_WORKERS": "3"}
+    assert env == {
+        "PATH": SAFE_PATH,
+        "HOME": "/work",
+        "LANG": "C.UTF-8",
+        "TANGRAM_ENV_ID": "env-1",
+        "TANGRAM_CPUS": "3",
+        "OMP_NUM_THREADS": "3",
+        "MKL_NUM_THREADS": "3",
+        "OPENBLAS_NUM_THREADS": "3",
+        "PYTEST_XDIST_AUTO_NUM_WORKERS": "3",
+    }
     elastic = command_env("env-1", 3, "/work", elastic=True, plugin_dir="/opt/t")
     assert elastic["PYTEST_PLUGINS"] == PLUGIN and elastic["PYTHONPATH"] == "/opt/t"
 
 
-@pytest.mark.parametrize("args,cpus,xdist,worker,expected", [
-    (["-q", "tests"], "4", True, False, 4),
-    (["-q"], "4", False, False, 0),          # no xdist: leave pytest alone
-    (["-q"], "1", True, False, 0),           # one core: serial is faster than one worker
-    (["-n", "2"], "4", True, False, 0),      # the command chose
-    (["-n3"], "4", True, False, 0),
-    (["--numprocesses=auto"], "4", True, False, 0),
-    (["-p", "no:xdist"], "4", True, False, 0),
-    (["-q"], "4", True, True, 0),            # inside an xdist worker
-    (["-q"], None, True, False, 0),
-    (["-q"], "x", True, False, 0),
-    (["--new-first"], "2", True, False, 2),  # not a -n
-])
+@pytest.mark.parametrize(
+    "args,cpus,xdist,worker,expected",
+    [
+        (["-q", "tests"], "4", True, False, 4),
+        (["-q"], "4", False, False, 0),  # no xdist: leave pytest alone
+        (["-q"], "1", True, False, 0),  # one core: serial is faster than one worker
+        (["-n", "2"], "4", True, False, 0),  # the command chose
+        (["-n3"], "4", True, False, 0),
+        (["--numprocesses=auto"], "4", True, False, 0),
+        (["-p", "no:xdist"], "4", True, False, 0),
+        (["-q"], "4", True, True, 0),  # inside an xdist worker
+        (["-q"], None, True, False, 0),
+        (["-q"], "x", True, False, 0),
+        (["--new-first"], "2", True, False, 2),  # not a -n
+    ],
+)
 def test_plugin_adds_workers_only_where_it_cannot_break(args, cpus, xdist, worker, expected):
     assert workers_to_add(args, cpus, xdist, worker) == expected
 
@@ -51,12 +61,22 @@ def _pytest_in(folder, tmp_path, block_xdist: bool) -> subprocess.CompletedProce
     (tmp_path / "test_x.py").write_text("def test_one():\n    pass\n")
     block = "import sys; sys.modules['xdist'] = None; " if block_xdist else ""
     code = f"{block}import pytest, sys; sys.exit(pytest.main(['-p', 'no:cacheprovider']))"
-    env = {"PATH": os.environ.get("PATH", SAFE_PATH), "PYTEST_PLUGINS": PLUGIN,
-           "PYTHONPATH": str(folder), "TANGRAM_CPUS": "2"}
+    env = {
+        "PATH": os.environ.get("PATH", SAFE_PATH),
+        "PYTEST_PLUGINS": PLUGIN,
+        "PYTHONPATH": str(folder),
+        "TANGRAM_CPUS": "2",
+    }
     if block_xdist:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_plugin_never_breaks_a_python_without_xdist(tmp_path):

@@ -30,9 +30,12 @@ PARTS = [ROOT / "tangram/runtime/server.py", *sorted((ROOT / "tangram/runtime/ht
 def test_each_part_is_small_and_its_functions_fit_a_screen(path):
     source = path.read_text()
     assert len(source.splitlines()) <= 400
-    long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(ast.parse(source))
-            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-            and n.end_lineno - n.lineno + 1 > 60]
+    long = [
+        (n.name, n.end_lineno - n.lineno + 1)
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.end_lineno - n.lineno + 1 > 60
+    ]
     assert long == []
 
 
@@ -61,19 +64,26 @@ def test_demand_code_item_and_name_bounds_are_shared(over):
     assert _refuses(RunCodeRequest, code="", language="python", cpu=MAX_UNITS + n) is over
     assert _refuses(RunCodeRequest, code="x" * (MAX_CODE + n), language="python") is over
     assert _refuses(RunJupyterRequest, cells=["x" * (MAX_CODE + n)]) is over
-    assert _refuses(RunCodeRequest, code="", language="python",
-                    fetch_files=["f"] * (MAX_ITEMS + n)) is over
+    assert (
+        _refuses(RunCodeRequest, code="", language="python", fetch_files=["f"] * (MAX_ITEMS + n))
+        is over
+    )
     assert _refuses(OpenEnv, trajectory="t" * (MAX_NAME + n)) is over
-    assert _refuses(RunCodeRequest, code="", language="python",
-                    env_id="e" * (MAX_NAME + n)) is over
+    assert _refuses(RunCodeRequest, code="", language="python", env_id="e" * (MAX_NAME + n)) is over
 
 
 # -- errors by type -------------------------------------------------------------------------------
-@pytest.mark.parametrize(("exc", "code"), [
-    (ShuttingDown("Tangram is closing"), 503),  # no "shutting down" in the text: the type counts
-    (LimitReached("out of files"), 503),
-    (TangramError("the runtime is shutting down"), 400),  # the text alone is no longer a 503
-])
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (
+            ShuttingDown("Tangram is closing"),
+            503,
+        ),  # no "shutting down" in the text: the type counts
+        (LimitReached("out of files"), 503),
+        (TangramError("the runtime is shutting down"), 400),  # the text alone is no longer a 503
+    ],
+)
 def test_each_error_answers_its_code_by_type(exc, code):
     app = server.create_app(Tangram(cpu=CpuManager(SimBackend())))
 
@@ -92,6 +102,17 @@ def test_each_error_answers_its_code_by_type(exc, code):
 
 
 def test_the_server_module_still_exports_what_users_imported():
-    for name in ("BodyLimit", "MAX_BODY", "BODY_TIMEOUT_S", "RedactTokens", "create_app",
-                 "serve_in_thread", "main", "DrainingServer", "error", "Exec", "ERRORS"):
+    for name in (
+        "BodyLimit",
+        "MAX_BODY",
+        "BODY_TIMEOUT_S",
+        "RedactTokens",
+        "create_app",
+        "serve_in_thread",
+        "main",
+        "DrainingServer",
+        "error",
+        "Exec",
+        "ERRORS",
+    ):
         assert hasattr(server, name), name

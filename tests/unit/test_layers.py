@@ -84,26 +84,37 @@ def test_no_import_goes_up_or_sideways():
 
 
 def test_no_function_local_import_of_a_project_module():
-    bad = [f"{name}:{line} imports {target} inside a function"
-           for name, path in modules().items()
-           for target, line, local, _ in imports(name, path)
-           if local]
+    bad = [
+        f"{name}:{line} imports {target} inside a function"
+        for name, path in modules().items()
+        for target, line, local, _ in imports(name, path)
+        if local
+    ]
     assert not bad, "\n".join(bad)
 
 
 def test_the_torch_modules_import_without_torch():
     """torch is imported on first use inside them, so callers import them at their top."""
-    code = ("import sys; import managers.gpu.torch_backend, managers.gpu.tinylm; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys; import managers.gpu.torch_backend, managers.gpu.tinylm; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 0, done.stderr
 
 
 def test_no_import_circle():
     mods = modules()
-    graph = {n: {t for t, _, _, tc in imports(n, p) if not tc and t in mods}
-             for n, p in mods.items()}
+    graph = {
+        n: {t for t, _, _, tc in imports(n, p) if not tc and t in mods} for n, p in mods.items()
+    }
     # a package importing its own submodules is not a circle; a submodule importing its package
     # back (or any longer loop) is
     state: dict[str, int] = {}
@@ -115,7 +126,7 @@ def test_no_import_circle():
             if t == n or t.startswith(n + "."):
                 continue
             if state.get(t) == 1:
-                cycles.append(stack[stack.index(t):] + [t] if t in stack else [n, t])
+                cycles.append(stack[stack.index(t) :] + [t] if t in stack else [n, t])
             elif t not in state:
                 visit(t, stack + [t])
         state[n] = 2
@@ -127,12 +138,13 @@ def test_no_import_circle():
 
 
 def test_importing_the_core_loads_no_higher_layer():
-    code = ("import sys, tangram, tangram.scheduler, tangram.instance;"
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('solvers', 'managers', 'evaluation') or m.startswith('tangram.runtime')];"
-            "print(bad); sys.exit(1 if bad else 0)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=ROOT)
+    code = (
+        "import sys, tangram, tangram.scheduler, tangram.instance;"
+        "bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('solvers', 'managers', 'evaluation') or m.startswith('tangram.runtime')];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -148,8 +160,14 @@ def test_every_core_module_is_under_the_core_contract():
     import tomllib
 
     doc = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    contract = next(c for c in doc["tool"]["importlinter"]["contracts"]
-                    if c["name"].startswith("the tangram core"))
-    core = {n for n in modules() if n.startswith("tangram.")
-            and not n.startswith(("tangram.runtime", "tangram.adapters"))}
+    contract = next(
+        c
+        for c in doc["tool"]["importlinter"]["contracts"]
+        if c["name"].startswith("the tangram core")
+    )
+    core = {
+        n
+        for n in modules()
+        if n.startswith("tangram.") and not n.startswith(("tangram.runtime", "tangram.adapters"))
+    }
     assert core <= set(contract["source_modules"]), sorted(core - set(contract["source_modules"]))

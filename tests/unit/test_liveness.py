@@ -19,8 +19,13 @@ def pool(**nodes: int) -> CorePool:
 
 
 def elastic(aid: str, lo: int, hi: int, t_ori: float, t: float = 0.0, traj: str | None = None):
-    return Action(aid, {"cpu": (lo, hi)}, elasticity=Elasticity("cpu", t_ori, amdahl(0.25)),
-                  submit_time=t, trajectory=traj)
+    return Action(
+        aid,
+        {"cpu": (lo, hi)},
+        elasticity=Elasticity("cpu", t_ori, amdahl(0.25)),
+        submit_time=t,
+        trajectory=traj,
+    )
 
 
 def fixed(aid: str, k: int, d: float, t: float = 0.0, traj: str | None = None) -> Action:
@@ -110,14 +115,15 @@ def test_multi_node_instance_binds_actions_and_the_exact_solver_agrees():
     from tangram.instance import load_instance, parse_instance
 
     inst = load_instance(Path(__file__).parents[1] / "scenarios" / "multi_node_bound.json")
-    assert inst.bindings == {("s1", "cpu"): "small", ("s2", "cpu"): "small",
-                             ("b1", "cpu"): "big"}
+    assert inst.bindings == {("s1", "cpu"): "small", ("s2", "cpu"): "small", ("b1", "cpu"): "big"}
     sched = solve_schedule(inst, time_limit=10)
     assert sched.total_act == pytest.approx(9.5)  # s2 (1 s) before s1 on the small node
     where = {e.action.id: e.placement["cpu"].node for e in sched.entries}
     assert where["s1"] == where["s2"] == "small" and where["b1"] == "big"
-    doc = {"resources": {"cpu": {"topology": "flat", "nodes": {"big": 4, "small": 2}}},
-           "actions": [{"id": "x", "node": "small", "demand": {"cpu": [3]}, "duration": 1}]}
+    doc = {
+        "resources": {"cpu": {"topology": "flat", "nodes": {"big": 4, "small": 2}}},
+        "actions": [{"id": "x", "node": "small", "demand": {"cpu": [3]}, "duration": 1}],
+    }
     with pytest.raises(Infeasible, match="small"):
         parse_instance(doc)
 
@@ -147,8 +153,11 @@ def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
         return float(words[1]) if words[0] == "sleep" else 0.0
 
     async def main():
-        cpu = CpuManager(SimBackend(seconds, time_scale=1.0),
-                         nodes={"n0": CpuNode("n0", {0: (0, 1)})}, memory_mb={"n0": 4096})
+        cpu = CpuManager(
+            SimBackend(seconds, time_scale=1.0),
+            nodes={"n0": CpuNode("n0", {0: (0, 1)})},
+            memory_mb={"n0": 4096},
+        )
         # FCFS without backfilling, so the small action really waits behind the head
         async with Tangram(cpu=cpu, policy="heuristic") as tg:
             a, b, c = [await tg.open_env(f"t{i}", 64) for i in range(3)]
@@ -218,8 +227,11 @@ def test_a_put_off_action_keeps_its_place():
     s = Scheduler({"cpu": pool(n0=6)}, get_allocator("heuristic"), conserve=False)
     s.submit(fixed("x", 3, 1.0))
     assert started(s, 0.0) == ["x"]
-    s.submit(Action("e", {"cpu": (1, 6)}, elasticity=Elasticity("cpu", 8.0, lambda m: 1.0),
-                    submit_time=0.0))
+    s.submit(
+        Action(
+            "e", {"cpu": (1, 6)}, elasticity=Elasticity("cpu", 8.0, lambda m: 1.0), submit_time=0.0
+        )
+    )
     s.submit(fixed("late", 1, 4.0))
     s.submit(fixed("quick", 1, 0.5))
     assert started(s, 0.0) == ["quick"]
@@ -235,8 +247,13 @@ def test_a_put_off_action_whose_units_are_free_now_starts_now():
     """The 3-core counterexample of issue 21 (tests/scenarios/conservation_three_cores.json):
     a1 (1 or 2 cores) beside two 1-core actions on 3 free cores starts now, beside them."""
     s = Scheduler({"cpu": pool(n0=3)}, get_allocator("heuristic"), conserve=False)
-    s.submit(Action("a1", {"cpu": (1, 2)},
-                    elasticity=Elasticity("cpu", 2.0, lambda m: {1: 1.0, 2: 0.769}[m])))
+    s.submit(
+        Action(
+            "a1",
+            {"cpu": (1, 2)},
+            elasticity=Elasticity("cpu", 2.0, lambda m: {1: 1.0, 2: 0.769}[m]),
+        )
+    )
     s.submit(fixed("a2", 1, 1.0))
     s.submit(fixed("a3", 1, 0.5))
     assert sorted(started(s, 0.0)) == ["a1", "a2", "a3"]

@@ -16,15 +16,21 @@ SERVICES = {"s1": {"memory_gb": 60, "restore_s": 2.0}, "s2": {"memory_gb": 60, "
 
 
 def two_pools():
-    pool = {"topology": "chunks", "nodes": 1, "gpus_per_node": 2, "memory_gb": 80,
-            "services": SERVICES}
+    pool = {
+        "topology": "chunks",
+        "nodes": 1,
+        "gpus_per_node": 2,
+        "memory_gb": 80,
+        "services": SERVICES,
+    }
     acts = []
     for r in ("gpu", "tpu"):
         # s1 and s2 each get a GPU at t=0; at t=10 s2 again: its resident GPU is the second,
         # first fit would take the first and restore (evicting s1)
         for i, (t, s) in enumerate([(0.0, "s1"), (0.0, "s2"), (10.0, "s2")]):
-            acts.append({"id": f"{r}{i}", "arrival": t, "demand": {r: [1]}, "duration": 1.0,
-                         "service": s})
+            acts.append(
+                {"id": f"{r}{i}", "arrival": t, "demand": {r: [1]}, "duration": 1.0, "service": s}
+            )
     return parse_instance({"resources": {"gpu": pool, "tpu": pool}, "actions": acts})
 
 

@@ -10,17 +10,12 @@ from hypothesis import strategies as st
 
 from tangram.actions import Action
 from tangram.errors import ValidationError
-from tangram.profiles import (
-    FIT_WINDOW,
-    MAX_KINDS,
-    AmdahlFit,
-    DurationProfiles,
-    exec_kind,
-)
+from tangram.profiles import FIT_WINDOW, MAX_KINDS, AmdahlFit, DurationProfiles, exec_kind
 
 names = st.text(min_size=1, max_size=20)
-commands = st.one_of(st.text(max_size=40), st.lists(st.text(min_size=1, max_size=10),
-                                                   min_size=1, max_size=4))
+commands = st.one_of(
+    st.text(max_size=40), st.lists(st.text(min_size=1, max_size=10), min_size=1, max_size=4)
+)
 
 
 @given(names, names, commands, commands)
@@ -30,8 +25,15 @@ def test_without_a_kind_no_two_trajectories_share_a_key(a, b, ca, cb):
         assert exec_kind(a, ca) != exec_kind(b, cb)
 
 
-@given(names, names, commands, commands, st.text(min_size=1, max_size=30).filter(
-    lambda k: not any(ord(c) < 32 or ord(c) == 127 for c in k)))
+@given(
+    names,
+    names,
+    commands,
+    commands,
+    st.text(min_size=1, max_size=30).filter(
+        lambda k: not any(ord(c) < 32 or ord(c) == 127 for c in k)
+    ),
+)
 def test_a_trusted_kind_is_shared_and_never_collides_with_a_commands_word(a, b, ca, cb, kind):
     assert exec_kind(a, ca, kind) == exec_kind(b, cb, kind)
     assert exec_kind(a, ca, kind) != exec_kind(a, ca)

@@ -12,8 +12,11 @@ from tangram.runtime.ray_remote import RemoteAgent
 def _methods(cls: type) -> dict[str, list[str]]:
     """Public methods and their parameters (less the tracing one `ray.remote` adds to a class
     it has made an actor, in a process where that happened)."""
-    return {n: [p for p in inspect.signature(f).parameters if p != "_ray_trace_ctx"]
-            for n, f in vars(cls).items() if inspect.isfunction(f) and not n.startswith("_")}
+    return {
+        n: [p for p in inspect.signature(f).parameters if p != "_ray_trace_ctx"]
+        for n, f in vars(cls).items()
+        if inspect.isfunction(f) and not n.startswith("_")
+    }
 
 
 def test_the_remote_agent_mirrors_the_node_agent():

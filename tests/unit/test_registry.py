@@ -29,6 +29,7 @@ def test_lookup_order_and_laziness():
     assert r.module_of("path") == "json"
     import json
     import os
+
     assert r.get("path") is json.dumps and r.get("nested") is os.path.join
     assert r.get("nope") is None
     marker = object()
@@ -84,12 +85,17 @@ def test_a_source_checkout_without_metadata_finds_the_builtins(tmp_path):
     """)
     fake = _site_without_this_distribution(tmp_path)
     tree = tmp_path / "checkout"  # the packages only: an editable install leaves its
-    tree.mkdir()                  # *.egg-info in the source tree, which would be metadata
+    tree.mkdir()  # *.egg-info in the source tree, which would be metadata
     for package in ("tangram", "solvers", "managers", "topology", "evaluation"):
         (tree / package).symlink_to(ROOT / package)
-    done = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=120,
-                          env={"PYTHONPATH": f"{tree}:{fake}", "PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={"PYTHONPATH": f"{tree}:{fake}", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     allocator, backends, commands = done.stdout.split("\n")[:3]
     assert allocator == "BackfillSrptAllocator"
@@ -102,11 +108,15 @@ def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path):
     policy and a CPU backend without any code of ours naming them."""
     dist = tmp_path / "tangram_plugin_demo-0.1.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: tangram-plugin-demo\n"
-                                   "Version: 0.1\n")
-    (dist / "entry_points.txt").write_text("[tangram.policies]\nmine = plugin_demo:Mine\n\n"
-                                           "[tangram.cpu_backends]\nnull = plugin_demo:Null\n")
-    (tmp_path / "plugin_demo.py").write_text(textwrap.dedent("""
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: tangram-plugin-demo\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[tangram.policies]\nmine = plugin_demo:Mine\n\n"
+        "[tangram.cpu_backends]\nnull = plugin_demo:Null\n"
+    )
+    (tmp_path / "plugin_demo.py").write_text(
+        textwrap.dedent("""
         from dataclasses import dataclass
         from managers.cpu.backends.sim import SimBackend
         from solvers.minimal import MinAllocator
@@ -117,14 +127,22 @@ def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path):
 
         class Null(SimBackend):
             name = "null"
-    """))
-    code = ("from solvers.registry import get_allocator, available, runtime_policies\n"
-            "from managers.cpu.backends import create\n"
-            "a = get_allocator('mine', knob=3)\n"
-            "assert a.knob == 3 and 'mine' in available() and 'mine' not in runtime_policies()\n"
-            "print(type(a).__name__, create('null').name)\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, text=True,
-                          capture_output=True, timeout=120,
-                          env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"})
+    """)
+    )
+    code = (
+        "from solvers.registry import get_allocator, available, runtime_policies\n"
+        "from managers.cpu.backends import create\n"
+        "a = get_allocator('mine', knob=3)\n"
+        "assert a.knob == 3 and 'mine' in available() and 'mine' not in runtime_policies()\n"
+        "print(type(a).__name__, create('null').name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={"PYTHONPATH": f"{tmp_path}:{ROOT}", "PATH": "/usr/bin:/bin"},
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["Mine", "null"]

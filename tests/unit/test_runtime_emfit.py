@@ -21,8 +21,11 @@ def slower_with_cores(command, cores: int) -> float:
 
 def test_elastic_exec_follows_the_fitted_curve_not_the_prior():
     async def main():
-        cpu = CpuManager(SimBackend(slower_with_cores, time_scale=1.0),
-                         nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 4096})
+        cpu = CpuManager(
+            SimBackend(slower_with_cores, time_scale=1.0),
+            nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})},
+            memory_mb={"n0": 4096},
+        )
         async with Tangram(cpu=cpu, policy="heuristic") as tg:
             env = await tg.open_env("t0", 64)
             first = await tg.exec(env, "tool run", cpu=(1, 4), elastic=True)

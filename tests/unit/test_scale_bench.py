@@ -76,10 +76,27 @@ def _alive(pid: int) -> bool:
 def test_a_killed_bench_leaves_no_process():
     """SIGKILL the bench while its run process and four shard processes work: they all go."""
     bench = subprocess.Popen(
-        [sys.executable, "-m", "evaluation.benches.scale", "--sizes", "512", "--configs",
-         "heuristic/sharded", "--nodes-per-shard", "1", "--warmup", "1", "--window", "100000"],
-        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "evaluation.benches.scale",
+            "--sizes",
+            "512",
+            "--configs",
+            "heuristic/sharded",
+            "--nodes-per-shard",
+            "1",
+            "--warmup",
+            "1",
+            "--window",
+            "100000",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         seen: set[int] = set()
         for _ in range(600):  # until the run process and its 4 shards exist (at most 60 s)

@@ -54,17 +54,34 @@ def test_contiguous_layout_and_routes():
         ShardLayout.contiguous(["cpu"], ["n0"], 2)
 
 
-@pytest.mark.parametrize("efficiency", [{1: 1, 2: .9, 4: .7}, lambda m: {1: 1, 2: .9, 4: .7}[m]])
+@pytest.mark.parametrize(
+    "efficiency", [{1: 1, 2: 0.9, 4: 0.7}, lambda m: {1: 1, 2: 0.9, 4: 0.7}[m]]
+)
 def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
-    a = Action("r", {"cpu": [1, 2, 4]}, elasticity=Elasticity("cpu", 3.0, efficiency),
-               trajectory="t", kind="reward", submit_time=2.5, payload=object())
+    a = Action(
+        "r",
+        {"cpu": [1, 2, 4]},
+        elasticity=Elasticity("cpu", 3.0, efficiency),
+        trajectory="t",
+        kind="reward",
+        submit_time=2.5,
+        payload=object(),
+    )
     b = pickle.loads(wire_dumps(a))
     assert b.payload is None  # a shard decides; the router keeps what runs
-    assert (b.id, b.trajectory, b.kind, b.submit_time, dict(b.mins)) == ("r", "t", "reward",
-                                                                         2.5, {"cpu": 1})
+    assert (b.id, b.trajectory, b.kind, b.submit_time, dict(b.mins)) == (
+        "r",
+        "t",
+        "reward",
+        2.5,
+        {"cpu": 1},
+    )
     assert b.options == a.options and b.duration_at(4) == a.duration_at(4)
     assert list(b.option_arrays[0]) == [1, 2, 4] and dict(b.elasticity.efficiency) == {
-        1: 1, 2: .9, 4: .7}
+        1: 1,
+        2: 0.9,
+        4: 0.7,
+    }
 
 
 # -- the same grants ----------------------------------------------------------------------------
@@ -85,13 +102,14 @@ def test_one_shard_grants_what_the_golden_scheduler_grants(name):
     """With one node shard owning every node (and the GPU on the global shard) every grant,
     in order, is the single scheduler's; that scheduler's policy answers are the golden's."""
     _, drive = CASES[name]
-    workload, params = {"coding-heuristic": ("coding", dict(batch=48, nodes=2, cores_per_node=8,
-                                                               seed=3)),
-                        "mopd+search-heuristic": ("mopd+search", dict(batch=24, gpu_nodes=1,
-                                                                      seed=5))}[name]
+    workload, params = {
+        "coding-heuristic": ("coding", dict(batch=48, nodes=2, cores_per_node=8, seed=3)),
+        "mopd+search-heuristic": ("mopd+search", dict(batch=24, gpu_nodes=1, seed=5)),
+    }[name]
     rec = Recording(get_allocator("heuristic"))
-    single = ClosedLoopSimulator(get_workload(workload, **params),
-                                 Policy(workload, rec, scoped=True, make_scheduler=Logged))
+    single = ClosedLoopSimulator(
+        get_workload(workload, **params), Policy(workload, rec, scoped=True, make_scheduler=Logged)
+    )
     single.run()
     assert rec.lines == GOLDEN[name]
 
@@ -105,9 +123,10 @@ def test_one_shard_grants_what_the_golden_scheduler_grants(name):
             return out
 
     make = functools.partial(LoggedSharded, shards=1)
-    sharded = ClosedLoopSimulator(get_workload(workload, **params),
-                                  Policy(workload, get_allocator("heuristic"), scoped=True,
-                                         make_scheduler=make))
+    sharded = ClosedLoopSimulator(
+        get_workload(workload, **params),
+        Policy(workload, get_allocator("heuristic"), scoped=True, make_scheduler=make),
+    )
     try:
         sharded.run()
     finally:
@@ -118,32 +137,45 @@ def test_one_shard_grants_what_the_golden_scheduler_grants(name):
 def test_grants_equal_on_an_uncontended_cluster():
     """Nodes with room for their trajectories (as in the scale bench): the same grants,
     decision by decision, for the whole run."""
-    c = compare(get_workload("coding", batch=40, nodes=4, cores_per_node=24, seed=2),
-                "heuristic", 4)
+    c = compare(
+        get_workload("coding", batch=40, nodes=4, cores_per_node=24, seed=2), "heuristic", 4
+    )
     assert c.first_difference is None, c.detail
     assert c.decisions > 500 and c.grants > 300
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(nodes=st.integers(2, 4), cores_per_node=st.sampled_from([8, 16, 32]),
-       per_node=st.integers(2, 12), shards=st.integers(2, 4), seed=st.integers(0, 10_000))
+@given(
+    nodes=st.integers(2, 4),
+    cores_per_node=st.sampled_from([8, 16, 32]),
+    per_node=st.integers(2, 12),
+    shards=st.integers(2, 4),
+    seed=st.integers(0, 10_000),
+)
 @example(nodes=4, cores_per_node=16, per_node=16, shards=4, seed=1)  # differs at 63.5 s
-def test_grants_equal_until_the_single_scheduler_strands_a_shard(nodes, cores_per_node,
-                                                                  per_node, shards, seed):
+def test_grants_equal_until_the_single_scheduler_strands_a_shard(
+    nodes, cores_per_node, per_node, shards, seed
+):
     """On any closed-loop stream the router's grants equal one scoped scheduler's, decision by
     decision, up to where the single scheduler leaves a shard's nodes idle while actions bound
     there wait (its liveness rule is global; a shard's is per shard)."""
     shards = min(shards, nodes)
-    c = compare(get_workload("coding", batch=nodes * per_node, nodes=nodes,
-                             cores_per_node=cores_per_node, seed=seed), "heuristic", shards)
+    c = compare(
+        get_workload(
+            "coding", batch=nodes * per_node, nodes=nodes, cores_per_node=cores_per_node, seed=seed
+        ),
+        "heuristic",
+        shards,
+    )
     assert c.first_difference is None or c.stranded, c.detail
     assert c.decisions > 0
 
 
 # -- a shard that dies -----------------------------------------------------------------------
 def _three_waiting(max_restarts: int) -> ShardedScheduler:
-    s = ShardedScheduler({"cpu": cores(2, 4)}, get_allocator("heuristic"), shards=2,
-                         max_restarts=max_restarts)
+    s = ShardedScheduler(
+        {"cpu": cores(2, 4)}, get_allocator("heuristic"), shards=2, max_restarts=max_restarts
+    )
     s.bind("t", "cpu", "n1")
     for i in range(3):
         s.submit(fixed(f"a{i}", 4, "t"))
@@ -183,9 +215,15 @@ def test_a_shard_that_cannot_be_replaced_fails_its_queue_naming_it():
 def test_a_closed_loop_run_survives_a_killed_shard():
     """Mid-run, a shard is SIGKILLed: every action still runs exactly once."""
     w = get_workload("coding", batch=32, nodes=4, cores_per_node=8, seed=7)
-    sim = ClosedLoopSimulator(w, Policy("coding", get_allocator("heuristic"), scoped=True,
-                                        make_scheduler=functools.partial(ShardedScheduler,
-                                                                         shards=2)))
+    sim = ClosedLoopSimulator(
+        w,
+        Policy(
+            "coding",
+            get_allocator("heuristic"),
+            scoped=True,
+            make_scheduler=functools.partial(ShardedScheduler, shards=2),
+        ),
+    )
     killed = []
 
     def kill_once(sched, _cpu):
@@ -224,15 +262,22 @@ def test_tangram_runs_on_shards_and_closes_them():
         return 0.01
 
     async def main():
-        cpu = CpuManager(SimBackend(duration, time_scale=1.0),
-                         nodes={n: CpuNode.flat(n, 2) for n in ("n0", "n1")},
-                         memory_mb={"n0": 4096, "n1": 4096})
+        cpu = CpuManager(
+            SimBackend(duration, time_scale=1.0),
+            nodes={n: CpuNode.flat(n, 2) for n in ("n0", "n1")},
+            memory_mb={"n0": 4096, "n1": 4096},
+        )
         tg = Tangram(cpu=cpu, shards=2)
         await tg.start()
         pids = tg.scheduler.shard_pids()
         envs = [await tg.open_env(f"t{i}", 1024) for i in range(4)]
-        results = await asyncio.gather(*(tg.exec(e, "true", cpu=(1, 2), elastic=True,
-                                                 timeout=10) for e in envs for _ in range(3)))
+        results = await asyncio.gather(
+            *(
+                tg.exec(e, "true", cpu=(1, 2), elastic=True, timeout=10)
+                for e in envs
+                for _ in range(3)
+            )
+        )
         await tg.shutdown()
         return pids, results
 
@@ -266,10 +311,19 @@ class _Switching:
         if self.inner.decisions == self.at and not isinstance(self.inner, ShardedScheduler):
             self.inner = take_over(self.inner, shards=4, kinds=self.kinds)
         out = self.inner.decide(now)
-        self.log.append((now, sorted((a.action.id, tuple(sorted(a.units.items())),
-                                      tuple((r, p.node, p.cores)
-                                            for r, p in sorted(a.placement.items())))
-                                     for a in out)))
+        self.log.append(
+            (
+                now,
+                sorted(
+                    (
+                        a.action.id,
+                        tuple(sorted(a.units.items())),
+                        tuple((r, p.node, p.cores) for r, p in sorted(a.placement.items())),
+                    )
+                    for a in out
+                ),
+            )
+        )
         return out
 
 
@@ -279,8 +333,9 @@ def test_shards_taking_over_mid_run_grant_what_one_process_grants():
     runs = []
     for at in (-1, 200):  # never, and at the 200th decision (running and queued actions)
         make = functools.partial(_Switching, at=at, kinds=kinds)
-        sim = ClosedLoopSimulator(w, Policy("heuristic", get_allocator("heuristic"),
-                                            scoped=True, make_scheduler=make))
+        sim = ClosedLoopSimulator(
+            w, Policy("heuristic", get_allocator("heuristic"), scoped=True, make_scheduler=make)
+        )
         try:
             sim.run()
         finally:

@@ -48,11 +48,14 @@ def test_local_takes_shards_and_refuses_more_than_the_nodes():
     assert e.value.field == "shards" and "more shards than the 1 nodes" in str(e.value)
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["--shards", "-1"], "--shards must be >= 0"),
-    (["--shards", "2", "--config", "x.yaml"], "set `shards: N` in the config file"),
-    (["--shards", "two"], "invalid int value"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--shards", "-1"], "--shards must be >= 0"),
+        (["--shards", "2", "--config", "x.yaml"], "set `shards: N` in the config file"),
+        (["--shards", "two"], "invalid int value"),
+    ],
+)
 def test_serve_refuses_a_bad_shards_flag(argv, says, capsys):
     with pytest.raises(SystemExit) as e:
         server.main(argv)

@@ -38,8 +38,10 @@ from tangram.runtime.snapshot import PoolStatus, StatusSnapshot
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("tangram", "managers", "solvers", "topology", "evaluation")
 # the fields whose values are states, and the values each may take
-STATES = {"status": {str(s) for s in Status} | {str(s) for s in SolveStatus},
-          "order": {str(o) for o in Order}}
+STATES = {
+    "status": {str(s) for s in Status} | {str(s) for s in SolveStatus},
+    "order": {str(o) for o in Order},
+}
 
 
 def _field(node: ast.AST) -> str | None:
@@ -72,19 +74,26 @@ def _state_literals(tree: ast.AST) -> list[tuple[int, str, str]]:
             name = _field(node.func)
             if name == "Result" and node.args:
                 found.append((node.lineno, "status", _literals(node.args[0])))
-            found += [(node.lineno, k.arg, _literals(k.value)) for k in node.keywords
-                      if k.arg in STATES]
+            found += [
+                (node.lineno, k.arg, _literals(k.value)) for k in node.keywords if k.arg in STATES
+            ]
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             for f in {_field(s) for s in sides} & STATES.keys():
                 found += [(node.lineno, f, _literals(s)) for s in sides]
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            found += [(node.lineno, f, _literals(node.value)) for t in targets
-                      if (f := _field(t)) in STATES]
+            found += [
+                (node.lineno, f, _literals(node.value))
+                for t in targets
+                if (f := _field(t)) in STATES
+            ]
         elif isinstance(node, ast.Dict):
-            found += [(node.lineno, k.value, _literals(v)) for k, v in zip(node.keys, node.values)
-                      if isinstance(k, ast.Constant) and k.value in STATES]
+            found += [
+                (node.lineno, k.value, _literals(v))
+                for k, v in zip(node.keys, node.values)
+                if isinstance(k, ast.Constant) and k.value in STATES
+            ]
     return [(line, f, c.value) for line, f, cs in found for c in cs if c.value in STATES[f]]
 
 
@@ -93,8 +102,10 @@ def literal_states() -> list[str]:
     for package in PACKAGES:
         for path in sorted((ROOT / package).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
-            hits += [f"{path.relative_to(ROOT)}:{line}: {f} = {v!r}"
-                     for line, f, v in _state_literals(tree)]
+            hits += [
+                f"{path.relative_to(ROOT)}:{line}: {f} = {v!r}"
+                for line, f, v in _state_literals(tree)
+            ]
     return hits
 
 
@@ -102,23 +113,32 @@ def test_no_state_is_built_from_a_string_literal():
     assert literal_states() == []
 
 
-@pytest.mark.parametrize("source", [
-    'Result("failed", detail="x")',
-    'dataclasses.replace(r, status="cancelled")',
-    'ok = r.status not in ("error", "timeout")',
-    'if s.status == "optimal": pass',
-    'status = "timeout"',
-    'Backfill(order="srpt")',
-    'doc = {"status": "ok"}',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'Result("failed", detail="x")',
+        'dataclasses.replace(r, status="cancelled")',
+        'ok = r.status not in ("error", "timeout")',
+        'if s.status == "optimal": pass',
+        'status = "timeout"',
+        'Backfill(order="srpt")',
+        'doc = {"status": "ok"}',
+    ],
+)
 def test_the_walk_finds_each_kind_of_literal(source):
     assert _state_literals(ast.parse(source)), source
 
 
-@pytest.mark.parametrize("source", [
-    "Result(Status.FAILED)", 'r.detail == "error"', '{"error": "ok"}', 'x = "failed"',
-    'status = Status("ok")',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "Result(Status.FAILED)",
+        'r.detail == "error"',
+        '{"error": "ok"}',
+        'x = "failed"',
+        'status = Status("ok")',
+    ],
+)
 def test_the_walk_leaves_other_strings_alone(source):
     assert not _state_literals(ast.parse(source)), source
 
@@ -138,13 +158,18 @@ def test_an_unknown_status_from_the_wire_names_field_and_value():
     assert err.value.field == "placement.cpu"
 
 
-placements = st.builds(Placement, st.text(min_size=1, max_size=8),
-                       st.lists(st.integers(0, 255), max_size=4).map(tuple),
-                       st.none() | st.tuples(st.integers(0, 7), st.sampled_from([1, 2, 4, 8])))
+placements = st.builds(
+    Placement,
+    st.text(min_size=1, max_size=8),
+    st.lists(st.integers(0, 255), max_size=4).map(tuple),
+    st.none() | st.tuples(st.integers(0, 7), st.sampled_from([1, 2, 4, 8])),
+)
 
 
-@given(st.sampled_from(Status), st.dictionaries(st.sampled_from(["cpu", "gpu", "c2"]),
-                                                placements, max_size=2))
+@given(
+    st.sampled_from(Status),
+    st.dictionaries(st.sampled_from(["cpu", "gpu", "c2"]), placements, max_size=2),
+)
 def test_the_wire_form_round_trips(status, placement):
     """A result keeps its placements as objects; `to_dict` (JSON) and `from_dict` invert."""
     r = Result(status, 0, "out", placement=placement, units={r: 1 for r in placement})
@@ -172,6 +197,7 @@ def test_a_closing_runtime_refuses_with_shutting_down():
         await tg.shutdown()
         with pytest.raises(ShuttingDown):
             await tg.open_env("t")
+
     asyncio.run(scenario())
 
 
@@ -187,8 +213,9 @@ def test_an_unknown_backend_option_names_the_option():
 def test_auto_skips_a_backend_that_does_not_take_an_option():
     """`image` is the docker backend's alone: auto names that every other one skipped it."""
     with pytest.raises(BackendUnavailable) as err:
-        asyncio.run(started(None, image="no-such-image:0",
-                            base_url="unix:///nonexistent/docker.sock"))
+        asyncio.run(
+            started(None, image="no-such-image:0", base_url="unix:///nonexistent/docker.sock")
+        )
     for name in ("bwrap", "cgroup", "affinity", "sim"):
         assert f"{name}: does not take" in str(err.value)
 
@@ -204,6 +231,7 @@ def test_the_status_snapshot_is_typed_and_its_json_round_trips():
     async def scenario() -> StatusSnapshot:
         async with Tangram(cpu=CpuManager(SimBackend())) as tg:
             return tg.status()
+
     snap = asyncio.run(scenario())
     assert isinstance(snap, StatusSnapshot) and isinstance(snap.pools["cpu"], PoolStatus)
     assert snap.cpu_backend == "sim" and snap.queue == snap.running == snap.envs == 0

@@ -26,9 +26,16 @@ def test_estimates_are_clipped_to_the_timeout_truth_is_kept():
         Action("d", {"cpu": 1}, timeout=0)
 
 
-@pytest.mark.parametrize("status,learned", [(Status.OK, 2.0), (Status.ERROR, 2.0),
-                                            (Status.TIMEOUT, 2.0), (Status.FAILED, None),
-                                            (Status.CANCELLED, None)])
+@pytest.mark.parametrize(
+    "status,learned",
+    [
+        (Status.OK, 2.0),
+        (Status.ERROR, 2.0),
+        (Status.TIMEOUT, 2.0),
+        (Status.FAILED, None),
+        (Status.CANCELLED, None),
+    ],
+)
 def test_the_learning_rule(status, learned):
     p = DurationProfiles()
     p.record(Action("a", {"cpu": 1}, kind="k"), {"cpu": 1}, 2.0, status)
@@ -36,8 +43,10 @@ def test_the_learning_rule(status, learned):
 
 
 def test_the_simulator_kills_at_the_timeout_and_learns_it_censored():
-    acts = [Action("slow", {"cpu": 1}, duration=10.0, timeout=3.0, kind="k"),
-            Action("next", {"cpu": 1}, duration=1.0, kind="k", submit_time=0.5)]
+    acts = [
+        Action("slow", {"cpu": 1}, duration=10.0, timeout=3.0, kind="k"),
+        Action("next", {"cpu": 1}, duration=1.0, kind="k", submit_time=0.5),
+    ]
     sim = Simulator({"cpu": FlatPool("cpu", {"n": 1})}, acts, get_allocator("heuristic"))
     res = sim.run()
     slow = res.records["slow"]

@@ -15,12 +15,21 @@ from tangram.adapters import verl as adapter
 from tangram.errors import ValidationError
 from tangram.runtime.facade import Tangram
 
-SCHEMA = {"type": "function", "function": {
-    "name": "bash", "description": "Run a shell command.",
-    "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                   "required": ["command"]}}}
-pytestmark = pytest.mark.skipif(AffinityBackend.probe() is not None,
-                                reason=f"affinity backend: {AffinityBackend.probe()}")
+SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "Run a shell command.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    },
+}
+pytestmark = pytest.mark.skipif(
+    AffinityBackend.probe() is not None, reason=f"affinity backend: {AffinityBackend.probe()}"
+)
 
 
 def schema():
@@ -45,11 +54,15 @@ def runner():
 def test_interface_is_verls():
     """Async create/execute/calc_reward/release with verl's parameters; a real subclass of
     verl's BaseTool when verl imports (else: say what blocked it)."""
-    for name, params in {"create": ["instance_id"], "execute": ["instance_id", "parameters"],
-                         "calc_reward": ["instance_id"], "release": ["instance_id"]}.items():
+    for name, params in {
+        "create": ["instance_id"],
+        "execute": ["instance_id", "parameters"],
+        "calc_reward": ["instance_id"],
+        "release": ["instance_id"],
+    }.items():
         fn = getattr(adapter.TangramTool, name)
         assert inspect.iscoroutinefunction(fn), name
-        assert list(inspect.signature(fn).parameters)[1:1 + len(params)] == params
+        assert list(inspect.signature(fn).parameters)[1 : 1 + len(params)] == params
     if adapter.HAVE_VERL:
         from verl.tools.base_tool import BaseTool
 
@@ -59,8 +72,13 @@ def test_interface_is_verls():
 
 
 def test_tool_lifecycle_runs_actions(runner):
-    config = {"type": "native", "cpu": [1, 2], "timeout": 10, "memory_mb": 64,
-              "reward_command": "test -f marker"}
+    config = {
+        "type": "native",
+        "cpu": [1, 2],
+        "timeout": 10,
+        "memory_mb": 64,
+        "reward_command": "test -f marker",
+    }
     tool = adapter.TangramTool(config, schema(), runner=runner)
     assert tool.name == "bash"
     tg = runner.tangram

@@ -30,13 +30,17 @@ log = logging.getLogger("managers.cpu")
 PREFERENCE = ("bwrap", "cgroup", "docker", "affinity", "sim")
 AUTO = "auto"
 
-BACKENDS: Registry[type[Backend]] = Registry("cpu.backend", {
-    "bwrap": "managers.cpu.backends.bwrap:BwrapBackend",
-    "cgroup": "managers.cpu.backends.cgroup:CgroupBackend",
-    "docker": "managers.cpu.backends.docker:DockerBackend",
-    "affinity": "managers.cpu.backends.affinity:AffinityBackend",
-    "sim": "managers.cpu.backends.sim:SimBackend",
-}, group="tangram.cpu_backends")
+BACKENDS: Registry[type[Backend]] = Registry(
+    "cpu.backend",
+    {
+        "bwrap": "managers.cpu.backends.bwrap:BwrapBackend",
+        "cgroup": "managers.cpu.backends.cgroup:CgroupBackend",
+        "docker": "managers.cpu.backends.docker:DockerBackend",
+        "affinity": "managers.cpu.backends.affinity:AffinityBackend",
+        "sim": "managers.cpu.backends.sim:SimBackend",
+    },
+    group="tangram.cpu_backends",
+)
 
 
 def register(name: str, cls: type[Backend]) -> None:
@@ -49,8 +53,7 @@ def options_of(name: str) -> frozenset[str] | None:
     params = inspect.signature(_backend_class(name)).parameters.values()
     if any(p.kind is p.VAR_KEYWORD for p in params):
         return None
-    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD,
-                                                          p.KEYWORD_ONLY))
+    return frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
 
 
 def unknown_options(name: str, options: Mapping[str, Any]) -> list[str]:
@@ -76,8 +79,12 @@ def create(name: str, **options) -> Backend:
     cls = _backend_class(name)
     unknown = unknown_options(name, options)
     if unknown:
-        raise ValidationError("cpu.options", unknown, f"not options of the {name} backend "
-                              f"(it takes: {', '.join(sorted(options_of(name) or ())) or 'none'})")
+        raise ValidationError(
+            "cpu.options",
+            unknown,
+            f"not options of the {name} backend "
+            f"(it takes: {', '.join(sorted(options_of(name) or ())) or 'none'})",
+        )
     return cls(**options)
 
 
@@ -102,11 +109,25 @@ async def started(preferred: str | None = None, **options) -> Backend:
         except (BackendUnavailable, ValidationError, ImportError) as exc:
             skipped.append(f"{name}: {exc}")
             continue
-        log.info("cpu backend: %s (auto%s)", backend.describe(),
-                 "; skipped " + " | ".join(skipped) if skipped else "")
+        log.info(
+            "cpu backend: %s (auto%s)",
+            backend.describe(),
+            "; skipped " + " | ".join(skipped) if skipped else "",
+        )
         return backend
     raise BackendUnavailable("no CPU backend can run: " + " | ".join(skipped))
 
 
-__all__ = ["AUTO", "BACKENDS", "Backend", "EnvironmentBroken", "NotStarted", "PREFERENCE",
-           "create", "options_of", "register", "started", "unknown_options"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "Backend",
+    "EnvironmentBroken",
+    "NotStarted",
+    "PREFERENCE",
+    "create",
+    "options_of",
+    "register",
+    "started",
+    "unknown_options",
+]

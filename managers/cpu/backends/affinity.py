@@ -50,12 +50,24 @@ class AffinityBackend(Backend):
         self._make_workdir(env)
         self._groups[env.id] = set()
 
-    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                    timeout: float, output_cap: int, elastic: bool) -> Result:
-        return await run_local(argv_of(command), cwd=env.workdir,
-                               env=self._environ(env, cores, elastic), timeout=timeout,
-                               output_cap=output_cap, spawning=lambda: _pinned(set(cores)),
-                               groups=self._groups.setdefault(env.id, set()))
+    async def _exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+    ) -> Result:
+        return await run_local(
+            argv_of(command),
+            cwd=env.workdir,
+            env=self._environ(env, cores, elastic),
+            timeout=timeout,
+            output_cap=output_cap,
+            spawning=lambda: _pinned(set(cores)),
+            groups=self._groups.setdefault(env.id, set()),
+        )
 
     async def _close(self, env: Environment) -> None:
         for group in self._groups.pop(env.id, set()):

@@ -65,8 +65,9 @@ class LimitCounts:
     refused: int = 0  # forks the pids limit refused
 
 
-def name_limits(outcome: Result, before: LimitCounts, after: LimitCounts, memory_mb: int,
-                pids_max: int | None) -> Result:
+def name_limits(
+    outcome: Result, before: LimitCounts, after: LimitCounts, memory_mb: int, pids_max: int | None
+) -> Result:
     """The one rule saying which limit a failed command hit (see the module docstring)."""
     if outcome.status not in (Status.ERROR, Status.TIMEOUT):
         return outcome
@@ -79,16 +80,16 @@ def name_limits(outcome: Result, before: LimitCounts, after: LimitCounts, memory
         else:
             detail += f"; the kernel killed a process of it for memory (limit {memory_mb} MiB)"
     if after.refused > before.refused:
-        detail += (f"; the environment's process limit ({pids_max} pids) refused to start a "
-                   f"process")
+        detail += f"; the environment's process limit ({pids_max} pids) refused to start a process"
     return dataclasses.replace(outcome, detail=detail)
 
 
 def check_pids_max(value: object) -> int:
     """`pids_max` as every backend takes it: processes per environment."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValidationError("cpu.pids_max", value,
-                              "must be a positive integer (processes per environment)")
+        raise ValidationError(
+            "cpu.pids_max", value, "must be a positive integer (processes per environment)"
+        )
     return value
 
 
@@ -145,15 +146,16 @@ class Backend(ABC):
 
     def _require_started(self, what: str) -> None:
         if not self._started:
-            raise NotStarted(f"the {self.name} backend cannot {what} before it is started: "
-                             f"await its start() (CpuManager.start does) first")
+            raise NotStarted(
+                f"the {self.name} backend cannot {what} before it is started: "
+                f"await its start() (CpuManager.start does) first"
+            )
 
     def sweep(self) -> list[str]:
         """Kill and remove what servers that died left behind (their PIDs are gone): called
         once, after `start`, before serving; returns a line per thing swept, for the log."""
         self._require_started("sweep")
-        return self._sweep() + (sweep_workdirs(self.support.parent) if self.support_files
-                                else [])
+        return self._sweep() + (sweep_workdirs(self.support.parent) if self.support_files else [])
 
     def _sweep(self) -> list[str]:
         return []
@@ -182,16 +184,24 @@ class Backend(ABC):
         await self._open(env, cores)
         self._live[env.id] = object()
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+    async def exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool = False,
+    ) -> Result:
         """Run one command confined to `cores`, with the environment of `grant.command_env`
         (never the server's own); `elastic`: let pytest use the cores (see `grant`). See the
         module docstring for the rules around it."""
         self._require_started("run a command")
         live = self._live.get(env.id)
         if live is None:
-            raise EnvironmentBroken(f"environment {env.id} is broken: it is not open in the "
-                                    f"{self.name} backend")
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: it is not open in the {self.name} backend"
+            )
         before = self._limit_counts(env)
         try:
             outcome = await self._exec(env, cores, command, timeout, output_cap, elastic)
@@ -200,12 +210,14 @@ class Backend(ABC):
                 raise
             outcome = Result(Status.CANCELLED)
         if self._live.get(env.id) is not live:
-            return dataclasses.replace(outcome, status=Status.CANCELLED, detail=(
-                f"killed: environment {env.id} was closed while the command ran"))
+            return dataclasses.replace(
+                outcome,
+                status=Status.CANCELLED,
+                detail=(f"killed: environment {env.id} was closed while the command ran"),
+            )
         if outcome.status not in (Status.ERROR, Status.TIMEOUT):
             return outcome  # no limit to name: the counters are not read again
-        return name_limits(outcome, before, self._limit_counts(env), env.memory_mb,
-                           self.pids_max)
+        return name_limits(outcome, before, self._limit_counts(env), env.memory_mb, self.pids_max)
 
     async def close(self, env: Environment) -> None:
         """Kill everything left in the sandbox and remove it. Idempotent; nothing to do
@@ -219,8 +231,15 @@ class Backend(ABC):
         """Create the sandbox of `env`."""
 
     @abstractmethod
-    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                    timeout: float, output_cap: int, elastic: bool) -> Result:
+    async def _exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+    ) -> Result:
         """Run one command in an open environment (see `exec`)."""
 
     @abstractmethod
@@ -235,8 +254,13 @@ class Backend(ABC):
     def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
         """The whole environment of one command: `grant.command_env` with the folders as the
         command sees them."""
-        return command_env(env.id, len(cores), self.inside_work or env.workdir,
-                           elastic=elastic, plugin_dir=self.inside_support or str(self.support))
+        return command_env(
+            env.id,
+            len(cores),
+            self.inside_work or env.workdir,
+            elastic=elastic,
+            plugin_dir=self.inside_support or str(self.support),
+        )
 
     @staticmethod
     def _make_workdir(env: Environment, uid: int | None = None) -> None:
@@ -248,8 +272,10 @@ class Backend(ABC):
                 os.chown(env.workdir, uid, uid)
             os.chmod(env.workdir, 0o700)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot hand the work directory {env.workdir} of "
-                                     f"environment {env.id} to uid {uid} ({exc})") from exc
+            raise BackendUnavailable(
+                f"cannot hand the work directory {env.workdir} of "
+                f"environment {env.id} to uid {uid} ({exc})"
+            ) from exc
 
     @staticmethod
     async def _remove_workdir(env: Environment) -> list[str]:
@@ -272,16 +298,28 @@ class Backend(ABC):
         return self.name
 
 
-def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: bool,
-               timed_out: bool, timeout: float, output_cap: int) -> Result:
+def outcome_of(
+    exit_code: int | None,
+    stdout: bytes,
+    stderr: bytes,
+    truncated: bool,
+    timed_out: bool,
+    timeout: float,
+    output_cap: int,
+) -> Result:
     """Map a finished process to an `Result` whose detail says what happened."""
     out = stdout.decode(errors="replace")
     err = stderr.decode(errors="replace")
     tail = f"; output truncated at {output_cap} bytes per stream" if truncated else ""
     if timed_out:
-        return Result(Status.TIMEOUT, exit_code, out, err,
-                       detail=f"killed at its {timeout:g} s timeout with its whole process "
-                              f"tree{tail}", truncated=truncated)
+        return Result(
+            Status.TIMEOUT,
+            exit_code,
+            out,
+            err,
+            detail=f"killed at its {timeout:g} s timeout with its whole process tree{tail}",
+            truncated=truncated,
+        )
     if exit_code == 0:
         return Result(Status.OK, 0, out, err, detail=f"exit code 0{tail}", truncated=truncated)
     if exit_code is not None and exit_code < 0:
@@ -301,8 +339,13 @@ def outcome_of(exit_code: int | None, stdout: bytes, stderr: bytes, truncated: b
 
 
 def not_found(command: str, exc: OSError) -> Result:
-    return Result(Status.ERROR, 127, "", str(exc), detail=f"exit code 127: command not found "
-                   f"({command!r}: {exc.strerror or exc})")
+    return Result(
+        Status.ERROR,
+        127,
+        "",
+        str(exc),
+        detail=f"exit code 127: command not found ({command!r}: {exc.strerror or exc})",
+    )
 
 
 KillFn = Callable[[], None]

@@ -97,9 +97,14 @@ class BwrapBackend(CgroupBackend):
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
 
-    def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX,
-                 uid_base: int = DEFAULT_UID_BASE, ro_paths: tuple[str, ...] | None = None,
-                 spawner: bool = True) -> None:
+    def __init__(
+        self,
+        parent: str | None = None,
+        pids_max: int = DEFAULT_PIDS_MAX,
+        uid_base: int = DEFAULT_UID_BASE,
+        ro_paths: tuple[str, ...] | None = None,
+        spawner: bool = True,
+    ) -> None:
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
         be anyone's uid); `ro_paths`: the host paths each sandbox sees read-only besides the
         system's (a toolchain under /opt, a virtual environment); default: the server's own
@@ -110,10 +115,12 @@ class BwrapBackend(CgroupBackend):
         if ro_paths is None:
             ro_paths = server_python()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
-            raise ValidationError("cpu.uid_base", uid_base,
-                                  "must be an integer >= 1000 (the first sandbox uid)")
-        if isinstance(ro_paths, str) or not all(isinstance(p, str) and p.startswith("/")
-                                                for p in ro_paths):
+            raise ValidationError(
+                "cpu.uid_base", uid_base, "must be an integer >= 1000 (the first sandbox uid)"
+            )
+        if isinstance(ro_paths, str) or not all(
+            isinstance(p, str) and p.startswith("/") for p in ro_paths
+        ):
             raise ValidationError("cpu.ro_paths", ro_paths, "must be a list of absolute paths")
         super().__init__(parent, pids_max)
         self.uid_base = uid_base
@@ -133,8 +140,9 @@ class BwrapBackend(CgroupBackend):
         self._extra = _extra_binds(self.ro_paths)
         self._bwrap = shutil.which("bwrap") or "bwrap"
         python = os.path.realpath(sys.executable)
-        self._spawner = self._want_spawner and any(python.startswith(p.rstrip("/") + "/")
-                                                   for p in (*self.ro_paths, "/usr"))
+        self._spawner = self._want_spawner and any(
+            python.startswith(p.rstrip("/") + "/") for p in (*self.ro_paths, "/usr")
+        )
 
     @classmethod
     def probe(cls) -> str | None:
@@ -143,18 +151,33 @@ class BwrapBackend(CgroupBackend):
             return why
         missing = [t for t in ("bwrap", "setpriv") if shutil.which(t) is None]
         if missing:
-            return (f"{' and '.join(missing)} not found: install bubblewrap (Debian: "
-                    f"`apt-get install bubblewrap`; setpriv is in util-linux)")
-        trial = ["bwrap", *ISOLATE, "--unshare-net", *_system_binds(()), "--proc", "/proc", "--dev",
-                 "/dev", "--", *_drop_to(DEFAULT_UID_BASE), "/bin/true"]
+            return (
+                f"{' and '.join(missing)} not found: install bubblewrap (Debian: "
+                f"`apt-get install bubblewrap`; setpriv is in util-linux)"
+            )
+        trial = [
+            "bwrap",
+            *ISOLATE,
+            "--unshare-net",
+            *_system_binds(()),
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--",
+            *_drop_to(DEFAULT_UID_BASE),
+            "/bin/true",
+        ]
         try:
             done = subprocess.run(trial, capture_output=True, timeout=10, cwd="/", env={})
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"bwrap could not start a sandbox ({exc})"
         if done.returncode != 0:
-            return (f"bwrap cannot create a sandbox here ({done.stderr.decode().strip()}): it "
-                    f"needs root with CAP_SYS_ADMIN (mount and PID namespaces) and a setpriv "
-                    f"that knows --no-new-privs and --bounding-set (util-linux >= 2.33)")
+            return (
+                f"bwrap cannot create a sandbox here ({done.stderr.decode().strip()}): it "
+                f"needs root with CAP_SYS_ADMIN (mount and PID namespaces) and a setpriv "
+                f"that knows --no-new-privs and --bounding-set (util-linux >= 2.33)"
+            )
         return None
 
     def describe(self) -> str:
@@ -178,8 +201,9 @@ class BwrapBackend(CgroupBackend):
             if env.root is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
-                self._install_launcher(fast.install(self.support, INSIDE_SUPPORT,
-                                                    shlex.quote(sys.executable)))
+                self._install_launcher(
+                    fast.install(self.support, INSIDE_SUPPORT, shlex.quote(sys.executable))
+                )
                 self._spawner_installed = True
             slot = await asyncio.to_thread(self._holder_slot, env, self._envs[env.id], cores)
             await self._start_holder(env, slot)
@@ -203,8 +227,9 @@ class BwrapBackend(CgroupBackend):
         raises `BackendUnavailable` saying why when it does not come up. Spawned from one
         thread kept for it (`SPAWNING`), not the loop's (a spawn waits for the child's exec):
         `--die-with-parent` follows the spawning thread, which lives as long as the server."""
-        spawned = asyncio.get_running_loop().run_in_executor(SPAWNING, self._spawn_holder, env,
-                                                             slot)
+        spawned = asyncio.get_running_loop().run_in_executor(
+            SPAWNING, self._spawn_holder, env, slot
+        )
         try:
             proc, info_r, ours = await asyncio.shield(spawned)
         except asyncio.CancelledError:
@@ -224,8 +249,11 @@ class BwrapBackend(CgroupBackend):
         super()._ensure_bases()
         if fresh:
             self._filter, native = seccomp.install(self.support)
-            self._loader = ((f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",) if native else
-                            (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}"))
+            self._loader = (
+                (f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",)
+                if native
+                else (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}")
+            )
 
     def _install_launcher(self, spawner: tuple[str, ...]) -> None:
         """The spawner's start inside: a script in the support folder, so the sandbox's init
@@ -235,8 +263,9 @@ class BwrapBackend(CgroupBackend):
         script.write_text(f'exec {drop} {" ".join(spawner)} "$2" {INSIDE_WORK}\n')
         script.chmod(0o644)
 
-    def _spawn_holder(self, env: Environment, slot: Slot
-                      ) -> tuple[subprocess.Popen, int, socket.socket | None]:
+    def _spawn_holder(
+        self, env: Environment, slot: Slot
+    ) -> tuple[subprocess.Popen, int, socket.socket | None]:
         fds: list[int] = []
         info_r = -1
         ours = theirs = None
@@ -249,34 +278,70 @@ class BwrapBackend(CgroupBackend):
                 # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 # a script inside starts it, so the sandbox's init shows no host path
-                payload = ("/bin/sh", f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
-                           str(self._uids[env.id]), str(theirs.fileno()))
+                payload = (
+                    "/bin/sh",
+                    f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
+                    str(self._uids[env.id]),
+                    str(theirs.fileno()),
+                )
                 # only what setpriv needs to drop to the uid and clear every set, itself included
-                caps = ["--cap-drop", "ALL",
-                        *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c))]
+                caps = [
+                    "--cap-drop",
+                    "ALL",
+                    *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c)),
+                ]
             else:
                 payload = tuple(_idle(env))
                 caps = ["--cap-drop", "ALL"]
-            sandbox = [*ISOLATE, *([] if env.network else ["--unshare-net"]),
-                       "--hostname", "tangram", "--die-with-parent", *caps,
-                       "--info-fd", str(info_w), "--seccomp", str(filter_fd),
-                       *(self._system if env.root is None else ["--bind", env.root, "/"]),
-                       "--proc", "/proc", "--dev", "/dev",
-                       "--perms", "1777", "--tmpfs", "/dev/shm",  # private, charged to the env
-                       # an image's /tmp is its own layer's (bounded by its disk)
-                       *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
-                       "--bind", env.workdir, INSIDE_WORK, "--perms", "0755", "--dir", "/opt",
-                       "--ro-bind", str(self.support), INSIDE_SUPPORT,
-                       *(self._extra if env.root is None else []), "--chdir", "/"]
+            sandbox = [
+                *ISOLATE,
+                *([] if env.network else ["--unshare-net"]),
+                "--hostname",
+                "tangram",
+                "--die-with-parent",
+                *caps,
+                "--info-fd",
+                str(info_w),
+                "--seccomp",
+                str(filter_fd),
+                *(self._system if env.root is None else ["--bind", env.root, "/"]),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--perms",
+                "1777",
+                "--tmpfs",
+                "/dev/shm",  # private, charged to the env
+                # an image's /tmp is its own layer's (bounded by its disk)
+                *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
+                "--bind",
+                env.workdir,
+                INSIDE_WORK,
+                "--perms",
+                "0755",
+                "--dir",
+                "/opt",
+                "--ro-bind",
+                str(self.support),
+                INSIDE_SUPPORT,
+                *(self._extra if env.root is None else []),
+                "--chdir",
+                "/",
+            ]
             args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
-            proc = subprocess.Popen(joined(slot.join, (self._bwrap, "--args", str(args), "--",
-                                                       *payload)),
-                                    cwd="/", env={"PATH": SAFE_PATH},
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, pass_fds=passed,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                joined(slot.join, (self._bwrap, "--args", str(args), "--", *payload)),
+                cwd="/",
+                env={"PATH": SAFE_PATH},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=passed,
+                start_new_session=True,
+            )
         except OSError as exc:
             if info_r >= 0:
                 os.close(info_r)
@@ -291,8 +356,15 @@ class BwrapBackend(CgroupBackend):
                 theirs.close()
         return proc, info_r, ours
 
-    async def exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                   timeout: float, output_cap: int, elastic: bool = False) -> Result:
+    async def exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool = False,
+    ) -> Result:
         holder = self._holders.get(env.id)
         if holder is not None and not holder.healthy() and env.id in self._envs:
             holder.release()
@@ -304,21 +376,32 @@ class BwrapBackend(CgroupBackend):
         self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
         return await super().exec(env, cores, command, timeout, output_cap, elastic)
 
-    async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
-                   command: Command, timeout: float, output_cap: int, elastic: bool,
-                   fds: tuple[int, ...] = ()) -> Result:
+    async def _run(
+        self,
+        env: Environment,
+        slot: Slot,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+        fds: tuple[int, ...] = (),
+    ) -> Result:
         holder = self._holders.get(env.id)
         if holder is None or holder.spawner is None:
-            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic,
-                                      fds)
+            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic, fds)
         leaf = slot.folders["cpu"]
         # no loader: the command inherits the spawner's filter (bwrap's --seccomp), and the
         # spawner drains what passes the cap inside the sandbox
-        return await holder.spawner.run(argv_of(command),
-                                        env=self._environ(env, cores, elastic),
-                                        cgroups=slot.procs, home=holder.slot.procs,
-                                        timeout=timeout, output_cap=output_cap,
-                                        kill_rest=lambda: fs.kill_all(leaf))
+        return await holder.spawner.run(
+            argv_of(command),
+            env=self._environ(env, cores, elastic),
+            cgroups=slot.procs,
+            home=holder.slot.procs,
+            timeout=timeout,
+            output_cap=output_cap,
+            kill_rest=lambda: fs.kill_all(leaf),
+        )
 
     def _fds(self, env: Environment) -> tuple[int, ...]:
         """Open the holder's /proc directory for this exec (closed in `_fds_done`); `_launch`,
@@ -344,15 +427,27 @@ class BwrapBackend(CgroupBackend):
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
             loader = self._image_loader(env)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
-        return joined(join, ("nsenter", *hold.nsenter_args(dirfd, NAMESPACES),
-                             f"--wdns={INSIDE_WORK}", "--", *drop, *loader, *argv_of(command)))
+        return joined(
+            join,
+            (
+                "nsenter",
+                *hold.nsenter_args(dirfd, NAMESPACES),
+                f"--wdns={INSIDE_WORK}",
+                "--",
+                *drop,
+                *loader,
+                *argv_of(command),
+            ),
+        )
 
     def _image_loader(self, env: Environment) -> tuple[str, ...]:
         """The seccomp loader for a sandbox whose root is an image: the native one, run by the
         host's copied dynamic loader (the Python one needs the host's Python, not there)."""
         if len(self._loader) != 1:
-            raise EnvironmentBroken(f"environment {env.id} has an image root, whose commands "
-                                    "need the native seccomp loader: install a C compiler (cc)")
+            raise EnvironmentBroken(
+                f"environment {env.id} has an image root, whose commands "
+                "need the native seccomp loader: install a C compiler (cc)"
+            )
         return tuple(toolkit.run_path(INSIDE_SUPPORT, self._loader[0]))
 
     async def _close(self, env: Environment) -> None:

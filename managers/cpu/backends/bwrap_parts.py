@@ -60,8 +60,11 @@ def server_python() -> tuple[str, ...]:
     found: list[str] = []
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
         real = os.path.realpath(p)
-        if not real.startswith(("/usr/", "/etc/")) and real not in ("/", "/usr") \
-                and real not in found:
+        if (
+            not real.startswith(("/usr/", "/etc/"))
+            and real not in ("/", "/usr")
+            and real not in found
+        ):
             found.append(real)
     return tuple(found)
 
@@ -97,8 +100,17 @@ def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
 
 def _drop_to(uid: int) -> list[str]:
     """`setpriv` as the sandbox's last step: the uid, no groups, no capabilities, no_new_privs."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--no-new-privs",
-            "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
+    return [
+        "setpriv",
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--no-new-privs",
+        "--bounding-set=-all",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--",
+    ]
 
 
 def _descriptors_to_spare() -> bool:
@@ -118,8 +130,14 @@ def _idle(env: Environment) -> list[str]:
     """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
     if env.root is None:
         return ["sh", "-c", HOLDER_SCRIPT]
-    return [*toolkit.run(INSIDE_SUPPORT, "sh"), "-c", 'echo ready; exec "$@"', "sh",
-            *toolkit.run(INSIDE_SUPPORT, "sleep"), "infinity"]
+    return [
+        *toolkit.run(INSIDE_SUPPORT, "sh"),
+        "-c",
+        'echo ready; exec "$@"',
+        "sh",
+        *toolkit.run(INSIDE_SUPPORT, "sleep"),
+        "infinity",
+    ]
 
 
 @dataclass(slots=True)
@@ -169,8 +187,9 @@ def hold_ready(env: Environment, slot: Slot, proc: subprocess.Popen, info_r: int
         proc.wait(HOLDER_START_S)
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace").strip()
-        raise BackendUnavailable(f"the sandbox of environment {env.id} did not start "
-                                 f"({err or exc})") from exc
+        raise BackendUnavailable(
+            f"the sandbox of environment {env.id} did not start ({err or exc})"
+        ) from exc
     finally:
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:

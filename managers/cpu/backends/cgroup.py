@@ -79,8 +79,10 @@ class CgroupBackend(Backend):
     def h(self) -> fs.Hierarchy:
         """Where Tangram's cgroups live (found at `start`)."""
         if self._h is None:
-            raise NotStarted(f"the {self.name} backend has no cgroups before it is started: "
-                             f"await its start() (CpuManager.start does) first")
+            raise NotStarted(
+                f"the {self.name} backend has no cgroups before it is started: "
+                f"await its start() (CpuManager.start does) first"
+            )
         return self._h
 
     def _start(self) -> None:
@@ -89,8 +91,7 @@ class CgroupBackend(Backend):
         if not self._h.pids:
             log.warning("cgroup: no pids controller; environments have no process limit")
         # a manager never closed still leaves no cgroup behind when the interpreter exits
-        self._finalizer = weakref.finalize(self, _remove_bases, self._h.distinct(),
-                                           self._workdirs)
+        self._finalizer = weakref.finalize(self, _remove_bases, self._h.distinct(), self._workdirs)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -131,7 +132,8 @@ class CgroupBackend(Backend):
                 f"cannot create Tangram's cgroup under {self.h.base('cpu').parent} ({exc}): run "
                 f"as root with the cgroup filesystem writable; on cgroup v2 set "
                 f"TANGRAM_CGROUP_PARENT to a delegated cgroup with cpu, cpuset and memory "
-                f"enabled in its cgroup.subtree_control, {fs.FIX}") from exc
+                f"enabled in its cgroup.subtree_control, {fs.FIX}"
+            ) from exc
         self._made_bases = True
 
     def _enable_v2(self, folder: Path) -> None:
@@ -166,8 +168,10 @@ class CgroupBackend(Backend):
                 fs.write(folders["pids"] / "pids.max", str(self.pids_max))
         except OSError as exc:
             self._remove(folders)
-            raise BackendUnavailable(f"cannot create the cgroup of environment {env.id} "
-                                     f"({exc}); is the cgroup filesystem writable?") from exc
+            raise BackendUnavailable(
+                f"cannot create the cgroup of environment {env.id} "
+                f"({exc}); is the cgroup filesystem writable?"
+            ) from exc
         self._envs[env.id] = _Env(folders)
         self._workdirs.add(env.workdir)
         self._make_workdir(env)
@@ -182,22 +186,29 @@ class CgroupBackend(Backend):
                 f.mkdir()
             mems = fs.read(e.folders["cpuset"] / "cpuset.mems")
             fs.write(folders["cpuset"] / "cpuset.mems", mems)
-            joins = [*dict.fromkeys(folders.values()), e.folders["memory"],
-                     *([e.folders["pids"]] if "pids" in e.folders else [])]
+            joins = [
+                *dict.fromkeys(folders.values()),
+                e.folders["memory"],
+                *([e.folders["pids"]] if "pids" in e.folders else []),
+            ]
         else:
             f = e.folders["cpu"] / name
             f.mkdir()
             folders = {c: f for c in SLOT_CONTROLLERS}
             joins = [f]
         writes = " && ".join(f"echo 0 >{shlex.quote(str(j / 'cgroup.procs'))}" for j in joins)
-        slot = Slot(folders, f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; "
-                              f"exit 125; }}", tuple(j / "cgroup.procs" for j in joins))
+        slot = Slot(
+            folders,
+            f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; exit 125; }}",
+            tuple(j / "cgroup.procs" for j in joins),
+        )
         e.slots.append(slot)
         return slot
 
     def _confine(self, slot: Slot, cores: tuple[int, ...]) -> None:
-        slot.cpus, slot.quota = fs.set_cores(self.h.version, slot.folders, cores,
-                                             (slot.cpus, slot.quota))
+        slot.cpus, slot.quota = fs.set_cores(
+            self.h.version, slot.folders, cores, (slot.cpus, slot.quota)
+        )
 
     # -- exec ----------------------------------------------------------------------------------
 
@@ -213,49 +224,75 @@ class CgroupBackend(Backend):
     def _fds_done(self, fds: tuple[int, ...]) -> None:
         """Close what `_fds` opened, once the exec is over."""
 
-    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                    timeout: float, output_cap: int, elastic: bool) -> Result:
+    async def _exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+    ) -> Result:
         e = self._envs.get(env.id)
         if e is None or not e.folders["cpu"].is_dir():
-            raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup "
-                                    f"{self._env_folders(env.id)['cpu']} is gone")
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: its cgroup "
+                f"{self._env_folders(env.id)['cpu']} is gone"
+            )
         try:
             slot = self._slot(env, e)
             self._confine(slot, cores)
         except OSError as exc:
-            raise EnvironmentBroken(f"environment {env.id} is broken: cannot set its cgroup "
-                                    f"to cores {fs.cpulist(cores)} ({exc})") from exc
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: cannot set its cgroup "
+                f"to cores {fs.cpulist(cores)} ({exc})"
+            ) from exc
         leaf = slot.folders["cpu"]
         fds: tuple[int, ...] = ()
         try:
             fds = self._fds(env)  # before `_run`, whose `_launch` may name them
-            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic,
-                                      fds)
+            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic, fds)
         finally:
             self._fds_done(fds)
             e.free.append(slot)
         if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
-            raise EnvironmentBroken(f"environment {env.id} is broken: the command could not "
-                                    f"join its cgroup {leaf}")
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: the command could not join its cgroup {leaf}"
+            )
         return outcome
 
-    async def _run(self, env: Environment, slot: Slot, cores: tuple[int, ...],
-                   command: Command, timeout: float, output_cap: int, elastic: bool,
-                   fds: tuple[int, ...] = ()) -> Result:
+    async def _run(
+        self,
+        env: Environment,
+        slot: Slot,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+        fds: tuple[int, ...] = (),
+    ) -> Result:
         """Run one command in `slot` (joined before it starts), its leftovers killed; `fds`
         (from `_fds`) are passed to it."""
         leaf = slot.folders["cpu"]
-        return await run_local(self._launch(env, slot.join, command), cwd=env.workdir,
-                               env=self._environ(env, cores, elastic), timeout=timeout,
-                               output_cap=output_cap, kill_rest=lambda: fs.kill_all(leaf),
-                               pass_fds=fds)
+        return await run_local(
+            self._launch(env, slot.join, command),
+            cwd=env.workdir,
+            env=self._environ(env, cores, elastic),
+            timeout=timeout,
+            output_cap=output_cap,
+            kill_rest=lambda: fs.kill_all(leaf),
+            pass_fds=fds,
+        )
 
     def _limit_counts(self, env: Environment) -> LimitCounts:
         e = self._envs.get(env.id)
         if e is None:
             return LimitCounts()
-        return LimitCounts(fs.oom_kills(self.h.version, e.folders["memory"]),
-                           fs.pids_refused(e.folders.get("pids")))
+        return LimitCounts(
+            fs.oom_kills(self.h.version, e.folders["memory"]),
+            fs.pids_refused(e.folders.get("pids")),
+        )
 
     def cpu_seconds(self, env_id: str) -> float:
         """CPU time used by everything that ran in the environment (from the cgroup)."""

@@ -96,8 +96,11 @@ def version() -> int | None:
 
 
 def _version(v1: dict[str, Path], v2: Path | None) -> int | None:
-    if v2 is not None and set(V2_CONTROLLERS) <= _v2_available(v2) \
-            and not (set(V2_CONTROLLERS) & set(v1)):
+    if (
+        v2 is not None
+        and set(V2_CONTROLLERS) <= _v2_available(v2)
+        and not (set(V2_CONTROLLERS) & set(v1))
+    ):
         return 2
     return 1 if v1 else None
 
@@ -113,14 +116,17 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
     """The hierarchy to use (`version`); raises `BackendUnavailable` with the fix when there is
     none usable. Reads only: nothing is created until the backend makes its bases."""
     if os.geteuid() != 0:
-        raise BackendUnavailable(f"the cgroup backend needs root to create cgroups (running as "
-                                 f"uid {os.geteuid()}): run as root, {FIX}")
+        raise BackendUnavailable(
+            f"the cgroup backend needs root to create cgroups (running as "
+            f"uid {os.geteuid()}): run as root, {FIX}"
+        )
     try:
         v1, v2 = _mounts()
         own = _own_paths()
     except OSError as exc:
-        raise BackendUnavailable(f"cannot read the cgroup mounts ({exc}): mount /sys/fs/cgroup "
-                                 f"and /proc, {FIX}") from exc
+        raise BackendUnavailable(
+            f"cannot read the cgroup mounts ({exc}): mount /sys/fs/cgroup and /proc, {FIX}"
+        ) from exc
     parent = parent or os.environ.get("TANGRAM_CGROUP_PARENT") or None
     if _version(v1, v2) == 2:
         assert v2 is not None
@@ -132,7 +138,8 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
         raise BackendUnavailable(
             f"no usable cgroup hierarchy: cgroup v2 lacks the cpu/cpuset/memory controllers and "
             f"cgroup v1 lacks {', '.join(missing)}: mount them (e.g. `mount -t cgroup -o "
-            f"{','.join(missing)} cgroup /sys/fs/cgroup/{missing[0]}`), {FIX}")
+            f"{','.join(missing)} cgroup /sys/fs/cgroup/{missing[0]}`), {FIX}"
+        )
     bases = {}
     for c in [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in v1 else [])]:
         below = Path(parent) if parent else v1[c] / own.get(c, "/").lstrip("/")
@@ -274,8 +281,9 @@ def folders_of(pid: int) -> tuple[int, dict[str, Path]] | None:
     return v, found
 
 
-def set_cores(version: int, folders: dict[str, Path], cores: tuple[int, ...],
-              now: tuple[str, str] = ("", "")) -> tuple[str, str]:
+def set_cores(
+    version: int, folders: dict[str, Path], cores: tuple[int, ...], now: tuple[str, str] = ("", "")
+) -> tuple[str, str]:
     """Write the cpuset and CPU quota of exactly `cores` into a cgroup (v1 or v2), each skipped
     when `now` (what the last call returned) already holds it; returns what the cgroup holds."""
     cpus = cpulist(cores)

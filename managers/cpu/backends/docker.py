@@ -75,9 +75,15 @@ class DockerBackend(Backend):
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
 
-    def __init__(self, image: str | None = None, base_url: str | None = None,
-                 max_concurrent: int = 64, direct: bool = True,
-                 pids_max: int = DEFAULT_PIDS_MAX, user: int | None = None) -> None:
+    def __init__(
+        self,
+        image: str | None = None,
+        base_url: str | None = None,
+        max_concurrent: int = 64,
+        direct: bool = True,
+        pids_max: int = DEFAULT_PIDS_MAX,
+        user: int | None = None,
+    ) -> None:
         """`direct`: when the engine is local and we are root, write the container's cgroup
         files (cpuset, quota) instead of calling `container.update` (same effect, ~1000x
         cheaper); otherwise every change goes through the API. `pids_max`: processes per
@@ -87,8 +93,7 @@ class DockerBackend(Backend):
         options only: the engine is reached at `start`."""
         super().__init__()
         self.pids_max = check_pids_max(pids_max)
-        if user is not None and (isinstance(user, bool) or not isinstance(user, int)
-                                 or user < 1):
+        if user is not None and (isinstance(user, bool) or not isinstance(user, int) or user < 1):
             raise ValidationError("cpu.user", user, "must be a positive uid (never root)")
         self.user = user
         self._uid_source = UidAllocator(DEFAULT_UID_BASE)
@@ -119,8 +124,7 @@ class DockerBackend(Backend):
         return f"docker (image {self.image})"
 
     async def _call(self, fn, *args, **kw):
-        return await asyncio.get_running_loop().run_in_executor(self._pool,
-                                                                lambda: fn(*args, **kw))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, lambda: fn(*args, **kw))
 
     def _sweep(self) -> list[str]:
         """Remove the containers of dead servers of this host (their PID is gone). One listing
@@ -147,24 +151,37 @@ class DockerBackend(Backend):
         self._make_workdir(env, uid)
         try:
             c = await self._call(
-                self.client.containers.run, env.image or self.image, ["sleep", "1000000000"],
+                self.client.containers.run,
+                env.image or self.image,
+                ["sleep", "1000000000"],
                 detach=True,
-                name=owned_name(env.id), labels={LABEL: self.tag, "tangram.env": env.id,
-                                                 OWNER: self.owner_label},
-                network_mode=None if env.network else "none", user=f"{uid}:{uid}",
-                cap_drop=["ALL"], pids_limit=self.pids_max,
+                name=owned_name(env.id),
+                labels={LABEL: self.tag, "tangram.env": env.id, OWNER: self.owner_label},
+                network_mode=None if env.network else "none",
+                user=f"{uid}:{uid}",
+                cap_drop=["ALL"],
+                pids_limit=self.pids_max,
                 security_opt=["no-new-privileges", f"seccomp={seccomp.docker_profile()}"],
-                read_only=True, tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777"},
-                volumes={env.workdir: {"bind": INSIDE_WORK, "mode": "rw"},
-                         str(self.support): {"bind": INSIDE_SUPPORT, "mode": "ro"}},
-                mem_limit=f"{env.memory_mb}m", memswap_limit=f"{env.memory_mb}m",
-                working_dir=INSIDE_WORK, cpuset_cpus=cpus, cpu_period=fs.PERIOD_US,
-                cpu_quota=len(cores) * fs.PERIOD_US)
+                read_only=True,
+                tmpfs={"/tmp": "rw,nosuid,nodev,mode=1777"},
+                volumes={
+                    env.workdir: {"bind": INSIDE_WORK, "mode": "rw"},
+                    str(self.support): {"bind": INSIDE_SUPPORT, "mode": "ro"},
+                },
+                mem_limit=f"{env.memory_mb}m",
+                memswap_limit=f"{env.memory_mb}m",
+                working_dir=INSIDE_WORK,
+                cpuset_cpus=cpus,
+                cpu_period=fs.PERIOD_US,
+                cpu_quota=len(cores) * fs.PERIOD_US,
+            )
             await self._call(c.reload)
         except (DockerException, OSError) as exc:
             await self._remove_workdir(env)
-            raise BackendUnavailable(f"cannot start the container of environment {env.id} "
-                                     f"from {env.image or self.image!r}: {exc}") from exc
+            raise BackendUnavailable(
+                f"cannot start the container of environment {env.id} "
+                f"from {env.image or self.image!r}: {exc}"
+            ) from exc
         pid = int(c.attrs["State"]["Pid"])
         found = fs.folders_of(pid) if self.direct else None
         version, folders = found if found is not None else (0, {})
@@ -178,15 +195,26 @@ class DockerBackend(Backend):
 
         try:
             state = (await self._call(self.api.inspect_container, c.id))["State"]
-            what = (f"is {state.get('Status')} (exit code {state.get('ExitCode')}"
-                    f"{', killed for memory' if state.get('OOMKilled') else ''})")
+            what = (
+                f"is {state.get('Status')} (exit code {state.get('ExitCode')}"
+                f"{', killed for memory' if state.get('OOMKilled') else ''})"
+            )
         except NotFound:
             what = "no longer exists"
-        return EnvironmentBroken(f"environment {env.id} is broken: its container {c.name} {what}; "
-                                 f"close it and open a new one ({exc})")
+        return EnvironmentBroken(
+            f"environment {env.id} is broken: its container {c.name} {what}; "
+            f"close it and open a new one ({exc})"
+        )
 
-    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                    timeout: float, output_cap: int, elastic: bool) -> Result:
+    async def _exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+    ) -> Result:
         from docker.errors import APIError
 
         c = self._envs.get(env.id)
@@ -198,8 +226,9 @@ class DockerBackend(Backend):
         variables = self._environ(env, cores, elastic)
         try:
             await self._set_cores(env, c)
-            run = asyncio.ensure_future(self._call(self._exec_sync, c.id, argv_of(command),
-                                                   variables, output_cap, holder))
+            run = asyncio.ensure_future(
+                self._call(self._exec_sync, c.id, argv_of(command), variables, output_cap, holder)
+            )
             timed_out = False
             try:
                 code, out, err, truncated = await asyncio.wait_for(asyncio.shield(run), timeout)
@@ -220,16 +249,19 @@ class DockerBackend(Backend):
         if code is None and self._envs.get(env.id) is c:
             raise await self._broken(env, c, RuntimeError("exec ended without an exit code"))
         if code == 126 and b"executable file not found" in out + err:
-            return not_found(argv_of(command)[0], FileNotFoundError(2, "executable file not "
-                                                                       "found in the container"))
+            return not_found(
+                argv_of(command)[0],
+                FileNotFoundError(2, "executable file not found in the container"),
+            )
         return outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
 
     def _limit_counts(self, env: Environment) -> LimitCounts:
         c = self._envs.get(env.id)
         if c is None or not c.folders:
             return LimitCounts()
-        return LimitCounts(fs.oom_kills(c.version, c.folders["memory"]),
-                           fs.pids_refused(c.folders.get("pids")))
+        return LimitCounts(
+            fs.oom_kills(c.version, c.folders["memory"]), fs.pids_refused(c.folders.get("pids"))
+        )
 
     async def _set_cores(self, env: Environment, c: _Container) -> None:
         async with c.lock:
@@ -243,14 +275,18 @@ class DockerBackend(Backend):
                 except OSError as exc:
                     raise await self._broken(env, c, exc) from exc
             else:
-                await self._call(self.api.update_container, c.id, cpuset_cpus=cpus,
-                                 cpu_quota=len(union) * fs.PERIOD_US)
+                await self._call(
+                    self.api.update_container,
+                    c.id,
+                    cpuset_cpus=cpus,
+                    cpu_quota=len(union) * fs.PERIOD_US,
+                )
             c.cpus = cpus
 
-    def _exec_sync(self, cid: str, argv: list[str], variables: dict[str, str], cap: int,
-                   holder: dict[str, Any]) -> tuple[int | None, bytes, bytes, bool]:
-        exec_id = self.api.exec_create(cid, argv, workdir=INSIDE_WORK,
-                                       environment=variables)["Id"]
+    def _exec_sync(
+        self, cid: str, argv: list[str], variables: dict[str, str], cap: int, holder: dict[str, Any]
+    ) -> tuple[int | None, bytes, bytes, bool]:
+        exec_id = self.api.exec_create(cid, argv, workdir=INSIDE_WORK, environment=variables)["Id"]
         holder["exec_id"] = exec_id
         out, err, truncated = bytearray(), bytearray(), False
         for o, e in self.api.exec_start(exec_id, stream=True, demux=True):
@@ -314,19 +350,20 @@ def _connect(base_url: str | None, image: str, max_pool: int) -> Any:
         import docker  # type: ignore[import-untyped]
         from docker.errors import DockerException, ImageNotFound  # type: ignore[import-untyped]
     except ImportError as exc:
-        raise BackendUnavailable(f"the docker SDK is not importable ({exc}): pip install "
-                                 f"docker") from exc
+        raise BackendUnavailable(
+            f"the docker SDK is not importable ({exc}): pip install docker"
+        ) from exc
     where = base_url or os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     try:
         kw: dict[str, Any] = {"timeout": 24 * 3600, "max_pool_size": max_pool}
-        client = (docker.DockerClient(base_url=base_url, **kw) if base_url
-                  else docker.from_env(**kw))
+        client = docker.DockerClient(base_url=base_url, **kw) if base_url else docker.from_env(**kw)
         client.ping()
     except DockerException as exc:
         raise BackendUnavailable(
             f"cannot reach the Docker engine at {where} ({exc}): start dockerd (on Debian "
             f"`apt-get install docker.io` then `dockerd &`, or `bash .ci/dockerd.sh`), set "
-            f"DOCKER_HOST, or choose backend='cgroup'") from exc
+            f"DOCKER_HOST, or choose backend='cgroup'"
+        ) from exc
     try:
         client.images.get(image)
     except ImageNotFound as exc:
@@ -334,7 +371,8 @@ def _connect(base_url: str | None, image: str, max_pool: int) -> Any:
         raise BackendUnavailable(
             f"image {image!r} is not in the Docker engine at {where}: pull or build it, pass "
             f"image=... (or TANGRAM_DOCKER_IMAGE), or run `bash .ci/dockerd.sh`, which builds "
-            f"{DEFAULT_IMAGE} offline") from exc
+            f"{DEFAULT_IMAGE} offline"
+        ) from exc
     return client
 
 

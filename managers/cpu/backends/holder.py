@@ -16,8 +16,14 @@ import os
 
 from managers.cpu.backends.limits import raise_if_out_of_files
 
-NSENTER_FLAG = {"mnt": "--mount", "pid": "--pid", "net": "--net", "ipc": "--ipc", "uts": "--uts",
-                "cgroup": "--cgroup"}
+NSENTER_FLAG = {
+    "mnt": "--mount",
+    "pid": "--pid",
+    "net": "--net",
+    "ipc": "--ipc",
+    "uts": "--uts",
+    "cgroup": "--cgroup",
+}
 
 
 def start_time(pid: int, dirfd: int | None = None) -> int | None:
@@ -35,7 +41,7 @@ def start_time(pid: int, dirfd: int | None = None) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     # the command name (field 2) may hold spaces and parentheses: split after the last ')'
-    return int(raw[raw.rindex(b")") + 2:].split()[19])
+    return int(raw[raw.rindex(b")") + 2 :].split()[19])
 
 
 def open_holder(pid: int, started: int) -> int | None:

@@ -100,22 +100,34 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] | None,
-                    timeout: float, output_cap: int,
-                    spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
-                    kill_rest: Callable[[], None] | None = None,
-                    pass_fds: tuple[int, ...] = (),
-                    groups: set[int] | None = None) -> Result:
+async def run_local(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout: float,
+    output_cap: int,
+    spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
+    kill_rest: Callable[[], None] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    groups: set[int] | None = None,
+) -> Result:
     """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
     the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
     else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child; `groups`
     holds the session's process group while it runs (so a close can kill it)."""
     try:
         with spawning():
-            proc = subprocess.Popen(argv, cwd=cwd, env=dict(env) if env is not None else None,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True,
-                                    pass_fds=pass_fds)
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=dict(env) if env is not None else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
     except (FileNotFoundError, PermissionError, NotADirectoryError) as exc:
         if kill_rest is not None:
             kill_rest()
@@ -152,5 +164,12 @@ async def run_local(argv: list[str], *, cwd: str | None, env: Mapping[str, str] 
         capture.abandon()
         if groups is not None:
             groups.discard(proc.pid)
-    return outcome_of(proc.returncode, bytes(capture.kept[out_fd]), bytes(capture.kept[err_fd]),
-                      capture.truncated, timed_out, timeout, output_cap)
+    return outcome_of(
+        proc.returncode,
+        bytes(capture.kept[out_fd]),
+        bytes(capture.kept[err_fd]),
+        capture.truncated,
+        timed_out,
+        timeout,
+        output_cap,
+    )

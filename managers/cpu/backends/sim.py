@@ -24,10 +24,13 @@ class SimBackend(Backend):
     local = False
     support_files = False
 
-    def __init__(self, duration: Callable[[Command, int], float] | None = None,
-                 time_scale: float = 0.0,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 peak_mb: Callable[[Command], int] | None = None) -> None:
+    def __init__(
+        self,
+        duration: Callable[[Command, int], float] | None = None,
+        time_scale: float = 0.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        peak_mb: Callable[[Command], int] | None = None,
+    ) -> None:
         super().__init__()
         self.duration = duration or (lambda command, cores: 0.0)
         self.time_scale = time_scale
@@ -45,8 +48,15 @@ class SimBackend(Backend):
         self.envs[env.id] = cores
         self.ooms[env.id] = 0
 
-    async def _exec(self, env: Environment, cores: tuple[int, ...], command: Command,
-                    timeout: float, output_cap: int, elastic: bool) -> Result:
+    async def _exec(
+        self,
+        env: Environment,
+        cores: tuple[int, ...],
+        command: Command,
+        timeout: float,
+        output_cap: int,
+        elastic: bool,
+    ) -> Result:
         self.execs.append((env.id, cores, describe(command)))
         d = self.duration(command, len(cores))
         if self.peak_mb(command) > env.memory_mb:  # killed as it reaches the limit
@@ -54,8 +64,7 @@ class SimBackend(Backend):
             return Result(Status.ERROR, -9, detail="killed by signal SIGKILL (simulated)")
         if d > timeout:
             await self.sleep(timeout * self.time_scale)
-            return Result(Status.TIMEOUT, detail=f"killed at its {timeout:g} s timeout "
-                                                 f"(simulated)")
+            return Result(Status.TIMEOUT, detail=f"killed at its {timeout:g} s timeout (simulated)")
         await self.sleep(d * self.time_scale)
         return Result(Status.OK, 0, detail=f"simulated {d:g} s on {len(cores)} cores")
 

@@ -123,9 +123,17 @@ class Spawner:
         self.dead = self.dead or "closed"
         self.sock.close()
 
-    async def run(self, argv: Sequence[str], *, env: Mapping[str, str],
-                  cgroups: Sequence[Path], home: Sequence[Path], timeout: float,
-                  output_cap: int, kill_rest: Callable[[], None]) -> Result:
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cgroups: Sequence[Path],
+        home: Sequence[Path],
+        timeout: float,
+        output_cap: int,
+        kill_rest: Callable[[], None],
+    ) -> Result:
         """Run `argv` in the sandbox's work directory, in the cgroups whose cgroup.procs are
         `cgroups` (`home`: those of the holder's own slot, where the spawner returns; a file in
         both is written neither way). The timeout counts from the command's start, not from
@@ -138,25 +146,41 @@ class Spawner:
         started: asyncio.Future[int] = loop.create_future()
         ended: asyncio.Future[int] = loop.create_future()
         both = set(cgroups) & set(home)
-        out_r, err_r = self._send(cid, argv, env, [c for c in cgroups if c not in both],
-                                  [h for h in home if h not in both], (started, ended))
-        capture = _Handing(loop, [out_r, err_r], output_cap,
-                           lambda fd: self._hand_over(cid, fd))
+        out_r, err_r = self._send(
+            cid,
+            argv,
+            env,
+            [c for c in cgroups if c not in both],
+            [h for h in home if h not in both],
+            (started, ended),
+        )
+        capture = _Handing(loop, [out_r, err_r], output_cap, lambda fd: self._hand_over(cid, fd))
         code, timed_out, lost = await self._wait(cid, started, ended, timeout, kill_rest)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
         capture.abandon()
         out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
         if lost:
-            return Result(Status.ERROR, None, out.decode(errors="replace"),
-                          err.decode(errors="replace"), truncated=capture.truncated,
-                          detail=f"killed: the sandbox's spawner died while the command ran "
-                                 f"({self.dead}); the sandbox restarts before the next exec")
+            return Result(
+                Status.ERROR,
+                None,
+                out.decode(errors="replace"),
+                err.decode(errors="replace"),
+                truncated=capture.truncated,
+                detail=f"killed: the sandbox's spawner died while the command ran "
+                f"({self.dead}); the sandbox restarts before the next exec",
+            )
         return outcome_of(code, out, err, capture.truncated, timed_out, timeout, output_cap)
 
-    def _send(self, cid: str, argv: Sequence[str], env: Mapping[str, str],
-              cgroups: Sequence[Path], home: Sequence[Path],
-              futs: tuple[asyncio.Future[int], asyncio.Future[int]]) -> tuple[int, int]:
+    def _send(
+        self,
+        cid: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cgroups: Sequence[Path],
+        home: Sequence[Path],
+        futs: tuple[asyncio.Future[int], asyncio.Future[int]],
+    ) -> tuple[int, int]:
         """Hand the command over: returns the read ends of its stdout and stderr."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -168,8 +192,10 @@ class Spawner:
             for procs in (*cgroups, *home):
                 passed.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
             self._pending[cid] = futs
-            self.sock.sendmsg([f"run {cid} {len(cgroups)}".encode()],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))])
+            self.sock.sendmsg(
+                [f"run {cid} {len(cgroups)}".encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", passed))],
+            )
         except OSError as exc:
             self._pending.pop(cid, None)
             os.close(out_r)
@@ -185,15 +211,22 @@ class Spawner:
         if self.dead is not None or cid not in self._pending:
             return False
         try:
-            self.sock.sendmsg([f"drain {cid}".encode()],
-                              [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+            self.sock.sendmsg(
+                [f"drain {cid}".encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))],
+            )
         except OSError:
             return False
         return True
 
-    async def _wait(self, cid: str, started: asyncio.Future[int], ended: asyncio.Future[int],
-                    timeout: float, kill_rest: Callable[[], None]
-                    ) -> tuple[int | None, bool, bool]:
+    async def _wait(
+        self,
+        cid: str,
+        started: asyncio.Future[int],
+        ended: asyncio.Future[int],
+        timeout: float,
+        kill_rest: Callable[[], None],
+    ) -> tuple[int | None, bool, bool]:
         """Wait for the start, then the exit within `timeout`; kill the slot. Returns the exit
         code, whether it timed out, and whether the spawner died meanwhile."""
         timed_out = lost = False
@@ -206,8 +239,10 @@ class Spawner:
                 lost = True  # the command (the spawner's own uid) may have killed it
             except TimeoutError:
                 if not started.done():
-                    raise EnvironmentBroken(f"the sandbox's spawner did not start a command "
-                                            f"within {START_TIMEOUT_S:g} s") from None
+                    raise EnvironmentBroken(
+                        f"the sandbox's spawner did not start a command "
+                        f"within {START_TIMEOUT_S:g} s"
+                    ) from None
                 raise
         except TimeoutError:
             timed_out = True
@@ -226,13 +261,18 @@ class _Handing(_Capture):
     """A capture that, once a stream passes the cap, hands its pipe to the spawner to drain
     inside the sandbox (`over(fd)`: True when handed) instead of reading on in the server."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, fds: list[int], cap: int,
-                 over: Callable[[int], bool]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, fds: list[int], cap: int, over: Callable[[int], bool]
+    ) -> None:
         super().__init__(loop, fds, cap)
         self._over = over
 
     def _read(self, fd: int) -> None:
         super()._read(fd)
-        if fd in self._open and len(self.kept[fd]) >= self.cap and self.truncated \
-                and self._over(fd):
+        if (
+            fd in self._open
+            and len(self.kept[fd]) >= self.cap
+            and self.truncated
+            and self._over(fd)
+        ):
             self._close(fd)

@@ -73,7 +73,7 @@ def move(fds) -> None:
 def parse(raw: bytes) -> tuple[list[str], dict[str, str]]:
     items = raw.decode("utf-8", "surrogateescape").split("\0")
     n = int(items[0])
-    argv, env = items[1:1 + n], items[1 + n:-1]
+    argv, env = items[1 : 1 + n], items[1 + n : -1]
     return argv, dict(kv.split("=", 1) for kv in env)
 
 
@@ -83,9 +83,17 @@ def spawn(raw: bytes, out: int, err: int, slot: list[int], home: list[int]) -> i
     exe = resolve(argv[0], env.get("PATH", ""))
     move(slot)
     try:
-        return os.posix_spawn(exe, argv, env, setsid=True, file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, err, 2)])
+        return os.posix_spawn(
+            exe,
+            argv,
+            env,
+            setsid=True,
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_DUP2, out, 1),
+                (os.POSIX_SPAWN_DUP2, err, 2),
+            ],
+        )
     finally:
         move(home)
 
@@ -105,7 +113,7 @@ def receive(sock: socket.socket) -> tuple[bytes, list[int]]:
     msg, anc, _, _ = sock.recvmsg(256, socket.CMSG_SPACE(MAX_FDS * fds.itemsize))
     for level, kind, data in anc:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(data[:len(data) - len(data) % fds.itemsize])
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
     for fd in fds:
         os.set_inheritable(fd, False)
     return msg, list(fds)
@@ -170,7 +178,7 @@ class Spawner:
         elif words[0] == "run" and len(words) == 3 and len(fds) >= 3:
             cid, k = words[1], int(words[2])
             try:
-                pid = spawn(read_all(fds[0]), fds[1], fds[2], fds[3:3 + k], fds[3 + k:])
+                pid = spawn(read_all(fds[0]), fds[1], fds[2], fds[3 : 3 + k], fds[3 + k :])
             except (OSError, ValueError, KeyError, IndexError) as exc:
                 os.write(fds[2], f"tangram spawner: cannot run the command: {exc}\n".encode())
                 self.sock.send(f"exit {cid} 127".encode())

@@ -261,8 +261,11 @@ def build(folder: Path) -> bool:
     source = folder / f"{NATIVE_NAME}.c"
     source.write_text(SPAWNER_C)
     try:
-        done = subprocess.run([cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
-                              capture_output=True, timeout=120)
+        done = subprocess.run(
+            [cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
+            capture_output=True,
+            timeout=120,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
     if done.returncode != 0:

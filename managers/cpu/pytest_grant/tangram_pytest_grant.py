@@ -37,7 +37,11 @@ def xdist_importable() -> bool:
 
 
 def pytest_load_initial_conftests(args: list[str]) -> None:
-    n = workers_to_add(list(args), os.environ.get("TANGRAM_CPUS"), xdist_importable(),
-                       "PYTEST_XDIST_WORKER" in os.environ)
+    n = workers_to_add(
+        list(args),
+        os.environ.get("TANGRAM_CPUS"),
+        xdist_importable(),
+        "PYTEST_XDIST_WORKER" in os.environ,
+    )
     if n:
         args[:] = ["-n", str(n), *args]

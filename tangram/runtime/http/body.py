@@ -22,8 +22,13 @@ class BodyLimit:
     app then reads the buffered body and, after it, the connection's own messages (so it still
     hears a disconnect)."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY, timeout_s: float = BODY_TIMEOUT_S,
-                 drain: int = DRAIN_BODY) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        limit: int = MAX_BODY,
+        timeout_s: float = BODY_TIMEOUT_S,
+        drain: int = DRAIN_BODY,
+    ) -> None:
         self.app = app
         self.limit = limit
         self.timeout_s = timeout_s
@@ -34,8 +39,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_large = declared is not None and (not declared.isdigit()
-                                              or int(declared) > self.limit)
+        too_large = declared is not None and (not declared.isdigit() or int(declared) > self.limit)
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -44,8 +48,13 @@ class BodyLimit:
             try:
                 message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                await self._answer(scope, send, 408, f"the request body did not arrive within "
-                                   f"{self.timeout_s:g} s", f"send it within {self.timeout_s:g} s")
+                await self._answer(
+                    scope,
+                    send,
+                    408,
+                    f"the request body did not arrive within {self.timeout_s:g} s",
+                    f"send it within {self.timeout_s:g} s",
+                )
                 return
             if message["type"] != "http.request":  # disconnected before the body was in
                 return
@@ -60,8 +69,13 @@ class BodyLimit:
                 continue
             chunks.append(body)
         if too_large:
-            await self._answer(scope, send, 413, f"request body over {self.limit} bytes",
-                               f"at most {self.limit} bytes")
+            await self._answer(
+                scope,
+                send,
+                413,
+                f"request body over {self.limit} bytes",
+                f"at most {self.limit} bytes",
+            )
             return
         replayed = False
 
@@ -74,8 +88,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _answer(self, scope: Scope, send: Send, status: int, message: str,
-                      problem: str) -> None:
+    async def _answer(
+        self, scope: Scope, send: Send, status: int, message: str, problem: str
+    ) -> None:
         response = error(status, message, "body", problem=problem)
         response.headers["connection"] = "close"
 

@@ -53,17 +53,29 @@ def json_value(v: Any, limit: int = 200) -> Any:
     return v if len(text) <= limit else text[:limit] + "..."
 
 
-def error(status: int, message: str, field: str | None = None, value: Any = None,
-          problem: str | None = None) -> JSONResponse:
-    body = {"error": printable(message), "field": None if field is None else printable(field),
-            "value": json_value(value), "problem": None if problem is None else
-            printable(problem)}
+def error(
+    status: int,
+    message: str,
+    field: str | None = None,
+    value: Any = None,
+    problem: str | None = None,
+) -> JSONResponse:
+    body = {
+        "error": printable(message),
+        "field": None if field is None else printable(field),
+        "value": json_value(value),
+        "problem": None if problem is None else printable(problem),
+    }
     return JSONResponse(jsonable_encoder(body), status_code=status)
 
 
 def unauthorized() -> JSONResponse:
-    response = error(401, "missing or wrong bearer token", "authorization",
-                     problem='send "Authorization: Bearer <token>" or ?token=<token>')
+    response = error(
+        401,
+        "missing or wrong bearer token",
+        "authorization",
+        problem='send "Authorization: Bearer <token>" or ?token=<token>',
+    )
     response.headers["www-authenticate"] = "Bearer"
     return response
 
@@ -71,13 +83,15 @@ def unauthorized() -> JSONResponse:
 def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     """`NotFound` (an environment, service or API that is not there) is 404; the rest 422."""
     assert isinstance(exc, ValidationError)
-    return error(404 if isinstance(exc, NotFound) else 422, str(exc), exc.field, exc.value,
-                 exc.problem)
+    return error(
+        404 if isinstance(exc, NotFound) else 422, str(exc), exc.field, exc.value, exc.problem
+    )
 
 
 def _infeasible(request: Request, exc: Exception) -> JSONResponse:
     field = {"exec": "cpu", "run_code": "cpu", "invoke": "gpus"}.get(
-        request.url.path.rsplit("/", 1)[-1])
+        request.url.path.rsplit("/", 1)[-1]
+    )
     return error(409, str(exc), field, problem="no pool can ever meet this demand")
 
 
@@ -128,7 +142,8 @@ def _request_error(_: Request, exc: Exception) -> JSONResponse:
     branches = [e for e in errs if tuple(e.get("loc", ()))[:k] == full[:k] and len(e["loc"]) > k]
     if len(branches) > 1:
         problem = "matches no accepted form: " + "; ".join(
-            f"as {e['loc'][k]}: {e.get('msg')}" for e in branches[:4])
+            f"as {e['loc'][k]}: {e.get('msg')}" for e in branches[:4]
+        )
     else:
         problem = str(errs[0].get("msg", "invalid"))
     return error(422, f"{field}: {problem}", field, errs[0].get("input"), problem)
@@ -137,8 +152,9 @@ def _request_error(_: Request, exc: Exception) -> JSONResponse:
 def _http_error(_: Request, exc: Exception) -> JSONResponse:
     """Starlette's own (no such path, method not allowed) in the same error shape."""
     assert isinstance(exc, StarletteHTTPException)
-    response = error(exc.status_code, str(exc.detail), "path" if exc.status_code in (404, 405)
-                     else None)
+    response = error(
+        exc.status_code, str(exc.detail), "path" if exc.status_code in (404, 405) else None
+    )
     response.headers.update(exc.headers or {})
     return response
 

@@ -27,8 +27,9 @@ MAX_FORK = 256  # environments one fork makes
 MAX_MEMORY_MB = 1 << 24  # an environment's memory or disk bound
 
 Units = Annotated[int, Field(ge=1, le=MAX_UNITS)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME,
-                            pattern=r"^[^\x00-\x1f\x7f]+$")]  # no control characters (logs)
+Name = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME, pattern=r"^[^\x00-\x1f\x7f]+$")
+]  # no control characters (logs)
 FilePath = Annotated[str, Field(min_length=1, max_length=MAX_PATH)]
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT, allow_inf_nan=False)]
 MemoryMb = Annotated[int, Field(ge=1, le=MAX_MEMORY_MB)]

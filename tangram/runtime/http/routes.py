@@ -52,8 +52,9 @@ async def _unless_disconnected(request: Request, work: Awaitable[Result]) -> Res
     if not action.done() or action.cancelled():
         with contextlib.suppress(asyncio.CancelledError):
             await action
-        log.info("%s %s: client disconnected; its action was cancelled", request.method,
-                 request.url.path)
+        log.info(
+            "%s %s: client disconnected; its action was cancelled", request.method, request.url.path
+        )
         return Response(status_code=499)
     return result_response(action.result())
 
@@ -76,9 +77,16 @@ async def healthz() -> dict[str, bool]:
 @router.post("/v1/envs")
 async def open_env(body: OpenEnv, request: Request) -> EnvOut:
     tg = request.app.state.tangram
-    return EnvOut(env_id=await tg.open_env(body.trajectory, body.memory_mb,
-                                           network=body.network, image=body.image,
-                                           disk_mb=body.disk_mb, snapshot=body.snapshot))
+    return EnvOut(
+        env_id=await tg.open_env(
+            body.trajectory,
+            body.memory_mb,
+            network=body.network,
+            image=body.image,
+            disk_mb=body.disk_mb,
+            snapshot=body.snapshot,
+        )
+    )
 
 
 @router.delete("/v1/envs/{env_id}")
@@ -90,21 +98,31 @@ async def close_env(env_id: str, request: Request) -> EnvOut:
 @router.post("/v1/envs/{env_id}/exec", response_model=None, responses=RESULT)
 async def exec_(env_id: str, body: Exec, request: Request) -> Response:
     command = body.command if isinstance(body.command, str) else list(body.command)
-    return await _unless_disconnected(request, request.app.state.tangram.exec(
-        env_id, command, cpu=demand_arg(body.cpu), elastic=body.elastic,
-        timeout=body.timeout, kind=body.kind))
+    return await _unless_disconnected(
+        request,
+        request.app.state.tangram.exec(
+            env_id,
+            command,
+            cpu=demand_arg(body.cpu),
+            elastic=body.elastic,
+            timeout=body.timeout,
+            kind=body.kind,
+        ),
+    )
 
 
 @router.post("/v1/services/{name}/invoke", response_model=None, responses=RESULT)
 async def invoke(name: str, body: Invoke, request: Request) -> Response:
-    return await _unless_disconnected(request, request.app.state.tangram.invoke(
-        name, body.payload, gpus=demand_arg(body.gpus)))
+    return await _unless_disconnected(
+        request, request.app.state.tangram.invoke(name, body.payload, gpus=demand_arg(body.gpus))
+    )
 
 
 @router.post("/v1/apis/{name}/call", response_model=None, responses=RESULT)
 async def call_api(name: str, body: CallApi, request: Request) -> Response:
-    return await _unless_disconnected(request, request.app.state.tangram.call_api(
-        name, body.payload))
+    return await _unless_disconnected(
+        request, request.app.state.tangram.call_api(name, body.payload)
+    )
 
 
 @router.get("/v1/status")
@@ -113,8 +131,12 @@ async def status(request: Request) -> dict[str, Any]:
     return request.app.state.tangram.status().to_dict()
 
 
-@scrape.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorOut}})
+@scrape.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, 401: {"model": ErrorOut}},
+)
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.tangram.metrics.render(),
-                    media_type="text/plain; version=0.0.4")
+    return Response(
+        request.app.state.tangram.metrics.render(), media_type="text/plain; version=0.0.4"
+    )

@@ -48,9 +48,13 @@ class OpenEnv(_Body):
 
 
 class Exec(_Body):
-    command: (Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]
-              | Annotated[list[Annotated[str, Field(max_length=MAX_COMMAND)]],
-                          Field(min_length=1, max_length=MAX_ARGV)])
+    command: (
+        Annotated[str, Field(min_length=1, max_length=MAX_COMMAND)]
+        | Annotated[
+            list[Annotated[str, Field(max_length=MAX_COMMAND)]],
+            Field(min_length=1, max_length=MAX_ARGV),
+        ]
+    )
     cpu: Demand = 1
     elastic: bool = False
     timeout: Seconds = 60.0
@@ -74,8 +78,11 @@ class CallApi(_Body):
 
 
 # every field name a body may carry: an error's `field` is cut at the first part that is not one
-FIELDS = {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields} \
-    | sandboxfusion.FIELDS | envs_http.FIELDS
+FIELDS = (
+    {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields}
+    | sandboxfusion.FIELDS
+    | envs_http.FIELDS
+)
 
 
 class EnvOut(BaseModel):
@@ -90,4 +97,5 @@ class ErrorOut(BaseModel):
 
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (401, 404, 408, 409, 413, 422, 429, 503)}
+    code: {"model": ErrorOut} for code in (401, 404, 408, 409, 413, 422, 429, 503)
+}

@@ -50,7 +50,23 @@ from tangram.runtime.sandboxfusion.models import (
 from tangram.runtime.sandboxfusion.routes import UNSERVED, router, unserved
 from tangram.runtime.sandboxfusion.work import fetched, run_code, run_jupyter, staged
 
-__all__ = ["ARG_CHUNK", "DEFAULT_MEMORY_MB", "FIELDS", "UNSERVED", "CommandRunResult",
-           "CommandRunStatus", "RunCodeRequest", "RunCodeResponse", "RunJupyterResponse",
-           "RunStatus", "command_result", "fetched", "overall", "router", "run_code",
-           "run_jupyter", "staged", "unserved"]
+__all__ = [
+    "ARG_CHUNK",
+    "DEFAULT_MEMORY_MB",
+    "FIELDS",
+    "UNSERVED",
+    "CommandRunResult",
+    "CommandRunStatus",
+    "RunCodeRequest",
+    "RunCodeResponse",
+    "RunJupyterResponse",
+    "RunStatus",
+    "command_result",
+    "fetched",
+    "overall",
+    "router",
+    "run_code",
+    "run_jupyter",
+    "staged",
+    "unserved",
+]

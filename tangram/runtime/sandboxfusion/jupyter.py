@@ -44,8 +44,7 @@ class RunJupyterRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    cells: Annotated[list[Annotated[str, Field(max_length=MAX_CODE)]],
-                     Field(max_length=4096)]
+    cells: Annotated[list[Annotated[str, Field(max_length=MAX_CODE)]], Field(max_length=4096)]
     cell_timeout: Annotated[float, Field(ge=0, le=MAX_TIMEOUT, allow_inf_nan=False)] = 0.0
     total_timeout: Seconds = 45.0
     memory_limit_MB: Annotated[int, Field(ge=-1, le=MAX_MEMORY_MB)] = -1
@@ -86,8 +85,11 @@ class CellRunResult(BaseModel):
 
 def driver_files(req: RunJupyterRequest) -> dict[str, bytes]:
     """The driver and its request, as files of the work directory."""
-    spec = {"cells": req.cells, "cell_timeout": req.cell_timeout,
-            "total_timeout": req.total_timeout}
+    spec = {
+        "cells": req.cells,
+        "cell_timeout": req.cell_timeout,
+        "total_timeout": req.total_timeout,
+    }
     return {DRIVER_NAME: DRIVER.read_bytes(), REQUEST_NAME: json.dumps(spec).encode()}
 
 
@@ -107,7 +109,7 @@ def parse(r: Result) -> tuple[list[CellRunResult], bool | None, str]:
     kept, report = [], None
     for line in r.stdout.splitlines(keepends=True):
         if line.startswith(RESULT_MARK):
-            report = line[len(RESULT_MARK):]
+            report = line[len(RESULT_MARK) :]
         else:
             kept.append(line)
     if report is None:
@@ -122,8 +124,11 @@ def parse(r: Result) -> tuple[list[CellRunResult], bool | None, str]:
 
 def no_kernel(r: Result) -> bool:
     """The driver could not import jupyter_client/ipykernel in the sandbox."""
-    return r.status is Status.ERROR and "No module named" in r.stderr and (
-        "jupyter_client" in r.stderr or "ipykernel" in r.stderr)
+    return (
+        r.status is Status.ERROR
+        and "No module named" in r.stderr
+        and ("jupyter_client" in r.stderr or "ipykernel" in r.stderr)
+    )
 
 
 async def shielded_close(tg: Any, env: str) -> None:

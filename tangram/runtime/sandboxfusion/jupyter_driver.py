@@ -31,14 +31,23 @@ KERNEL_LOG = ".tangram-kernel.log"
 
 def start_kernel() -> tuple[subprocess.Popen, BlockingKernelClient]:
     # loopback: inside the sandbox's own network namespace, nothing else can reach it
-    cf, _ = write_connection_file(fname=os.path.abspath(".tangram-kernel.json"), transport="tcp",
-                                  ip="127.0.0.1")
-    env = {**os.environ, "JUPYTER_PLATFORM_DIRS": "1", "MPLBACKEND": "module://matplotlib_inline"
-           ".backend_inline", "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+    cf, _ = write_connection_file(
+        fname=os.path.abspath(".tangram-kernel.json"), transport="tcp", ip="127.0.0.1"
+    )
+    env = {
+        **os.environ,
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+    }
     log = open(KERNEL_LOG, "wb")  # the kernel's, for as long as it lives
-    kernel = subprocess.Popen([sys.executable, "-m", "ipykernel_launcher", "-f", cf,
-                               "--HistoryManager.enabled=False"], env=env,
-                              stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    kernel = subprocess.Popen(
+        [sys.executable, "-m", "ipykernel_launcher", "-f", cf, "--HistoryManager.enabled=False"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+    )
     client = BlockingKernelClient(connection_file=cf)
     client.load_connection_file()
     client.start_channels(hb=False)  # liveness: the kernel is our child, we watch it directly

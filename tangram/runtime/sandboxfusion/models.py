@@ -36,10 +36,38 @@ OOM_DETAIL = "killed: out of memory"  # how the CPU backends name a memory kill
 
 # Every language SandboxFusion's request model accepts; anything else is a 422 there and here.
 SandboxLanguage = Literal[
-    "python", "cpp", "nodejs", "go", "go_test", "java", "php", "csharp", "bash", "typescript",
-    "sql", "rust", "cuda", "lua", "R", "perl", "D_ut", "ruby", "scala", "julia", "pytest",
-    "junit", "kotlin_script", "jest", "verilog", "python_gpu", "lean", "swift", "racket"]
+    "python",
+    "cpp",
+    "nodejs",
+    "go",
+    "go_test",
+    "java",
+    "php",
+    "csharp",
+    "bash",
+    "typescript",
+    "sql",
+    "rust",
+    "cuda",
+    "lua",
+    "R",
+    "perl",
+    "D_ut",
+    "ruby",
+    "scala",
+    "julia",
+    "pytest",
+    "junit",
+    "kotlin_script",
+    "jest",
+    "verilog",
+    "python_gpu",
+    "lean",
+    "swift",
+    "racket",
+]
 # -- the request ---------------------------------------------------------------------------------
+
 
 class CpuRange(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -74,16 +102,25 @@ class RunCodeRequest(BaseModel):
     stdin: str | None = None
     files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_ITEMS)
     fetch_files: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
-    args: list[str] = Field(default_factory=list, max_length=MAX_ITEMS,
-                            description="extra arguments of a pytest run")
+    args: list[str] = Field(
+        default_factory=list, max_length=MAX_ITEMS, description="extra arguments of a pytest run"
+    )
     # Tangram's extensions
     cpu: Units | CpuRange | Choices = Field(
-        1, description="the run step's CPU demand: cores, {min, max} or a list of amounts")
-    elastic: bool | None = Field(None, description="give a pytest run its granted cores as "
-                                 "workers (default: when `cpu` allows more than one amount)")
-    env_id: str | None = Field(None, max_length=MAX_NAME, description="run in this open "
-                               "environment (multi-turn) instead of a fresh one, which is not "
-                               "closed")
+        1, description="the run step's CPU demand: cores, {min, max} or a list of amounts"
+    )
+    elastic: bool | None = Field(
+        None,
+        description="give a pytest run its granted cores as "
+        "workers (default: when `cpu` allows more than one amount)",
+    )
+    env_id: str | None = Field(
+        None,
+        max_length=MAX_NAME,
+        description="run in this open "
+        "environment (multi-turn) instead of a fresh one, which is not "
+        "closed",
+    )
 
     @field_validator("code", "stdin")
     @classmethod
@@ -92,8 +129,9 @@ class RunCodeRequest(BaseModel):
             try:
                 v.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ValueError(f"must be valid Unicode (a lone surrogate at character "
-                                 f"{exc.start})") from None
+                raise ValueError(
+                    f"must be valid Unicode (a lone surrogate at character {exc.start})"
+                ) from None
         return v
 
     @field_validator("memory_limit_MB")
@@ -122,8 +160,11 @@ class RunCodeRequest(BaseModel):
         return self.language == "pytest" and flexible
 
 
-FIELDS = set(RunCodeRequest.model_fields) | set(CpuRange.model_fields) \
+FIELDS = (
+    set(RunCodeRequest.model_fields)
+    | set(CpuRange.model_fields)
     | set(RunJupyterRequest.model_fields)
+)
 
 # -- the response --------------------------------------------------------------------------------
 
@@ -178,21 +219,37 @@ def command_result(r: Result) -> CommandRunResult:
     look: there a memory limit surfaces as the program's own MemoryError text); a missing
     toolchain (the runners' guard) is an `Error`, so the request is a `SandboxError`."""
     if r.status is Status.TIMEOUT:
-        return CommandRunResult(status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
-                                execution_time=r.run_s, stdout=r.stdout, stderr=r.stderr)
+        return CommandRunResult(
+            status=CommandRunStatus.TIME_LIMIT_EXCEEDED,
+            execution_time=r.run_s,
+            stdout=r.stdout,
+            stderr=r.stderr,
+        )
     missing = missing_toolchain(r.exit_code, r.stderr)
     if missing is not None:
-        return CommandRunResult(status=CommandRunStatus.ERROR, execution_time=r.run_s,
-                                stdout=r.stdout, stderr=missing)
+        return CommandRunResult(
+            status=CommandRunStatus.ERROR, execution_time=r.run_s, stdout=r.stdout, stderr=missing
+        )
     if r.status in (Status.OK, Status.ERROR) and r.exit_code is not None:
         stderr = r.stderr
         if r.detail.startswith(OOM_DETAIL):
-            stderr = f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}" \
-                     f"tangram: {r.detail}\n"
-        return CommandRunResult(status=CommandRunStatus.FINISHED, execution_time=r.run_s,
-                                return_code=r.exit_code, stdout=r.stdout, stderr=stderr)
-    return CommandRunResult(status=CommandRunStatus.ERROR, execution_time=r.run_s,
-                            stdout=r.stdout, stderr=r.stderr or f"{r.status}: {r.detail}")
+            stderr = (
+                f"{stderr}{'' if not stderr or stderr.endswith(chr(10)) else chr(10)}"
+                f"tangram: {r.detail}\n"
+            )
+        return CommandRunResult(
+            status=CommandRunStatus.FINISHED,
+            execution_time=r.run_s,
+            return_code=r.exit_code,
+            stdout=r.stdout,
+            stderr=stderr,
+        )
+    return CommandRunResult(
+        status=CommandRunStatus.ERROR,
+        execution_time=r.run_s,
+        stdout=r.stdout,
+        stderr=r.stderr or f"{r.status}: {r.detail}",
+    )
 
 
 def overall(*steps: CommandRunResult | None) -> tuple[RunStatus, str]:

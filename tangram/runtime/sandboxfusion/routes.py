@@ -57,17 +57,30 @@ async def run_jupyter_route(body: RunJupyterRequest, request: Request) -> Respon
 
 # SandboxFusion's dataset and judge endpoints, which its SDK calls (`get_prompts`, `submit`,
 # ...): the datasets are SandboxFusion's own content, not served here.
-UNSERVED = ("/get_prompts", "/get_prompt_by_id", "/submit", "/list_datasets", "/list_ids",
-            "/get_metrics", "/get_metrics_function")
+UNSERVED = (
+    "/get_prompts",
+    "/get_prompt_by_id",
+    "/submit",
+    "/list_datasets",
+    "/list_ids",
+    "/get_metrics",
+    "/get_metrics_function",
+)
 
 
 def unserved(path: str) -> JSONResponse:
     """A JSON 404 naming what is not served (a client's request for something this server
     does not have, not a server failure)."""
-    return JSONResponse(status_code=404, content={
-        "error": f"{path} is not served by Tangram", "field": "path", "value": path,
-        "problem": "SandboxFusion's dataset and judge endpoints are not implemented; "
-                   "/run_code and /run_jupyter are"})
+    return JSONResponse(
+        status_code=404,
+        content={
+            "error": f"{path} is not served by Tangram",
+            "field": "path",
+            "value": path,
+            "problem": "SandboxFusion's dataset and judge endpoints are not implemented; "
+            "/run_code and /run_jupyter are",
+        },
+    )
 
 
 async def _unserved(request: Request) -> JSONResponse:
@@ -92,8 +105,15 @@ async def sdk_dispatch(request: Request) -> Response:
     except (ValueError, TypeError) as exc:
         from_error = getattr(exc, "errors", None)
         problem = str(from_error()[0]["msg"]) if callable(from_error) else str(exc)
-        return JSONResponse(status_code=422, content={
-            "error": "invalid request body", "field": "body", "value": None, "problem": problem})
+        return JSONResponse(
+            status_code=422,
+            content={
+                "error": "invalid request body",
+                "field": "body",
+                "value": None,
+                "problem": problem,
+            },
+        )
     if path == "/run_code":
         return await run_code_route(body, request)
     return await run_jupyter_route(body, request)

@@ -50,11 +50,17 @@ class Plan:
     def guard(self) -> str:
         """Shell lines that exit `MISSING_CODE` with `MISSING` on stderr when a tool or jar is
         not visible in the sandbox."""
-        checks = [f"command -v {shlex.quote(t)} >/dev/null 2>&1 || {{ echo "
-                  f"{shlex.quote(f'{MISSING} {t} (not on the PATH')} \"$PATH)\" >&2; "
-                  f"exit {MISSING_CODE}; }}" for t in self.tools]
-        checks += [f"[ -f {shlex.quote(j)} ] || {{ echo {shlex.quote(f'{MISSING} {j}')} >&2; "
-                   f"exit {MISSING_CODE}; }}" for j in self.jars]
+        checks = [
+            f"command -v {shlex.quote(t)} >/dev/null 2>&1 || {{ echo "
+            f'{shlex.quote(f"{MISSING} {t} (not on the PATH")} "$PATH)" >&2; '
+            f"exit {MISSING_CODE}; }}"
+            for t in self.tools
+        ]
+        checks += [
+            f"[ -f {shlex.quote(j)} ] || {{ echo {shlex.quote(f'{MISSING} {j}')} >&2; "
+            f"exit {MISSING_CODE}; }}"
+            for j in self.jars
+        ]
         return "".join(c + "\n" for c in checks)
 
 
@@ -87,8 +93,9 @@ def cpp_flags() -> tuple[str, ...]:
             f.write("int main() { return 0; }\n")
         for flag in CPP_OPTIONAL_FLAGS:
             try:
-                done = subprocess.run(["g++", src, "-o", f"{d}/probe", flag], capture_output=True,
-                                      timeout=60, cwd=d)
+                done = subprocess.run(
+                    ["g++", src, "-o", f"{d}/probe", flag], capture_output=True, timeout=60, cwd=d
+                )
             except (OSError, subprocess.TimeoutExpired):
                 break
             if done.returncode == 0:
@@ -96,8 +103,9 @@ def cpp_flags() -> tuple[str, ...]:
     return tuple(found)
 
 
-_PUBLIC_CLASS = re.compile(r"^\s*public\s+(?:(?:final|abstract|static)\s+)*class\s+(\w+)",
-                           re.MULTILINE)
+_PUBLIC_CLASS = re.compile(
+    r"^\s*public\s+(?:(?:final|abstract|static)\s+)*class\s+(\w+)", re.MULTILINE
+)
 
 
 def java_public_class(code: str) -> str | None:
@@ -113,22 +121,29 @@ def _class_path(jars: list[str], files: list[str]) -> str:
 def _java(code: str, files: list[str], args: list[str]) -> Plan:
     tuples = _find_jar(JAVATUPLES)
     cp = shlex.quote(_class_path([tuples] if tuples else [], files))
-    return Plan("Main.java", f"java -cp {cp} -ea Main", f"javac -cp {cp} Main.java",
-                tools=("javac", "java"))
+    return Plan(
+        "Main.java", f"java -cp {cp} -ea Main", f"javac -cp {cp} Main.java", tools=("javac", "java")
+    )
 
 
 def _junit(code: str, files: list[str], args: list[str]) -> Plan:
     console = _find_jar(JUNIT_CONSOLE) or f"{JAVA_DIRS[0]}/junit-platform-console-standalone.jar"
     cp = shlex.quote(_class_path([console], files))
     source = f"{java_public_class(code) or 'Main'}.java" if code else None
-    return Plan(source, f"java -jar {shlex.quote(console)} --class-path {cp} --scan-class-path",
-                f"javac -cp {cp} *.java", tools=("javac", "java"), jars=(console,))
+    return Plan(
+        source,
+        f"java -jar {shlex.quote(console)} --class-path {cp} --scan-class-path",
+        f"javac -cp {cp} *.java",
+        tools=("javac", "java"),
+        jars=(console,),
+    )
 
 
 def _cpp(code: str, files: list[str], args: list[str]) -> Plan:
     flags = " ".join(cpp_flags())
-    return Plan("main.cpp", "./test", f"g++ -std=c++17 main.cpp -o test {flags}".rstrip(),
-                tools=("g++",))
+    return Plan(
+        "main.cpp", "./test", f"g++ -std=c++17 main.cpp -o test {flags}".rstrip(), tools=("g++",)
+    )
 
 
 def _go(code: str, files: list[str], args: list[str]) -> Plan:
@@ -143,25 +158,34 @@ def _go_test(code: str, files: list[str], args: list[str]) -> Plan:
 
 def _pytest(code: str, files: list[str], args: list[str]) -> Plan:
     extra = " " + shlex.join(args) if args else ""
-    return Plan("test_main.py", f"python3 -m pytest $workers test_main.py{extra}",
-                tools=("python3",))
+    return Plan(
+        "test_main.py", f"python3 -m pytest $workers test_main.py{extra}", tools=("python3",)
+    )
 
 
 def _php(code: str, files: list[str], args: list[str]) -> Plan:
-    return Plan("main.php", "php -f main.php", tools=("php",),
-                code_prefix="" if PHP_TAG in code else PHP_TAG + "\n")
+    return Plan(
+        "main.php",
+        "php -f main.php",
+        tools=("php",),
+        code_prefix="" if PHP_TAG in code else PHP_TAG + "\n",
+    )
 
 
 def _csharp(code: str, files: list[str], args: list[str]) -> Plan:
     # `dotnet new` writes its own Program.cs: the code goes in after it
-    return Plan(".tangram-Program.cs", "dotnet run --project .",
-                "dotnet new console -o . --force >/dev/null && cp .tangram-Program.cs "
-                "Program.cs", tools=("dotnet",))
+    return Plan(
+        ".tangram-Program.cs",
+        "dotnet run --project .",
+        "dotnet new console -o . --force >/dev/null && cp .tangram-Program.cs Program.cs",
+        tools=("dotnet",),
+    )
 
 
 def _simple(source: str, command: str, tool: str):
     def plan(code: str, files: list[str], args: list[str]) -> Plan:
         return Plan(source, f"{command} {source}", tools=(tool,))
+
     return plan
 
 
@@ -174,8 +198,9 @@ PLANS = {
     "go_test": _go_test,
     "java": _java,
     "junit": _junit,
-    "rust": lambda code, files, args: Plan("main.rs", "./test", "rustc main.rs -o test",
-                                           tools=("rustc",)),
+    "rust": lambda code, files, args: Plan(
+        "main.rs", "./test", "rustc main.rs -o test", tools=("rustc",)
+    ),
     "nodejs": _simple("main.js", "node", "node"),
     "typescript": _simple("main.ts", "tsx", "tsx"),
     "php": _php,
@@ -196,6 +221,8 @@ def plan_for(language: str, code: str, files: list[str], args: list[str]) -> Pla
     """The language's plan, or why this server has no runner for it."""
     make = PLANS.get(language)
     if make is None:
-        return (f"language {language!r} is not supported by this server (runners: "
-                f"{', '.join(sorted(PLANS))})")
+        return (
+            f"language {language!r} is not supported by this server (runners: "
+            f"{', '.join(sorted(PLANS))})"
+        )
     return make(code, files, args)

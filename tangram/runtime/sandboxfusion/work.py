@@ -86,7 +86,7 @@ def staged(files: dict[str, bytes], command: str) -> list[str]:
     for path, data in files.items():
         text = base64.b64encode(data).decode()
         for i in range(0, max(len(text), 1), ARG_CHUNK):
-            argv += [_inside(path), text[i:i + ARG_CHUNK]]
+            argv += [_inside(path), text[i : i + ARG_CHUNK]]
     return [*argv, "--", command]
 
 
@@ -105,9 +105,14 @@ def _grant(tg: Any, step: str, r: Result) -> StepGrant:
     """One step's grant, under the CPU resource name the cluster configured."""
     cpu = tg.cpu.resource
     placement = r.placement.get(cpu)
-    return StepGrant(step=step, action_id=r.action_id, cores=int(r.units.get(cpu, 0)),
-                     placement={} if placement is None else placement_json(placement),
-                     queued_s=r.queued_s, run_s=r.run_s)
+    return StepGrant(
+        step=step,
+        action_id=r.action_id,
+        cores=int(r.units.get(cpu, 0)),
+        placement={} if placement is None else placement_json(placement),
+        queued_s=r.queued_s,
+        run_s=r.run_s,
+    )
 
 
 async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
@@ -119,10 +124,13 @@ async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
     paths = [*req.files, *req.fetch_files]
     if any(p.startswith("/") for p in paths) and not absolute_allowed(tg):
         bad = next(p for p in paths if p.startswith("/"))
-        raise ValidationError("files" if bad in req.files else "fetch_files", bad,
-                              "absolute paths are served only by the isolating backends "
-                              f"({', '.join(ISOLATING_BACKENDS)}), where they are the "
-                              "sandbox's own; give a path relative to the work directory")
+        raise ValidationError(
+            "files" if bad in req.files else "fetch_files",
+            bad,
+            "absolute paths are served only by the isolating backends "
+            f"({', '.join(ISOLATING_BACKENDS)}), where they are the "
+            "sandbox's own; give a path relative to the work directory",
+        )
     memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
     if req.env_id is not None:
         return await _steps(tg, req.env_id, plan, req)
@@ -142,8 +150,13 @@ async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
 
 def _inputs(plan: Plan, req: RunCodeRequest) -> dict[str, bytes]:
     files = {**plan.extra}
-    files.update({_sandbox_path(p): base64.b64decode(c) for p, c in req.files.items()
-                  if c is not None and IGNORED_FILE not in p})
+    files.update(
+        {
+            _sandbox_path(p): base64.b64decode(c)
+            for p, c in req.files.items()
+            if c is not None and IGNORED_FILE not in p
+        }
+    )
     if plan.source is not None:
         files[plan.source] = (plan.code_prefix + req.code).encode()
     if req.stdin is not None:
@@ -171,8 +184,9 @@ async def _put(tg: Any, env: str, files: dict[str, bytes]) -> dict[str, bytes]:
     return {p: data for p, data in files.items() if p not in mine}
 
 
-async def _fetch(tg: Any, env: str, req: RunCodeRequest | RunJupyterRequest,
-                 kind: str) -> dict[str, str]:
+async def _fetch(
+    tg: Any, env: str, req: RunCodeRequest | RunJupyterRequest, kind: str
+) -> dict[str, str]:
     """`fetch_files` as {requested path: base64}; missing ones and non-files left out."""
     paths = [_sandbox_path(p) for p in req.fetch_files]
     out: dict[str, str] = {}
@@ -183,12 +197,19 @@ async def _fetch(tg: Any, env: str, req: RunCodeRequest | RunJupyterRequest,
             got = await tg.read_files(env, mine)
         except (TangramError, OSError):  # too large for the files API: the step reads them
             got = {}
-        out.update({p: base64.b64encode(data).decode() for p, data in got.items()
-                    if data is not None})
+        out.update(
+            {p: base64.b64encode(data).decode() for p, data in got.items() if data is not None}
+        )
     rest = [p for p in paths if p not in mine or p not in got]
     if rest:
-        r = await tg.exec(env, ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, rest)],
-                          cpu=1, timeout=FETCH_TIMEOUT, output_cap=FETCH_CAP, kind=kind)
+        r = await tg.exec(
+            env,
+            ["sh", "-c", _FETCH, "tangram-fetch", *map(_inside, rest)],
+            cpu=1,
+            timeout=FETCH_TIMEOUT,
+            output_cap=FETCH_CAP,
+            kind=kind,
+        )
         out.update(fetched(rest, r.stdout))
     return {req.fetch_files[paths.index(p)]: data for p, data in out.items()}
 
@@ -199,19 +220,30 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
     guard = plan.guard()
     resp = RunCodeResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
     if plan.compile is not None:
-        r = await tg.exec(env, staged(files, f"{guard}{plan.compile} < /dev/null"), cpu=1,
-                          timeout=req.compile_timeout, kind=f"run_code:{req.language}:compile")
+        r = await tg.exec(
+            env,
+            staged(files, f"{guard}{plan.compile} < /dev/null"),
+            cpu=1,
+            timeout=req.compile_timeout,
+            kind=f"run_code:{req.language}:compile",
+        )
         resp.tangram.steps.append(_grant(tg, "compile", r))
         resp.compile_result = command_result(r)
         files, guard = {}, ""
     compiled = resp.compile_result is None or (
         resp.compile_result.status is CommandRunStatus.FINISHED
-        and resp.compile_result.return_code == 0)
+        and resp.compile_result.return_code == 0
+    )
     if compiled:
         elastic = req.language == "pytest" and req.is_elastic()
-        r = await tg.exec(env, staged(files, f"{guard}{_WORKERS}exec {plan.run} {stdin}"),
-                          cpu=req.cpu_demand(), elastic=elastic, timeout=req.run_timeout,
-                          kind=f"run_code:{req.language}")
+        r = await tg.exec(
+            env,
+            staged(files, f"{guard}{_WORKERS}exec {plan.run} {stdin}"),
+            cpu=req.cpu_demand(),
+            elastic=elastic,
+            timeout=req.run_timeout,
+            kind=f"run_code:{req.language}",
+        )
         resp.tangram.steps.append(_grant(tg, "run", r))
         resp.run_result = command_result(r)
     if req.fetch_files:
@@ -226,23 +258,34 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
         try:
             _sandbox_path(path)
         except ValueError as exc:
-            raise ValidationError("files" if path in req.files else "fetch_files", path,
-                                  str(exc)) from None
+            raise ValidationError(
+                "files" if path in req.files else "fetch_files", path, str(exc)
+            ) from None
         if path.startswith("/") and not absolute_allowed(tg):
-            raise ValidationError("files" if path in req.files else "fetch_files", path,
-                                  "absolute paths are served only by the isolating backends")
+            raise ValidationError(
+                "files" if path in req.files else "fetch_files",
+                path,
+                "absolute paths are served only by the isolating backends",
+            )
     memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
     pool = warm_pool(tg, DEFAULT_MEMORY_MB)
-    env = await (pool.take(memory) if pool is not None else
-                 tg.open_env(fresh_trajectory(), memory))
+    env = await (pool.take(memory) if pool is not None else tg.open_env(fresh_trajectory(), memory))
     try:
-        files = {_sandbox_path(p): base64.b64decode(c) for p, c in req.files.items()
-                 if c is not None and IGNORED_FILE not in p}
+        files = {
+            _sandbox_path(p): base64.b64decode(c)
+            for p, c in req.files.items()
+            if c is not None and IGNORED_FILE not in p
+        }
         files.update(jupyter.driver_files(req))
         files = await _put(tg, env, files)
-        r = await tg.exec(env, staged(files, jupyter.driver_command()), cpu=1,
-                          timeout=jupyter.exec_timeout(req), output_cap=jupyter.OUTPUT_CAP,
-                          kind="run_jupyter")
+        r = await tg.exec(
+            env,
+            staged(files, jupyter.driver_command()),
+            cpu=1,
+            timeout=jupyter.exec_timeout(req),
+            output_cap=jupyter.OUTPUT_CAP,
+            kind="run_jupyter",
+        )
         resp = _jupyter_response(tg, r, env)
         if req.fetch_files:
             resp.files = await _fetch(tg, env, req, "run_jupyter:fetch")
@@ -265,7 +308,10 @@ def _jupyter_response(tg: Any, r: Result, env: str) -> RunJupyterResponse:
         resp.message = f"no Jupyter kernel in the sandbox: {r.stderr.strip()[-300:]}"
     elif driver.status is CommandRunStatus.ERROR:
         resp.status, resp.message = RunStatus.SANDBOX_ERROR, driver.stderr or r.detail
-    elif driver.status is not CommandRunStatus.FINISHED or timed_out is None \
-            or driver.return_code != 0:
+    elif (
+        driver.status is not CommandRunStatus.FINISHED
+        or timed_out is None
+        or driver.return_code != 0
+    ):
         resp.status = RunStatus.FAILED
     return resp

@@ -33,6 +33,16 @@ from tangram.runtime.shards.views import QueueView, ShardLost
 from tangram.runtime.shards.wire import wire_dumps, wire_loads
 from tangram.runtime.shards.worker import MirroredProfiles, die_with_parent, process_cpu_s
 
-__all__ = ["BACKENDS", "PENDING", "MirroredProfiles", "QueueView", "ShardLost",
-           "ShardedScheduler", "die_with_parent", "process_cpu_s", "take_over", "wire_dumps",
-           "wire_loads"]
+__all__ = [
+    "BACKENDS",
+    "PENDING",
+    "MirroredProfiles",
+    "QueueView",
+    "ShardLost",
+    "ShardedScheduler",
+    "die_with_parent",
+    "process_cpu_s",
+    "take_over",
+    "wire_dumps",
+    "wire_loads",
+]

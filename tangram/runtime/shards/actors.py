@@ -59,8 +59,7 @@ class RayShard:
     _call: Any = None
 
     @classmethod
-    def start(cls, index: int, nodes: tuple[str, ...], init: ShardInit,
-              others: list) -> RayShard:
+    def start(cls, index: int, nodes: tuple[str, ...], init: ShardInit, others: list) -> RayShard:
         global _REMOTE
         ray = _ray()
         if _REMOTE is None:

@@ -43,13 +43,18 @@ class ProcessShard:
     conn: Any
 
     @classmethod
-    def start(cls, index: int, nodes: tuple[str, ...], init: ShardInit,
-              others: list[ShardHandle]) -> ProcessShard:
+    def start(
+        cls, index: int, nodes: tuple[str, ...], init: ShardInit, others: list[ShardHandle]
+    ) -> ProcessShard:
         ctx = multiprocessing.get_context("fork")
         ours, theirs = ctx.Pipe()
         inherited = [s.conn for s in others if isinstance(s, ProcessShard)]
-        p = ctx.Process(target=shard_main, name=f"tangram-shard-{index}", daemon=True,
-                        args=(theirs, os.getpid(), inherited, init))
+        p = ctx.Process(
+            target=shard_main,
+            name=f"tangram-shard-{index}",
+            daemon=True,
+            args=(theirs, os.getpid(), inherited, init),
+        )
         gc.freeze()  # the child's collector leaves the router's heap alone (no copy on write)
         try:
             p.start()

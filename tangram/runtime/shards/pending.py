@@ -12,8 +12,9 @@ from tangram.pools import Pool
 from tangram.sharding import ShardLayout
 
 
-def _hold(act: Action, nodes: Mapping[str, str], scratch: Mapping[str, Pool],
-          blocked: dict[str, set[str]]) -> None:
+def _hold(
+    act: Action, nodes: Mapping[str, str], scratch: Mapping[str, Pool], blocked: dict[str, set[str]]
+) -> None:
     """An action ahead in FCFS order holds its minimum on its node, or blocks the node for
     those behind it when it does not fit there."""
     for r, k in act.mins.items():
@@ -24,10 +25,15 @@ def _hold(act: Action, nodes: Mapping[str, str], scratch: Mapping[str, Pool],
             scratch[r].place(k, node)
 
 
-def place_pending(pending: deque[Action], layout: ShardLayout, bindings: Mapping,
-                  pools: Mapping[str, Pool], bind: Callable[[str, str, str], None],
-                  to_shard: Callable[[int, Action], None],
-                  queued: Iterable[Action] = ()) -> None:
+def place_pending(
+    pending: deque[Action],
+    layout: ShardLayout,
+    bindings: Mapping,
+    pools: Mapping[str, Pool],
+    bind: Callable[[str, str, str], None],
+    to_shard: Callable[[int, Action], None],
+    queued: Iterable[Action] = (),
+) -> None:
     """Route the actions waiting for a node, in arrival order, as the FCFS scan would see
     them, behind what the shards already queue (`queued`, each holding its minimum on its
     node, or blocking the node when it does not fit): a first action (a trajectory's, or one

@@ -31,10 +31,20 @@ class ShardedScheduler:
     """The scheduler's interface over `shards` node shards plus the global shard (module
     docstring). Node shards always decide scoped (a shard decides what an event touched)."""
 
-    def __init__(self, pools: Mapping[str, Pool], allocator: Allocator, *, shards: int,
-                 profiles: DurationProfiles | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
-                 scoped: bool = True, max_restarts: int = 3, log_stream: bool = False,
-                 backend: str = "auto", start: bool = True) -> None:
+    def __init__(
+        self,
+        pools: Mapping[str, Pool],
+        allocator: Allocator,
+        *,
+        shards: int,
+        profiles: DurationProfiles | None = None,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        scoped: bool = True,
+        max_restarts: int = 3,
+        log_stream: bool = False,
+        backend: str = "auto",
+        start: bool = True,
+    ) -> None:
         """`backend`: where each node shard runs, "process" (forked here), "ray" (a Ray
         actor), or "auto": a Ray actor when this process is connected to Ray. `start=False`:
         no shard yet (`take_over` fills the router, then calls `start_shards`)."""
@@ -49,12 +59,14 @@ class ShardedScheduler:
         sharded = [r for r, p in self.pools.items() if isinstance(p, CorePool)]
         nodes = list(dict.fromkeys(n for r in sharded for n in self.pools[r].nodes()))
         # no core pool (a GPU-only cluster): everything is the global shard's
-        self.layout = (ShardLayout.contiguous(sharded, nodes, shards) if sharded
-                       else ShardLayout((), ()))
+        self.layout = (
+            ShardLayout.contiguous(sharded, nodes, shards) if sharded else ShardLayout((), ())
+        )
         shards = len(self.layout.groups)
         # the global shard: every pooled resource, in this process (scoped as asked)
-        self._global = Scheduler(self.pools, allocator, profiles=profiles, max_queue=max_queue,
-                                 scoped=scoped)
+        self._global = Scheduler(
+            self.pools, allocator, profiles=profiles, max_queue=max_queue, scoped=scoped
+        )
         self.profiles = self._global.profiles
         self.bindings = self._global.bindings  # one binding table: the router's
         self.max_queue = max_queue
@@ -95,9 +107,15 @@ class ShardedScheduler:
             pool = self.pools[r]
             have = set(pool.nodes())
             pools[r] = CorePool(r, {n: pool.cpu_node(n) for n in nodes if n in have})
-        init = ShardInit(pools, self.allocator, self.profiles.default,
-                         {k: m for k in self._kind_at if (m := self.profiles.mean(k)) is not None},
-                         [(k, n) for k, n in self.bindings.items() if n in mine], running, queued)
+        init = ShardInit(
+            pools,
+            self.allocator,
+            self.profiles.default,
+            {k: m for k in self._kind_at if (m := self.profiles.mean(k)) is not None},
+            [(k, n) for k, n in self.bindings.items() if n in mine],
+            running,
+            queued,
+        )
         others = [s for s in self._shards if s.index != i]
         self._sent[i] = self._version
         return self._start_shard(i, nodes, init, others)
@@ -106,9 +124,11 @@ class ShardedScheduler:
         """The layout in one line: shards, nodes per shard, the global shard's resources."""
         sizes = sorted({len(g) for g in self.layout.groups})
         pooled = sorted(set(self.pools) - set(self.layout.resources))
-        return (f"{len(self.layout.groups)} node shards x {'-'.join(map(str, sizes))} nodes "
-                f"({', '.join(self.layout.resources)}), each a {self._each()}; global shard "
-                f"(in the router): {', '.join(pooled) or 'nothing pooled'}")
+        return (
+            f"{len(self.layout.groups)} node shards x {'-'.join(map(str, sizes))} nodes "
+            f"({', '.join(self.layout.resources)}), each a {self._each()}; global shard "
+            f"(in the router): {', '.join(pooled) or 'nothing pooled'}"
+        )
 
     def _each(self) -> str:
         return "Ray actor" if self.backend == "ray" else "process"
@@ -165,8 +185,7 @@ class ShardedScheduler:
         if action.id in self._where:
             raise ValidationError("action.id", action.id, "already queued or running")
         if self.queued() >= self.max_queue:
-            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; "
-                            "retry later")
+            raise QueueFull(f"the queue holds its maximum of {self.max_queue} actions; retry later")
         self.validate(action)
         self.enqueue(action)
 
@@ -241,8 +260,15 @@ class ShardedScheduler:
             return []
         self.decisions += 1
         if self._pending:
-            place_pending(self._pending, self.layout, self.bindings, self.pools, self.bind,
-                          self._to_shard, (a for q in self._queued for a in q.values()))
+            place_pending(
+                self._pending,
+                self.layout,
+                self.bindings,
+                self.pools,
+                self.bind,
+                self._to_shard,
+                (a for q in self._queued for a in q.values()),
+            )
         self._log("decide", now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
@@ -259,8 +285,11 @@ class ShardedScheduler:
         self._sent[i] = self._version
         if sent == self._version:
             return {}
-        return {k: m for k, v in self._kind_at.items()
-                if v > sent and (m := self.profiles.mean(k)) is not None}
+        return {
+            k: m
+            for k, v in self._kind_at.items()
+            if v > sent and (m := self.profiles.mean(k)) is not None
+        }
 
     def _send_tick(self, i: int, now: float) -> None:
         box, self._out[i] = self._out[i], Outbox()
@@ -287,7 +316,7 @@ class ShardedScheduler:
         out = []
         queued, running = self._queued[i], self._running[i]
         if reply and reply[-1] is None:  # a put-off class, re-read at every decision as the
-            reply.pop()                  # one-process scoped scheduler does
+            reply.pop()  # one-process scoped scheduler does
             self._dirty.add(i)
         for aid, units, placement in reply:
             act = queued.pop(aid, None)
@@ -300,8 +329,9 @@ class ShardedScheduler:
                 except Exception as exc:
                     raise InvariantError(f"shard {i}: action {aid}: {r}: {exc}") from exc
             key = act.key
-            running[aid] = RunningAction(a, now, now + self.estimate(
-                act, units[key] if key else None))
+            running[aid] = RunningAction(
+                a, now, now + self.estimate(act, units[key] if key else None)
+            )
             out.append(a)
         return out
 
@@ -317,14 +347,21 @@ class ShardedScheduler:
         self._out[i] = Outbox()  # all of it is in the router's copies
         if self.restarts[i] < self.max_restarts:
             self.restarts[i] += 1
-            log.warning("shard %d (%s) died (exit %s): restarted with %d running and %d queued "
-                        "actions", i, self._span(i), exit_code, len(self._running[i]),
-                        len(self._queued[i]))
+            log.warning(
+                "shard %d (%s) died (exit %s): restarted with %d running and %d queued actions",
+                i,
+                self._span(i),
+                exit_code,
+                len(self._running[i]),
+                len(self._queued[i]),
+            )
             running = [(ra.assignment, ra.start) for ra in self._running[i].values()]
             self._shards[i] = self._spawn(i, running, list(self._queued[i].values()))
             return True
-        err = ShardLost(f"shard {i} ({self._span(i)}) died {self.restarts[i] + 1} times "
-                        f"(exit {exit_code}); its queued actions failed")
+        err = ShardLost(
+            f"shard {i} ({self._span(i)}) died {self.restarts[i] + 1} times "
+            f"(exit {exit_code}); its queued actions failed"
+        )
         log.error("%s", err)
         for aid in self._queued[i]:
             self.failed[aid] = err
@@ -333,8 +370,9 @@ class ShardedScheduler:
         self._dead.add(i)
         return False
 
-    def complete(self, action_id: str, now: float, run_s: float | None = None,
-                 status: Status = Status.OK) -> RunningAction:
+    def complete(
+        self, action_id: str, now: float, run_s: float | None = None, status: Status = Status.OK
+    ) -> RunningAction:
         i = self._where.pop(action_id)
         learn = status in LEARNED or status in CENSORED  # the one learning rule's statuses
         if i == GLOBAL:
@@ -347,8 +385,9 @@ class ShardedScheduler:
             self._out[i].completes.append(action_id)
             self._dirty.add(i)
             if learn:
-                self.profiles.record(a.action, dict(a.units),
-                                     now - ra.start if run_s is None else run_s, status)
+                self.profiles.record(
+                    a.action, dict(a.units), now - ra.start if run_s is None else run_s, status
+                )
         if learn:
             self._version += 1
             self._kind_at[ra.assignment.action.kind] = self._version

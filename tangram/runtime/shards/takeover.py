@@ -14,15 +14,23 @@ from tangram.scheduler import Scheduler
 from tangram.sharding import GLOBAL
 
 
-def take_over(sched: Scheduler, *, shards: int, kinds: Iterable[str],
-              **options: Any) -> ShardedScheduler:
+def take_over(
+    sched: Scheduler, *, shards: int, kinds: Iterable[str], **options: Any
+) -> ShardedScheduler:
     """A `ShardedScheduler` over `sched`'s pools (shared: `sched` is not used after this) that
     holds `sched`'s bindings, profiles, running actions and queue (in its order), each on the
     shard that owns it. `kinds`: every action kind the profiles may have learned (a shard is
     sent the mean of each). Its decision count goes on from `sched`'s."""
-    out = ShardedScheduler(sched.pools, sched.allocator, shards=shards, profiles=sched.profiles,
-                           max_queue=sched.max_queue, scoped=sched.scoped, start=False,
-                           **options)
+    out = ShardedScheduler(
+        sched.pools,
+        sched.allocator,
+        shards=shards,
+        profiles=sched.profiles,
+        max_queue=sched.max_queue,
+        scoped=sched.scoped,
+        start=False,
+        **options,
+    )
     for (t, r), n in sched.bindings.items():
         out._global.bind(t, r, n)
     out._kind_at.update((k, 0) for k in kinds)

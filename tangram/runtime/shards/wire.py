@@ -24,8 +24,11 @@ TICK, STATE, STOP = "tick", "state", "stop"  # the messages a shard answers
 
 # shard decides, it never runs anything.
 # every field of `Action` but those rebuilt here (so a new field crosses the pipe unasked)
-_ACTION_FIELDS = tuple(f.name for f in dataclasses.fields(Action)
-                       if f.name not in ("demands", "mins", "payload", "option_arrays"))
+_ACTION_FIELDS = tuple(
+    f.name
+    for f in dataclasses.fields(Action)
+    if f.name not in ("demands", "mins", "payload", "option_arrays")
+)
 assert _ACTION_FIELDS[0] == "id" and _ACTION_FIELDS[1] == "elasticity"  # `_reduce_action`
 
 
@@ -42,9 +45,16 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
     for name, v in zip(_ACTION_FIELDS, values):
         put(a, name, v)
     options = a.options
-    put(a, "option_arrays", (np.array([m for m, _ in options], dtype=np.int64),
-                             np.array([d for _, d in options], dtype=np.float64))
-        if options else None)
+    put(
+        a,
+        "option_arrays",
+        (
+            np.array([m for m, _ in options], dtype=np.int64),
+            np.array([d for _, d in options], dtype=np.float64),
+        )
+        if options
+        else None,
+    )
     return a
 
 
@@ -67,12 +77,14 @@ def _elasticity(key: str, t_ori: float, efficiency) -> Elasticity:
     return e
 
 
-_WIRE = {**copyreg.dispatch_table,
-         MappingProxyType: lambda m: (_read_only, (dict(m),)),
-         Action: _reduce_action,
-         Elasticity: lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)),
-         Demand: lambda d: (Demand, (d.amounts,)),
-         Placement: lambda p: (Placement, (p.node, p.cores, p.chunk))}
+_WIRE = {
+    **copyreg.dispatch_table,
+    MappingProxyType: lambda m: (_read_only, (dict(m),)),
+    Action: _reduce_action,
+    Elasticity: lambda e: (_elasticity, (e.key, e.t_ori, e.efficiency)),
+    Demand: lambda d: (Demand, (d.amounts,)),
+    Placement: lambda p: (Placement, (p.node, p.cores, p.chunk)),
+}
 
 
 def wire_dumps(msg: Any) -> bytes:

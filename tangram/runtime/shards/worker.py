@@ -89,9 +89,12 @@ class ShardWorker:
     """The shard's state and its answer to each message (`handle`: wire bytes in and out)."""
 
     def __init__(self, init: ShardInit) -> None:
-        self.sched = Scheduler(init.pools, init.allocator,
-                                     profiles=MirroredProfiles(init.default, init.means),
-                                     scoped=True)
+        self.sched = Scheduler(
+            init.pools,
+            init.allocator,
+            profiles=MirroredProfiles(init.default, init.means),
+            scoped=True,
+        )
         for (t, r), n in init.bindings:
             self.sched.bind(t, r, n)
         for a, start in init.running:
@@ -114,8 +117,7 @@ class ShardWorker:
             sched.cancel(aid)
         for act in box.arrivals:
             sched.enqueue(act)
-        grants: list = [(a.action.id, dict(a.units), dict(a.placement))
-                        for a in sched.decide(now)]
+        grants: list = [(a.action.id, dict(a.units), dict(a.placement)) for a in sched.decide(now)]
         if sched.wants_next_decision():
             grants.append(None)
         return grants
