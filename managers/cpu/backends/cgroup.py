@@ -20,6 +20,7 @@ import asyncio
 import logging
 import os
 import shlex
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from tangram.results import Result
 
 log = logging.getLogger(__name__)
 SLOT_CONTROLLERS = ("cpu", "cpuacct", "cpuset")
+REMOVE_TRIES = 50  # x 10 ms: how long a removal waits for descriptors to come back
 JOIN_FAILED = "tangram: cannot join the cgroup of this exec"
 
 
@@ -330,9 +332,21 @@ class CgroupBackend(Backend):
                 log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def _remove(self, folders: dict[str, Path]) -> None:
+        """Remove each cgroup tree. Walking a tree takes a descriptor: where the server has run
+        out of them (EMFILE, the very error an open may be cleaning up after), it retries while
+        they come back, then logs and leaves the tree to the next server's sweep, so the error
+        being handled is the one the caller sees."""
         for top in dict.fromkeys(folders.values()):
-            if top.is_dir():
-                fs.remove_tree(top)
+            for attempt in range(REMOVE_TRIES):
+                try:
+                    if top.is_dir():
+                        fs.remove_tree(top)
+                    break
+                except OSError as exc:
+                    if attempt == REMOVE_TRIES - 1:
+                        log.warning("could not remove cgroup %s (%s): left to the sweep", top, exc)
+                    else:
+                        time.sleep(0.01)
 
     async def _shutdown(self) -> None:
         self._envs.clear()
