@@ -40,7 +40,8 @@ from tangram.allocation import (
 from tangram.bindings import Bindings
 from tangram.conservation import advisors_excuse, wasted_now
 from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
-from tangram.pools import Placement, Pool
+from tangram.liveness import rescue
+from tangram.pools import Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
 from tangram.results import Status
@@ -361,33 +362,8 @@ class Scheduler:
                     held[act.id] = ra
 
     def _rescue(self) -> Assignment | None:  # rare: only when nothing at all is running
-        """The first queued action that fits at its minimum on the idle pools, at the amount of
-        its key resource with the shortest estimated duration that fits (its minimum when not
-        elastic); None when nothing fits (then nothing can ever start: admission prevents it)."""
-        for act in self.queue:
-            placement: dict[str, Placement] = {}
-            units: dict[str, int] = {}
-            for r, k in act.mins.items():
-                pool = self.pools[r].copy()  # `place` takes the units: choose on a copy
-                node = self.node_of(act, r)
-                amounts = [k]
-                if r == act.key:  # the fastest amount that the free units hold, else the minimum
-                    free = pool.free(node)
-                    fast = min(((d, m) for m, d in act.options if m <= free), default=None)
-                    if fast is not None and fast[1] != k:
-                        amounts.insert(0, fast[1])
-                for amount in amounts:
-                    try:
-                        placement[r] = pool.place(amount, node)
-                    except Infeasible:
-                        continue
-                    units[r] = amount
-                    break
-                else:
-                    break
-            if len(units) == len(act.mins):
-                return Assignment(act, units, placement)
-        return None
+        """The liveness rule's start (`tangram.liveness.rescue`)."""
+        return rescue(self.pools, self.queue, self.node_of)
 
     def complete(
         self, action_id: str, now: float, run_s: float | None = None, status: Status = Status.OK

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from managers.api import ApiManager, api_action
@@ -30,22 +30,22 @@ from managers.gpu.actions import invoke_action
 from solvers import get_allocator
 from tangram.actions import Action
 from tangram.allocation import Assignment
-from tangram.errors import ActionFailed, NotFound, ShuttingDown, TangramError, ValidationError
+from tangram.errors import ActionFailed, NotFound, ShuttingDown, ValidationError
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.decisions import Decisions
 from tangram.runtime.distributed import build_ray
-from tangram.runtime.entries import UNKNOWN_ENV, EnvEntry, Pending
+from tangram.runtime.entries import EnvEntry, Pending
+from tangram.runtime.environments import Environments
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.shards import ShardedScheduler
 from tangram.runtime.snapshot import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
-from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
 
 
-class Tangram:
+class Tangram(Environments):
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
     def __init__(
@@ -138,134 +138,6 @@ class Tangram:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
-
-    # -- environments --------------------------------------------------------------------------
-    async def open_env(
-        self,
-        trajectory: str,
-        memory_mb: int = 1024,
-        network: bool = False,
-        *,
-        image: str | None = None,
-        disk_mb: int | None = None,
-        snapshot: str | None = None,
-    ) -> str:
-        """The trajectory's sandbox: `memory_mb` reserved for its life, no network unless
-        `network` (backends that isolate: bwrap, docker). `image`: its root filesystem is that
-        image of the node's store under a private layer bounded by `disk_mb` MiB; `snapshot`:
-        it starts from a snapshot's files; `disk_mb` alone: a bounded, forkable work folder
-        over the host's system files (see `managers.cpu.roots`)."""
-        self._admitting()
-        if self.cpu is None:
-            raise ValidationError("env", trajectory, "no CPU pool is configured")
-        pos_int("memory_mb", memory_mb, " (MiB)")
-        boolean("network", network)
-        layers = {
-            k: v
-            for k, v in (("image", image), ("disk_mb", disk_mb), ("snapshot", snapshot))
-            if v is not None
-        }
-        env_id = await self.cpu.open_env(trajectory, memory_mb, network=network, **layers)
-        self._opened(env_id, trajectory)
-        log.info(
-            "env %s: trajectory %s on node %s (%d MiB reserved%s)",
-            env_id,
-            trajectory,
-            self.cpu.binding(trajectory),
-            memory_mb,
-            "".join(f", {k} {v}" for k, v in layers.items()),
-        )
-        return env_id
-
-    def _opened(self, env_id: str, trajectory: str) -> None:
-        assert self.cpu is not None
-        self.scheduler.bind(trajectory, self.cpu.resource, self.cpu.binding(trajectory))
-        self._envs[env_id] = EnvEntry(env_id, trajectory, self._clock())
-        if not self._closed and self.scheduler.queue:
-            self._kick()  # an environment opening is an event, as in the simulator's engine
-
-    async def fork_env(self, env_id: str, trajectories: list[str]) -> list[str]:
-        """One new environment per trajectory, on the parent's node, whose files start as the
-        parent's are now (files only: processes are not forked, and the parent's own running
-        ones are stopped). Time independent of how much the parent wrote."""
-        self._admitting()
-        e = self._env(env_id)
-        if e.running:
-            raise ValidationError(
-                "env_id", env_id, "a command of it is queued or running: fork it when it is idle"
-            )
-        assert self.cpu is not None
-        children = await self.cpu.fork_env(env_id, trajectories)
-        for child, trajectory in zip(children, trajectories):
-            self._opened(child, trajectory)
-        e.last_used = self._clock()
-        log.info("env %s forked into %s", env_id, ", ".join(children))
-        return children
-
-    async def snapshot(self, env_id: str) -> str:
-        """Keep the environment's files as they are now under an id (`open_env(snapshot=)`);
-        the environment goes on. Snapshots outlive the environment, not the server."""
-        self._admitting()
-        e = self._env(env_id)
-        if e.running:
-            raise ValidationError(
-                "env_id",
-                env_id,
-                "a command of it is queued or running: snapshot it when it is idle",
-            )
-        assert self.cpu is not None
-        return await self.cpu.snapshot(env_id)
-
-    def snapshots(self) -> list[dict[str, Any]]:
-        return [] if self.cpu is None else self.cpu.snapshots()
-
-    async def delete_snapshot(self, snapshot_id: str) -> None:
-        if self.cpu is None:
-            raise NotFound("snapshot", snapshot_id, "no CPU pool is configured")
-        await self.cpu.delete_snapshot(snapshot_id)
-
-    async def write_files(self, env_id: str, files: Mapping[str, bytes]) -> None:
-        """Put files into the environment: an absolute path is its own root (with an image),
-        a relative one is under its work folder; `..` and links never leave it."""
-        self._admitting()
-        self._env(env_id).last_used = self._clock()
-        assert self.cpu is not None
-        await self.cpu.write_files(env_id, files)
-
-    def tar_files(self, env_id: str, path: str = "/sandbox") -> AsyncIterator[bytes]:
-        """A tar stream of one folder of the environment (links kept, never followed)."""
-        self._admitting()
-        self._env(env_id).last_used = self._clock()
-        assert self.cpu is not None
-        return self.cpu.tar_files(env_id, path)
-
-    async def read_files(self, env_id: str, paths: list[str]) -> dict[str, bytes | None]:
-        """Each path's content (None where missing or not a regular file)."""
-        self._admitting()
-        self._env(env_id).last_used = self._clock()
-        assert self.cpu is not None
-        return await self.cpu.read_files(env_id, paths)
-
-    async def close_env(self, env_id: str) -> None:
-        env = self._envs.pop(env_id, None)
-        if env is None:
-            raise NotFound("env_id", env_id, UNKNOWN_ENV)
-        cancelled = False
-        for aid in list(env.running):  # queued actions of the env are cancelled
-            if self.scheduler.cancel(aid):
-                cancelled = True
-                self._finish_cancelled(aid, "its environment was closed")
-        if cancelled and not self._closed:
-            self._kick()  # what waited behind them may start now
-        await self.cpu.close_env(env_id)
-        self.scheduler.unbind(env.trajectory)
-        log.info("env %s closed", env_id)
-
-    def _env(self, env_id: str) -> EnvEntry:
-        env = self._envs.get(env_id)
-        if env is None:
-            raise NotFound("env_id", env_id, UNKNOWN_ENV)
-        return env
 
     # -- actions -------------------------------------------------------------------------------
     async def exec(
@@ -455,20 +327,6 @@ class Tangram:
         )
 
     # -- lifecycle -------------------------------------------------------------------------------
-    async def _reap_idle(self) -> None:
-        assert self.idle_env_s
-        period = max(0.05, min(5.0, self.idle_env_s / 4))
-        while True:
-            await asyncio.sleep(period)
-            cutoff = self._clock() - self.idle_env_s
-            for env in list(self._envs.values()):
-                if not env.running and env.last_used < cutoff:
-                    log.info("env %s idle for %.0f s: reclaimed", env.env_id, self.idle_env_s)
-                    try:
-                        await self.close_env(env.env_id)
-                    except TangramError:
-                        pass
-
     async def shutdown(self, deadline: float = 10.0) -> None:
         """Stop admitting, cancel queued actions, let running ones finish within `deadline`
         seconds (then cancel them: their process trees are killed), close every environment

@@ -33,16 +33,21 @@ import asyncio
 import collections
 import hmac
 import logging
-import re
 import resource
-import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, quote_plus, unquote_plus
+from urllib.parse import unquote_plus
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tangram.runtime.guard_logs import FLOOD_LOGGERS as FLOOD_LOGGERS
+from tangram.runtime.guard_logs import LOG_EVERY_S as LOG_EVERY_S
+from tangram.runtime.guard_logs import RateLimitedLog as RateLimitedLog
+from tangram.runtime.guard_logs import RedactTokens as RedactTokens
+from tangram.runtime.guard_logs import flood as _flood
+from tangram.runtime.guard_logs import quiet_floods as quiet_floods
+from tangram.runtime.guard_logs import redact_tokens as redact_tokens
 from tangram.runtime.sandboxfusion import UNSERVED
 
 log = logging.getLogger("tangram.runtime.guard")
@@ -58,7 +63,6 @@ OPEN_PATHS = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redi
 # puts the path in the query) send no headers: its two runners, the SDK's dispatch `/`, and the
 # dataset endpoints it calls, which answer a JSON 404 saying they are not served
 QUERY_TOKEN_PATHS = frozenset({"/", "/run_code", "/run_jupyter", *UNSERVED})
-LOG_EVERY_S = 10.0  # one line per message kind per this many seconds, then a count
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,72 +183,80 @@ class _Connections:
         self.heard(proto)
 
 
+class _GuardedH11Protocol(H11Protocol):
+    """The guard's h11 protocol; `guarded_protocol` makes one class of it per server, whose
+    connections share its `connections_book` under its `guard_limits`."""
+
+    connections_book: _Connections
+    guard_limits: Limits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._seen_cycle: Any = None
+        self._admitted = self.connections_book.admit(self, (self.client or ("?", 0))[0])
+        if not self._admitted:
+            transport.abort()
+            return
+        self._await_head(served=False)
+
+    def _await_head(self, served: bool) -> None:
+        self.connections_book.heard(self)
+        self.connections_book.wait(self, served)
+        self._cancel_head_timer()
+        # an idle keep-alive connection may first wait for its next request
+        wait = self.guard_limits.header_timeout_s + (self.timeout_keep_alive if served else 0.0)
+        self._head_timer = self.loop.call_later(wait, self._head_late)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.connections_book.waiting(self):
+            self.connections_book.expired += 1
+            _flood.note(
+                "expired",
+                "closed a connection that sent no whole request head within %g s",
+                self.guard_limits.header_timeout_s,
+            )
+            self.drop()
+
+    def drop(self) -> None:
+        self.connections_book.gone(self)
+        self._cancel_head_timer()
+        if not self.transport.is_closing():
+            self.transport.abort()
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not self._seen_cycle:
+            self._seen_cycle = self.cycle  # a new request's head is in
+            self.connections_book.heard(self)
+            self._cancel_head_timer()
+
+    def on_response_complete(self) -> None:
+        if not self.transport.is_closing() and self in self.connections_book.open:
+            self._await_head(served=True)  # the next head has the same deadline
+        super().on_response_complete()  # (may start a pipelined request: `heard`)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_admitted", False):
+            self.connections_book.gone(self)
+            self._cancel_head_timer()
+        super().connection_lost(exc)
+
+
 def guarded_protocol(limits: Limits) -> type[H11Protocol]:
     """An h11 protocol class (uvicorn's `http=`) that enforces `limits` for one server."""
     book = _Connections(limits)
-
-    class GuardedH11Protocol(H11Protocol):
-        connections_book = book
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._head_timer: asyncio.TimerHandle | None = None
-            self._seen_cycle: Any = None
-            self._admitted = book.admit(self, (self.client or ("?", 0))[0])
-            if not self._admitted:
-                transport.abort()
-                return
-            self._await_head(served=False)
-
-        def _await_head(self, served: bool) -> None:
-            book.heard(self)
-            book.wait(self, served)
-            self._cancel_head_timer()
-            # an idle keep-alive connection may first wait for its next request
-            wait = limits.header_timeout_s + (self.timeout_keep_alive if served else 0.0)
-            self._head_timer = self.loop.call_later(wait, self._head_late)
-
-        def _cancel_head_timer(self) -> None:
-            if self._head_timer is not None:
-                self._head_timer.cancel()
-                self._head_timer = None
-
-        def _head_late(self) -> None:
-            self._head_timer = None
-            if book.waiting(self):
-                book.expired += 1
-                _flood.note(
-                    "expired",
-                    "closed a connection that sent no whole request head within %g s",
-                    limits.header_timeout_s,
-                )
-                self.drop()
-
-        def drop(self) -> None:
-            book.gone(self)
-            self._cancel_head_timer()
-            if not self.transport.is_closing():
-                self.transport.abort()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self.cycle is not None and self.cycle is not self._seen_cycle:
-                self._seen_cycle = self.cycle  # a new request's head is in
-                book.heard(self)
-                self._cancel_head_timer()
-
-        def on_response_complete(self) -> None:
-            if not self.transport.is_closing() and self in book.open:
-                self._await_head(served=True)  # the next head has the same deadline
-            super().on_response_complete()  # (may start a pipelined request: `heard`)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if getattr(self, "_admitted", False):
-                book.gone(self)
-                self._cancel_head_timer()
-            super().connection_lost(exc)
-
-    return GuardedH11Protocol
+    return type(
+        "GuardedH11Protocol",
+        (_GuardedH11Protocol,),
+        {"connections_book": book, "guard_limits": limits},
+    )
 
 
 def uvicorn_options(limits: Limits | None = None) -> dict[str, Any]:
@@ -312,108 +324,3 @@ class TokenFirst:
             return {"type": "http.disconnect"}
 
         await response(scope, nothing, send)
-
-
-# -- logs --------------------------------------------------------------------------------------
-
-
-_PAIR = re.compile(r"([?&;])([^=&\s\"]*)=([^&\s\"]*)")
-
-
-class RedactTokens(logging.Filter):
-    """Shows the token as `***` in every argument of a log record: any query parameter whose
-    decoded name is `token`, and the token itself wherever it appears, plain or URL-encoded."""
-
-    def __init__(self, token: str | None = None) -> None:
-        super().__init__()
-        self.forms = sorted(
-            {f for f in (token, token and quote(token, safe=""), token and quote_plus(token)) if f},
-            key=len,
-            reverse=True,
-        )
-
-    def redact(self, text: str) -> str:
-        text = _PAIR.sub(
-            lambda m: (
-                f"{m[1]}{m[2]}=***" if unquote_plus(m[2]).strip().lower() == "token" else m[0]
-            ),
-            text,
-        )
-        for form in self.forms:
-            text = text.replace(form, "***")
-        return text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(self.redact(a) if isinstance(a, str) else a for a in record.args)
-        if isinstance(record.msg, str):
-            record.msg = self.redact(record.msg)
-        return True
-
-
-def redact_tokens(logger: logging.Logger, token: str | None = None) -> None:
-    """Install `RedactTokens` on `logger` (replacing an earlier one, which may know another
-    token)."""
-    for f in [f for f in logger.filters if isinstance(f, RedactTokens)]:
-        logger.removeFilter(f)
-    logger.addFilter(RedactTokens(token))
-
-
-class _Flood:
-    """Counts repeated events and logs each kind at most once per `LOG_EVERY_S`."""
-
-    def __init__(self) -> None:
-        self.last: dict[str, float] = {}
-        self.quiet: collections.Counter[str] = collections.Counter()
-
-    def note(self, kind: str, msg: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now - self.last.get(kind, -LOG_EVERY_S) < LOG_EVERY_S:
-            self.quiet[kind] += 1
-            return
-        more = self.quiet.pop(kind, 0)
-        self.last[kind] = now
-        log.warning(
-            msg + (f" (and {more} more like it in the last {LOG_EVERY_S:g} s)" if more else ""),
-            *args,
-        )
-
-
-_flood = _Flood()
-
-
-class RateLimitedLog(logging.Filter):
-    """Lets one record per message template through per `LOG_EVERY_S` (the next one says how
-    many were dropped): a flood of accept errors or invalid requests writes a few lines."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last: dict[str, float] = {}
-        self.dropped: collections.Counter[str] = collections.Counter()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        first = str(record.msg).split("\n", 1)[0]
-        key = f"{record.name}:{_NUMBERS.sub('#', first)}"  # addresses, times, fds vary
-        now = time.monotonic()
-        if now - self.last.get(key, -LOG_EVERY_S) < LOG_EVERY_S:
-            self.dropped[key] += 1
-            return False
-        self.last[key] = now
-        more = self.dropped.pop(key, 0)
-        if more:
-            record.msg = f"{record.msg} (and {more} more like it in the last {LOG_EVERY_S:g} s)"
-        return True
-
-
-FLOOD_LOGGERS = ("asyncio", "uvicorn.error")
-_NUMBERS = re.compile(r"0x[0-9a-fA-F]+|\d+(?:\.\d+)?")
-
-
-def quiet_floods() -> None:
-    """Rate-limit the loggers that a flood of bad connections writes to (once)."""
-    for name in FLOOD_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, RateLimitedLog) for f in logger.filters):
-            logger.addFilter(RateLimitedLog())

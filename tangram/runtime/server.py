@@ -240,7 +240,8 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """`tangram serve`'s command line."""
     parser = argparse.ArgumentParser(prog="tangram serve", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="YAML cluster config (default: Tangram.local())")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
@@ -276,6 +277,11 @@ def main(argv: list[str]) -> int:
         help="split the scheduler into N node shards, each a process (a Ray "
         "actor with --ray); with --config, set `shards:` there",
     )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     if ns.shards is not None and (ns.shards < 0 or ns.config):
         parser.error(
