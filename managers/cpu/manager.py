@@ -7,7 +7,8 @@ scheduler can release the cores. Environments are opened before a trajectory's f
 (`open_env`) and closed with it (`close_env`); `binding(trajectory)` names the node a
 trajectory's actions must stay on. Constructing a manager touches nothing: `start()` starts
 its backend (choosing one for "auto"), opens the state folder and sweeps what dead servers
-left; whoever builds a manager awaits it (`Tangram.start` does for its managers).
+left; whoever builds a manager awaits it (`Tangram.start` does for its managers). Its exec
+path (`run`, `execute`) is `execs`, its files API `envfiles`, its forks `forks` (mixins).
 """
 
 from __future__ import annotations
@@ -22,21 +23,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from managers.base import EnvironmentManager
-from managers.cpu.backends import AUTO, Backend, EnvironmentBroken, NotStarted, create, started
+from managers.cpu.backends import AUTO, Backend, NotStarted, create, started
 from managers.cpu.envfiles import EnvFiles
+from managers.cpu.execs import EnvExecs
 from managers.cpu.forks import EnvForks
-from managers.cpu.layers import DEFAULT_DISK_MB, LayerStore
+from managers.cpu.layers import DEFAULT_DISK_MB
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.node import default_state_dir, local_disk_mb, local_memory_mb
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, exec_target
 from managers.cpu.roots import Prepared, Roots
-from tangram.actions import Action
-from tangram.allocation import Assignment
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import CorePool
-from tangram.resources import Demand
-from tangram.results import Result, Status
 from topology import CpuNode
 from topology.discovery import discover_numa
 
@@ -44,7 +41,7 @@ LOCAL = "local"
 log = logging.getLogger(__name__)
 
 
-class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
+class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
     `backend`: a name ("bwrap", "cgroup", "docker", "affinity", "sim"; "auto" picks the best
@@ -343,66 +340,6 @@ class CpuManager(EnvForks, EnvFiles, EnvironmentManager):
             self.broken.pop(env_id, None)
             if layered:
                 await asyncio.to_thread(self._discard, env_id, env.node)
-
-    async def run(self, assignment: Assignment) -> Result:
-        target = exec_target(assignment, self.envs)
-        if isinstance(target, Result):
-            return target
-        req, env = target
-        placement = assignment.placement.get(self.resource)
-        if placement is None or not placement.cores or placement.node != env.node:
-            return Result(
-                Status.FAILED,
-                detail=f"action {assignment.action_id}: placement "
-                f"{placement} is not cores on the environment's node {env.node}",
-            )
-        if req.env_id in self.broken:
-            return Result(Status.FAILED, detail=self.broken[req.env_id])
-        if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
-            await self._freezing[env.id].wait()
-        self._busy[env.id] = self._busy.get(env.id, 0) + 1
-        try:
-            outcome = await self.backend.exec(
-                env, placement.cores, req.command, req.timeout, req.output_cap, elastic=req.elastic
-            )
-        except EnvironmentBroken as exc:
-            self.broken[req.env_id] = str(exc)
-            return Result(Status.FAILED, detail=str(exc))
-        finally:
-            self._busy[env.id] -= 1
-            if not self._busy[env.id]:
-                del self._busy[env.id]
-        return self._named_disk(env, outcome)
-
-    def _named_disk(self, env: Environment, outcome: Result) -> Result:
-        """A command that leaves the environment's disk full says which limit it hit (whether
-        or not it failed for it: a shell may have gone on after the ENOSPC)."""
-        rooted = self.roots.envs.get(env.id) if self.roots is not None else None
-        if rooted is None or not LayerStore.full(rooted.upper):
-            return outcome
-        return dataclasses.replace(
-            outcome, detail=f"{outcome.detail}; disk limit {env.disk_mb} MiB reached"
-        )
-
-    async def execute(self, request: ExecRequest, cores: int = 1) -> Result:
-        """Run one request outside a scheduler: take `cores` on the environment's node now,
-        run, give them back. Raises `Infeasible` when they are not free."""
-        env = self.envs.get(request.env_id)
-        node = env.node if env is not None else None
-        placement = self.pool.place(cores, node=node)
-        action = Action(
-            f"exec-{uuid.uuid4().hex[:8]}",
-            {self.resource: Demand.fixed(cores)},
-            trajectory=env.trajectory if env else None,
-            kind="exec",
-            payload=request,
-        )
-        try:
-            return await self.run(
-                Assignment(action, {self.resource: cores}, {self.resource: placement})
-            )
-        finally:
-            self.pool.release(placement, cores)
 
     async def close(self) -> None:
         if self._closed:

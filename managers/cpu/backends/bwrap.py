@@ -79,11 +79,19 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     _system_binds,
     discard_spawned,
     hold_ready,
+    image_loader,
+    launcher_script,
     server_python,
+)
+from managers.cpu.backends.bwrap_start import (
+    IDLE_CAPS,
+    popen_holder,
+    probe_sandbox,
+    sandbox_args,
+    spawner_payload,
 )
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, _Env, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
-from managers.cpu.grant import SAFE_PATH
 from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
@@ -146,39 +154,7 @@ class BwrapBackend(CgroupBackend):
 
     @classmethod
     def probe(cls) -> str | None:
-        why = CgroupBackend.probe() or seccomp.unavailable()
-        if why is not None:
-            return why
-        missing = [t for t in ("bwrap", "setpriv") if shutil.which(t) is None]
-        if missing:
-            return (
-                f"{' and '.join(missing)} not found: install bubblewrap (Debian: "
-                f"`apt-get install bubblewrap`; setpriv is in util-linux)"
-            )
-        trial = [
-            "bwrap",
-            *ISOLATE,
-            "--unshare-net",
-            *_system_binds(()),
-            "--proc",
-            "/proc",
-            "--dev",
-            "/dev",
-            "--",
-            *_drop_to(DEFAULT_UID_BASE),
-            "/bin/true",
-        ]
-        try:
-            done = subprocess.run(trial, capture_output=True, timeout=10, cwd="/", env={})
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"bwrap could not start a sandbox ({exc})"
-        if done.returncode != 0:
-            return (
-                f"bwrap cannot create a sandbox here ({done.stderr.decode().strip()}): it "
-                f"needs root with CAP_SYS_ADMIN (mount and PID namespaces) and a setpriv "
-                f"that knows --no-new-privs and --bounding-set (util-linux >= 2.33)"
-            )
-        return None
+        return probe_sandbox()
 
     def describe(self) -> str:
         if self._h is None:
@@ -258,9 +234,8 @@ class BwrapBackend(CgroupBackend):
     def _install_launcher(self, spawner: tuple[str, ...]) -> None:
         """The spawner's start inside: a script in the support folder, so the sandbox's init
         (bwrap's argv) names no host path. $1 is the uid, $2 the spawner's socket."""
-        drop = " ".join(_drop_to(0)).replace("=0", '="$1"')  # --reuid="$1" --regid="$1"
         script = self.support / HOLDER_LAUNCHER
-        script.write_text(f'exec {drop} {" ".join(spawner)} "$2" {INSIDE_WORK}\n')
+        script.write_text(launcher_script(spawner))
         script.chmod(0o644)
 
     def _spawn_holder(
@@ -277,71 +252,17 @@ class BwrapBackend(CgroupBackend):
             if self._spawner and env.root is None and _descriptors_to_spare():
                 # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                # a script inside starts it, so the sandbox's init shows no host path
-                payload = (
-                    "/bin/sh",
-                    f"{INSIDE_SUPPORT}/{HOLDER_LAUNCHER}",
-                    str(self._uids[env.id]),
-                    str(theirs.fileno()),
-                )
-                # only what setpriv needs to drop to the uid and clear every set, itself included
-                caps = [
-                    "--cap-drop",
-                    "ALL",
-                    *(a for c in fast.SETPRIV_CAPS for a in ("--cap-add", c)),
-                ]
+                payload, caps = spawner_payload(self._uids[env.id], theirs.fileno())
             else:
-                payload = tuple(_idle(env))
-                caps = ["--cap-drop", "ALL"]
-            sandbox = [
-                *ISOLATE,
-                *([] if env.network else ["--unshare-net"]),
-                "--hostname",
-                "tangram",
-                "--die-with-parent",
-                *caps,
-                "--info-fd",
-                str(info_w),
-                "--seccomp",
-                str(filter_fd),
-                *(self._system if env.root is None else ["--bind", env.root, "/"]),
-                "--proc",
-                "/proc",
-                "--dev",
-                "/dev",
-                "--perms",
-                "1777",
-                "--tmpfs",
-                "/dev/shm",  # private, charged to the env
-                # an image's /tmp is its own layer's (bounded by its disk)
-                *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
-                "--bind",
-                env.workdir,
-                INSIDE_WORK,
-                "--perms",
-                "0755",
-                "--dir",
-                "/opt",
-                "--ro-bind",
-                str(self.support),
-                INSIDE_SUPPORT,
-                *(self._extra if env.root is None else []),
-                "--chdir",
-                "/",
-            ]
+                payload, caps = tuple(_idle(env)), IDLE_CAPS
+            sandbox = sandbox_args(
+                env, caps, info_w, filter_fd, self._system, self._extra, self.support
+            )
             args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
-            proc = subprocess.Popen(
-                joined(slot.join, (self._bwrap, "--args", str(args), "--", *payload)),
-                cwd="/",
-                env={"PATH": SAFE_PATH},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=passed,
-                start_new_session=True,
-            )
+            argv = joined(slot.join, (self._bwrap, "--args", str(args), "--", *payload))
+            proc = popen_holder(argv, passed)
         except OSError as exc:
             if info_r >= 0:
                 os.close(info_r)
@@ -425,7 +346,7 @@ class BwrapBackend(CgroupBackend):
         loader = self._loader
         if env.root is not None:  # the image has none of the host's programs: the copies
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
-            loader = self._image_loader(env)
+            loader = image_loader(env, self._loader)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
         return joined(
             join,
@@ -439,16 +360,6 @@ class BwrapBackend(CgroupBackend):
                 *argv_of(command),
             ),
         )
-
-    def _image_loader(self, env: Environment) -> tuple[str, ...]:
-        """The seccomp loader for a sandbox whose root is an image: the native one, run by the
-        host's copied dynamic loader (the Python one needs the host's Python, not there)."""
-        if len(self._loader) != 1:
-            raise EnvironmentBroken(
-                f"environment {env.id} has an image root, whose commands "
-                "need the native seccomp loader: install a C compiler (cc)"
-            )
-        return tuple(toolkit.run_path(INSIDE_SUPPORT, self._loader[0]))
 
     async def _close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)

@@ -18,6 +18,7 @@ from pathlib import Path
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
+from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.cgroup import Slot
 from managers.cpu.pool import Environment
 from tangram.errors import BackendUnavailable
@@ -138,6 +139,25 @@ def _idle(env: Environment) -> list[str]:
         *toolkit.run(INSIDE_SUPPORT, "sleep"),
         "infinity",
     ]
+
+
+def launcher_script(spawner: tuple[str, ...]) -> str:
+    """The spawner's start script (`BwrapBackend._install_launcher`): $1 is the uid, $2 the
+    spawner's socket."""
+    drop = " ".join(_drop_to(0)).replace("=0", '="$1"')  # --reuid="$1" --regid="$1"
+    return f'exec {drop} {" ".join(spawner)} "$2" {INSIDE_WORK}\n'
+
+
+def image_loader(env: Environment, loader: tuple[str, ...]) -> tuple[str, ...]:
+    """The seccomp loader for a sandbox whose root is an image: the native one (`loader`, the
+    backend's), run by the host's copied dynamic loader (the Python one needs the host's
+    Python, not there)."""
+    if len(loader) != 1:
+        raise EnvironmentBroken(
+            f"environment {env.id} has an image root, whose commands "
+            "need the native seccomp loader: install a C compiler (cc)"
+        )
+    return tuple(toolkit.run_path(INSIDE_SUPPORT, loader[0]))
 
 
 @dataclass(slots=True)

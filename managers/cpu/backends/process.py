@@ -100,25 +100,18 @@ def kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-async def run_local(
+def _start(
     argv: list[str],
-    *,
     cwd: str | None,
     env: Mapping[str, str] | None,
-    timeout: float,
-    output_cap: int,
-    spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
-    kill_rest: Callable[[], None] | None = None,
-    pass_fds: tuple[int, ...] = (),
-    groups: set[int] | None = None,
-) -> Result:
-    """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
-    the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
-    else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child; `groups`
-    holds the session's process group while it runs (so a close can kill it)."""
+    spawning: Callable[[], AbstractContextManager[object]],
+    kill_rest: Callable[[], None] | None,
+    pass_fds: tuple[int, ...],
+) -> subprocess.Popen | Result:
+    """`run_local`'s spawn: the process, or the result of a program that cannot start."""
     try:
         with spawning():
-            proc = subprocess.Popen(
+            return subprocess.Popen(
                 argv,
                 cwd=cwd,
                 env=dict(env) if env is not None else None,
@@ -137,6 +130,27 @@ async def run_local(
             kill_rest()
         raise_if_out_of_files(exc)
         raise
+
+
+async def run_local(
+    argv: list[str],
+    *,
+    cwd: str | None,
+    env: Mapping[str, str] | None,
+    timeout: float,
+    output_cap: int,
+    spawning: Callable[[], AbstractContextManager[object]] = nullcontext,
+    kill_rest: Callable[[], None] | None = None,
+    pass_fds: tuple[int, ...] = (),
+    groups: set[int] | None = None,
+) -> Result:
+    """Run `argv` in a new session. `spawning()` is entered around the (synchronous) spawn, in
+    the spawning thread, whose state the child inherits (affinity); `kill_rest` kills whatever
+    else belongs to this exec (a cgroup's pids); `pass_fds` stay open in the child; `groups`
+    holds the session's process group while it runs (so a close can kill it)."""
+    proc = _start(argv, cwd, env, spawning, kill_rest, pass_fds)
+    if isinstance(proc, Result):  # the program could not start
+        return proc
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stderr.fileno())
     proc.stdout.close()

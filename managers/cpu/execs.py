@@ -1,0 +1,94 @@
+"""Commands in the CPU manager's environments: a scheduler's assignment (`run`) or one request
+taken outside a scheduler (`execute`), and the disk limit named where a command filled it.
+
+A mixin of `CpuManager` (its one job: the exec path); it needs the manager's table, pool,
+backend, roots and its busy/broken/freezing records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+
+from managers.cpu.backends.base import Backend, EnvironmentBroken
+from managers.cpu.layers import LayerStore
+from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.request import ExecRequest, exec_target
+from managers.cpu.roots import Roots
+from tangram.actions import Action
+from tangram.allocation import Assignment
+from tangram.pools import CorePool
+from tangram.resources import Demand
+from tangram.results import Result, Status
+
+
+class EnvExecs:
+    resource: str
+    pool: CorePool
+    envs: EnvironmentTable
+    roots: Roots | None
+    backend: Backend
+    broken: dict[str, str]
+    _busy: dict[str, int]
+    _freezing: dict[str, asyncio.Event]
+
+    async def run(self, assignment: Assignment) -> Result:
+        target = exec_target(assignment, self.envs)
+        if isinstance(target, Result):
+            return target
+        req, env = target
+        placement = assignment.placement.get(self.resource)
+        if placement is None or not placement.cores or placement.node != env.node:
+            return Result(
+                Status.FAILED,
+                detail=f"action {assignment.action_id}: placement "
+                f"{placement} is not cores on the environment's node {env.node}",
+            )
+        if req.env_id in self.broken:
+            return Result(Status.FAILED, detail=self.broken[req.env_id])
+        if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
+            await self._freezing[env.id].wait()
+        self._busy[env.id] = self._busy.get(env.id, 0) + 1
+        try:
+            outcome = await self.backend.exec(
+                env, placement.cores, req.command, req.timeout, req.output_cap, elastic=req.elastic
+            )
+        except EnvironmentBroken as exc:
+            self.broken[req.env_id] = str(exc)
+            return Result(Status.FAILED, detail=str(exc))
+        finally:
+            self._busy[env.id] -= 1
+            if not self._busy[env.id]:
+                del self._busy[env.id]
+        return self._named_disk(env, outcome)
+
+    def _named_disk(self, env: Environment, outcome: Result) -> Result:
+        """A command that leaves the environment's disk full says which limit it hit (whether
+        or not it failed for it: a shell may have gone on after the ENOSPC)."""
+        rooted = self.roots.envs.get(env.id) if self.roots is not None else None
+        if rooted is None or not LayerStore.full(rooted.upper):
+            return outcome
+        return dataclasses.replace(
+            outcome, detail=f"{outcome.detail}; disk limit {env.disk_mb} MiB reached"
+        )
+
+    async def execute(self, request: ExecRequest, cores: int = 1) -> Result:
+        """Run one request outside a scheduler: take `cores` on the environment's node now,
+        run, give them back. Raises `Infeasible` when they are not free."""
+        env = self.envs.get(request.env_id)
+        node = env.node if env is not None else None
+        placement = self.pool.place(cores, node=node)
+        action = Action(
+            f"exec-{uuid.uuid4().hex[:8]}",
+            {self.resource: Demand.fixed(cores)},
+            trajectory=env.trajectory if env else None,
+            kind="exec",
+            payload=request,
+        )
+        try:
+            return await self.run(
+                Assignment(action, {self.resource: cores}, {self.resource: placement})
+            )
+        finally:
+            self.pool.release(placement, cores)
