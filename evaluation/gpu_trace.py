@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 from evaluation.engine import Engine
 from evaluation.simulator import Arrivals
-from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
+from managers.gpu.advisor import ResidencyAdvisor
+from managers.gpu.residency import Residency, RestoreDecision
 from solvers import get_allocator
 from tangram.actions import Action
 from tangram.allocation import Assignment

@@ -15,8 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 
 from managers.base import Manager
+from managers.gpu.advisor import ResidencyAdvisor
 from managers.gpu.backend import GpuBackend
-from managers.gpu.residency import Residency, ResidencyAdvisor
+from managers.gpu.residency import Residency, RestoreDecision
+from managers.gpu.services import Service
 from tangram.allocation import Assignment
 from tangram.errors import NodeLost, ValidationError
 from tangram.pools import ChunkPool, Pool
@@ -97,35 +99,10 @@ class GpuManager(Manager):
         node, chunk = placement.node, placement.chunk
         service = self.residency.registry.get(action.service)
         decision = self.residency.begin(action, node, chunk, self.clock())
-        restore_s = 0.0
         try:
-            for victim in decision.evicted:
-                try:
-                    await self.backend.evict(
-                        self.residency.registry.get(victim.service), victim.node, victim.chunk
-                    )
-                except Exception as exc:
-                    self.residency.forget(service.name, node, chunk)
-                    return Result(
-                        Status.FAILED,
-                        detail=f"evicting {victim.service} from "
-                        f"{victim.node}{victim.chunk} failed: {exc}",
-                    )
-            if decision.restored:
-                try:
-                    restore_s = await self.backend.restore(service, node, chunk)
-                except NodeLost as exc:
-                    self.lose_node(node, str(exc))
-                    return Result(
-                        Status.FAILED,
-                        detail=f"restore of {service.name} on {node}{chunk} could not run: {exc}",
-                    )
-                except Exception as exc:
-                    self.residency.forget(service.name, node, chunk)
-                    return Result(
-                        Status.FAILED,
-                        detail=f"restore of {service.name} on {node}{chunk} failed: {exc}",
-                    )
+            restore_s = await self._make_resident(service, decision, node, chunk)
+            if isinstance(restore_s, Result):
+                return restore_s
             try:
                 output = await self.backend.invoke(service, node, chunk, action.payload)
             except NodeLost as exc:
@@ -149,6 +126,40 @@ class GpuManager(Manager):
             )
         finally:
             self.residency.end(action, node, chunk, self.clock())
+
+    async def _make_resident(
+        self, service: Service, decision: RestoreDecision, node: str, chunk: tuple[int, int]
+    ) -> float | Result:
+        """Evict the entries `decision` chose and restore `service` on the chunk when it is not
+        resident: the restore's seconds (0 for a hit), or the failed Result to return."""
+        for victim in decision.evicted:
+            try:
+                await self.backend.evict(
+                    self.residency.registry.get(victim.service), victim.node, victim.chunk
+                )
+            except Exception as exc:
+                self.residency.forget(service.name, node, chunk)
+                return Result(
+                    Status.FAILED,
+                    detail=f"evicting {victim.service} from "
+                    f"{victim.node}{victim.chunk} failed: {exc}",
+                )
+        if not decision.restored:
+            return 0.0
+        try:
+            return await self.backend.restore(service, node, chunk)
+        except NodeLost as exc:
+            self.lose_node(node, str(exc))
+            return Result(
+                Status.FAILED,
+                detail=f"restore of {service.name} on {node}{chunk} could not run: {exc}",
+            )
+        except Exception as exc:
+            self.residency.forget(service.name, node, chunk)
+            return Result(
+                Status.FAILED,
+                detail=f"restore of {service.name} on {node}{chunk} failed: {exc}",
+            )
 
     async def close(self) -> None:
         await self.backend.close()

@@ -11,10 +11,11 @@ most one action per GPU). When an action starts (`begin`):
   frees the entry on all its GPUs and writes nothing back (the host copy is kept).
 
 The service stays resident after the action (`end` stamps its last use). `prefer` scores chunk
-choices for the placement policy (`ResidencyAdvisor.prefer`, the pool's advisor): the chunk
-where the variant is resident wins, then a chunk where it fits without evicting anything, then
-the chunk whose victims were used longest ago. Every mutation re-checks the invariants and raises
-`InvariantError` rather than continue from a broken state.
+choices for the placement policy (`ResidencyAdvisor.prefer`, the pool's advisor, in
+`managers.gpu.advisor`): the chunk where the variant is resident wins, then a chunk where it
+fits without evicting anything, then the chunk whose victims were used longest ago. Every
+mutation re-checks the invariants and raises `InvariantError` rather than continue from a
+broken state.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from dataclasses import dataclass, field
 from managers.gpu.services import RestoreModel, Service, ServiceRegistry
 from tangram.actions import Action
 from tangram.errors import InvariantError, ValidationError
-from tangram.pools import Placement, PlacementAdvisor
 from topology import is_aligned
 
 Chunk = tuple[int, int]
@@ -392,57 +392,3 @@ class Residency:
             for g in e.gpus:
                 if e not in self._gpus[e.node][g].entries:
                     raise InvariantError(f"{self.resource}.{e.node}.gpu{g}: entry {e} missing")
-
-
-class ResidentWait:
-    """`ResidencyAdvisor.defer` for a chunk pool: an action waits for a busy resident copy of its
-    service rather than restore one (`Residency.should_wait`). Within one decision (one view)
-    it counts the actions already waiting for each copy, so no copy gathers a convoy."""
-
-    def __init__(self, residency: Residency) -> None:
-        self.residency = residency
-        self._claims: tuple[object, dict[tuple[str, Chunk], int]] = (None, {})
-
-    def __call__(self, action: Action, resource: str, placement, view, now: float) -> bool:
-        if placement.chunk is None:
-            return False
-        if self._claims[0] is not view:  # a new decision: nobody waits for a copy yet
-            self._claims = (view, {})
-        busy = [
-            (
-                ra.assignment.placement[resource].node,
-                ra.assignment.placement[resource].chunk,
-                ra.expected_end,
-            )
-            for ra in view.running
-            if resource in ra.assignment.placement
-            and ra.assignment.placement[resource].chunk is not None
-        ]
-        k = placement.chunk[1] - placement.chunk[0]
-        return self.residency.should_wait(
-            action,
-            resource,
-            placement.node,
-            placement.chunk,
-            busy,
-            now,
-            self._claims[1],
-            view.estimate(action, k),
-        )
-
-
-class ResidencyAdvisor(PlacementAdvisor):
-    """The placement advisor of one chunk pool: prefer the chunk where the action's service is
-    resident (`Residency.prefer`), wait for a busy resident copy rather than restore one
-    (`ResidentWait`). One per pool, set on the pool by whoever builds it with its residency."""
-
-    def __init__(self, residency: Residency) -> None:
-        self.residency = residency
-        self.resource = residency.resource
-        self.wait = ResidentWait(residency)
-
-    def prefer(self, action: Action, node: str, chunk: tuple[int, int]) -> float:
-        return self.residency.prefer(action, self.resource, node, chunk)
-
-    def defer(self, action: Action, placement: Placement, view, now: float) -> bool:
-        return self.wait(action, self.resource, placement, view, now)

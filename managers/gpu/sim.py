@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from managers.gpu.advisor import ResidencyAdvisor
 from managers.gpu.backend import Chunk, GpuBackend
-from managers.gpu.residency import Residency, ResidencyAdvisor, RestoreDecision
+from managers.gpu.residency import Residency, RestoreDecision
 from managers.gpu.services import GB, RestoreModel, Service, ServiceRegistry
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from solvers.fcfs import Candidate, ScratchPools, _prefer, scan_candidates
 from solvers.heuristic.dparrange import dp_table
 from solvers.heuristic.objective import Waiting, estimate_waiting
+from solvers.heuristic.putoff import elsewhere, hold_back, keep_place, start_now, wait_target
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
 from tangram.errors import Infeasible, ValidationError
@@ -26,47 +27,6 @@ EPS = 1e-9
 
 def _never(_: object) -> bool:
     return False
-
-
-def _target(a: Action, r: str, capacity: int) -> int:
-    """The units a put-off action waits for: its largest amount the pool (node) can hold."""
-    if not a.options:
-        return min(a.mins[r], capacity)
-    return max((m for m, _ in a.options if m <= capacity), default=a.options[0][0])
-
-
-def hold_back(
-    releases: list[tuple[float, int]],
-    capacity: int,
-    target: int,
-    later: list[tuple[int, float, int]],
-    now: float,
-) -> tuple[float, list[int], list[int]]:
-    """The "put-off action keeps its place" rule on one pool (node). `releases`: (estimated
-    end, units) of everything holding the pool's units ahead of the put-off action (running
-    actions, candidates ahead of it); `later`: (index, estimated end, units) of the later
-    candidates on the pool, in queue order. Its reservation is the earliest estimated time at
-    which `target` units are free; a later candidate may start now only if it ends by then or
-    fits in what is left over at that time beside the `target`. Returns the reservation and the
-    indices of the later candidates that start now and of those held back."""
-    free = capacity - sum(u for _, u in releases)
-    reservation = now
-    for end, u in sorted(releases):
-        if free >= target:
-            break
-        free += u
-        reservation = end
-    extra = free - target
-    allowed, held = [], []
-    for i, end, u in later:
-        if end <= reservation:
-            allowed.append(i)
-        elif u <= extra:
-            extra -= u
-            allowed.append(i)
-        else:
-            held.append(i)
-    return reservation, allowed, held
 
 
 @dataclass(frozen=True)
@@ -125,18 +85,18 @@ class HeuristicAllocator:
             gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
             while gone:
                 first = gone[0]
-                reservation, held = self._keep_place(
+                reservation, held = keep_place(
                     view, cands, evicted | set(gone), first, r, node, now
                 )
                 if reservation <= now + EPS:
                     # what it waits for is free now (once the later candidates it holds back
                     # give way): it starts now with them, the first of the rest waits next
-                    late = self._start_now(view, pools, cands, first, held, r, node)
+                    late = start_now(view, pools, cands, first, held, r, node)
                     if late is not None:
                         evicted.update(late)
                         gone = gone[1:]
                         continue
-                elif self._elsewhere(view, pools[r], cands[first], r, node):
+                elif elsewhere(view, pools[r], cands[first], r, node):
                     gone = gone[1:]  # not bound to the node: it starts on one that holds it
                     continue
                 for i in [*gone, *held]:  # they wait: their units go back to the scratch pools
@@ -148,110 +108,6 @@ class HeuristicAllocator:
                 evicted.update(held)
                 break
         return cands, evicted, pools
-
-    def _elsewhere(
-        self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None
-    ) -> bool:
-        """A put-off candidate not bound to a node waits for more units on the node the scan
-        placed it on; when another node of the pool has every amount it allows free, it starts
-        there now at its fastest amount instead (what it waits for is never free units)."""
-        a = c.action
-        if node is None or view.node_for(a, r) is not None:
-            return False
-        amounts = [m for m, _ in a.options if m <= pool.largest_request()]
-        if not amounts:
-            return False
-        there = next((n for n in pool.nodes() if n != node and pool.free(n) >= amounts[-1]), None)
-        if there is None:
-            return False
-        m = min(amounts, key=lambda k: (view.estimate(a, k), k))
-        c.units[r] = m
-        c.placement[r] = pool.place(m, there, (), _prefer(view, a, r))
-        return True
-
-    def _start_now(
-        self,
-        view: ClusterView,
-        pools: ScratchPools,
-        cands: list[Candidate],
-        first: int,
-        held: list[int],
-        r: str,
-        node: str | None,
-    ) -> list[int] | None:
-        """Start the put-off candidate `first` now at its fastest amount that fits once the
-        later candidates `held` give their units of the pool back; then re-place each of those,
-        in order, where it still fits. Returns the ones that no longer fit (they wait), or None
-        (and changes nothing) when no amount of `first` fits."""
-        pool = pools[r]
-        for i in held:
-            c = cands[i]
-            pool.release(c.placement[r], c.units[r])
-        c = cands[first]
-        a = c.action
-        best = None
-        for m, _ in a.options:
-            d = view.estimate(a, m)
-            if pool.fits(m, node) is not None and (best is None or d < best[0] - 1e-12):
-                best = (d, m)
-        if best is None:
-            for i in held:
-                pool.take(cands[i].placement[r], cands[i].units[r])
-            return None
-        m = best[1]
-        c.units[r] = m
-        c.placement[r] = pool.place(m, node, (), _prefer(view, a, r))
-        late = []
-        for i in held:
-            h = cands[i]
-            k = h.units[r]
-            try:
-                h.placement[r] = pool.place(
-                    k, view.node_for(h.action, r), (), _prefer(view, h.action, r)
-                )
-            except Infeasible:
-                for r2, p in h.placement.items():
-                    if r2 != r:
-                        pools[r2].release(p, h.units[r2])
-                late.append(i)
-        return late
-
-    def _keep_place(
-        self,
-        view: ClusterView,
-        cands: list[Candidate],
-        evicted: set[int],
-        first: int,
-        r: str,
-        node: str | None,
-        now: float,
-    ) -> tuple[float, list[int]]:
-        """An elastic candidate put off to wait for more units keeps its place. Its reservation
-        is the estimated time at which the units it waits for (its largest useful amount) are
-        free, counting only what runs now and the candidates ahead of it. A later candidate
-        that takes units of the same pool (and node) starts now only if it ends by the
-        reservation or fits in the units left over at the reservation (conservative
-        backfilling). Returns the reservation and the later candidates that must wait too."""
-        capacity = view.pools[r].capacity(node)
-        releases = [
-            (max(ra.expected_end, now), ra.assignment.units[r]) for ra in view.running_on(r, node)
-        ]
-        later: list[tuple[int, float, int]] = []
-        for i, c in enumerate(cands):
-            if i in evicted or r not in c.units:
-                continue
-            if node is not None and c.placement[r].node != node:
-                continue
-            a = c.action
-            end = now + view.estimate(a, c.units[a.key] if a.key else None)
-            if i < first:
-                releases.append((end, c.units[r]))
-            else:
-                later.append((i, end, c.units[r]))
-        reservation, _, held = hold_back(
-            releases, capacity, _target(cands[first].action, r, capacity), later, now
-        )
-        return reservation, held
 
     # -- one group -----------------------------------------------------------------------------
     def _arrange(
@@ -269,14 +125,12 @@ class HeuristicAllocator:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
         cap = pool.free(node)
-        if (
-            len(idxs) == 1
-            and pool.per_node
-            and self._alone(view, pool, cands[idxs[0]], r, node, cap)
-        ):
+        if self._alone(view, pool, cands, idxs, r, node, cap):
             return []
         table = dp_table(_tasks(cands, idxs, cap), pool.operator(node))
-        running, others, rest_tail = self._contention(view, cands, idxs, r, node, queue, now)
+        running, others, rest_tail, base_all = self._contention(
+            view, cands, idxs, r, node, queue, now
+        )
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
         best_t, best_obj, best_units = None, None, None
@@ -284,23 +138,13 @@ class HeuristicAllocator:
         # action in this group will give back: its completion re-runs the decision. With
         # nothing busy in the group, at least one candidate starts (no idle strand).
         last = 0 if self.allow_wait and (running or others) else 1
-        # what holds the pool when every other candidate starts: sorted once for every prefix
-        base_all = (
-            sorted(running + [(e, u) for _, e, u in others]),
-            sum(e - now for _, e, _ in others),
-        )
         ends: dict[tuple[int, int], float] = {}  # (candidate, units) -> its end if it starts
         for t in range(len(idxs), last - 1, -1):
             try:
                 arr = table.best(t)
             except Infeasible:
                 continue
-            starting = []
-            for i, u in zip(idxs, arr.units):
-                end = ends.get((i, u))
-                if end is None:
-                    end = ends[i, u] = now + view.estimate(cands[i].action, u)
-                starting.append((end, u))
+            starting = _starting(view, cands, idxs, arr.units, ends, now)
             obj = arr.total + self._rest(
                 running,
                 others,
@@ -327,10 +171,21 @@ class HeuristicAllocator:
         return idxs[best_t:]
 
     def _alone(
-        self, view: ClusterView, pool: Pool, c: Candidate, r: str, node: str | None, cap: int
+        self,
+        view: ClusterView,
+        pool: Pool,
+        cands: list[Candidate],
+        idxs: list[int],
+        r: str,
+        node: str | None,
+        cap: int,
     ) -> bool:
-        """One candidate that cannot get more units by waiting: placed at its fastest amount
-        that fits, no split to search (True); False where waiting could get it more."""
+        """A group of one candidate on a per-node pool that cannot get more units by waiting:
+        placed at its fastest amount that fits, no split to search (True); False where waiting
+        could get it more, or the group is not one candidate on a per-node pool."""
+        if len(idxs) != 1 or not pool.per_node:
+            return False
+        c = cands[idxs[0]]
         if self.allow_wait and cap != pool.capacity(node) and c.action.options[-1][0] > cap:
             return False
         m, best = 0, None
@@ -366,7 +221,7 @@ class HeuristicAllocator:
             ahead = [(e, u) for i, e, u in others if i < first]
             later = [o for o in others if o[0] > first]
             a = cands[first].action
-            target = _target(a, r, capacity)
+            target = wait_target(a, r, capacity)
             _, _, held = hold_back(running + ahead + starting, capacity, target, later, now)
         else:
             held = []
@@ -418,7 +273,9 @@ class HeuristicAllocator:
         now: float,
     ):
         """What holds the group's pool besides the group: the running actions' (end, units),
-        the other candidates' (index, end, units), and the queue behind the candidates."""
+        the other candidates' (index, end, units), the queue behind the candidates, and what
+        holds the pool when every other candidate starts (sorted once for every prefix) with
+        those candidates' estimated completion sum."""
         running = [
             (max(ra.expected_end, now), ra.assignment.units[r]) for ra in view.running_on(r, node)
         ]
@@ -452,7 +309,30 @@ class HeuristicAllocator:
                 tail.append(self._waiting(a, r, view, capacity))
                 if len(tail) >= self.lookahead:
                     break
-        return running, others, tail
+        base_all = (
+            sorted(running + [(e, u) for _, e, u in others]),
+            sum(e - now for _, e, _ in others),
+        )
+        return running, others, tail, base_all
+
+
+def _starting(
+    view: ClusterView,
+    cands: list[Candidate],
+    idxs: list[int],
+    units: tuple[int, ...],
+    ends: dict[tuple[int, int], float],
+    now: float,
+) -> list[tuple[float, int]]:
+    """(estimated end, units) of the group's candidates `idxs` starting now at `units`; `ends`
+    keeps each (candidate, units) end across the prefixes of one group."""
+    starting = []
+    for i, u in zip(idxs, units):
+        end = ends.get((i, u))
+        if end is None:
+            end = ends[i, u] = now + view.estimate(cands[i].action, u)
+        starting.append((end, u))
+    return starting
 
 
 def _tasks(cands: list[Candidate], idxs: list[int], cap: int) -> list[tuple]:

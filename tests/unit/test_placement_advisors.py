@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from evaluation.simulator import simulate
-from managers.gpu.residency import ResidencyAdvisor
+from managers.gpu.advisor import ResidencyAdvisor
 from managers.gpu.sim import SimServiceModel
 from solvers import get_allocator
 from tangram.instance import parse_instance

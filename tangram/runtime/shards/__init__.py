@@ -9,7 +9,8 @@ the runtime drive it unchanged. Behind it:
   its own (forked, a pipe each: `handles.ProcessShard`) or, on the Ray backend, a Ray actor
   (`actors.RayShard`). A decision on a node is made in its shard, with the inputs the single
   scheduler would have used for that node: the node's queue, its running actions, and the
-  learned per-kind durations, which the router mirrors to every shard before it decides.
+  learned per-kind durations, which the router mirrors to every shard before it decides
+  (`means`).
 - **The global shard**: a `Scheduler` in the router's process over the pooled resources (GPU
   chunks, API limits), beside the GPU manager's residency model its decisions consult.
 - **The router** (`router`) routes an action by its trajectory's bound node

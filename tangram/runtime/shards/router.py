@@ -15,6 +15,7 @@ from tangram.profiles import CENSORED, LEARNED, DurationProfiles
 from tangram.results import Status
 from tangram.runtime.shards.actors import RayShard, ray_is_running
 from tangram.runtime.shards.handles import ProcessShard, ShardHandle
+from tangram.runtime.shards.means import MeansMirror
 from tangram.runtime.shards.pending import place_pending
 from tangram.runtime.shards.views import QueueView, ShardLost
 from tangram.runtime.shards.wire import STATE, TICK, wire_dumps, wire_loads
@@ -82,9 +83,7 @@ class ShardedScheduler:
         self._out = [Outbox() for _ in range(shards)]
         self._dirty: set[int] = set()
         self._dead: set[int] = set()
-        self._kind_at: dict[str, int] = {}  # kind -> version of its last observation
-        self._version = 0
-        self._sent = [0] * shards  # the version each shard's means are at
+        self._means = MeansMirror(self.profiles, shards)
         self.stream: list[tuple] | None = [] if log_stream else None
         self._shards: list[ShardHandle] = []
         if start:
@@ -111,13 +110,12 @@ class ShardedScheduler:
             pools,
             self.allocator,
             self.profiles.default,
-            {k: m for k in self._kind_at if (m := self.profiles.mean(k)) is not None},
+            self._means.for_new(i),
             [(k, n) for k, n in self.bindings.items() if n in mine],
             running,
             queued,
         )
         others = [s for s in self._shards if s.index != i]
-        self._sent[i] = self._version
         return self._start_shard(i, nodes, init, others)
 
     def describe(self) -> str:
@@ -280,21 +278,10 @@ class ShardedScheduler:
         self._log("granted", now, tuple(out))
         return out
 
-    def _means_for(self, i: int) -> dict[str, float]:
-        sent = self._sent[i]
-        self._sent[i] = self._version
-        if sent == self._version:
-            return {}
-        return {
-            k: m
-            for k, v in self._kind_at.items()
-            if v > sent and (m := self.profiles.mean(k)) is not None
-        }
-
     def _send_tick(self, i: int, now: float) -> None:
         box, self._out[i] = self._out[i], Outbox()
         try:
-            self._shards[i].send(wire_dumps((TICK, now, self._means_for(i), box)))
+            self._shards[i].send(wire_dumps((TICK, now, self._means.since(i), box)))
         except OSError:
             pass  # dead: `_receive` notices and recovers
 
@@ -389,8 +376,7 @@ class ShardedScheduler:
                     a.action, dict(a.units), now - ra.start if run_s is None else run_s, status
                 )
         if learn:
-            self._version += 1
-            self._kind_at[ra.assignment.action.kind] = self._version
+            self._means.observed(ra.assignment.action.kind)
         self._log("complete", action_id, now, run_s, status)
         return ra
 

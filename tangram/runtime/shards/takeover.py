@@ -33,7 +33,7 @@ def take_over(
     )
     for (t, r), n in sched.bindings.items():
         out._global.bind(t, r, n)
-    out._kind_at.update((k, 0) for k in kinds)
+    out._means.kind_at.update((k, 0) for k in kinds)
     for aid, ra in sched.running.items():
         i = out.layout.route(ra.assignment.action, out.bindings)
         if i == GLOBAL:
