@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import shlex
@@ -244,6 +245,33 @@ def summarise(name: str, s: Stats, cores: int) -> dict:
     }
 
 
+def _runtime(
+    ns: argparse.Namespace, services: dict, apis: dict
+) -> tuple[contextlib.AbstractContextManager | None, Tangram]:
+    """One run's runtime: over Ray (`--ray`; with the entered Ray session, for the caller to
+    exit after) or local (no session)."""
+    if ns.ray:
+        session = ray_session(ns.ray)
+        address, opts = session.__enter__()
+        # each node's agent runs the CPU backend and a simulated GPU backend
+        return session, Tangram.ray(
+            address,
+            services=services,
+            apis=apis,
+            gpu_backend="sim",
+            gpus_per_node=2,
+            **{"cpu_backend": ns.cpu_backend, **opts},
+        )
+    # the judge is a modelled stand-in (no weights): simulated, also on a
+    # machine with GPUs (where the default would be the torch backend)
+    return None, Tangram.local(
+        cpu_backend=ns.cpu_backend,
+        services=services,
+        apis=apis,
+        gpu={"backend": "sim"},
+    )
+
+
 async def _main(ns: argparse.Namespace) -> list[dict]:
     server, url = start_search_api()
     py = shlex.quote(str(Path(sys.executable).parent / "python3"))
@@ -271,28 +299,7 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
             for name in runs:
                 if ns.only and name != ns.only:
                     continue
-                if ns.ray:
-                    session = ray_session(ns.ray)
-                    address, opts = session.__enter__()
-                    # each node's agent runs the CPU backend and a simulated GPU backend
-                    tg = Tangram.ray(
-                        address,
-                        services=services,
-                        apis=apis,
-                        gpu_backend="sim",
-                        gpus_per_node=2,
-                        **{"cpu_backend": ns.cpu_backend, **opts},
-                    )
-                else:
-                    session = None
-                    # the judge is a modelled stand-in (no weights): simulated, also on a
-                    # machine with GPUs (where the default would be the torch backend)
-                    tg = Tangram.local(
-                        cpu_backend=ns.cpu_backend,
-                        services=services,
-                        apis=apis,
-                        gpu={"backend": "sim"},
-                    )
+                session, tg = _runtime(ns, services, apis)
                 try:
                     async with tg:
                         cores = tg.cpu.pool.capacity()
@@ -310,7 +317,7 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram demo",
         description=__doc__,
@@ -339,6 +346,11 @@ def main(argv: list[str]) -> int:
         "group of 8, the project's tests as the reward; bwrap backend)",
     )
     p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     if ns.rollout == "coding":
         out = coding_rollout.run(log=lambda line: None if ns.json else print(line))

@@ -203,7 +203,7 @@ def _table(summ: list[dict], labels: list[str]) -> Table:
     return t
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram gap",
         description=__doc__,
@@ -225,6 +225,11 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--rows", action="store_true", help="print every instance too (--json)")
     p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     policies = dict(POLICIES)
     if ns.with_cpsat_policy:

@@ -153,7 +153,7 @@ def _interleaved(n: int, rounds: int) -> int:
     return 0
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tangram bench exec",
         description=__doc__,
@@ -169,6 +169,11 @@ def main(argv: list[str]) -> int:
         "alternating grants, each sample paired with a raw run; one line "
         "per round",
     )
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    parser = _parser()
     ns = parser.parse_args(argv)
     n = ns.runs
     if ns.rounds:

@@ -188,7 +188,7 @@ def bench_trace(n_services: int, n_calls: int, seed: int) -> dict:
     return out
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram bench gpu",
         description=__doc__,
@@ -201,6 +201,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--calls", type=int, default=3000, help="calls in the bursty trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     result: dict[str, Any] = {
         "torch": bench_torch(ns.size_mb, ns.repeats),

@@ -138,11 +138,16 @@ def _scheduler_view(rng: random.Random):
     return ClusterView({"cpu": pool}), queue
 
 
-def scheduler(argv: list[str]) -> int:
+def _scheduler_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tangram bench scheduler")
     p.add_argument("--reps", type=int, default=300)
     p.add_argument("--actions", type=int, default=100_000, help="simulated actions")
     p.add_argument("--queue", type=int, default=10_000, help="queued actions, multi-node case")
+    return p
+
+
+def scheduler(argv: list[str]) -> int:
+    p = _scheduler_parser()
     ns = p.parse_args(argv)
 
     rng = random.Random(0)

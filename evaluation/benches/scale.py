@@ -130,7 +130,7 @@ def run_all(jobs: list, parallel: int, log=print) -> list[RunFigures]:
     return sorted(out, key=lambda f: (f.workload, f.batch, f.policy))
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram bench scale",
         description=__doc__,
@@ -163,6 +163,11 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
     p.add_argument("--out", type=Path, help="write scale.json and scale.png into this folder")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     if ns.nodes_per_shard is None:
         ns.nodes_per_shard = 1 if ns.quick else 4

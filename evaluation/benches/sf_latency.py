@@ -200,8 +200,7 @@ def _table(
     return figures
 
 
-def main(argv: list[str]) -> int:
-
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram bench sandboxfusion --latency",
         description=__doc__,
@@ -213,6 +212,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--seconds", type=float, default=8.0, help="throughput phase, per round")
     p.add_argument("--no-cold", action="store_true", help="leave out `tangram, no warm pool`")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns = p.parse_args(argv)
     py = sys.executable
     servers = {

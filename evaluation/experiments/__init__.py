@@ -57,7 +57,7 @@ def run_experiment(
     return timed(go)
 
 
-def main(argv: list[str]) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tangram experiment",
         description=__doc__,
@@ -93,6 +93,11 @@ def main(argv: list[str]) -> int:
         default="heuristic",
         help="Tangram's policy (default: heuristic, the paper's; e.g. backfill-srpt)",
     )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = _parser()
     ns, rest = p.parse_known_args(argv)
     if ns.policy not in available():
         p.error(f"--policy {ns.policy!r}: unknown (known: {available()})")

@@ -100,6 +100,37 @@ def plot(rows, fig) -> None:
         ax.legend(fontsize=7)
 
 
+def _compares(
+    head: dict[str, float | None], with_admission: float, rows: list[dict[str, Any]]
+) -> list[Compare]:
+    """The figure's comparisons: the gated ratios (`measure`), the one with admission, and the
+    small instance's."""
+    compares = [
+        Compare(SMALLEST, head[SMALLEST], 3.1),
+        Compare(LARGEST, head[LARGEST], 27.7),
+        Compare(
+            WITH_ADMISSION,
+            with_admission,
+            None,
+            note="pods pending for cores counted: not the paper's ACT",
+        ),
+    ]
+    small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
+    if "exact" in small:
+        compares.append(
+            Compare(
+                "small instance: heuristic / exact mean ACT",
+                small["tangram"] / small["exact"],
+                None,
+                note="receding-horizon CP-SAT, 0.5 s per decision",
+            )
+        )
+    compares.append(
+        Compare("small instance: min / heuristic mean ACT", small["min"] / small["tangram"], None)
+    )
+    return compares
+
+
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     exact, why = exact_policy()
@@ -135,29 +166,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
             )
         head = measure(quick)
         with_admission = _ratio(runner, cfg["batches"][-1], cfg["cores"], admission=True)
-    compares = [
-        Compare(SMALLEST, head[SMALLEST], 3.1),
-        Compare(LARGEST, head[LARGEST], 27.7),
-        Compare(
-            WITH_ADMISSION,
-            with_admission,
-            None,
-            note="pods pending for cores counted: not the paper's ACT",
-        ),
-    ]
-    small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
-    if "exact" in small:
-        compares.append(
-            Compare(
-                "small instance: heuristic / exact mean ACT",
-                small["tangram"] / small["exact"],
-                None,
-                note="receding-horizon CP-SAT, 0.5 s per decision",
-            )
-        )
-    compares.append(
-        Compare("small instance: min / heuristic mean ACT", small["min"] / small["tangram"], None)
-    )
+    compares = _compares(head, with_admission, rows)
     notes = [ACT_DEFINITION + "."]
     if why:
         notes.append(why)

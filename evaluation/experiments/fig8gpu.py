@@ -132,6 +132,41 @@ def measure(quick: bool) -> dict[str, float | None]:
     return out
 
 
+def _compares(
+    cfg: dict[str, Any], rows: list[dict[str, Any]], share: float | None
+) -> list[Compare]:
+    """The figure's comparisons, from its rows and the share of GPUs Tangram needs."""
+    at = {
+        r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch" and r["x"] == cfg["at"]
+    }
+    return [
+        Compare(
+            STATIC.format(cfg["at"]),
+            at["sglang-static"] / at["tangram"],
+            18.1 if cfg["at"] == 2048 else None,
+        ),
+        Compare(
+            f"static without batching / Tangram mean ACT, batch {cfg['at']}",
+            at["sglang-no-batching"] / at["tangram"],
+            None,
+            note="each replica serves one call at a time (the first pass)",
+        ),
+        Compare(
+            f"serverless / Tangram mean ACT, batch {cfg['at']}",
+            at["serverless"] / at["tangram"],
+            None,
+            note="paper: ServerlessLLM could not serve at batch 2048",
+        ),
+        Compare(
+            NEED,
+            share,
+            29.0,
+            unit="%",
+            note="granularity: whole 8-GPU nodes (20% steps of 40 GPUs)",
+        ),
+    ]
+
+
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     rows: list[dict[str, Any]] = []
@@ -167,39 +202,11 @@ def main(quick: bool, quiet: bool) -> Outcome:
         ).mean_act()
         share, more = _need(cfg, runner, base_exact)
         rows.extend(more)
-    at = {
-        r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "batch" and r["x"] == cfg["at"]
-    }
     return Outcome(
         "fig8-gpu",
         title="GPU scalability (MOPD teachers)",
         rows=rows,
-        compares=[
-            Compare(
-                STATIC.format(cfg["at"]),
-                at["sglang-static"] / at["tangram"],
-                18.1 if cfg["at"] == 2048 else None,
-            ),
-            Compare(
-                f"static without batching / Tangram mean ACT, batch {cfg['at']}",
-                at["sglang-no-batching"] / at["tangram"],
-                None,
-                note="each replica serves one call at a time (the first pass)",
-            ),
-            Compare(
-                f"serverless / Tangram mean ACT, batch {cfg['at']}",
-                at["serverless"] / at["tangram"],
-                None,
-                note="paper: ServerlessLLM could not serve at batch 2048",
-            ),
-            Compare(
-                NEED,
-                share,
-                29.0,
-                unit="%",
-                note="granularity: whole 8-GPU nodes (20% steps of 40 GPUs)",
-            ),
-        ],
+        compares=_compares(cfg, rows, share),
         plot=plot,
         notes=[f"quick mode compares at batch {cfg['at']}; the paper's point is 2048"]
         if quick

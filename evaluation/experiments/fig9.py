@@ -84,6 +84,36 @@ def measure(quick: bool) -> dict[str, float | None]:
     return {DOP16.format(cfg["at"]): dop16 / ours}
 
 
+def _compares(cfg: dict[str, Any], rows: list[dict[str, Any]], quick: bool) -> list[Compare]:
+    """The figure's comparisons, from its rows (and `measure` for the gated one)."""
+    at = {
+        r["system"]: r["mean_act_s"]
+        for r in rows
+        if r["sweep"] == "batch" and r["batch"] == cfg["at"]
+    }
+    compares = [
+        Compare(
+            f"fixed DoP={d} / elastic, batch {cfg['at']}",
+            at[f"fixed-dop-{d}"] / at["tangram"],
+            None,
+        )
+        for d in (1, 4)
+    ]
+    compares.append(Compare(DOP16.format(cfg["at"]), measure(quick)[DOP16.format(cfg["at"])], 3.0))
+    compares.append(Compare(f"min / elastic, batch {cfg['at']}", at["min"] / at["tangram"], None))
+    small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
+    if "exact" in small:
+        compares.append(
+            Compare(
+                "small: heuristic / exact",
+                small["tangram"] / small["exact"],
+                None,
+                note="receding-horizon CP-SAT, 0.5 s per decision",
+            )
+        )
+    return compares
+
+
 def main(quick: bool, quiet: bool) -> Outcome:
     cfg = QUICK if quick else FULL
     exact, why = exact_policy()
@@ -117,31 +147,7 @@ def main(quick: bool, quiet: bool) -> Outcome:
                     **act_columns(r),
                 }
             )
-    at = {
-        r["system"]: r["mean_act_s"]
-        for r in rows
-        if r["sweep"] == "batch" and r["batch"] == cfg["at"]
-    }
-    compares = [
-        Compare(
-            f"fixed DoP={d} / elastic, batch {cfg['at']}",
-            at[f"fixed-dop-{d}"] / at["tangram"],
-            None,
-        )
-        for d in (1, 4)
-    ]
-    compares.append(Compare(DOP16.format(cfg["at"]), measure(quick)[DOP16.format(cfg["at"])], 3.0))
-    compares.append(Compare(f"min / elastic, batch {cfg['at']}", at["min"] / at["tangram"], None))
-    small = {r["system"]: r["mean_act_s"] for r in rows if r["sweep"] == "small"}
-    if "exact" in small:
-        compares.append(
-            Compare(
-                "small: heuristic / exact",
-                small["tangram"] / small["exact"],
-                None,
-                note="receding-horizon CP-SAT, 0.5 s per decision",
-            )
-        )
+    compares = _compares(cfg, rows, quick)
     notes = [why] if why else []
     if quick:
         notes.append(
