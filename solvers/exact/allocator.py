@@ -13,11 +13,12 @@ an action starts.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from solvers.exact.backend import check_backend
+from solvers.exact.backend import NoSchedule, check_backend
 from solvers.exact.model import (
     DEFAULT_RESOLUTION,
     Job,
@@ -107,6 +108,9 @@ def _concrete(pools: Mapping[str, Pool], starts: list[Assignment]) -> list[Assig
     return out
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class ExactAllocator(SlowPolicy):
     """Receding-horizon exact policy (see the module docstring)."""
@@ -127,7 +131,13 @@ class ExactAllocator(SlowPolicy):
         if not visible:
             return []
         model = view_model(view, visible, now, self.resolution)
-        raw = solve_model(model, self.backend, self.time_limit, self.workers)
+        try:
+            raw = solve_model(model, self.backend, self.time_limit, self.workers)
+        except NoSchedule as exc:
+            # nothing found in time (a loaded machine): start nothing; the scheduler's
+            # liveness and work-conservation rules start, FCFS, what fits
+            log.warning("%s policy: %s; this decision falls back to FCFS", self.backend, exc)
+            return []
         entries = realise(model, raw)
         starts = [
             e.assignment()

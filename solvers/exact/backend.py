@@ -15,6 +15,10 @@ from tangram.errors import BackendUnavailable, TangramError
 BACKENDS = ("cpsat", "pulp-cbc", "pulp-highs")
 
 
+class NoSchedule(TangramError):
+    """The backend found no schedule within its time limit (nothing proved either way)."""
+
+
 class SolveStatus(StrEnum):
     """What an exact backend proved. The values are the `status` strings of `tangram solve`'s
     and the gap study's JSON."""

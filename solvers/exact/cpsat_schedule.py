@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from solvers.exact.backend import RawSolution, SolveStatus, default_workers
+from solvers.exact.backend import NoSchedule, RawSolution, SolveStatus, default_workers
 from solvers.exact.model import ScheduleModel
-from tangram.errors import Infeasible, TangramError
+from tangram.errors import Infeasible
 
 
 def solve_cpsat(
@@ -152,7 +152,7 @@ def _solve(cp: cp_model.CpModel, v: _Vars, time_limit: float, workers: int | Non
     if status == cp_model.INFEASIBLE:
         raise Infeasible("CP-SAT proved the schedule infeasible")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise TangramError(
+        raise NoSchedule(
             f"CP-SAT found no schedule within {time_limit:g} s "
             f"({solver.status_name(status)}); raise the time limit"
         )

@@ -424,8 +424,10 @@ def test_a_request_waits_for_memory_the_pool_is_letting_go_of(tmp_path, monkeypa
             c = await pool.take(DEFAULT_MEMORY_MB)  # no memory free now: waits, no raise
             pool.release(b)
             pool.release(c)
-            for _ in range(400):
-                if not pool.filling:
+            # the closes and the refill run in the background: wait (bounded) until they are
+            # done and one environment is left, or report what is left then
+            for _ in range(3000):
+                if not pool.filling and tg.status().envs == 1:
                     break
                 await asyncio.sleep(0.01)
             return c, tg.status().envs

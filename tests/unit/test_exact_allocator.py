@@ -4,10 +4,13 @@ import pytest
 
 from solvers import get_allocator
 from solvers.exact import CpSatAllocator, ExactAllocator, PulpAllocator
+from solvers.exact import allocator as exact_allocator
+from solvers.exact.backend import NoSchedule
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView, RunningAction, check_assignments
 from tangram.errors import TangramError
 from tangram.pools import ChunkPool, CorePool, Placement
+from tangram.scheduler import Scheduler
 from topology import ChunkTree, CpuNode
 
 
@@ -67,3 +70,23 @@ def test_registry_names_and_options():
     assert isinstance(get_allocator("pulp", backend="pulp-highs"), PulpAllocator)
     with pytest.raises(TangramError):
         get_allocator("cpsat", backend="gurobi")
+
+
+def test_no_schedule_in_time_starts_nothing_and_the_scheduler_runs_fcfs(monkeypatch, caplog):
+    """A solver that finds nothing within its limit (a loaded machine: CI saw it at 0.5 s) is
+    a decision that starts nothing, logged, not an error: the scheduler's liveness and
+    work-conservation rules start, FCFS, what fits. Before, the whole run raised."""
+
+    def nothing_in_time(*args, **kwargs):
+        raise NoSchedule("CP-SAT found no schedule within 0.5 s (UNKNOWN); raise the time limit")
+
+    monkeypatch.setattr(exact_allocator, "solve_model", nothing_in_time)
+    view = ClusterView({"gpu": ChunkPool("gpu", {"g0": ChunkTree(4, "g0")})})
+    queue = [Action("A", {"gpu": 2}, duration=1.0)]
+    assert get_allocator("cpsat").allocate(view, queue, now=0.0) == []
+    assert "falls back to FCFS" in caplog.text
+    sched = Scheduler({"gpu": ChunkPool("gpu", {"g0": ChunkTree(4, "g0")})}, get_allocator("cpsat"))
+    for a in [Action("A", {"gpu": 2}, duration=1.0), Action("B", {"gpu": 2}, duration=1.0)]:
+        sched.submit(a)
+    started = sched.decide(0.0)
+    assert {s.action.id for s in started} == {"A", "B"}
