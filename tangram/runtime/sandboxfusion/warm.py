@@ -49,6 +49,7 @@ class WarmPool:
         self.tg, self.memory_mb, self.size = tg, memory_mb, size
         self._ready: deque[tuple[str, float]] = deque()
         self._refill: asyncio.Task | None = None
+        self._again = False  # a refill was asked for while one ran
         self._closing: set[asyncio.Task] = set()
         self.hits = self.misses = 0
 
@@ -112,16 +113,23 @@ class WarmPool:
     def _start_refill(self) -> None:
         if self._refill is None or self._refill.done():
             self._refill = asyncio.ensure_future(self._fill())
+        else:  # memory may have come back since the running refill tried: it goes round again
+            self._again = True
 
     async def _fill(self) -> None:
         """Open the missing ones side by side (a sandbox's start is mostly kernel set-up, not
         CPU: one after another the refill would cap the request rate), until the pool is
-        full or an open fails."""
-        while len(self._ready) < self.size:
-            wanted = self.size - len(self._ready)
-            opened = await asyncio.gather(*(self._open_one() for _ in range(wanted)))
-            if not all(opened):
-                return
+        full or an open fails; once more if a close asked for a refill meanwhile (an open that
+        failed for memory may succeed now)."""
+        again = True
+        while again:
+            self._again = False
+            while len(self._ready) < self.size:
+                wanted = self.size - len(self._ready)
+                opened = await asyncio.gather(*(self._open_one() for _ in range(wanted)))
+                if not all(opened):
+                    break
+            again = self._again
 
     async def _open_one(self) -> bool:
         try:
