@@ -111,12 +111,15 @@ def test_shutdown_lets_running_actions_finish_within_the_deadline() -> None:
 
 def test_idle_environments_are_reclaimed_busy_ones_kept() -> None:
     async def scenario() -> None:
-        async with Tangram.local(idle_env_s=0.3) as tg:
-            idle = await tg.open_env("idle", memory_mb=128)
+        async with Tangram.local(idle_env_s=1.0) as tg:
+            # the busy one's command starts right after its open (on a loaded machine a step
+            # in between can itself take longer than idle_env_s), and outlasts idle_env_s
             busy = await tg.open_env("busy", memory_mb=128)
+            running = asyncio.ensure_future(tg.exec(busy, "sleep 3", timeout=30))
+            idle = await tg.open_env("idle", memory_mb=128)
             assert (await tg.exec(idle, "true")).ok
-            r = await tg.exec(busy, "sleep 1", timeout=10)  # longer than idle_env_s
-            assert r.ok  # its environment was not reclaimed under it
+            r = await running
+            assert r.ok, r  # its environment was not reclaimed under it
             assert busy in tg._envs or tg.status().envs <= 1
             # reclaimed: gone from the table at once, its cgroups removed by the close that
             # follows (off the event loop), so both are waited for
