@@ -34,6 +34,7 @@ from managers.cpu.backends.base import (
     NotStarted,
     check_pids_max,
 )
+from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.backends.process import run_local
 from managers.cpu.pool import Environment
 from managers.cpu.removal import remove_tree
@@ -170,6 +171,7 @@ class CgroupBackend(Backend):
                 fs.write(folders["pids"] / "pids.max", str(self.pids_max))
         except OSError as exc:
             self._remove(folders)
+            raise_if_out_of_files(exc)  # a host limit (503), not a broken cgroup filesystem
             raise BackendUnavailable(
                 f"cannot create the cgroup of environment {env.id} "
                 f"({exc}); is the cgroup filesystem writable?"
