@@ -35,10 +35,10 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
-import subprocess
 import tempfile
 from pathlib import Path
+
+from managers.cpu.native import build_c
 
 BLOCKED: dict[str, str] = {
     "add_key": "keyrings are shared by uid across the host",
@@ -314,23 +314,7 @@ def install(folder: Path) -> tuple[Path, bool]:
 def build_native(folder: Path) -> bool:
     """Build `LOADER_C` into `folder/NATIVE_NAME` with the host's C compiler; False (and the
     Python loader is used) where there is none or it fails."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return False
-    source = folder / f"{NATIVE_NAME}.c"
-    source.write_text(LOADER_C)
-    try:
-        done = subprocess.run(
-            [cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
-            capture_output=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    if done.returncode != 0:
-        return False
-    (folder / NATIVE_NAME).chmod(0o755)
-    return True
+    return build_c(folder, NATIVE_NAME, LOADER_C)
 
 
 def docker_profile() -> str:

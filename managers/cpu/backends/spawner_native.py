@@ -12,9 +12,9 @@ with an empty signal mask in a session of their own, and the process is non-dump
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
+
+from managers.cpu.native import build_c
 
 NATIVE_NAME = "tangram_spawner"
 
@@ -255,20 +255,4 @@ int main(int argc, char **argv) {
 def build(folder: Path) -> bool:
     """Build `SPAWNER_C` into `folder/NATIVE_NAME`; False where there is no C compiler or the
     build fails (the Python spawner is used then)."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        return False
-    source = folder / f"{NATIVE_NAME}.c"
-    source.write_text(SPAWNER_C)
-    try:
-        done = subprocess.run(
-            [cc, "-O2", "-o", str(folder / NATIVE_NAME), str(source)],
-            capture_output=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    if done.returncode != 0:
-        return False
-    (folder / NATIVE_NAME).chmod(0o755)
-    return True
+    return build_c(folder, NATIVE_NAME, SPAWNER_C)
