@@ -341,6 +341,18 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
             if layered:
                 await asyncio.to_thread(self._discard, env_id, env.node)
 
+    async def reset_env(self, env_id: str) -> str | None:
+        """Reset a used environment for an unrelated next user (`Backend.reset`): None when
+        done, else why not (the caller closes it then)."""
+        env = self.envs.get(env_id)
+        if env is None:
+            return "it is not open"
+        if env_id in self.broken or env_id in self._freezing:
+            return "it is broken, or being forked"
+        if self.roots is not None and env_id in self.roots.envs:
+            return "it has layers"
+        return await self.backend.reset(env)
+
     async def close(self) -> None:
         if self._closed:
             return

@@ -14,6 +14,9 @@ Why each group is refused:
 
 - keyrings (`add_key`, `keyctl`, `request_key`): the kernel's keyrings are per uid and global to
   the host, a channel between environments and servers outside every namespace;
+- `mq_open`: POSIX message queues outlive their processes in the sandbox's IPC namespace, which
+  a reset sandbox keeps (`backends.bwrap_reset`), and cannot be listed without a mount of
+  their own to remove them (System V IPC objects can: the reset removes those);
 - `io_uring_*`: a second system call interface that seccomp cannot see into, and a large
   share of recent kernel privilege escalations;
 - `bpf`, `perf_event_open`, `userfaultfd`: kernel attack surface (verifier, perf), and
@@ -44,6 +47,8 @@ BLOCKED: dict[str, str] = {
     "add_key": "keyrings are shared by uid across the host",
     "keyctl": "keyrings are shared by uid across the host",
     "request_key": "keyrings are shared by uid across the host",
+    "mq_open": "POSIX message queues outlive their processes (a reset sandbox keeps its IPC "
+    "namespace) and cannot be listed to remove them",
     "io_uring_setup": "a syscall interface seccomp cannot filter",
     "io_uring_enter": "a syscall interface seccomp cannot filter",
     "io_uring_register": "a syscall interface seccomp cannot filter",

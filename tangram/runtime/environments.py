@@ -150,6 +150,19 @@ class Environments:
         self.scheduler.unbind(env.trajectory)
         log.info("env %s closed", env_id)
 
+    async def reset_env(self, env_id: str) -> str | None:
+        """Bring an idle environment back to the state of a never-used one, for an unrelated
+        next user (the `/run_code` warm pool): its processes, files and IPC objects gone
+        (`managers.cpu.backends.bwrap_reset`). None when done, else why not: the caller
+        closes it then."""
+        env = self._env(env_id)
+        if env.running:
+            return "it has actions queued or running"
+        why = await self.cpu.reset_env(env_id)
+        if why is None:
+            env.last_used = self._clock()
+        return why
+
     def _env(self, env_id: str) -> EnvEntry:
         env = self._envs.get(env_id)
         if env is None:

@@ -21,14 +21,15 @@ import base64
 import binascii
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tangram.errors import ValidationError
 from tangram.runtime.http.limits import MAX_FORK, MAX_ITEMS, FilePath, Name
+from tangram.runtime.http.owned import not_pooled
 
-router = APIRouter(tags=["environments"])
+router = APIRouter(tags=["environments"], dependencies=[Depends(not_pooled)])
 
 
 class _Body(BaseModel):

@@ -282,6 +282,13 @@ class Backend(ABC):
         """Remove the work folder (in a thread: a hostile tree takes long); what is left."""
         return await remove_tree_async(env.workdir)
 
+    async def reset(self, env: Environment) -> str | None:
+        """Bring a used environment back to the state of a never-used one (its processes,
+        files and namespace state gone), for a caller that reuses it for an unrelated user;
+        None when done, else why it cannot be (the caller closes it then). Only a backend
+        that isolates environments can: see `bwrap_reset`."""
+        return f"the {self.name} backend does not reset environments"
+
     async def suspend(self, env: Environment) -> None:
         """Kill everything running in the environment (its files are about to be re-stacked:
         a fork or snapshot); `resume` follows. Nothing to do by default."""

@@ -55,10 +55,10 @@ import subprocess
 import sys
 
 from managers.cpu import seccomp
+from managers.cpu.backends import bwrap_reset, toolkit
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
-from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modules import)
     HOLDER_LAUNCHER,
@@ -112,14 +112,15 @@ class BwrapBackend(CgroupBackend):
         uid_base: int = DEFAULT_UID_BASE,
         ro_paths: tuple[str, ...] | None = None,
         spawner: bool = True,
+        favor_dynmods: bool = True,
     ) -> None:
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
         be anyone's uid); `ro_paths`: the host paths each sandbox sees read-only besides the
         system's (a toolchain under /opt, a virtual environment); default: the server's own
         Python (`server_python`), () for none; `spawner`: start commands through a resident
         spawner in each sandbox (`spawner.py`; needs the server's Python visible inside)
-        instead of entering the sandbox per exec. Checks its options only: the trial
-        sandbox runs at `start`."""
+        instead of entering the sandbox per exec; `favor_dynmods`: the cgroup backend's.
+        Checks its options only: the trial sandbox runs at `start`."""
         if ro_paths is None:
             ro_paths = server_python()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
@@ -130,7 +131,7 @@ class BwrapBackend(CgroupBackend):
             isinstance(p, str) and p.startswith("/") for p in ro_paths
         ):
             raise ValidationError("cpu.ro_paths", ro_paths, "must be a list of absolute paths")
-        super().__init__(parent, pids_max)
+        super().__init__(parent, pids_max, favor_dynmods)
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
         self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
@@ -218,6 +219,7 @@ class BwrapBackend(CgroupBackend):
                 ours.close()
             raise
         holder.spawner = fast.Spawner(ours) if ours is not None else None
+        holder.own = frozenset(fs.pids(slot.folders["cpu"]))
         self._holders[env.id] = holder
 
     def _ensure_bases(self) -> None:
@@ -369,6 +371,9 @@ class BwrapBackend(CgroupBackend):
             if holder is not None:
                 await asyncio.to_thread(holder.release)
             self._uids.pop(env.id, None)  # never handed out again (see `uids`)
+
+    async def reset(self, env: Environment) -> str | None:
+        return await asyncio.to_thread(bwrap_reset.reset, self, env)
 
     def owner(self, env: Environment) -> int | None:
         return self._uids.get(env.id)

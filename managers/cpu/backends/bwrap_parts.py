@@ -170,6 +170,7 @@ class _Holder:
     started: int  # its start time: a recycled PID never passes for it
     slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
     spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
+    own: frozenset[int] = frozenset()  # the processes in its slot once it was up (a reset's check)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -39,7 +39,7 @@ from managers.cpu.backends.process import run_local
 from managers.cpu.pool import Environment
 from managers.cpu.removal import remove_tree
 from managers.cpu.request import Command
-from tangram.errors import BackendUnavailable
+from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,20 @@ class _Env:
 class CgroupBackend(Backend):
     name = "cgroup"
 
-    def __init__(self, parent: str | None = None, pids_max: int = DEFAULT_PIDS_MAX) -> None:
-        """Checks its options only: the hierarchy is found at `start`."""
+    def __init__(
+        self,
+        parent: str | None = None,
+        pids_max: int = DEFAULT_PIDS_MAX,
+        favor_dynmods: bool = True,
+    ) -> None:
+        """Checks its options only: the hierarchy is found at `start`. `favor_dynmods`: set
+        the kernel's `favordynmods` cgroup option at start (`cgroupfs.favor_dynmods`: a
+        host-wide setting that makes each exec's move into its cgroup ~0.3 ms instead of up
+        to an RCU grace period); False leaves the host's mounts as they are."""
         super().__init__()
+        if not isinstance(favor_dynmods, bool):
+            raise ValidationError("cpu.favor_dynmods", favor_dynmods, "must be true or false")
+        self.favor_dynmods = favor_dynmods
         self.pids_max = check_pids_max(pids_max)
         self.parent = parent
         self._h: fs.Hierarchy | None = None
@@ -91,6 +102,8 @@ class CgroupBackend(Backend):
     def _start(self) -> None:
         super()._start()
         self._h = fs.detect(self.tag, self.parent)
+        if self.favor_dynmods:
+            log.info("cgroup: %s", fs.favor_dynmods())
         if not self._h.pids:
             log.warning("cgroup: no pids controller; environments have no process limit")
         # a manager never closed still leaves no cgroup behind when the interpreter exits

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -72,6 +73,42 @@ def _mounts() -> tuple[dict[str, Path], Path | None]:
                     if opt in CONTROLLERS or opt == OPTIONAL:
                         v1.setdefault(opt, mountpoint)
     return v1, v2
+
+
+FAVOR = "favordynmods"
+
+
+def favor_dynmods() -> str:
+    """Set the kernel's `favordynmods` cgroup option, so moving a process between cgroups no
+    longer waits for an RCU grace period (~14 ms on an idle machine here, against ~0.3 ms
+    with it; `tangram bench exec`): each exec moves its command into its slot. The option is
+    the cgroup2 mount's, and it switches the one lock every hierarchy shares, so it applies
+    to v1 controllers as well; its price is a slightly slower fork and exit host-wide (the
+    kernel's cgroup-v2 documentation). The mount is remounted with every option it had.
+    Returns what was done, for the log."""
+    found = None
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(rest) >= 3 and rest[0] == "cgroup2":
+                found = (fields[4], fields[5], rest[2])
+                break
+    if found is None:
+        return "no cgroup2 mount: cgroup moves wait for the kernel's RCU grace period"
+    where, mount_opts, super_opts = found
+    if FAVOR in super_opts.split(","):
+        return f"{FAVOR} already set on {where}"
+    opts = dict.fromkeys([*mount_opts.split(","), *super_opts.split(","), FAVOR])
+    opts.pop("rw", None)
+    cmd = ["mount", "-t", "cgroup2", "-o", ",".join(["remount", *opts]), "cgroup2", where]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"could not set {FAVOR} on {where} ({exc})"
+    if done.returncode != 0:
+        return f"could not set {FAVOR} on {where} ({done.stderr.strip() or done.returncode})"
+    return f"set {FAVOR} on {where} (cgroup moves no longer wait for an RCU grace period)"
 
 
 def _own_paths() -> dict[str, str]:

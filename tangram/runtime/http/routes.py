@@ -10,11 +10,12 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 
 from tangram.results import Result
+from tangram.runtime.http.owned import not_pooled
 from tangram.runtime.http.schemas import (
     CallApi,
     EnvOut,
@@ -27,7 +28,7 @@ from tangram.runtime.http.schemas import (
 
 log = logging.getLogger("tangram.runtime.server")
 
-router = APIRouter()  # mounted behind the token
+router = APIRouter(dependencies=[Depends(not_pooled)])  # mounted behind the token
 health = APIRouter()  # mounted open: liveness needs no token
 scrape = APIRouter()  # mounted behind the token, its only error a 401
 RESULT = {200: {"model": Result}}

@@ -16,6 +16,17 @@ Size: `TANGRAM_SANDBOXFUSION_WARM` (default `DEFAULT_SIZE`; 0 turns the pool off
 sandbox holds its memory reservation while it waits, so the pool is small, and a request whose
 memory does not fit closes warm ones until it does, or waits for a used one being closed in the
 background (a request never fails for the pool).
+
+Reuse (`TANGRAM_SANDBOXFUSION_REUSE`, default `DEFAULT_REUSE` requests per sandbox; 1: each
+used once): where the CPU backend can reset a sandbox (bwrap: `managers.cpu.backends.
+bwrap_reset`, which kills every process the request left, removes every file of its work
+folder, `/tmp` and `/dev/shm` and its System V IPC objects), a used sandbox of the pool's size
+is reset in the background and goes back to the pool instead of being closed and replaced:
+building and tearing down a sandbox costs ~15 ms of CPU, more than the `print(1)` it runs. A
+sandbox whose reset fails is closed (the reason at debug level). The pool's environments are
+the server's own: `/run_code`'s `env_id` and the `/v1/envs/{env_id}` routes refuse them
+(`pooled`), so an earlier client that saw an id in its response cannot reach a later request's
+sandbox.
 """
 
 from __future__ import annotations
@@ -35,7 +46,9 @@ from tangram.errors import Infeasible, TangramError
 log = logging.getLogger("tangram.runtime.sandboxfusion")
 
 DEFAULT_SIZE = 4
+DEFAULT_REUSE = 64
 TRAJECTORY_PREFIX = "sandboxfusion-"
+POOLED = "is one of the server's own /run_code sandboxes, not an environment of yours"
 
 
 def fresh_trajectory() -> str:
@@ -45,28 +58,50 @@ def fresh_trajectory() -> str:
 class WarmPool:
     """Up to `size` open, never-used environments of `memory_mb` on `tg` (a `Tangram`)."""
 
-    def __init__(self, tg: Any, memory_mb: int, size: int) -> None:
-        self.tg, self.memory_mb, self.size = tg, memory_mb, size
+    def __init__(self, tg: Any, memory_mb: int, size: int, reuse: int = 1) -> None:
+        self.tg, self.memory_mb, self.size, self.reuse = tg, memory_mb, size, max(1, reuse)
+        self.mine: set[str] = set()  # every environment it opened and has not closed
+        self._uses: dict[str, int] = {}  # pool-sized ones: requests served so far
+        self._out: set[str] = set()  # pool-sized ones a request holds now
+        self._resetting = 0  # used ones being reset, coming back
+        self._waiters: deque[asyncio.Future[str | None]] = deque()  # requests waiting for one
         self._ready: deque[tuple[str, float]] = deque()
         self._refill: asyncio.Task | None = None
         self._again = False  # a refill was asked for while one ran
         self._closing: set[asyncio.Task] = set()
-        self.hits = self.misses = 0
+        self.hits = self.misses = self.reused = 0
 
     async def take(self, memory_mb: int) -> str:
-        """A never-used environment of `memory_mb`: a warm one when there is one, else one
-        opened now. The caller owns it (and closes it)."""
+        """A never-used (or reset) environment of `memory_mb`: a warm one when there is one,
+        else one being reset (~1 ms) when one is, else one opened now. The caller owns it
+        and gives it back with `release`."""
         if memory_mb == self.memory_mb:
             env = self._pop()
-            if len(self._ready) * 2 < self.size:  # draining faster than it refills: start now
-                self._start_refill()
+            if env is None and len(self._waiters) < self._resetting:
+                env = await self._next_reset()
+            if (len(self._ready) + self._coming()) * 2 < self.size:
+                self._start_refill()  # draining faster than resets bring them back: start now
             if env is not None:
                 self.hits += 1
+                self._out.add(env)
                 return env
             self.misses += 1
+        env = await self._open_for(memory_mb)
+        if memory_mb == self.memory_mb:
+            self._out.add(env)
+        return env
+
+    async def _next_reset(self) -> str | None:
+        """The next environment a reset brings back (None when that reset failed)."""
+        fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        return await fut
+
+    async def _open_for(self, memory_mb: int) -> str:
         while True:
             try:
-                return await self.tg.open_env(fresh_trajectory(), memory_mb)
+                env = await self.tg.open_env(fresh_trajectory(), memory_mb)
+                return self._opened(env, memory_mb)
             except Infeasible:
                 # the memory a request needs comes before the pool's: take a warm one that
                 # fits or give one back, else wait for the background (a used one being
@@ -95,20 +130,76 @@ class WarmPool:
             return env
         return None
 
+    def _opened(self, env: str, memory_mb: int) -> str:
+        self.mine.add(env)
+        if memory_mb == self.memory_mb:
+            self._uses[env] = 0
+        return env
+
     async def _close(self, env: str) -> None:
-        with contextlib.suppress(TangramError):
-            await self.tg.close_env(env)
+        self._uses.pop(env, None)
+        try:
+            with contextlib.suppress(TangramError):
+                await self.tg.close_env(env)
+        finally:
+            self.mine.discard(env)
 
     def release(self, env: str) -> None:
-        """Close a used environment after its response is sent, then refill: both off the
-        request's path (the next request does not wait for either)."""
+        """Reset a used environment back into the pool, or close it and refill, after its
+        response is sent: off the request's path (the next request waits for neither)."""
         task = asyncio.ensure_future(self._release(env))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
     async def _release(self, env: str) -> None:
+        """Reset it for the next request while the pool wants it: fewer ready than its size or
+        than the requests holding one now (so a burst keeps the sandboxes it opened), or a
+        request waiting; else close it."""
+        self._out.discard(env)
+        uses = self._uses.get(env)
+        wanted = len(self._ready) < max(self.size, len(self._out)) or self._waiters
+        if uses is not None and uses + 1 < self.reuse and wanted:
+            self._resetting += 1
+            try:
+                why = await self.tg.reset_env(env)
+            except TangramError as exc:
+                why = str(exc)
+            finally:
+                self._resetting -= 1
+            if why is None:
+                self._uses[env] = uses + 1
+                self.reused += 1
+                self._back(env)
+                return
+            log.debug("warm pool: %s not reused (%s)", env, why)
+            self._back(None)
         await self._close(env)
         self._start_refill()
+
+    def _coming(self) -> int:
+        """Environments that will come back to the pool: being reset, or held by a request
+        and reusable once more."""
+        held = sum(1 for e in self._out if self._uses.get(e, self.reuse) + 1 < self.reuse)
+        return self._resetting + held
+
+    def _back(self, env: str | None) -> None:
+        """Hand a reset environment to a waiting request, else to the pool; a failed reset
+        (None) sends a waiting request to open its own."""
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                if env is not None:
+                    self._out.add(env)
+                fut.set_result(env)
+                return
+        if env is not None:
+            self._ready.append((env, time.monotonic()))
+
+    def discard(self, env: str) -> None:
+        """Forget an environment its user closed itself."""
+        self.mine.discard(env)
+        self._uses.pop(env, None)
+        self._out.discard(env)
 
     def _start_refill(self) -> None:
         if self._refill is None or self._refill.done():
@@ -124,8 +215,8 @@ class WarmPool:
         again = True
         while again:
             self._again = False
-            while len(self._ready) < self.size:
-                wanted = self.size - len(self._ready)
+            while len(self._ready) + self._coming() < self.size:
+                wanted = self.size - len(self._ready) - self._coming()
                 opened = await asyncio.gather(*(self._open_one() for _ in range(wanted)))
                 if not all(opened):
                     break
@@ -137,7 +228,7 @@ class WarmPool:
         except TangramError as exc:  # shutting down, memory taken by running requests
             log.debug("warm pool: not refilled (%s)", exc)
             return False
-        self._ready.append((env, time.monotonic()))
+        self._ready.append((self._opened(env, self.memory_mb), time.monotonic()))
         return True
 
     @property
@@ -165,5 +256,12 @@ def warm_pool(tg: Any, memory_mb: int) -> WarmPool | None:
         size = int(os.environ.get("TANGRAM_SANDBOXFUSION_WARM", DEFAULT_SIZE))
         if size <= 0:
             return None
-        pool = _POOLS[tg] = WarmPool(tg, memory_mb, size)
+        reuse = int(os.environ.get("TANGRAM_SANDBOXFUSION_REUSE", DEFAULT_REUSE))
+        pool = _POOLS[tg] = WarmPool(tg, memory_mb, size, reuse)
     return pool
+
+
+def pooled(tg: Any, env_id: str) -> bool:
+    """Whether `env_id` is one of the `/run_code` pool's environments (the server's own)."""
+    pool = _POOLS.get(tg)
+    return pool is not None and env_id in pool.mine

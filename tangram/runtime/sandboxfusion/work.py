@@ -41,7 +41,7 @@ from tangram.runtime.sandboxfusion.models import (
 )
 from tangram.runtime.sandboxfusion.paths import sandbox_path as _sandbox_path
 from tangram.runtime.sandboxfusion.runners import Plan, plan_for
-from tangram.runtime.sandboxfusion.warm import fresh_trajectory, warm_pool
+from tangram.runtime.sandboxfusion.warm import POOLED, fresh_trajectory, pooled, warm_pool
 
 WORK = "/sandbox"  # a bwrap sandbox's work directory, as its commands name it
 
@@ -133,6 +133,8 @@ async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
         )
     memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
     if req.env_id is not None:
+        if pooled(tg, req.env_id):
+            raise ValidationError("env_id", req.env_id, POOLED)
         return await _steps(tg, req.env_id, plan, req)
     pool = warm_pool(tg, DEFAULT_MEMORY_MB)
     if pool is None:
@@ -292,6 +294,8 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
         return resp
     finally:
         await jupyter.shielded_close(tg, env)
+        if pool is not None:
+            pool.discard(env)
 
 
 def _jupyter_response(tg: Any, r: Result, env: str) -> RunJupyterResponse:

@@ -1,0 +1,133 @@
+"""Resetting a used bwrap sandbox to the state of a never-used one (`BwrapBackend.reset`).
+
+A sandbox's namespaces and cgroups cost ~15 ms of CPU to build and tear down (`tangram bench
+sandboxfusion --latency`), more than the `print(1)` it runs. A caller that serves many short,
+independent requests (the `/run_code` warm pool) can instead reset one between requests. What a
+command can leave behind in its sandbox, and what the reset does about each:
+
+- processes (daemons, `setsid`, double forks): every exec slot's cgroup is killed and waited
+  for until it is empty; only the sandbox's own init and spawner may remain, in the holder's
+  slot, and anything else there (which no command can move itself into: the sandbox has no
+  cgroup files) makes the reset fail;
+- files: everything in the work folder (`/sandbox`), in the private `/tmp` and in `/dev/shm`
+  is removed by the server (root, through the init's `/proc/PID/root`, with every process of
+  the sandbox but its own dead, so nothing can race the walk; links are unlinked, never
+  followed: `managers.cpu.removal`). The rest of the file system is read-only to it;
+- System V IPC (shared memory, semaphores, message queues) in the sandbox's IPC namespace:
+  removed, from a thread that joins that namespace and exits (no process started);
+- POSIX message queues outlive their processes too, but cannot be listed without a mount of
+  their own: `mq_open` is refused by every sandbox's seccomp filter (`seccomp.BLOCKED`);
+- keyrings, the other per-uid state outside the namespaces: refused by the filter as well;
+- sockets die with their processes; the network namespace has loopback only.
+
+What it does not reset: the uid (the same for the sandbox's life; every file of it is gone), the
+cgroups' counters (CPU time, the peak memory, the OOM count: the backend reads them as
+differences), and the spawner, which is the server's own program. A reset that cannot be
+completed says why, and the caller closes the environment instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from managers.cpu.backends import cgroupfs as fs
+from managers.cpu.backends import holder as hold
+from managers.cpu.removal import remove_tree
+
+if TYPE_CHECKING:
+    from managers.cpu.backends.bwrap import BwrapBackend
+    from managers.cpu.pool import Environment
+
+CLONE_NEWIPC = 0x08000000
+IPC_RMID = 0
+INSIDE_WIPED = ("tmp", "dev/shm")  # the sandbox's own writable folders besides its work folder
+_SYSVIPC = {"shm": "shmctl", "sem": "semctl", "msg": "msgctl"}
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+def reset(b: BwrapBackend, env: Environment) -> str | None:
+    """Reset `env`'s sandbox (blocking: run it in a thread); None when done, else why not."""
+    holder, e = b._holders.get(env.id), b._envs.get(env.id)
+    if holder is None or e is None or holder.spawner is None or not holder.healthy():
+        return "its sandbox is not running"
+    if env.root is not None or env.network:
+        return "it has an image root or the host's network"
+    for slot in e.slots:
+        if slot is not holder.slot:
+            fs.kill_all(slot.folders["cpu"])
+            if fs.pids(slot.folders["cpu"]):
+                return "processes of its commands did not die"
+    stray = set(fs.pids(holder.slot.folders["cpu"])) - holder.own
+    if stray:
+        return f"processes {sorted(stray)} beside its init"
+    dirfd = hold.open_holder(holder.pid, holder.started)
+    if dirfd is None:
+        return "its sandbox's init is gone"
+    try:
+        left = _empty(env.workdir)
+        for inside in INSIDE_WIPED:
+            left += _empty(f"/proc/self/fd/{dirfd}/root/{inside}")
+        if left:
+            return f"could not remove {'; '.join(left[:3])}"
+        return _clear_ipc(dirfd)
+    finally:
+        os.close(dirfd)
+
+
+def _empty(folder: str) -> list[str]:
+    """Remove everything in `folder`, keeping the folder; returns what could not be removed."""
+    left: list[str] = []
+    try:
+        names = os.listdir(folder)
+    except OSError as exc:
+        return [f"{folder}: {exc.strerror}"]
+    for name in names:
+        left += remove_tree(os.path.join(folder, name))
+    return left
+
+
+def _clear_ipc(dirfd: int) -> str | None:
+    """Remove every System V IPC object of the namespace of the process `dirfd` names, from a
+    thread of its own that joins the namespace and then ends (a thread's namespace is its own:
+    the server's other threads never see it)."""
+    try:
+        ns = os.open("ns/ipc", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError as exc:
+        return f"cannot open its IPC namespace ({exc.strerror})"
+    outcome: list[str | None] = ["the IPC clean-up did not run"]
+
+    def inside() -> None:
+        if _libc.setns(ns, CLONE_NEWIPC) != 0:
+            outcome[0] = f"cannot join its IPC namespace ({os.strerror(ctypes.get_errno())})"
+            return
+        outcome[0] = _remove_ipc_objects()
+
+    try:
+        worker = threading.Thread(target=inside, name="tangram-ipc-reset", daemon=True)
+        worker.start()
+        worker.join()
+    finally:
+        os.close(ns)
+    return outcome[0]
+
+
+def _remove_ipc_objects() -> str | None:
+    """In the joined namespace: /proc/sysvipc lists the reader's own namespace's objects."""
+    for kind, call in _SYSVIPC.items():
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError as exc:
+            return f"cannot list its {kind} objects ({exc.strerror})"
+        remove = getattr(_libc, call)
+        for row in rows:
+            ident = int(row.split()[1])
+            args = (ident, 0, IPC_RMID, None) if kind == "sem" else (ident, IPC_RMID, None)
+            rc = remove(*args)
+            if rc != 0 and ctypes.get_errno() not in (22, 43):  # EINVAL, EIDRM: already gone
+                return f"cannot remove {kind} {ident} ({os.strerror(ctypes.get_errno())})"
+    return None

@@ -1,0 +1,201 @@
+"""A reset bwrap sandbox keeps nothing of its earlier user (`managers.cpu.backends.bwrap_reset`):
+each thing a command can leave behind is left by a first command, the sandbox is reset, and a
+second command looks for it. Then the same through `/run_code`'s warm pool, which reuses reset
+sandboxes, and whose environments no client may address. Skips where bwrap cannot run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import httpx
+import pytest
+
+from managers.cpu import CpuManager, ExecRequest
+from managers.cpu.backends import cgroupfs
+from managers.cpu.backends.affinity import AffinityBackend
+from managers.cpu.backends.bwrap import BwrapBackend
+from tangram.runtime.facade import Tangram
+from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB
+from tangram.runtime.sandboxfusion.warm import warm_pool
+from tangram.runtime.server import create_app, serve_in_thread
+
+REASON = BwrapBackend.probe()
+pytestmark = [
+    pytest.mark.cgroup,
+    pytest.mark.skipif(REASON is not None, reason=f"bwrap backend unavailable: {REASON}"),
+]
+
+LEAVE = r"""
+set -e
+mkdir -p /sandbox/deep/er && echo secret > /sandbox/deep/er/f && echo x > /sandbox/.hidden
+mkdir /sandbox/locked && echo y > /sandbox/locked/z && chmod 000 /sandbox/locked
+ln -s /etc/passwd /sandbox/link
+echo secret > /tmp/t && mkdir /tmp/d && echo secret > /tmp/d/f && echo secret > /dev/shm/s
+setsid sh -c 'sleep 300' </dev/null >/dev/null 2>&1 &
+( sh -c 'sleep 301 &' & ) </dev/null >/dev/null 2>&1
+ipcmk -M 4096 >/dev/null && ipcmk -S 2 >/dev/null && ipcmk -Q >/dev/null
+ipcs | grep -c 0x || true
+"""
+LOOK = r"""
+ls -A /sandbox /tmp /dev/shm
+echo "ipc: $(ipcs | grep -c 0x)"
+echo "sleepers: $(cat /proc/[0-9]*/comm 2>/dev/null | grep -c '^sleep$')"
+"""
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_reset_sandbox_keeps_no_file_process_or_ipc_object():
+    async def go():
+        m = CpuManager(BwrapBackend())
+        await m.start()
+        try:
+            env = await m.open_env("t", 256)
+            before = await m.execute(ExecRequest(env, LOOK))
+            left = await m.execute(ExecRequest(env, LEAVE))
+            sleepers = [p for p in _pids_of(m, env) if _cmdline(p).startswith("sleep 30")]
+            dirty = await m.execute(ExecRequest(env, LOOK))
+            why = await m.reset_env(env)
+            after = await m.execute(ExecRequest(env, LOOK))
+            again = await m.reset_env(env)  # a reset of a reset sandbox is as good
+            return before, left, sleepers, dirty, why, after, again
+        finally:
+            await m.close()
+
+    before, left, sleepers, dirty, why, after, again = run(go())
+    assert left.status == "ok", left.stderr
+    # the daemons died with their exec (its slot is killed when it ends), the rest is there
+    assert "ipc: 3" in dirty.stdout and "sleepers: 0" in dirty.stdout
+    assert "secret" not in dirty.stdout and "deep" in dirty.stdout  # the leftovers were there
+    assert left.stdout.split()[-1] == "3"  # the shared memory, the semaphores, the queue
+    assert why is None and again is None
+    assert after.status == "ok", after.stderr
+    assert after.stdout == before.stdout, (before.stdout, after.stdout)
+    assert "ipc: 0" in after.stdout and "sleepers: 0" in after.stdout
+    for pid in sleepers:  # the daemons of the first command were killed, not just hidden
+        assert not os.path.exists(f"/proc/{pid}") or _cmdline(pid) == ""
+    assert os.path.exists("/etc/passwd")  # the link was removed, not what it named
+
+
+def test_posix_message_queues_are_refused():
+    """They would outlive a reset (the sandbox keeps its IPC namespace) and cannot be listed
+    to remove: `mq_open` answers EPERM."""
+    probe = (
+        "import ctypes, sys; libc = ctypes.CDLL(None, use_errno=True); "
+        "fd = libc.mq_open(b'/tq', 0o102, 0o600, None); print(fd, ctypes.get_errno())"
+    )
+
+    async def go():
+        m = CpuManager(BwrapBackend())
+        await m.start()
+        try:
+            env = await m.open_env("t", 256)
+            return await m.execute(ExecRequest(env, ["python3", "-c", probe]))
+        finally:
+            await m.close()
+
+    r = run(go())
+    assert r.status == "ok", r.stderr
+    assert r.stdout.split() == ["-1", "1"]  # EPERM
+
+
+def test_a_backend_without_isolation_says_it_cannot_reset(tmp_path):
+    async def go():
+        m = CpuManager(AffinityBackend(), workdir_root=str(tmp_path))
+        await m.start()
+        try:
+            env = await m.open_env("t", 128)
+            return await m.reset_env(env), await m.reset_env("no-such-env")
+        finally:
+            await m.close()
+
+    mine, unknown = run(go())
+    assert mine is not None and "does not reset" in mine
+    assert unknown == "it is not open"
+
+
+def test_favordynmods_is_set_keeping_the_mounts_options():
+    """At start the cgroup backend sets `favordynmods` on the cgroup2 mount, and keeps the
+    options the mount had (a remount without them would drop them)."""
+    v2 = _cgroup2_options()
+    if v2 is None:
+        pytest.skip("no cgroup2 mount")
+
+    async def go():
+        m = CpuManager(BwrapBackend())
+        await m.start()
+        await m.close()
+
+    run(go())
+    after = _cgroup2_options()
+    assert after is not None and cgroupfs.FAVOR in after
+    assert v2 - {cgroupfs.FAVOR} <= after
+
+
+def test_run_code_reuses_reset_sandboxes_and_refuses_their_ids(tmp_path, monkeypatch):
+    """One warm sandbox, reused: each request leaves a file in /tmp and a daemon behind, and
+    the next finds neither; the id in a response reaches no pooled sandbox afterwards."""
+    monkeypatch.setenv("TANGRAM_SANDBOXFUSION_WARM", "1")
+    tg = Tangram(cpu=CpuManager(BwrapBackend(), workdir_root=str(tmp_path)))
+    code = (
+        "import os, subprocess\n"
+        "print(sorted(os.listdir('/tmp')), sorted(os.listdir('.')))\n"
+        "open('/tmp/mark', 'w').write('x'); open('left', 'w').write('x')\n"
+        "subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+    )
+    with serve_in_thread(create_app(tg)) as url, httpx.Client(base_url=url, timeout=60) as c:
+        seen, envs = [], set()
+        for _ in range(4):
+            d = c.post("/run_code", json={"code": code, "language": "python"}).json()
+            assert d["status"] == "Success", d
+            seen.append(d["run_result"]["stdout"].strip())
+            envs.add(d["tangram"]["env_id"])
+            pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+            for _ in range(200):
+                if pool is not None and not pool.filling:
+                    break
+                asyncio.run(asyncio.sleep(0.02))
+        pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+        assert pool is not None and pool.reused >= 2
+        env_id = next(e for e in envs if e in pool.mine)  # a response's, still pooled
+        refused = [
+            c.post(f"/v1/envs/{env_id}/exec", json={"command": "true"}),
+            c.put(f"/v1/envs/{env_id}/files", json={"files": {"a": "eA=="}}),
+            c.delete(f"/v1/envs/{env_id}"),
+            c.post("/run_code", json={"code": "print(1)", "language": "python", "env_id": env_id}),
+        ]
+    assert all(s.startswith("[] [") and "'left'" not in s for s in seen), seen
+    assert len(envs) < 4  # a sandbox served more than one request
+    for r in refused:
+        assert r.status_code == 422, r.text
+        assert "env_id" in r.text and "/run_code sandboxes" in r.text
+
+
+def _pids_of(m: CpuManager, env: str) -> list[int]:
+    out: list[int] = []
+    for folder in m.backend.folders(env):
+        for sub in [folder, *(p for p in folder.rglob("*") if p.is_dir())]:
+            out += cgroupfs.pids(sub)
+    return sorted(set(out))
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+
+
+def _cgroup2_options() -> set[str] | None:
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            rest = right.split()
+            if rest and rest[0] == "cgroup2":
+                return set(rest[2].split(","))
+    return None
+
