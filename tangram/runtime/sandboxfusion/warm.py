@@ -78,12 +78,13 @@ class WarmPool:
         if memory_mb == self.memory_mb:
             env = self._pop()
             if env is None and len(self._waiters) < self._resetting:
-                env = await self._next_reset()
+                env = await self._next_reset()  # (`_back` marks it held)
+            elif env is not None:
+                self._out.add(env)
             if (len(self._ready) + self._coming()) * 2 < self.size:
                 self._start_refill()  # draining faster than resets bring them back: start now
             if env is not None:
                 self.hits += 1
-                self._out.add(env)
                 return env
             self.misses += 1
         env = await self._open_for(memory_mb)
@@ -146,33 +147,38 @@ class WarmPool:
 
     def release(self, env: str) -> None:
         """Reset a used environment back into the pool, or close it and refill, after its
-        response is sent: off the request's path (the next request waits for neither)."""
-        task = asyncio.ensure_future(self._release(env))
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
-
-    async def _release(self, env: str) -> None:
-        """Reset it for the next request while the pool wants it: fewer ready than its size or
-        than the requests holding one now (so a burst keeps the sandboxes it opened), or a
-        request waiting; else close it."""
+        response is sent: off the request's path (the next request waits for neither). It is
+        kept while the pool wants it: fewer ready than its size or than the requests holding
+        one now (so a burst keeps the sandboxes it opened), or a request waiting; the choice
+        is made here, at once, so a `take` right after knows one is coming back."""
         self._out.discard(env)
         uses = self._uses.get(env)
         wanted = len(self._ready) < max(self.size, len(self._out)) or self._waiters
         if uses is not None and uses + 1 < self.reuse and wanted:
             self._resetting += 1
-            try:
-                why = await self.tg.reset_env(env)
-            except TangramError as exc:
-                why = str(exc)
-            finally:
-                self._resetting -= 1
-            if why is None:
-                self._uses[env] = uses + 1
-                self.reused += 1
-                self._back(env)
-                return
-            log.debug("warm pool: %s not reused (%s)", env, why)
-            self._back(None)
+            task = asyncio.ensure_future(self._reset(env, uses))
+        else:
+            task = asyncio.ensure_future(self._retire(env))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _reset(self, env: str, uses: int) -> None:
+        try:
+            why = await self.tg.reset_env(env)
+        except TangramError as exc:
+            why = str(exc)
+        finally:
+            self._resetting -= 1
+        if why is None:
+            self._uses[env] = uses + 1
+            self.reused += 1
+            self._back(env)
+            return
+        log.debug("warm pool: %s not reused (%s)", env, why)
+        self._back(None)
+        await self._retire(env)
+
+    async def _retire(self, env: str) -> None:
         await self._close(env)
         self._start_refill()
 
