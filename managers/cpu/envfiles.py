@@ -17,6 +17,8 @@ from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.roots import Roots
 from tangram.errors import ValidationError
 
+INLINE_FILES, INLINE_BYTES = 8, 64 << 10  # written on the event loop (else in a thread)
+
 
 class EnvFiles:
     envs: EnvironmentTable
@@ -47,8 +49,15 @@ class EnvFiles:
         for path, data in contents.items():
             root, rel = Roots.inside(env.root, env.workdir, path)
             by_root.setdefault(root, {})[rel] = data
+        sizes = [
+            len(v) if isinstance(v, bytes | bytearray) else INLINE_BYTES for v in contents.values()
+        ]
+        small = len(sizes) <= INLINE_FILES and sum(sizes) < INLINE_BYTES
         for root, group in by_root.items():
-            await asyncio.to_thread(files.write, root, group, self.backend.owner(env))
+            if small:  # a few small files (a program and its stdin): a thread hop costs more
+                files.write(root, group, self.backend.owner(env))
+            else:
+                await asyncio.to_thread(files.write, root, group, self.backend.owner(env))
 
     async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
         """A tar stream of the folder `path` of the environment (links kept as links, never
