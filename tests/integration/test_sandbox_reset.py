@@ -200,7 +200,6 @@ def _cgroup2_options() -> set[str] | None:
     return None
 
 
-
 def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path, monkeypatch):
     """With no warm sandbox ready but one being reset, `take` gets that one (about 1 ms)
     instead of opening a new sandbox (~15 ms of CPU); a sandbox reset `REUSE - 1` times is
