@@ -104,7 +104,7 @@ def test_a_manager_used_before_start_says_so():
 
 
 def test_unknown_options_name_what_the_backend_takes():
-    takes = r"cpu.options.*takes: parent, pids_max.*uid_base"
+    takes = r"cpu.options.*takes: favor_dynmods, parent, pids_max.*uid_base"
     with pytest.raises(ValidationError, match=takes):
         create("cgroup", uid_base=5000)
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tangram.errors import (
@@ -168,15 +169,31 @@ def _internal(request: Request, exc: Exception) -> JSONResponse:
     return error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def _on_loop(handler: Callable[[Request, Exception], Response]):
+    """`handler` as a coroutine: Starlette runs a plain function in a worker thread through
+    anyio, which imports its thread backend on first use; with no file descriptor left (the
+    very error `_internal` turns into a 503) that import failed and the client got a bare
+    500. Every handler here is quick and never blocks, so it runs on the loop."""
+
+    async def handle(request: Request, exc: Exception) -> Response:
+        return handler(request, exc)
+
+    return handle
+
+
 def install_handlers(app: FastAPI) -> None:
     """Answer every error in the one shape: the most specific class's handler wins."""
-    app.add_exception_handler(Unauthorized, lambda r, e: unauthorized())
-    app.add_exception_handler(ValidationError, _validation_error)
-    app.add_exception_handler(Infeasible, _infeasible)
-    app.add_exception_handler(QueueFull, _queue_full)
-    app.add_exception_handler(LimitReached, _limit_reached)
-    app.add_exception_handler(ShuttingDown, _shutting_down)
-    app.add_exception_handler(TangramError, _tangram_error)
-    app.add_exception_handler(RequestValidationError, _request_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _internal)
+    handlers: list[tuple[type[Exception], Callable[[Request, Exception], Response]]] = [
+        (Unauthorized, lambda r, e: unauthorized()),
+        (ValidationError, _validation_error),
+        (Infeasible, _infeasible),
+        (QueueFull, _queue_full),
+        (LimitReached, _limit_reached),
+        (ShuttingDown, _shutting_down),
+        (TangramError, _tangram_error),
+        (RequestValidationError, _request_error),
+        (StarletteHTTPException, _http_error),
+        (Exception, _internal),
+    ]
+    for kind, handler in handlers:
+        app.add_exception_handler(kind, _on_loop(handler))
