@@ -22,8 +22,16 @@ from urllib.parse import quote
 
 import httpx
 
-from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.errors import (
+    Infeasible,
+    LimitReached,
+    QueueFull,
+    ShuttingDown,
+    TangramError,
+    ValidationError,
+)
 from tangram.results import Result
+from tangram.runtime.http.errors import SHUTTING_DOWN
 from tangram.runtime.snapshot import StatusSnapshot
 
 
@@ -205,4 +213,9 @@ def _raise_for(response: httpx.Response) -> None:
         raise ValidationError(
             str(doc["field"]), doc.get("value"), str(doc.get("problem") or message)
         )
+    if code == 429:
+        raise QueueFull(message)
+    if code == 503:  # the server's two kinds (`http.errors`): its shutdown, a host limit
+        shutting = doc.get("problem") == SHUTTING_DOWN
+        raise (ShuttingDown if shutting else LimitReached)(message)
     raise TangramError(f"HTTP {code}: {message}")

@@ -6,14 +6,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from tangram.errors import Infeasible, TangramError, ValidationError
+from tangram.errors import (
+    Infeasible,
+    LimitReached,
+    QueueFull,
+    ShuttingDown,
+    TangramError,
+    ValidationError,
+)
 from tangram.results import Result
-from tangram.runtime.client import TangramClient
+from tangram.runtime.client import TangramClient, _raise_for
 from tangram.runtime.facade import Tangram
+from tangram.runtime.http import errors as http_errors
 from tangram.runtime.server import create_app, serve_in_thread
 
 TOKEN = "client-token"
@@ -122,3 +131,21 @@ def test_many_concurrent_clients_lose_nothing(served: tuple[str, Tangram]) -> No
     results = run(scenario())
     assert len(results) == 200 and all(r.ok for r in results)
     assert len({r.action_id for r in results}) == 200
+
+
+@pytest.mark.parametrize(
+    "exc, handler, raised",
+    [
+        (ShuttingDown("stopping"), "_shutting_down", ShuttingDown),
+        (LimitReached("RLIMIT_NOFILE 16"), "_limit_reached", LimitReached),
+        (QueueFull("2000 queued"), "_queue_full", QueueFull),
+    ],
+)
+def test_a_busy_or_stopping_server_raises_the_servers_own_error(exc, handler, raised) -> None:
+    """The server's 503s (shutting down; a host limit) and 429 come back as the errors the
+    in-process `Tangram` raises, not as a plain `TangramError`: the bodies are the server's
+    own handlers'."""
+    answer = getattr(http_errors, handler)(None, exc)
+    response = httpx.Response(answer.status_code, content=bytes(answer.body))
+    with pytest.raises(raised, match=str(exc)):
+        _raise_for(response)

@@ -102,6 +102,9 @@ def _queue_full(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+SHUTTING_DOWN = "the runtime is shutting down"  # a 503's problem (the other: a host limit)
+
+
 def _limit_reached(_: Request, exc: Exception) -> JSONResponse:
     response = error(503, str(exc), problem="a limit of the host was reached")
     response.headers["Retry-After"] = "1"
@@ -109,7 +112,7 @@ def _limit_reached(_: Request, exc: Exception) -> JSONResponse:
 
 
 def _shutting_down(_: Request, exc: Exception) -> JSONResponse:
-    return error(503, str(exc), problem="the runtime is shutting down")
+    return error(503, str(exc), problem=SHUTTING_DOWN)
 
 
 def _tangram_error(_: Request, exc: Exception) -> JSONResponse:
