@@ -34,6 +34,7 @@ calls = {
     "add_key": (s(b"user"), s(b"k"), s(b"v"), 1, ctypes.c_int(-4)),
     "keyctl": (0, ctypes.c_int(-4), 0),
     "request_key": (s(b"user"), s(b"nokey"), None, 0),
+    "mq_open": (s(b"tangram-no-such-queue"), 0, 0, None),
     "io_uring_setup": (4, buf), "io_uring_enter": (-1, 0, 0, 0, None, 0),
     "io_uring_register": (-1, 0, None, 0), "bpf": (0, buf, 72), "perf_event_open": (buf, 0, -1,
     -1, 0), "userfaultfd": (0,), "init_module": (None, 0, s(b"")),
