@@ -305,9 +305,9 @@ class ShardedScheduler:
         out = []
         queued, running = self._queued[i], self._running[i]
         self._due.pop(i, None)
-        if reply and not isinstance(reply[-1], tuple):  # a put-off class to re-read as the
-            due = reply.pop()  # one-process scoped scheduler does: at the next decision (None)
-            if due is None:  # or at the first one at or after `due`
+        if reply and not isinstance(reply[-1], tuple):  # a put-off class (`ShardWorker.tick`):
+            due = reply.pop()  # re-read at the next decision (None) or the first from `due`
+            if due is None:
                 self._dirty.add(i)
             else:
                 self._due[i] = due
