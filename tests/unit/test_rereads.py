@@ -7,6 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from evaluation.rereadcheck import compare
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
@@ -85,3 +86,10 @@ def test_an_event_on_the_node_reads_it_before_its_due_time():
     s.complete("x", 0.6)  # early: e gets the whole node now
     got = {a.action.id: a.units["cpu"] for a in s.decide(0.6)}
     assert got.get("e", 0) >= 5, got
+
+
+def test_the_rule_grants_what_reading_at_every_decision_granted_on_the_bench_cluster():
+    """Coding at batch 512 on 4 x 128 cores, 0-120 s: the same grants, decision by decision,
+    as the rule before issue 28 (larger sizes: `python -m evaluation.rereadcheck`)."""
+    r = compare("coding", 512, 120.0)
+    assert r["first_difference"] is None and r["grants"] > 10_000
