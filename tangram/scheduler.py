@@ -44,6 +44,7 @@ from tangram.liveness import rescue
 from tangram.pools import Pool
 from tangram.profiles import DurationProfiles
 from tangram.queue import ActionQueue
+from tangram.rereads import Rereads
 from tangram.results import Status
 
 
@@ -86,6 +87,7 @@ class Scheduler:
         self.max_queue = max_queue
         self.scoped = scoped  # decide only the queue classes an event touched (docs/scale.md)
         self._touched: set[tuple[str, str | None]] = set()
+        self._rereads = Rereads()  # put-off classes, each re-read when due (tangram.rereads)
         self.last_scope: list[tuple[str, str | None]] | None = None  # what the last one scanned
         self.queue = ActionQueue()
         self.running: dict[str, RunningAction] = {}
@@ -228,7 +230,7 @@ class Scheduler:
         apply the liveness and the work-conservation rules (module docstring)."""
         if not self.queue:
             return []
-        view = self._open_decision(self.view)
+        view = self._open_decision(self.view, now)
         assignments = list(self.allocator.allocate(view, self.queue, now))
         return self._close_decision(view, assignments, now)
 
@@ -239,7 +241,7 @@ class Scheduler:
         scheduler meanwhile never change what it reads. None when nothing is queued."""
         if not self.queue:
             return None
-        view = self._open_decision(self._snapshot_view)
+        view = self._open_decision(self._snapshot_view, now)
         return PreparedDecision(self.allocator, view, self.queue.copy(), now)
 
     def finish(
@@ -268,8 +270,10 @@ class Scheduler:
                 return False
         return True
 
-    def _open_decision(self, make_view) -> ClusterView:
+    def _open_decision(self, make_view, now: float) -> ClusterView:
         self.decisions += 1
+        if self._rereads:
+            self._touched.update(self._rereads.take(now))
         view = make_view(self._scope() if self.scoped else None)
         self.last_scope = view.scope
         return view
@@ -286,7 +290,7 @@ class Scheduler:
                 self._start(rescue, now)
                 assignments.append(rescue)
         if self.scoped and view.scope:
-            self._keep_put_off_in_scope(view.scope)
+            self._keep_put_off_in_scope(view.scope, now)
         if self.conserve and self.queue:
             for w in self._wasted(view, now):
                 a = Assignment(w.action, dict(w.units), dict(w.placement))
@@ -308,25 +312,35 @@ class Scheduler:
             lambda r, n=None: holding.get((r, n), ()),
         )
 
-    def wants_next_decision(self) -> bool:
-        """True when a class waits to be re-read at the next decision whatever happens (a
-        put-off action's, `_keep_put_off_in_scope`): a scheduler shard asks to be ticked."""
-        return bool(self._touched)
+    def wants_next_decision(self) -> bool | float:
+        """True when a class waits to be re-read at the next decision whatever happens; else
+        the earliest time a put-off class is due to be re-read (False: none is). A scheduler
+        shard asks the router to tick it then."""
+        if self._touched:
+            return True
+        due = self._rereads.next_due()
+        return False if due is None else due
 
-    def _keep_put_off_in_scope(self, scope) -> None:
-        """A scoped decision looks again, at the next event, at each class it scanned whose
-        first action still fits at its minimum: the policy put it off by choice (to give it more
-        units later), and that choice depends on the time, so it is re-made at every decision,
-        as an unscoped scheduler does, not only when an event touches its node."""
+    def _keep_put_off_in_scope(self, scope, now: float) -> None:
+        """A scoped decision looks again at each class it scanned whose first action still
+        fits at its minimum: the policy put it off by choice (to give it more units later), a
+        choice that depends on the time. It is re-read at the next event on its node, or at
+        the first decision at or after the earliest estimated end of what runs there, or at
+        the next decision when all of that has passed its estimated end (`tangram.rereads`),
+        not at every decision anywhere in the cluster."""
+        self._rereads.drop(scope)
         for c in scope:
             first = next(self.queue.scan(_never, (c,)), None)
-            if first is None:
-                continue
-            if all(
+            if first is None or not all(
                 self.pools[r].fits(k, self.node_of(first, r)) is not None
                 for r, k in first.mins.items()
             ):
+                continue
+            due = min((e for ra in self.holding(*c) if (e := ra.expected_end) > now), default=None)
+            if due is None:
                 self._touched.add(c)
+            else:
+                self._rereads.due(c, due)
 
     def _wasted(self, view: ClusterView, now: float):
         """The queued actions that waste free units after this decision (scratch placements

@@ -18,9 +18,11 @@ def done_line(f: RunFigures) -> str:
         if f.shard_shares
         else f"share {f.share:.4f} (slices {lo:.4f}-{hi:.4f})"
     )
+    q = [s.queued for s in f.slices]
     return (
         f"  done: {f.workload} {f.batch} {f.policy}: window {f.window[0]:.1f}-"
-        f"{f.window[1]:.1f} sim s, {f.decisions:,} decisions, {head}, latency p50/p99 "
+        f"{f.window[1]:.1f} sim s, {f.decisions:,} decisions, queued {min(q)}-{max(q)} at the "
+        f"slices' ends, {head}, latency p50/p99 "
         f"{f.latency_ms[0]:.3f}/{f.latency_ms[1]:.3f} ms, wall {f.wall_s:.0f} s, CPU "
         f"{f.run_cpu_s:.0f} s"
     )
@@ -37,6 +39,7 @@ def table(figs: list[RunFigures], ref_ms: float) -> Table:
         "config",
         "window sim s",
         "decisions",
+        "queued (slice ends)",
         "one process / router",
         "busiest shard (slices)",
         "shards",
@@ -54,6 +57,7 @@ def table(figs: list[RunFigures], ref_ms: float) -> Table:
             f.policy,
             f"{f.window[0]:.0f}-{f.window[1]:.0f}",
             f"{f.decisions:,}",
+            f"{min(s.queued for s in f.slices)}-{max(s.queued for s in f.slices)}",
             f"{f.share:.4f}" + ("" if f.shard_shares else f" ({lo:.4f}-{hi:.4f})"),
             f"{f.busiest:.4f} ({lo:.4f}-{hi:.4f})" if f.shard_shares else "-",
             f"{len(f.shard_shares)}" if f.shard_shares else "-",

@@ -82,6 +82,7 @@ class ShardedScheduler:
         self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
         self._out = [Outbox() for _ in range(shards)]
         self._dirty: set[int] = set()
+        self._due: dict[int, float] = {}  # shard -> when a put-off class of it is to be re-read
         self._dead: set[int] = set()
         self._means = MeansMirror(self.profiles, shards)
         self.stream: list[tuple] | None = [] if log_stream else None
@@ -268,6 +269,7 @@ class ShardedScheduler:
                 (a for q in self._queued for a in q.values()),
             )
         self._log("decide", now)
+        self._dirty.update(i for i, t in self._due.items() if t <= now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
         for i in asked:
@@ -302,9 +304,13 @@ class ShardedScheduler:
     def _granted(self, i: int, reply: list, now: float) -> list[Assignment]:
         out = []
         queued, running = self._queued[i], self._running[i]
-        if reply and reply[-1] is None:  # a put-off class, re-read at every decision as the
-            reply.pop()  # one-process scoped scheduler does
-            self._dirty.add(i)
+        self._due.pop(i, None)
+        if reply and not isinstance(reply[-1], tuple):  # a put-off class (`ShardWorker.tick`):
+            due = reply.pop()  # re-read at the next decision (None) or the first from `due`
+            if due is None:
+                self._dirty.add(i)
+            else:
+                self._due[i] = due
         for aid, units, placement in reply:
             act = queued.pop(aid, None)
             if act is None:

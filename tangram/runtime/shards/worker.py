@@ -104,7 +104,8 @@ class ShardWorker:
 
     def tick(self, now: float, mean_updates: dict[str, float], box: Outbox) -> list:
         """Apply what changed, decide, and answer the grants (a trailing None: a put-off class
-        to re-read at the router's next decision, as the one-process scoped scheduler does)."""
+        to re-read at the router's next decision, as the one-process scoped scheduler does; a
+        trailing float: at the router's first decision at or after that time)."""
         sched = self.sched
         sched.profiles.means.update(mean_updates)
         for t in box.unbinds:
@@ -118,8 +119,11 @@ class ShardWorker:
         for act in box.arrivals:
             sched.enqueue(act)
         grants: list = [(a.action.id, dict(a.units), dict(a.placement)) for a in sched.decide(now)]
-        if sched.wants_next_decision():
+        wants = sched.wants_next_decision()
+        if wants is True:
             grants.append(None)
+        elif wants is not False:
+            grants.append(float(wants))
         return grants
 
     def handle(self, data: bytes) -> tuple[bytes, bool]:
