@@ -123,14 +123,12 @@ class ShardedScheduler:
         """The layout in one line: shards, nodes per shard, the global shard's resources."""
         sizes = sorted({len(g) for g in self.layout.groups})
         pooled = sorted(set(self.pools) - set(self.layout.resources))
+        each = "Ray actor" if self.backend == "ray" else "process"
         return (
             f"{len(self.layout.groups)} node shards x {'-'.join(map(str, sizes))} nodes "
-            f"({', '.join(self.layout.resources)}), each a {self._each()}; global shard "
+            f"({', '.join(self.layout.resources)}), each a {each}; global shard "
             f"(in the router): {', '.join(pooled) or 'nothing pooled'}"
         )
-
-    def _each(self) -> str:
-        return "Ray actor" if self.backend == "ray" else "process"
 
     def shard_pids(self) -> list[int | None]:
         return [s.pid for s in self._shards]
@@ -388,8 +386,7 @@ class ShardedScheduler:
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:
         """The actions failed since the last call (a lost shard's queue), to report."""
-        out = list(self.failed.items())
-        self.failed.clear()
+        out, self.failed = list(self.failed.items()), {}
         return out
 
     def state(self, i: int) -> tuple[list[str], list[str]]:
