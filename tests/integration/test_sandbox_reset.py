@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 
 import httpx
 import pytest
@@ -15,6 +17,7 @@ from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import cgroupfs
 from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap_parts import server_python
 from tangram.runtime.facade import Tangram
 from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB
 from tangram.runtime.sandboxfusion.warm import warm_pool
@@ -78,6 +81,37 @@ def test_a_reset_sandbox_keeps_no_file_process_or_ipc_object():
     for pid in sleepers:  # the daemons of the first command were killed, not just hidden
         assert not os.path.exists(f"/proc/{pid}") or _cmdline(pid) == ""
     assert os.path.exists("/etc/passwd")  # the link was removed, not what it named
+
+
+def test_a_mount_under_tmp_survives_a_reset_and_the_rest_goes(tmp_path_factory):
+    """A sandbox set up with a read-only bind under /tmp (the server's Python in a virtual
+    environment under /tmp, as in a fresh clone's CI) resets: the mount and the folders that
+    hold it stay, everything a command wrote beside them goes."""
+    host = tempfile.mkdtemp(prefix="tangram-ro-", dir="/tmp")
+    os.chmod(host, 0o755)  # readable by the sandbox's uid
+    with open(os.path.join(host, "kept"), "w") as f:
+        f.write("host file")
+    inside = f"/tmp/{os.path.basename(host)}"
+    try:
+
+        async def go():
+            m = CpuManager(BwrapBackend(ro_paths=(*server_python(), host)))
+            await m.start()
+            try:
+                env = await m.open_env("t", 256)
+                left = await m.execute(ExecRequest(env, "echo x > /tmp/mine; mkdir /tmp/d"))
+                why = await m.reset_env(env)
+                after = await m.execute(ExecRequest(env, f"ls -A /tmp; cat {inside}/kept"))
+                return left, why, after
+            finally:
+                await m.close()
+
+        left, why, after = run(go())
+    finally:
+        shutil.rmtree(host)
+    assert left.status == "ok", left.stderr
+    assert why is None, why
+    assert after.stdout.split() == [os.path.basename(host), "host", "file"], after.stdout
 
 
 def test_posix_message_queues_are_refused():

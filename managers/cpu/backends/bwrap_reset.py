@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -71,8 +72,9 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         return "its sandbox's init is gone"
     try:
         left = _empty(env.workdir)
+        mounts = _mount_points(dirfd)
         for inside in INSIDE_WIPED:
-            left += _empty(f"/proc/self/fd/{dirfd}/root/{inside}")
+            left += _empty(f"/proc/self/fd/{dirfd}/root/{inside}", f"/{inside}", mounts)
         if left:
             return f"could not remove {'; '.join(left[:3])}"
         return _clear_ipc(dirfd)
@@ -80,16 +82,39 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         os.close(dirfd)
 
 
-def _empty(folder: str) -> list[str]:
-    """Remove everything in `folder`, keeping the folder; returns what could not be removed."""
+def _empty(folder: str, inside: str = "", mounts: frozenset[str] = frozenset()) -> list[str]:
+    """Remove everything in `folder` (the sandbox's `inside`), keeping the folder and the
+    sandbox's own mounts below it (`mounts`, as the sandbox names them: a read-only bind of
+    the server's Python under /tmp, say) with the folders that hold them; returns what could
+    not be removed. Nothing of the sandbox but its init and spawner runs, and a command can
+    mount nothing, so the mounts are those the sandbox was set up with."""
     left: list[str] = []
     try:
         names = os.listdir(folder)
     except OSError as exc:
         return [f"{folder}: {exc.strerror}"]
     for name in names:
-        left += remove_tree(os.path.join(folder, name))
+        path, named = os.path.join(folder, name), f"{inside}/{name}"
+        if named in mounts:
+            continue
+        if any(m.startswith(named + "/") for m in mounts):  # holds a mount: empty around it
+            left += _empty(path, named, mounts)
+        else:
+            left += remove_tree(path)
     return left
+
+
+def _mount_points(dirfd: int) -> frozenset[str]:
+    """The mount points of the sandbox's mount namespace, as its own paths (from its init's
+    mountinfo: field 5, with the kernel's octal escapes undone)."""
+    fd = os.open("mountinfo", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+    with os.fdopen(fd) as f:
+        points = [line.split()[4] for line in f if line.strip()]
+    return frozenset(_unescape(p) for p in points)
+
+
+def _unescape(path: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), path)
 
 
 def _clear_ipc(dirfd: int) -> str | None:
