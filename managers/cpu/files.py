@@ -95,7 +95,10 @@ def _write_one(rootfd: int, path: str, data: bytes, uid: int | None) -> None:
             ) from exc
         finally:
             os.close(pfd)
-    fd = _open(rootfd, "/".join(parts), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, path, 0o644)
+    # O_NONBLOCK: a FIFO a command left at the path must not hold the caller (the event loop,
+    # for small writes) waiting for a reader; it is refused below, as any other non-file
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK
+    fd = _open(rootfd, "/".join(parts), flags, path, 0o644)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValidationError("files", path, "is not a regular file")

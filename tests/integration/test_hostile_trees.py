@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
+from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.leftovers import sweep_workdirs
 from managers.cpu.removal import remove_tree
+from tangram.errors import ValidationError
 
 DEEP = (
     "import os\n"
@@ -145,3 +148,35 @@ def test_closing_200000_files_does_not_block_other_clients(bwrap_or_skip):
     assert made.status == "ok", made
     assert echo.stdout == "hi\n"
     assert still_closing  # the echo was served while the tree was being removed
+
+
+def test_a_fifo_at_a_written_path_is_refused_without_waiting(tmp_path):
+    """A command leaves a FIFO where the next request's file goes: writing it (small writes
+    run on the event loop) fails at once naming the path, instead of waiting for a reader.
+    An alarm turns a hang into a failure."""
+
+    class Hung(BaseException):  # not an OSError: nothing on the way may turn it into another
+        pass
+
+    def hung(*_):
+        raise Hung("write_files waited on the FIFO")
+
+    async def go():
+        m = CpuManager(AffinityBackend(), workdir_root=str(tmp_path))
+        await m.start()
+        try:
+            env = await m.open_env("t", 64)
+            made = await m.execute(ExecRequest(env, "mkfifo main.py"))
+            assert made.status == "ok", made.stderr
+            with pytest.raises(ValidationError, match="main.py"):
+                await m.write_files(env, {"main.py": b"print(1)"})
+        finally:
+            await m.close()
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        asyncio.run(go())
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
