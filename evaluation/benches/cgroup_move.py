@@ -55,9 +55,5 @@ def move_after_idle_ms(n: int = 12) -> tuple[float, bool] | None:
 
 
 def _favored() -> bool:
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            rest = line.partition(" - ")[2].split()
-            if rest and rest[0] == "cgroup2":
-                return cgroupfs.FAVOR in rest[2].split(",")
-    return False
+    found = cgroupfs.cgroup2_mount()
+    return found is not None and cgroupfs.FAVOR in found[2]

@@ -155,20 +155,24 @@ def test_a_backend_without_isolation_says_it_cannot_reset(tmp_path):
 
 def test_favordynmods_is_set_keeping_the_mounts_options():
     """At start the cgroup backend sets `favordynmods` on the cgroup2 mount, and keeps the
-    options the mount had (a remount without them would drop them)."""
-    v2 = _cgroup2_options()
-    if v2 is None:
+    options the mount had (a remount without them would drop them); `favor_dynmods=False`
+    leaves the mount as it is. The option is cleared first, so the start has to set it."""
+    if cgroupfs.cgroup2_mount() is None:
         pytest.skip("no cgroup2 mount")
 
-    async def go():
-        m = CpuManager(BwrapBackend())
+    async def start(**options) -> None:
+        m = CpuManager(BwrapBackend(**options))
         await m.start()
         await m.close()
 
-    run(go())
-    after = _cgroup2_options()
-    assert after is not None and cgroupfs.FAVOR in after
-    assert v2 - {cgroupfs.FAVOR} <= after
+    assert "could not" not in cgroupfs.favor_dynmods(False)
+    before = set(_cgroup2_options())
+    assert cgroupfs.FAVOR not in before
+    run(start(favor_dynmods=False))
+    assert set(_cgroup2_options()) == before  # left alone
+    run(start())
+    after = set(_cgroup2_options())
+    assert after == before | {cgroupfs.FAVOR}
 
 
 def test_run_code_reuses_reset_sandboxes_and_refuses_their_ids(tmp_path, monkeypatch):
@@ -228,14 +232,10 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
-def _cgroup2_options() -> set[str] | None:
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            rest = right.split()
-            if rest and rest[0] == "cgroup2":
-                return set(rest[2].split(","))
-    return None
+def _cgroup2_options() -> list[str]:
+    found = cgroupfs.cgroup2_mount()
+    assert found is not None
+    return [*found[1], *found[2]]
 
 
 def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path, monkeypatch):
