@@ -19,7 +19,7 @@ from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.bwrap_parts import server_python
 from tangram.runtime.facade import Tangram
-from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB
+from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB, warm
 from tangram.runtime.sandboxfusion.warm import warm_pool
 from tangram.runtime.server import create_app, serve_in_thread
 
@@ -244,6 +244,8 @@ def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path
     closed, not reset again."""
     monkeypatch.setenv("TANGRAM_SANDBOXFUSION_WARM", "1")
     monkeypatch.setenv("TANGRAM_SANDBOXFUSION_REUSE", "3")
+    # the mechanism, not its bound: a loaded machine's reset may pass RESET_WAIT_S
+    monkeypatch.setattr(warm, "RESET_WAIT_S", 30.0)
     tg = Tangram(cpu=CpuManager(BwrapBackend(), workdir_root=str(tmp_path)))
 
     async def scenario():
@@ -275,3 +277,42 @@ def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path
     (same_env, no_new, reused), third, kept = run(scenario())
     assert same_env and no_new and reused == 1, (same_env, no_new, reused)
     assert third and not kept, (third, kept)  # served 3 requests (REUSE): closed, the pool refilled
+
+
+def test_a_slow_reset_does_not_hold_the_next_request(tmp_path, monkeypatch):
+    """A request that leaves 20,000 files makes its sandbox's reset take far longer than
+    `RESET_WAIT_S`: the next request opens its own sandbox instead of waiting for it, and the
+    slow one still comes back to the pool, reset."""
+    monkeypatch.setenv("TANGRAM_SANDBOXFUSION_WARM", "1")
+    tg = Tangram(cpu=CpuManager(BwrapBackend(), workdir_root=str(tmp_path)))
+    many = "mkdir many && cd many && seq 20000 | xargs touch"
+
+    async def scenario():
+        await tg.start()
+        try:
+            pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+            assert pool is not None
+            pool.warm()
+            for _ in range(500):
+                if pool.idle == 1 and not pool.filling:
+                    break
+                await asyncio.sleep(0.01)
+            a = await pool.take(DEFAULT_MEMORY_MB)
+            left = await tg.exec(a, many, cpu=1, timeout=120)
+            misses = pool.misses
+            pool.release(a)  # its reset removes 20,000 files
+            b = await pool.take(DEFAULT_MEMORY_MB)
+            opened_own = (b != a, pool.misses == misses + 1)
+            pool.release(b)
+            for _ in range(3000):
+                if not pool.filling:
+                    break
+                await asyncio.sleep(0.01)
+            return left, opened_own, pool.reused, a in pool.mine
+        finally:
+            await tg.shutdown()
+
+    left, (other, missed), reused, kept = run(scenario())
+    assert left.ok, left.stderr
+    assert other and missed
+    assert reused >= 1 and kept  # the slow reset finished and the sandbox went back
