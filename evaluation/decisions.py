@@ -55,6 +55,13 @@ class Recording:
         return out
 
 
+def granting(lines: list[str]) -> list[str]:
+    """The decisions of a recording that grant something (a line is the time, then one word
+    per grant). The scheduler does not ask the policy when no unit a queued action needs is
+    free (`Scheduler._nothing_free`), so how many decisions grant nothing is not compared."""
+    return [line for line in lines if " " in line.strip()]
+
+
 def open_instance(n: int, units: int, seed: int):
     """Open-loop arrivals on one flat node: a quarter elastic (1..16 units), the rest 1 unit."""
     rng = random.Random(seed)

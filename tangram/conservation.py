@@ -75,14 +75,17 @@ def wasted_now(
     estimate: Estimate = default_estimate,
     excused: Callable[[Action, Mapping[str, Placement]], bool] | None = None,
     scope: Iterable[tuple[str, str | None]] | None = None,
+    needed: Iterable[str] | None = None,
 ) -> list[Waste]:
     """The queued actions that waste free units now (module docstring), in queue order.
 
     `pools` are read, never changed. `excused(action, placement)`: True when the action may
     wait on those free units by choice (a deferral); it then blocks nothing. `scope`: with an
-    `ActionQueue`, walk only these classes (a scoped decision's: the others did not change)."""
-    # a pool with nothing free cannot be wasted: skip the walk when every pool is full
-    if not any(p.free() for p in pools.values()):
+    `ActionQueue`, walk only these classes (a scoped decision's: the others did not change).
+    `needed`: the resources the queued actions name, when the caller knows them (None: all)."""
+    # a pool with nothing free cannot be wasted: skip the walk when every pool the queue needs
+    # is full (only those: a decision's copy-on-read pools would copy every other one to ask)
+    if not any(pools[r].free() for r in (pools if needed is None else needed)):
         return []
     w = _Walk(pools, node_of)
     walk = queue.scan(w.is_blocked, scope) if isinstance(queue, ActionQueue) else queue

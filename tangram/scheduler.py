@@ -228,18 +228,24 @@ class Scheduler:
     def decide(self, now: float) -> list[Assignment]:
         """Ask the policy which queued actions start now; apply and check its answer; then
         apply the liveness and the work-conservation rules (module docstring)."""
-        if not self.queue:
+        if not self.queue or self._nothing_free():
             return []
         view = self._open_decision(self.view, now)
         assignments = list(self.allocator.allocate(view, self.queue, now))
         return self._close_decision(view, assignments, now)
+
+    def _nothing_free(self) -> bool:
+        """No unit of any resource a queued action needs is free: as every action needs at least
+        one unit of each resource it names, none can start, whatever the policy or the rules
+        would say, so none is asked (the classes touched meanwhile wait for the next decision)."""
+        return not any(self.pools[r].free() for r in self._queued_per_resource)
 
     def prepare(self, now: float) -> PreparedDecision | None:
         """The same decision as `decide`, split so that the policy's part can run off the
         event loop (`tangram.runtime.decisions`): the policy reads a snapshot of the pools,
         the running actions, the bindings and the queue taken here, so events applied to the
         scheduler meanwhile never change what it reads. None when nothing is queued."""
-        if not self.queue:
+        if not self.queue or self._nothing_free():
             return None
         view = self._open_decision(self._snapshot_view, now)
         return PreparedDecision(self.allocator, view, self.queue.copy(), now)
@@ -344,13 +350,13 @@ class Scheduler:
 
     def _wasted(self, view: ClusterView, now: float):
         """The queued actions that waste free units after this decision (scratch placements
-        taken in queue order, so they can be applied as they are)."""
-        # with this decision's starts running, as the advisors read the cluster (a view is
-        # built only where some pool has an advisor: this runs after every decision)
+        taken in queue order, so they can be applied as they are). With this decision's starts
+        running, as the advisors read the cluster (a view only where some pool has one)."""
         excused = None
         if any(p.advisor is not None for p in self.pools.values()):
             excused = advisors_excuse(self.pools, self.view(view.scope), now)
-        return wasted_now(self.pools, self.queue, self.node_of, self.estimate, excused, view.scope)
+        q, needed = self.queue, self._queued_per_resource
+        return wasted_now(self.pools, q, self.node_of, self.estimate, excused, view.scope, needed)
 
     def _start(self, a: Assignment, now: float) -> None:
         act = a.action
@@ -366,14 +372,10 @@ class Scheduler:
         key = act.key
         est = self.estimate(act, a.units[key] if key else None)
         ra = self.running[act.id] = RunningAction(a, now, now + est)
-        holding = self._holding
         for r, u in a.units.items():
             if u:
                 for k in ((r, a.placement[r].node), (r, None)):
-                    held = holding.get(k)
-                    if held is None:
-                        held = holding[k] = {}
-                    held[act.id] = ra
+                    self._holding.setdefault(k, {})[act.id] = ra
 
     def _rescue(self) -> Assignment | None:  # rare: only when nothing at all is running
         """The liveness rule's start (`tangram.liveness.rescue`)."""

@@ -290,7 +290,8 @@ def _conserve(
     excused = advisors_excuse(view.pools, view, now)
     waiting = [a for a in arrival if a.id not in done]
     out = []
-    for w in wasted_now(pools, waiting, view.node_for, view.estimate, excused, None):
+    needed = view.queued_resources
+    for w in wasted_now(pools, waiting, view.node_for, view.estimate, excused, None, needed):
         for r, u in w.units.items():
             pools[r].take(w.placement[r], u)
         out.append(Assignment(w.action, dict(w.units), dict(w.placement)))

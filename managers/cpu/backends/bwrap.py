@@ -373,7 +373,7 @@ class BwrapBackend(CgroupBackend):
             self._uids.pop(env.id, None)  # never handed out again (see `uids`)
 
     async def reset(self, env: Environment) -> str | None:
-        return await asyncio.to_thread(bwrap_reset.reset, self, env)
+        return await bwrap_reset.in_reset_thread(bwrap_reset.reset, self, env)
 
     def owner(self, env: Environment) -> int | None:
         return self._uids.get(env.id)

@@ -171,6 +171,9 @@ class _Holder:
     slot: Slot  # the cgroup slot it lives in (a restarted holder reuses it)
     spawner: fast.Spawner | None = None  # the fast path (`spawner.py`), where it runs
     own: frozenset[int] = frozenset()  # the processes in its slot once it was up (a reset's check)
+    # its mount points as it names them, read at its first reset: they never change after its
+    # set-up (its commands can mount nothing: the seccomp filter refuses every mount call)
+    mounts: frozenset[str] | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -28,12 +28,15 @@ completed says why, and the caller closes the environment instead.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import os
 import re
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
@@ -43,26 +46,43 @@ if TYPE_CHECKING:
     from managers.cpu.backends.bwrap import BwrapBackend
     from managers.cpu.pool import Environment
 
+T = TypeVar("T")
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0
 INSIDE_WIPED = ("tmp", "dev/shm")  # the sandbox's own writable folders besides its work folder
 _SYSVIPC = {"shm": "shmctl", "sem": "semctl", "msg": "msgctl"}
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-# the thread that joins sandboxes' IPC namespaces (a new thread per reset cost ~1 ms of wall time)
-_IPC = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tangram-ipc-reset")
+# the one thread resets run in: it joins each sandbox's IPC namespace to remove its objects (a
+# thread's IPC namespace is its own, so the server's other threads never see one), and runs
+# nothing but resets, so the namespace it is left in does not matter (one thread, one hop per
+# reset: the loop's default executor then a second thread for the IPC part cost twice the hops)
+_HERE = threading.local()  # `resets` is set in the reset thread only
+_RESETS = ThreadPoolExecutor(
+    max_workers=1,
+    thread_name_prefix="tangram-reset",
+    initializer=setattr,
+    initargs=(_HERE, "resets", True),
+)
+
+
+async def in_reset_thread(fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn(*args)` (`reset`) in the reset thread."""
+    return await asyncio.get_running_loop().run_in_executor(_RESETS, fn, *args)
 
 
 def reset(b: BwrapBackend, env: Environment) -> str | None:
-    """Reset `env`'s sandbox (blocking: run it in a thread); None when done, else why not."""
+    """Reset `env`'s sandbox (blocking, in the reset thread: `in_reset_thread`); None when
+    done, else why not."""
     holder, e = b._holders.get(env.id), b._envs.get(env.id)
     if holder is None or e is None or holder.spawner is None or not holder.healthy():
         return "its sandbox is not running"
     if env.root is not None or env.network:
         return "it has an image root or the host's network"
     for slot in e.slots:
-        if slot is not holder.slot:
-            fs.kill_all(slot.folders["cpu"])
-            if fs.pids(slot.folders["cpu"]):
+        folder = slot.folders["cpu"]
+        if slot is not holder.slot and fs.pids(folder):  # (one read where nothing was left)
+            fs.kill_all(folder)
+            if fs.pids(folder):
                 return "processes of its commands did not die"
     stray = set(fs.pids(holder.slot.folders["cpu"])) - holder.own
     if stray:
@@ -72,7 +92,9 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         return "its sandbox's init is gone"
     try:
         left = _empty(env.workdir)
-        mounts = _mount_points(dirfd)
+        if holder.mounts is None:
+            holder.mounts = _mount_points(dirfd)
+        mounts = holder.mounts
         for inside in INSIDE_WIPED:
             left += _empty(f"/proc/self/fd/{dirfd}/root/{inside}", f"/{inside}", mounts)
         if left:
@@ -118,23 +140,19 @@ def _unescape(path: str) -> str:
 
 
 def _clear_ipc(dirfd: int) -> str | None:
-    """Remove every System V IPC object of the namespace of the process `dirfd` names, from a
-    thread of the server's kept for it (`_IPC`) that joins that namespace first (a thread's
-    IPC namespace is its own: the server's other threads never see it; the thread does nothing
-    else, so the namespace it is left in does not matter)."""
+    """Remove every System V IPC object of the namespace of the process `dirfd` names: this
+    thread (the reset thread, `_RESETS`) joins that namespace first."""
+    if not getattr(_HERE, "resets", False):  # would leave a server thread in its namespace
+        return "not in the reset thread"
     try:
         ns = os.open("ns/ipc", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
     except OSError as exc:
         return f"cannot open its IPC namespace ({exc.strerror})"
     try:
-        return _IPC.submit(_inside, ns).result()
+        if _libc.setns(ns, CLONE_NEWIPC) != 0:
+            return f"cannot join its IPC namespace ({os.strerror(ctypes.get_errno())})"
     finally:
         os.close(ns)
-
-
-def _inside(ns: int) -> str | None:
-    if _libc.setns(ns, CLONE_NEWIPC) != 0:
-        return f"cannot join its IPC namespace ({os.strerror(ctypes.get_errno())})"
     return _remove_ipc_objects()
 
 
