@@ -141,6 +141,23 @@ def test_timeout_is_time_limit_exceeded(client):
     assert rr["stdout"] == "started\n"
 
 
+def test_a_client_that_goes_away_cancels_its_run(client, server):
+    """The client gives up on a 30 s run after 0.5 s: the run is killed at once (the fixture
+    then finds no environment left but the pool's), and the next request is answered."""
+    _, tg = server
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(
+            "/run_code",
+            json={"code": "import time; time.sleep(30)", "language": "python", "run_timeout": 60},
+            timeout=0.5,
+        )
+    deadline = time.monotonic() + 5
+    while tg.status().running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tg.status().running == 0
+    assert run(client, code="print(2)", language="python")["run_result"]["stdout"] == "2\n"
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++ on this machine")
 def test_cpp_compiles_then_runs(client):
     ok = run(

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
 
 from tangram.runtime.sandboxfusion.jupyter import RunJupyterRequest
 from tangram.runtime.sandboxfusion.models import RunCodeRequest, RunCodeResponse, RunJupyterResponse
@@ -21,29 +21,50 @@ T = TypeVar("T")
 
 async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T | None:
     """Await `work` while listening for the client going away; if it does, cancel the work (its
-    queued actions are dropped, a fresh environment is closed) and return None."""
-    task = asyncio.ensure_future(work)
+    queued actions are dropped, a fresh environment is closed) and return None. The work runs
+    in the request's own task (one task per request fewer than a task of its own): the
+    listener cancels that task, and only its cancellation is taken back here."""
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
 
-    async def gone() -> None:
+    async def listen() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        task.cancel()
 
-    watch = asyncio.ensure_future(gone())
+    watch = asyncio.ensure_future(listen())
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        if not task.done():
-            task.cancel()
-        watch.cancel()
-    if not task.done() or task.cancelled():
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        return await work
+    except asyncio.CancelledError:
+        if not gone:  # the server's own cancellation (shutting down): not ours to take back
+            raise
+        task.uncancel()
         log.info("/run_code: client disconnected; its work was cancelled")
         return None
-    return task.result()
+    finally:
+        watch.cancel()
 
 
-router = APIRouter(tags=["sandboxfusion"])
+def _json(resp: BaseModel) -> Response:
+    """The response's JSON, serialised by pydantic in one pass (not a dict, then `json`)."""
+    return Response(resp.model_dump_json(), media_type="application/json")
+
+
+router = APIRouter(tags=["sandboxfusion"])  # /run_code first: the routes are matched in order
+
+
+@router.post("/run_code", response_model=RunCodeResponse)
+async def run_code_route(body: RunCodeRequest, request: Request) -> Response:
+    """SandboxFusion's `/run_code`: see `tangram.runtime.sandboxfusion`."""
+    # the runtime's refusals (unknown env_id, a demand no pool meets, shutting down) raise
+    # `TangramError`s, which the app answers as everywhere else (404, 409, 422, 503)
+    resp = await cancel_on_disconnect(request, run_code(request.app.state.tangram, body))
+    if resp is None:
+        return Response(status_code=499)
+    return _json(resp)
 
 
 @router.post("/run_jupyter", response_model=RunJupyterResponse)
@@ -52,7 +73,7 @@ async def run_jupyter_route(body: RunJupyterRequest, request: Request) -> Respon
     resp = await cancel_on_disconnect(request, run_jupyter(request.app.state.tangram, body))
     if resp is None:
         return Response(status_code=499)
-    return JSONResponse(resp.model_dump(mode="json"))
+    return _json(resp)
 
 
 # SandboxFusion's dataset and judge endpoints, which its SDK calls (`get_prompts`, `submit`,
@@ -117,14 +138,3 @@ async def sdk_dispatch(request: Request) -> Response:
     if path == "/run_code":
         return await run_code_route(body, request)
     return await run_jupyter_route(body, request)
-
-
-@router.post("/run_code", response_model=RunCodeResponse)
-async def run_code_route(body: RunCodeRequest, request: Request) -> Response:
-    """SandboxFusion's `/run_code`: see `tangram.runtime.sandboxfusion`."""
-    # the runtime's refusals (unknown env_id, a demand no pool meets, shutting down) raise
-    # `TangramError`s, which the app answers as everywhere else (404, 409, 422, 503)
-    resp = await cancel_on_disconnect(request, run_code(request.app.state.tangram, body))
-    if resp is None:
-        return Response(status_code=499)
-    return JSONResponse(resp.model_dump(mode="json"))

@@ -50,18 +50,23 @@ class Plan:
     def guard(self) -> str:
         """Shell lines that exit `MISSING_CODE` with `MISSING` on stderr when a tool or jar is
         not visible in the sandbox."""
-        checks = [
-            f"command -v {shlex.quote(t)} >/dev/null 2>&1 || {{ echo "
-            f'{shlex.quote(f"{MISSING} {t} (not on the PATH")} "$PATH)" >&2; '
-            f"exit {MISSING_CODE}; }}"
-            for t in self.tools
-        ]
-        checks += [
-            f"[ -f {shlex.quote(j)} ] || {{ echo {shlex.quote(f'{MISSING} {j}')} >&2; "
-            f"exit {MISSING_CODE}; }}"
-            for j in self.jars
-        ]
-        return "".join(c + "\n" for c in checks)
+        return _guard(self.tools, self.jars)
+
+
+@functools.cache  # a few languages' tools and jars: built once each, not per request
+def _guard(tools: tuple[str, ...], jars: tuple[str, ...]) -> str:
+    checks = [
+        f"command -v {shlex.quote(t)} >/dev/null 2>&1 || {{ echo "
+        f'{shlex.quote(f"{MISSING} {t} (not on the PATH")} "$PATH)" >&2; '
+        f"exit {MISSING_CODE}; }}"
+        for t in tools
+    ]
+    checks += [
+        f"[ -f {shlex.quote(j)} ] || {{ echo {shlex.quote(f'{MISSING} {j}')} >&2; "
+        f"exit {MISSING_CODE}; }}"
+        for j in jars
+    ]
+    return "".join(c + "\n" for c in checks)
 
 
 def missing_toolchain(exit_code: int | None, stderr: str | None) -> str | None:
