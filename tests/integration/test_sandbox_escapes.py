@@ -17,6 +17,7 @@ from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.grant import SAFE_PATH, THREAD_VARIABLES
 from tangram.errors import ValidationError
+from tangram.results import Status
 
 pytestmark = [pytest.mark.cgroup, pytest.mark.usefixtures("need_bwrap")]
 DOCUMENTED = {"PATH", "HOME", "LANG", "TANGRAM_ENV_ID", "TANGRAM_CPUS", *THREAD_VARIABLES}
@@ -194,6 +195,32 @@ def test_setsid_does_not_outlive_its_exec(procs_with):
 
     o, left = run(go())
     assert o.stdout.strip() == "started" and left == []
+
+
+def test_a_daemon_outlives_no_exec_that_killed_the_spawner(procs_with):
+    """A command that kills the spawner (its parent) and leaves a daemon: the sandbox's init
+    ends with the spawner, and every process of the sandbox with it, so the daemon dies with
+    the exec. (After an exec the backend skips killing its slot when the environment's task
+    count says only the sandbox's own processes are left, `cgroupfs.alone`; its check that
+    they are alive is a second line behind this one, which this test cannot tell apart.)"""
+    marker = f"{int(time.time()) % 1000 + 100}.{uuid.uuid4().int % 10**6}"
+
+    async def go():
+        m = await sandbox()
+        try:
+            env = await m.open_env("t", 128)
+            o = await m.execute(
+                ExecRequest(
+                    env, f"setsid sleep {marker} </dev/null >/dev/null 2>&1 & exec kill -9 $PPID"
+                )
+            )
+            await asyncio.sleep(0.2)
+            return o, procs_with(f"sleep\0{marker}")
+        finally:
+            await m.close()
+
+    o, left = run(go())
+    assert o.status is not Status.OK and left == [], (o, left)
 
 
 def test_fork_bomb_stops_at_the_pids_limit_and_says_so():

@@ -80,6 +80,7 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     discard_spawned,
     hold_ready,
     image_loader,
+    kill_rest,
     launcher_script,
     server_python,
 )
@@ -323,7 +324,7 @@ class BwrapBackend(CgroupBackend):
             home=holder.slot.procs,
             timeout=timeout,
             output_cap=output_cap,
-            kill_rest=lambda: fs.kill_all(leaf),
+            kill_rest=lambda: kill_rest(self._envs.get(env.id), leaf, holder),
         )
 
     def _fds(self, env: Environment) -> tuple[int, ...]:

@@ -15,11 +15,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.cgroup import Slot
+from managers.cpu.backends.cgroup import Slot, _Env
 from managers.cpu.pool import Environment
 from tangram.errors import BackendUnavailable
 
@@ -189,6 +190,13 @@ class _Holder:
             self.proc.kill()
         with contextlib.suppress(Exception):
             self.proc.wait(5)
+
+
+def kill_rest(e: _Env | None, leaf: Path, holder: _Holder) -> None:
+    """After an exec: kill what is left in its slot `leaf`, unless nothing is left anywhere in
+    the environment `e` but the sandbox's own processes (one counter read, not a listing)."""
+    if e is None or not fs.alone(e.folders.get("pids"), holder.own):
+        fs.kill_all(leaf)
 
 
 def hold_ready(env: Environment, slot: Slot, proc: subprocess.Popen, info_r: int) -> _Holder:

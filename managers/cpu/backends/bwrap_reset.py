@@ -44,6 +44,8 @@ from managers.cpu.removal import remove_tree
 
 if TYPE_CHECKING:
     from managers.cpu.backends.bwrap import BwrapBackend
+    from managers.cpu.backends.bwrap_parts import _Holder
+    from managers.cpu.backends.cgroup import _Env
     from managers.cpu.pool import Environment
 
 T = TypeVar("T")
@@ -78,15 +80,9 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         return "its sandbox is not running"
     if env.root is not None or env.network:
         return "it has an image root or the host's network"
-    for slot in e.slots:
-        folder = slot.folders["cpu"]
-        if slot is not holder.slot and fs.pids(folder):  # (one read where nothing was left)
-            fs.kill_all(folder)
-            if fs.pids(folder):
-                return "processes of its commands did not die"
-    stray = set(fs.pids(holder.slot.folders["cpu"])) - holder.own
-    if stray:
-        return f"processes {sorted(stray)} beside its init"
+    why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
+    if why is not None:
+        return why
     dirfd = hold.open_holder(holder.pid, holder.started)
     if dirfd is None:
         return "its sandbox's init is gone"
@@ -102,6 +98,19 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         return _clear_ipc(dirfd)
     finally:
         os.close(dirfd)
+
+
+def _kill_leftovers(e: _Env, holder: _Holder) -> str | None:
+    """Kill what the commands left in the exec slots; None when only the sandbox's own
+    processes remain, else why not."""
+    for slot in e.slots:
+        folder = slot.folders["cpu"]
+        if slot is not holder.slot and fs.pids(folder):  # (one read where nothing was left)
+            fs.kill_all(folder)
+            if fs.pids(folder):
+                return "processes of its commands did not die"
+    stray = set(fs.pids(holder.slot.folders["cpu"])) - holder.own
+    return f"processes {sorted(stray)} beside its init" if stray else None
 
 
 def _empty(folder: str, inside: str = "", mounts: frozenset[str] = frozenset()) -> list[str]:

@@ -284,6 +284,23 @@ def pids(folder: Path) -> list[int]:
         return []
 
 
+def alone(pids_folder: Path | None, own: frozenset[int]) -> bool:
+    """Whether the cgroup of `pids_folder` (its pids controller's) holds no task but the
+    processes `own`, each alive: its task count (`pids.current`, one counter, a fraction of
+    the cost of listing `cgroup.procs` in v1) equals theirs. A leftover anywhere below adds
+    to the count (its threads too); False when it cannot tell (no pids controller)."""
+    if pids_folder is None or not own:
+        return False
+    try:
+        if int(read(pids_folder / "pids.current")) != len(own):
+            return False
+        for pid in own:  # one of them gone, a leftover in its place: the same count
+            os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def kill_all(folder: Path, keep: int | None = None, wait_s: float = 1.0) -> None:
     """SIGKILL every process in `folder` but `keep`, and wait (at most `wait_s`) until they
     have left it, so the cores they ran on are really free when this returns."""
