@@ -305,19 +305,15 @@ def srpt_order(
     """Shortest estimated work first; an action waiting over `aging` x its shortest duration
     goes ahead of all that are not (arrival order among those)."""
     aged, fresh = [], []
+    estimate = view.estimate
     for i, a in enumerate(queue):
         k = a.key
-        if a.is_elastic:
-            fastest = min(view.estimate(a, m) for m, _ in a.options)
-        else:
-            fastest = view.estimate(a, a.mins[k] if k else None)
+        at_min = estimate(a, a.mins[k] if k else None)
+        fastest = min(estimate(a, m) for m, _ in a.options) if a.is_elastic else at_min
         if now - a.submit_time >= aging * fastest:
             aged.append((a.submit_time, i, a))
         else:
-            k0 = a.key
-            m0 = a.mins[k0] if k0 else None
-            work = view.estimate(a, m0) * max(a.mins.values())
-            fresh.append((work, a.submit_time, i, a))
+            fresh.append((at_min * max(a.mins.values()), a.submit_time, i, a))
     aged.sort(key=lambda x: x[:2])
     fresh.sort(key=lambda x: x[:3])
     return [x[-1] for x in aged] + [x[-1] for x in fresh]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -66,11 +67,21 @@ class Metrics:
             "tangram_restores", "GPU service restores", ["service"], registry=self.registry
         )
         self.registry.register(_PoolCollector(snapshot))
+        # each (kind, status)'s children, found once: `labels` locks and builds its key per call
+        self._children: dict[tuple[str, Status], tuple[Any, Any, Any]] = {}
 
     def observe(self, kind: str, status: Status, queued_s: float, act_s: float) -> None:
-        self.actions.labels(kind, str(status)).inc()
-        self.queued.labels(kind).observe(queued_s)
-        self.act.labels(kind).observe(act_s)
+        children = self._children.get((kind, status))
+        if children is None:
+            children = self._children[kind, status] = (
+                self.actions.labels(kind, str(status)),
+                self.queued.labels(kind),
+                self.act.labels(kind),
+            )
+        done, queued, act = children
+        done.inc()
+        queued.observe(queued_s)
+        act.observe(act_s)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends import cgroupfs
+from managers.cpu.backends import bwrap_reset, cgroupfs
 from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.bwrap_parts import server_python
@@ -81,6 +81,48 @@ def test_a_reset_sandbox_keeps_no_file_process_or_ipc_object():
     for pid in sleepers:  # the daemons of the first command were killed, not just hidden
         assert not os.path.exists(f"/proc/{pid}") or _cmdline(pid) == ""
     assert os.path.exists("/etc/passwd")  # the link was removed, not what it named
+
+
+FEW = r"""
+echo a > /sandbox/f && echo b > /sandbox/.h && ln -s /etc/passwd /sandbox/l
+echo c > /tmp/t && mkfifo /tmp/p && echo d > /dev/shm/s
+"""
+
+
+def test_a_small_leftover_is_reset_on_the_loop_and_the_rest_in_the_thread():
+    """After the first reset (the thread's, which opens the IPC listings inside the sandbox's
+    namespace), a command that leaves a few files, a link and a FIFO is reset on the loop
+    (`quick_reset`); one that also leaves a System V object, or a folder, is sent to the
+    thread, and is reset all the same."""
+
+    async def go():
+        m = CpuManager(BwrapBackend())
+        await m.start()
+        try:
+            env = await m.open_env("t", 256)
+            e, b = m.envs.get(env), m.backend
+            before = await m.execute(ExecRequest(env, LOOK))
+            first = await m.reset_env(env)
+            seen = []
+            for leave in (FEW, FEW + "ipcmk -M 4096 >/dev/null", FEW + "mkdir /tmp/d"):
+                left = await m.execute(ExecRequest(env, leave))
+                quick = bwrap_reset.quick_reset(b, e)
+                why = await m.reset_env(env) if quick is bwrap_reset.SLOW else quick
+                seen.append((left.status, quick, why, (await m.execute(ExecRequest(env, LOOK)))))
+            return before, first, seen
+        finally:
+            await m.close()
+
+    before, first, seen = run(go())
+    assert first is None
+    assert [(status, quick, why) for status, quick, why, _ in seen] == [
+        ("ok", None, None),
+        ("ok", bwrap_reset.SLOW, None),
+        ("ok", bwrap_reset.SLOW, None),
+    ]
+    for *_, after in seen:
+        assert after.stdout == before.stdout, (before.stdout, after.stdout)
+    assert os.path.exists("/etc/passwd")
 
 
 def test_a_mount_under_tmp_survives_a_reset_and_the_rest_goes(tmp_path_factory):

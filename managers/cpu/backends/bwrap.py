@@ -374,7 +374,7 @@ class BwrapBackend(CgroupBackend):
             self._uids.pop(env.id, None)  # never handed out again (see `uids`)
 
     async def reset(self, env: Environment) -> str | None:
-        return await bwrap_reset.in_reset_thread(bwrap_reset.reset, self, env)
+        return await bwrap_reset.reset_env(self, env)
 
     def owner(self, env: Environment) -> int | None:
         return self._uids.get(env.id)

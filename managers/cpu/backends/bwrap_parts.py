@@ -175,6 +175,8 @@ class _Holder:
     # its mount points as it names them, read at its first reset: they never change after its
     # set-up (its commands can mount nothing: the seccomp filter refuses every mount call)
     mounts: frozenset[str] | None = None
+    # /proc/sysvipc listings opened inside its IPC namespace (`bwrap_reset`), read from outside
+    ipc_lists: tuple[int, ...] | None = None
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -184,6 +186,9 @@ class _Holder:
         return self.alive() and (self.spawner is None or self.spawner.dead is None)
 
     def release(self) -> None:
+        for fd in self.ipc_lists or ():
+            hold.close_quietly(fd)
+        self.ipc_lists = None
         if self.spawner is not None:
             self.spawner.close()
         with contextlib.suppress(ProcessLookupError):

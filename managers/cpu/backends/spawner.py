@@ -156,8 +156,9 @@ class Spawner:
         )
         capture = _Handing(loop, [out_r, err_r], output_cap, lambda fd: self._hand_over(cid, fd))
         code, timed_out, lost = await self._wait(cid, started, ended, timeout, kill_rest)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
+        if not capture.closed.done():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(capture.closed), DRAIN_GRACE_S)
         capture.abandon()
         out, err = bytes(capture.kept[out_r]), bytes(capture.kept[err_r])
         if lost:
@@ -233,7 +234,10 @@ class Spawner:
         code: int | None = None
         try:
             try:
-                await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S)
+                if started.done():  # (a wait on a done future costs a timer and two futures)
+                    started.result()
+                else:
+                    await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S)
                 code = await asyncio.wait_for(asyncio.shield(ended), timeout)
             except EnvironmentBroken:
                 lost = True  # the command (the spawner's own uid) may have killed it
