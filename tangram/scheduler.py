@@ -1,5 +1,5 @@
-"""The scheduler loop: one queue, the policy called on every arrival and completion, every
-decision applied through the pool state and checked against the invariants.
+"""The scheduler loop: one queue, the policy called on every arrival and completion (unless no
+unit a queued action needs is free), every decision applied and checked against the invariants.
 
 The same loop serves the simulator (virtual clock) and the runtime (wall clock): it never knows
 which one drives it.
