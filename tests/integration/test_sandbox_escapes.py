@@ -176,24 +176,29 @@ def test_cannot_leave_its_cgroup_or_gain_privileges():
     assert o.stdout.count("mount:") >= 1
 
 
-def test_setsid_does_not_outlive_its_exec(procs_with):
+def _sleepers_after(procs_with, command: str, settle: float = 0.0):
+    """Run `command` (given `{marker}`, a unique sleep time) in a fresh sandbox: its result,
+    and the `sleep {marker}` processes alive after it (before the sandbox is closed)."""
     marker = f"{int(time.time()) % 1000 + 100}.{uuid.uuid4().int % 10**6}"
 
     async def go():
         m = await sandbox()
         try:
             env = await m.open_env("t", 128)
-            o = await m.execute(
-                ExecRequest(
-                    env,
-                    f"setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & echo started",
-                )
-            )
+            o = await m.execute(ExecRequest(env, command.format(marker=marker)))
+            await asyncio.sleep(settle)
             return o, procs_with(f"sleep\0{marker}")
         finally:
             await m.close()
 
-    o, left = run(go())
+    return run(go())
+
+
+def test_setsid_does_not_outlive_its_exec(procs_with):
+    o, left = _sleepers_after(
+        procs_with,
+        "setsid sleep {marker} & nohup sleep {marker} >/dev/null 2>&1 & echo started",
+    )
     assert o.stdout.strip() == "started" and left == []
 
 
@@ -203,23 +208,11 @@ def test_a_daemon_outlives_no_exec_that_killed_the_spawner(procs_with):
     the exec. (After an exec the backend skips killing its slot when the environment's task
     count says only the sandbox's own processes are left, `cgroupfs.alone`; its check that
     they are alive is a second line behind this one, which this test cannot tell apart.)"""
-    marker = f"{int(time.time()) % 1000 + 100}.{uuid.uuid4().int % 10**6}"
-
-    async def go():
-        m = await sandbox()
-        try:
-            env = await m.open_env("t", 128)
-            o = await m.execute(
-                ExecRequest(
-                    env, f"setsid sleep {marker} </dev/null >/dev/null 2>&1 & exec kill -9 $PPID"
-                )
-            )
-            await asyncio.sleep(0.2)
-            return o, procs_with(f"sleep\0{marker}")
-        finally:
-            await m.close()
-
-    o, left = run(go())
+    o, left = _sleepers_after(
+        procs_with,
+        "setsid sleep {marker} </dev/null >/dev/null 2>&1 & exec kill -9 $PPID",
+        settle=0.2,
+    )
     assert o.status is not Status.OK and left == [], (o, left)
 
 

@@ -5,9 +5,10 @@ several milliseconds of process starts. Instead, each sandbox's holder is a smal
 program (`spawner_native`, built with the host's C compiler; else `spawner_inside.py`, run by
 the server's own Python) that forks the commands it is sent. It runs as the sandbox's uid with
 no capabilities and `no_new_privs` (as every command did before) and is non-dumpable; per
-command it moves itself into the exec's cgroup slot (through cgroup.procs files the server
-opened, passed over the socket: the sandbox sees no cgroup file), `posix_spawn`s the command
-there and moves back, so the command is confined from its first instruction. What the server
+command the C one `vfork`s a child that moves itself into the exec's cgroup slot (through
+cgroup.procs files the server opened, passed over the socket: the sandbox sees no cgroup file)
+and becomes the command (the Python one moves itself in, `posix_spawn`s and moves back), so the
+command is confined from its first instruction. What the server
 does per exec: two pipes, a memfd holding the request, one message; the start and the exit come
 back as one message each, and the timeout counts from the start. The commands inherit the
 sandbox's seccomp filter (bwrap loads it before the spawner starts; no loader runs per

@@ -48,8 +48,12 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T | None
         watch.cancel()
 
 
-def _json(resp: BaseModel) -> Response:
-    """The response's JSON, serialised by pydantic in one pass (not a dict, then `json`)."""
+async def _answered(request: Request, work: Awaitable[BaseModel]) -> Response:
+    """`work`'s response as JSON, serialised by pydantic in one pass (not a dict, then
+    `json`); 499 when the client went away (`cancel_on_disconnect`)."""
+    resp = await cancel_on_disconnect(request, work)
+    if resp is None:
+        return Response(status_code=499)
     return Response(resp.model_dump_json(), media_type="application/json")
 
 
@@ -61,19 +65,13 @@ async def run_code_route(body: RunCodeRequest, request: Request) -> Response:
     """SandboxFusion's `/run_code`: see `tangram.runtime.sandboxfusion`."""
     # the runtime's refusals (unknown env_id, a demand no pool meets, shutting down) raise
     # `TangramError`s, which the app answers as everywhere else (404, 409, 422, 503)
-    resp = await cancel_on_disconnect(request, run_code(request.app.state.tangram, body))
-    if resp is None:
-        return Response(status_code=499)
-    return _json(resp)
+    return await _answered(request, run_code(request.app.state.tangram, body))
 
 
 @router.post("/run_jupyter", response_model=RunJupyterResponse)
 async def run_jupyter_route(body: RunJupyterRequest, request: Request) -> Response:
     """SandboxFusion's `/run_jupyter`: see `tangram.runtime.sandboxfusion.jupyter`."""
-    resp = await cancel_on_disconnect(request, run_jupyter(request.app.state.tangram, body))
-    if resp is None:
-        return Response(status_code=499)
-    return _json(resp)
+    return await _answered(request, run_jupyter(request.app.state.tangram, body))
 
 
 # SandboxFusion's dataset and judge endpoints, which its SDK calls (`get_prompts`, `submit`,
