@@ -93,27 +93,18 @@ def test_a_small_leftover_is_reset_on_the_loop_and_the_rest_in_the_thread():
     """After the first reset (the thread's, which opens the IPC listings inside the sandbox's
     namespace), a command that leaves a few files, a link and a FIFO is reset on the loop
     (`quick_reset`); one that also leaves a System V object, or a folder, is sent to the
-    thread, and is reset all the same."""
-
-    async def go():
-        m = CpuManager(BwrapBackend())
-        await m.start()
-        try:
-            env = await m.open_env("t", 256)
-            e, b = m.envs.get(env), m.backend
-            before = await m.execute(ExecRequest(env, LOOK))
-            first = await m.reset_env(env)
-            seen = []
-            for leave in (FEW, FEW + "ipcmk -M 4096 >/dev/null", FEW + "mkdir /tmp/d"):
-                left = await m.execute(ExecRequest(env, leave))
-                quick = bwrap_reset.quick_reset(b, e)
-                why = await m.reset_env(env) if quick is bwrap_reset.SLOW else quick
-                seen.append((left.status, quick, why, (await m.execute(ExecRequest(env, LOOK)))))
-            return before, first, seen
-        finally:
-            await m.close()
-
-    before, first, seen = run(go())
+    thread, and is reset all the same. The sandbox has a read-only bind under /tmp (as where
+    the server's Python lives under /tmp, in a fresh clone's CI): kept, and no reason to go
+    to the thread. The bind is one folder down, so /tmp holds a folder that holds it."""
+    outer = tempfile.mkdtemp(prefix="tangram-ro-", dir="/tmp")
+    host = os.path.join(outer, "inner")
+    os.mkdir(host)
+    os.chmod(outer, 0o755)
+    os.chmod(host, 0o755)
+    try:
+        before, first, seen = run(_small_leftovers(host))
+    finally:
+        shutil.rmtree(outer)
     assert first is None
     assert [(status, quick, why) for status, quick, why, _ in seen] == [
         ("ok", None, None),
@@ -123,6 +114,25 @@ def test_a_small_leftover_is_reset_on_the_loop_and_the_rest_in_the_thread():
     for *_, after in seen:
         assert after.stdout == before.stdout, (before.stdout, after.stdout)
     assert os.path.exists("/etc/passwd")
+
+
+async def _small_leftovers(host: str):
+    m = CpuManager(BwrapBackend(ro_paths=(*server_python(), host)))
+    await m.start()
+    try:
+        env = await m.open_env("t", 256)
+        e, b = m.envs.get(env), m.backend
+        before = await m.execute(ExecRequest(env, LOOK))
+        first = await m.reset_env(env)
+        seen = []
+        for leave in (FEW, FEW + "ipcmk -M 4096 >/dev/null", FEW + "mkdir /tmp/d"):
+            left = await m.execute(ExecRequest(env, leave))
+            quick = bwrap_reset.quick_reset(b, e)
+            why = await m.reset_env(env) if quick is bwrap_reset.SLOW else quick
+            seen.append((left.status, quick, why, (await m.execute(ExecRequest(env, LOOK)))))
+        return before, first, seen
+    finally:
+        await m.close()
 
 
 def test_a_mount_under_tmp_survives_a_reset_and_the_rest_goes(tmp_path_factory):

@@ -124,25 +124,31 @@ def quick_reset(b: BwrapBackend, env: Environment) -> str | None:
 
 
 def _few_files(folder: str, inside: str, mounts: frozenset[str]) -> list[str] | None:
-    """The paths of `folder`'s entries when they are at most `QUICK_ENTRIES`, none a folder
-    (a mount of the sandbox's own is skipped); None otherwise, or when it cannot be read."""
+    """The paths of `folder`'s entries when they are at most `QUICK_ENTRIES`, none a folder;
+    None otherwise, or when it cannot be read. The sandbox's own mounts are kept, and a folder
+    that holds one (a read-only bind of the server's Python under /tmp) is looked into."""
     try:
         with os.scandir(folder) as it:
-            entries = [next(it, None) for _ in range(QUICK_ENTRIES + 1)]
+            entries = [e for _, e in zip(range(QUICK_ENTRIES + 1), it)]
     except OSError:
         return None
-    paths = []
+    paths: list[str] = []
     for entry in entries:
-        if entry is None:
+        named = f"{inside}/{entry.name}"
+        if named in mounts:
             continue
-        if f"{inside}/{entry.name}" in mounts or any(
-            m.startswith(f"{inside}/{entry.name}/") for m in mounts
-        ):
-            return None  # keeps a mount: the thread's walk goes round it
-        if entry.is_dir(follow_symlinks=False) or len(paths) == QUICK_ENTRIES:
+        if any(m.startswith(named + "/") for m in mounts):
+            below = _few_files(entry.path, named, mounts)
+            if below is None:
+                return None
+            paths += below
+        elif entry.is_dir(follow_symlinks=False):
             return None
-        paths.append(entry.path)
-    return paths
+        else:
+            paths.append(entry.path)
+        if len(paths) > QUICK_ENTRIES:
+            return None
+    return paths if len(entries) <= QUICK_ENTRIES else None
 
 
 def _has_ipc(lists: tuple[int, ...]) -> bool:
