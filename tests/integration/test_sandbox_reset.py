@@ -84,7 +84,7 @@ def test_a_reset_sandbox_keeps_no_file_process_or_ipc_object():
 
 
 FEW = r"""
-echo a > /sandbox/f && echo b > /sandbox/.h && ln -s /etc/passwd /sandbox/l
+echo a > /sandbox/f && echo b > /sandbox/.h && ln -s /etc/passwd /sandbox/l && echo e > /sandbox/usr
 echo c > /tmp/t && mkfifo /tmp/p && echo d > /dev/shm/s
 """
 

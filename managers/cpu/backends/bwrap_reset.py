@@ -112,15 +112,22 @@ def quick_reset(b: BwrapBackend, env: Environment) -> str | None:
     if dirfd is None:
         return "its sandbox's init is gone"
     try:
-        folders = [(env.workdir, "")]
-        folders += [(f"/proc/self/fd/{dirfd}/root/{i}", f"/{i}") for i in INSIDE_WIPED]
-        found = [_few_files(f, inside, holder.mounts) for f, inside in folders]
+        found = [_few_files(f, inside, m) for f, inside, m in _wiped(env, dirfd, holder.mounts)]
         if any(names is None for names in found):
             return SLOW
         left = [p for names in found for n in names or () for p in remove_tree(n)]
         return f"could not remove {'; '.join(left[:3])}" if left else None
     finally:
         os.close(dirfd)
+
+
+def _wiped(env: Environment, dirfd: int, mounts: frozenset[str]):
+    """The folders a reset empties, each with the name prefix and the mounts it keeps: the
+    work folder (which holds no mount: its entries' names are not the sandbox's paths), then
+    the sandbox's own /tmp and /dev/shm through its init's root."""
+    yield env.workdir, "", frozenset()
+    for inside in INSIDE_WIPED:
+        yield f"/proc/self/fd/{dirfd}/root/{inside}", f"/{inside}", mounts
 
 
 def _few_files(folder: str, inside: str, mounts: frozenset[str]) -> list[str] | None:
@@ -174,12 +181,11 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
     if dirfd is None:
         return "its sandbox's init is gone"
     try:
-        left = _empty(env.workdir)
         if holder.mounts is None:
             holder.mounts = _mount_points(dirfd)
-        mounts = holder.mounts
-        for inside in INSIDE_WIPED:
-            left += _empty(f"/proc/self/fd/{dirfd}/root/{inside}", f"/{inside}", mounts)
+        left = [
+            p for f, inside, m in _wiped(env, dirfd, holder.mounts) for p in _empty(f, inside, m)
+        ]
         if left:
             return f"could not remove {'; '.join(left[:3])}"
         return _clear_ipc(dirfd, holder)
