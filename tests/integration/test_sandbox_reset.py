@@ -288,6 +288,18 @@ def _cgroup2_options() -> list[str]:
     return [*found[1], *found[2]]
 
 
+async def _one_warm(tg: Tangram) -> warm.WarmPool:
+    """`tg`'s `/run_code` pool (size 1), once its one warm sandbox is ready."""
+    pool = warm_pool(tg, DEFAULT_MEMORY_MB)
+    assert pool is not None
+    pool.warm()
+    for _ in range(500):
+        if pool.idle == 1 and not pool.filling:
+            break
+        await asyncio.sleep(0.01)
+    return pool
+
+
 def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path, monkeypatch):
     """With no warm sandbox ready but one being reset, `take` gets that one (about 1 ms)
     instead of opening a new sandbox (~15 ms of CPU); a sandbox reset `REUSE - 1` times is
@@ -301,13 +313,7 @@ def test_a_request_waits_for_a_sandbox_being_reset_rather_than_open_one(tmp_path
     async def scenario():
         await tg.start()
         try:
-            pool = warm_pool(tg, DEFAULT_MEMORY_MB)
-            assert pool is not None
-            pool.warm()
-            for _ in range(500):
-                if pool.idle == 1 and not pool.filling:
-                    break
-                await asyncio.sleep(0.01)
+            pool = await _one_warm(tg)
             a = await pool.take(DEFAULT_MEMORY_MB)  # the warm one; no refill (it comes back)
             opened = tg.status().envs
             pool.release(a)  # reset in the background
@@ -340,13 +346,7 @@ def test_a_slow_reset_does_not_hold_the_next_request(tmp_path, monkeypatch):
     async def scenario():
         await tg.start()
         try:
-            pool = warm_pool(tg, DEFAULT_MEMORY_MB)
-            assert pool is not None
-            pool.warm()
-            for _ in range(500):
-                if pool.idle == 1 and not pool.filling:
-                    break
-                await asyncio.sleep(0.01)
+            pool = await _one_warm(tg)
             a = await pool.take(DEFAULT_MEMORY_MB)
             left = await tg.exec(a, many, cpu=1, timeout=120)
             misses = pool.misses

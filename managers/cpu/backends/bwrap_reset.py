@@ -21,8 +21,8 @@ command can leave behind in its sandbox, and what the reset does about each:
 - sockets die with their processes; the network namespace has loopback only.
 
 Where it runs: a reset whose leftovers are small and simple (no process but the sandbox's own,
-no System V object, at most `QUICK_ENTRIES` entries in each wiped folder and none a folder: the
-common `/run_code` request) is done on the event loop (`quick_reset`, ~20 system calls); any
+no System V object, at most `QUICK_ENTRIES` entries in each wiped folder and none a folder but
+one that holds a mount of its own: the common `/run_code` request) is done on the event loop (`quick_reset`, ~20 system calls); any
 other in the one reset thread (`reset`), which also joins the IPC namespace. A thread hop, and
 the interpreter lock the two threads then pass back and forth, cost more CPU than such a reset.
 
