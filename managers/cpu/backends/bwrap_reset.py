@@ -22,8 +22,9 @@ command can leave behind in its sandbox, and what the reset does about each:
 
 Where it runs: a reset whose leftovers are small and simple (no process but the sandbox's own,
 no System V object, at most `QUICK_ENTRIES` entries in each wiped folder and none a folder but
-one that holds a mount of its own: the common `/run_code` request) is done on the event loop (`quick_reset`, ~20 system calls); any
-other in the one reset thread (`reset`), which also joins the IPC namespace. A thread hop, and
+one that holds a mount of its own: the common `/run_code` request) is done on the event loop
+(`quick_reset`, ~20 system calls); any other in the one reset thread (`reset`), which also joins
+the IPC namespace. A thread hop, and
 the interpreter lock the two threads then pass back and forth, cost more CPU than such a reset.
 
 What it does not reset: the uid (the same for the sandbox's life; every file of it is gone), the
