@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
+from managers.cpu.backends import spawner
 from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.request import ExecRequest
@@ -163,6 +164,16 @@ def test_the_native_spawner_runs_where_a_compiler_builds_it(loop, pair):
         assert "tangram_spawner.py" in line, line
 
 
+def test_a_missing_program_is_named_on_the_spawner_line_callers_match(loop, pair):
+    """`spawner.NOT_FOUND` (what `/run_code` maps to a missing toolchain for a step started
+    without a shell) is what the spawner says; an environment without one says it has none."""
+    (fast, env), (ref, renv) = pair
+    r = execute(loop, fast, env, ("no-such-program-here", "x"))
+    m = spawner.NOT_FOUND.fullmatch(r.stderr.strip())
+    assert r.exit_code == 127 and m is not None and m.group(1) == "no-such-program-here", r
+    assert fast.backend.spawned(env) and not ref.backend.spawned(renv)
+
+
 def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch):
     monkeypatch.setattr(native, "build", lambda folder: False)
     m = CpuManager(BwrapBackend(spawner=True))
@@ -174,6 +185,8 @@ def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch
         assert (r.exit_code, r.stdout, r.stderr) == (7, "out\n", "err\n")
         missing = execute(loop, m, env, ("no-such-program-here",))
         assert missing.exit_code == 127 and "no-such-program-here" in missing.stderr
+        assert spawner.NOT_FOUND.fullmatch(missing.stderr.strip()), missing.stderr
+        assert m.backend.spawned(env)
         big = loop.run_until_complete(
             m.execute(
                 ExecRequest(

@@ -301,6 +301,12 @@ class Backend(ABC):
         they run as the server's own user."""
         return None
 
+    def spawned(self, env_id: str) -> bool:
+        """Whether the environment's commands start through a spawner that answers a program
+        not on the PATH with `spawner.NOT_FOUND` on stderr and exit code 127 (then a caller
+        may start a plain command without a shell to say so)."""
+        return False
+
     def describe(self) -> str:
         return self.name
 

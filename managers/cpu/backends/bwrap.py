@@ -235,11 +235,14 @@ class BwrapBackend(CgroupBackend):
             )
 
     def _install_launcher(self, spawner: tuple[str, ...]) -> None:
-        """The spawner's start inside: a script in the support folder, so the sandbox's init
-        (bwrap's argv) names no host path. $1 is the uid, $2 the spawner's socket."""
+        """The spawner's start inside (`launcher_script`): the sandbox's init names no host path."""
         script = self.support / HOLDER_LAUNCHER
         script.write_text(launcher_script(spawner))
         script.chmod(0o644)
+
+    def spawned(self, env_id: str) -> bool:
+        holder = self._holders.get(env_id)
+        return holder is not None and holder.spawner is not None
 
     def _spawn_holder(
         self, env: Environment, slot: Slot

@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -43,6 +44,9 @@ INSIDE_SOURCE = Path(__file__).with_name("spawner_inside.py")
 INSIDE_NAME = "tangram_spawner.py"
 KILL_GRACE_S = 5.0  # after a kill, how long the spawner may take to report the exit
 START_TIMEOUT_S = 10.0  # how long the spawner may take to start a command
+# the stderr line (exit code 127) of both spawners, `spawner_native` and `spawner_inside`, for a
+# command whose program is not on its PATH: (program, PATH)
+NOT_FOUND = re.compile(r"tangram spawner: cannot run the command: (\S+): not found on PATH (\S*)")
 SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")  # setpriv drops them all
 
 

@@ -62,7 +62,8 @@ def resolve(name: str, path: str) -> str:
         candidate = f"{d or '.'}/{name}"
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
-    raise FileNotFoundError(2, f"{name}: not found on PATH {path}")
+    # the line the native spawner writes too (`NOT_FOUND`): no "[Errno 2]" prefix
+    raise FileNotFoundError(f"{name}: not found on PATH {path}")
 
 
 def move(fds) -> None:

@@ -40,7 +40,7 @@ from tangram.runtime.sandboxfusion.models import (
     overall,
 )
 from tangram.runtime.sandboxfusion.paths import sandbox_path as _sandbox_path
-from tangram.runtime.sandboxfusion.runners import Plan, plan_for
+from tangram.runtime.sandboxfusion.runners import Plan, plain_argv, plan_for
 from tangram.runtime.sandboxfusion.warm import POOLED, fresh_trajectory, pooled, warm_pool
 
 WORK = "/sandbox"  # a bwrap sandbox's work directory, as its commands name it
@@ -69,6 +69,7 @@ eval "$1"
 # plugin (managers/cpu/pytest_grant: the one home of that rule), loaded in every elastic exec;
 # `$workers` stays empty here.
 _WORKERS = "workers=; "
+_NO_STDIN = "< /dev/null"
 
 # Prints "<index> <base64>" for each argument that is a regular file; missing ones are left out.
 _FETCH = r"""i=0
@@ -216,15 +217,42 @@ async def _fetch(
     return {req.fetch_files[paths.index(p)]: data for p, data in out.items()}
 
 
+def _argv(
+    tg: Any,
+    env: str,
+    plan: Plan,
+    step: tuple[str, str],
+    files: dict[str, bytes],
+    guard: str,
+    stdin: str,
+) -> list[str]:
+    """A step's argv, `step` its (shell prefix, command): the command started directly where
+    nothing is to be staged, stdin is none and the spawner guards it (`plain_argv`), else by
+    the staging shell."""
+    prefix, command = step
+    if not files and stdin == _NO_STDIN and _spawned(tg, env):
+        plain = plain_argv(command, plan.tools if guard else (), plan.jars if guard else ())
+        if plain is not None:
+            return plain
+    return staged(files, f"{guard}{prefix}{command} {stdin}")
+
+
+def _spawned(tg: Any, env: str) -> bool:
+    """Whether `env`'s commands start through a spawner that names a missing program
+    (`Backend.spawned`; a local CPU manager)."""
+    spawned = getattr(getattr(getattr(tg, "cpu", None), "backend", None), "spawned", None)
+    return spawned is not None and spawned(env)
+
+
 async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeResponse:
     files = await _put(tg, env, _inputs(plan, req))
-    stdin = f"< {STDIN_FILE}" if req.stdin is not None else "< /dev/null"
+    stdin = f"< {STDIN_FILE}" if req.stdin is not None else _NO_STDIN
     guard = plan.guard()
     resp = RunCodeResponse(status=RunStatus.SUCCESS, tangram=Grants(env_id=env))
     if plan.compile is not None:
         r = await tg.exec(
             env,
-            staged(files, f"{guard}{plan.compile} < /dev/null"),
+            _argv(tg, env, plan, ("", plan.compile), files, guard, _NO_STDIN),
             cpu=1,
             timeout=req.compile_timeout,
             kind=f"run_code:{req.language}:compile",
@@ -240,7 +268,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
         elastic = req.language == "pytest" and req.is_elastic()
         r = await tg.exec(
             env,
-            staged(files, f"{guard}{_WORKERS}exec {plan.run} {stdin}"),
+            _argv(tg, env, plan, (f"{_WORKERS}exec ", plan.run), files, guard, stdin),
             cpu=req.cpu_demand(),
             elastic=elastic,
             timeout=req.run_timeout,
