@@ -46,7 +46,9 @@ class BodyLimit:
         deadline = time.monotonic() + self.timeout_s
         while more:
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                # a deadline, not `wait_for`: no task per message (a body is one message)
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    message = await receive()
             except TimeoutError:
                 await self._answer(
                     scope,
