@@ -1,7 +1,8 @@
 """`tangram bench sandboxfusion --latency`: `/run_code` latency and throughput, same run.
 
-Servers, each its own process on loopback, measured in interleaved rounds so they share the
-machine's state:
+Servers, each its own process on loopback, all up for the whole run; their latencies measured
+interleaved request by request (A, B, C, A, ...: a drift of the machine's speed, 2-3x from day
+to day here, falls on every server alike), their throughputs one after another in each round:
 
 - `minimal`: a no-sandbox FastAPI server (`sf_minimal`, a few lines): the floor, what HTTP plus
   running the program costs;
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import glob
 import os
 import socket
@@ -154,16 +156,26 @@ def _raw_ms(n: int) -> list[float]:
     return samples
 
 
-async def _sequential(url: str, n: int) -> tuple[list[float], int]:
-    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
-        await http.post("/run_code", json=PRINT)  # warm up
-        samples, ok = [], 0
+async def _interleaved(urls: dict[str, str], n: int) -> tuple[dict[str, list[float]], dict]:
+    """`n` `print(1)` requests to each server, one at a time, taking the servers in turn
+    request by request (server A, B, C, A, ...): a drift of the machine's speed during the
+    round falls on every server alike. Returns each server's latencies and right answers."""
+    samples: dict[str, list[float]] = {k: [] for k in urls}
+    ok = dict.fromkeys(urls, 0)
+    clients = {k: httpx.AsyncClient(base_url=u, timeout=120) for k, u in urls.items()}
+    try:
+        for http in clients.values():
+            await http.post("/run_code", json=PRINT)  # warm up
         for _ in range(n):
-            t = time.perf_counter()
-            d = (await http.post("/run_code", json=PRINT)).json()
-            samples.append((time.perf_counter() - t) * 1e3)
-            ok += d.get("status") == "Success" and d["run_result"]["stdout"] == "1\n"
-            await asyncio.sleep(0.02)  # a warm pool refills between requests, as in use
+            for name, http in clients.items():
+                t = time.perf_counter()
+                d = (await http.post("/run_code", json=PRINT)).json()
+                samples[name].append((time.perf_counter() - t) * 1e3)
+                ok[name] += d.get("status") == "Success" and d["run_result"]["stdout"] == "1\n"
+                await asyncio.sleep(0.02)  # a warm pool refills between requests, as in use
+    finally:
+        for http in clients.values():
+            await http.aclose()
     return samples, ok
 
 
@@ -272,14 +284,18 @@ def main(argv: list[str]) -> int:
     done = {k: 0 for k in servers}  # throughput requests answered
     raw: list[float] = []
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    for r in range(ns.rounds):
-        raw += _raw_ms(ns.requests)
-        for name, (cmd, env) in servers.items():
-            with _server(cmd, env) as (url, pid):
-                samples, good = asyncio.run(_sequential(url, ns.requests))
-                lat[name] += samples
-                ok[name][0] += good
-                ok[name][1] += len(samples)
+    with contextlib.ExitStack() as stack:
+        # every server up at once, idle while another is measured
+        up = {name: stack.enter_context(_server(cmd, env)) for name, (cmd, env) in servers.items()}
+        for r in range(ns.rounds):
+            raw += _raw_ms(ns.requests)
+            samples, good = asyncio.run(
+                _interleaved({k: u for k, (u, _) in up.items()}, ns.requests)
+            )
+            for name, (url, pid) in up.items():
+                lat[name] += samples[name]
+                ok[name][0] += good[name]
+                ok[name][1] += len(samples[name])
                 c0 = cpu_seconds(pid)
                 tput, tgood, answered = asyncio.run(_throughput(url, ns.clients, ns.seconds))
                 time.sleep(1.0)  # the last sandboxes closed (and waited for)
@@ -289,7 +305,7 @@ def main(argv: list[str]) -> int:
                 done[name] += answered
                 if r == 0:
                     ok[name][3] = asyncio.run(_tight(url))
-        print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
+            print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
     _table(servers, lat, rps, ok, done, raw, ns.clients)
     print(
         "CPU per request under load (the server process and what it ran: its programs, or "
