@@ -38,11 +38,23 @@ def cpu_nodes(tg: Tangram) -> dict[str, int]:
     return {n: pool.capacity(n) for n in pool.nodes()}
 
 
-async def timed_exec(tg, env, command, cpu):
-    t0 = time.monotonic()
-    r = await tg.exec(env, command, cpu=cpu)
-    start = t0 + r.queued_s
-    return r, start, start + r.run_s
+def record_runs(tg: Tangram) -> list[tuple[float, float, object]]:
+    """(entry, exit, placement) of each run the CPU manager is handed: a run lies inside its
+    action's grant, so two runs on one core that overlap are a core granted twice (times taken
+    around the caller's `exec` would also hold its wait for the loop and the GIL, which under
+    load made spans overlap that never did)."""
+    runs: list[tuple[float, float, object]] = []
+    run = tg.cpu.run
+
+    async def timed(assignment):
+        t0 = time.monotonic()
+        try:
+            return await run(assignment)
+        finally:
+            runs.append((t0, time.monotonic(), assignment.placement["cpu"]))
+
+    tg.cpu.run = timed
+    return runs
 
 
 def test_pool_is_the_nodes_agents(cluster):
@@ -68,24 +80,25 @@ def test_placement_across_nodes_never_oversubscribes_a_node(cluster):
 
     async def main():
         async with tg:
+            spans = record_runs(tg)
             envs = [await tg.open_env(f"t{i}", memory_mb=256) for i in range(6)]
-            runs = await asyncio.gather(
-                *(timed_exec(tg, e, "sleep 0.3", 2) for e in envs for _ in range(2))
+            results = await asyncio.gather(
+                *(tg.exec(e, "sleep 0.3", cpu=2) for e in envs for _ in range(2))
             )
-            return envs, runs
+            return results, spans
 
-    envs, runs = asyncio.run(main())
+    results, spans = asyncio.run(main())
     caps = cpu_nodes(tg)
-    assert all(r.ok for r, _, _ in runs), [r.detail for r, _, _ in runs]
+    assert all(r.ok for r in results), [r.detail for r in results]
+    assert len(spans) == len(results)
     per_node = defaultdict(list)
-    for r, s, e in runs:
-        pl = r.placement["cpu"]
+    for s, e, pl in spans:
         assert len(pl.cores) == 2 and set(pl.cores) <= set(range(caps[pl.node]))
         per_node[pl.node].append((s, e, pl.cores))
     assert set(per_node) == set(caps), "both nodes take work"
-    for node, spans in per_node.items():
-        for s, _, _ in spans:  # at each start: who else holds cores on this node
-            held = [c for s2, e2, cs in spans if s2 <= s + 1e-3 < e2 - 1e-3 for c in cs]
+    for node, runs in per_node.items():
+        for s, _, _ in runs:  # at each start: who else holds cores on this node
+            held = [c for s2, e2, cs in runs if s2 <= s < e2 for c in cs]
             assert len(held) <= caps[node]
             assert len(held) == len(set(held)), f"{node}: a core granted twice at {s}"
 
