@@ -81,8 +81,13 @@ class HeuristicAllocator:
                 node = c.placement[r].node if view.pools[r].per_node else None
                 groups.setdefault((r, node), []).append(i)
         evicted: set[int] = set()
-        for (r, node), idxs in groups.items():
-            gone = self._arrange(view, pools[r], pools, cands, idxs, r, node, queue, now)
+        for (r, node), group in groups.items():
+            # a candidate an earlier group held back (it needs that group's pool too) waits
+            # already, every unit it had given back: it is not arranged again
+            idxs = [i for i in group if i not in evicted]
+            if not idxs:
+                continue
+            gone = self._arrange(view, pools[r], cands, idxs, r, node, queue, now, evicted)
             while gone:
                 first = gone[0]
                 reservation, held = keep_place(
@@ -114,13 +119,13 @@ class HeuristicAllocator:
         self,
         view: ClusterView,
         pool: Pool,
-        pools,
         cands: list[Candidate],
         idxs: list[int],
         r: str,
         node: str | None,
         queue: Collection[Action],
         now: float,
+        evicted: Collection[int] = (),
     ) -> list[int]:
         for i in idxs:
             pool.release(cands[i].placement[r], cands[i].units[r])
@@ -129,7 +134,7 @@ class HeuristicAllocator:
             return []
         table = dp_table(_tasks(cands, idxs, cap), pool.operator(node))
         running, others, rest_tail, base_all = self._contention(
-            view, cands, idxs, r, node, queue, now
+            view, cands, idxs, r, node, queue, now, evicted
         )
         capacity = pool.capacity(node)
         waiting_evicted = [self._waiting(cands[i].action, r, view, capacity) for i in idxs]
@@ -271,6 +276,7 @@ class HeuristicAllocator:
         node: str | None,
         queue: Collection[Action],
         now: float,
+        evicted: Collection[int] = (),
     ):
         """What holds the group's pool besides the group: the running actions' (end, units),
         the other candidates' (index, end, units), the queue behind the candidates, and what
@@ -283,6 +289,8 @@ class HeuristicAllocator:
         group = set(idxs)
         cand_ids = set()
         for i, c in enumerate(cands):
+            if i in evicted:  # an earlier group's wait: it holds nothing, the tail counts it
+                continue
             cand_ids.add(c.action.id)
             if i in group or r not in c.units:
                 continue
