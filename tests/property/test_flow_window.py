@@ -55,3 +55,27 @@ def test_window_never_exceeds_what_the_caller_can_send(limit, most):
     w = AimdWindow(most, probe_after=8, most=most)
     drive(w, limit, 400)
     assert w.window <= most and w.allowed(400.0) <= most
+
+
+def test_a_429_halves_the_window_each_cut_down_to_the_floor():
+    """Exact values: 16 -> 8 on the first 429, -> 4 on the next (sent after that cut); a 429
+    for a call sent before the last cut does not halve again; the floor holds."""
+    w = AimdWindow(16, floor=3)
+    # sent with 20 in flight: the ceiling (20) does not clamp, only the halving moves it
+    w.refused_answer(sent_at=0.0, in_flight_before=20, retry_after_s=0.0, now=1.0)
+    assert (w.window, w.allowed(1.0), w.cuts) == (8.0, 8, 1)
+    w.refused_answer(sent_at=0.5, in_flight_before=20, retry_after_s=0.0, now=1.5)
+    assert (w.window, w.cuts) == (8.0, 1)  # sent before the cut at 1.0: already answered
+    w.refused_answer(sent_at=2.0, in_flight_before=20, retry_after_s=0.0, now=2.0)
+    assert (w.window, w.allowed(2.0), w.cuts) == (4.0, 4, 2)
+    w.refused_answer(sent_at=3.0, in_flight_before=20, retry_after_s=0.0, now=3.0)
+    assert (w.window, w.allowed(3.0), w.cuts) == (3.0, 3, 3)  # 4 / 2 = 2, floored at 3
+    w.refused_answer(sent_at=4.0, in_flight_before=20, retry_after_s=0.0, now=4.0)
+    assert (w.window, w.allowed(4.0)) == (3.0, 3)
+
+
+def test_a_429_halves_below_the_ceiling_it_sets():
+    """A 429 heard with 10 in flight puts the ceiling at 10, and the window at half of it."""
+    w = AimdWindow(32)
+    w.refused_answer(sent_at=0.0, in_flight_before=10, retry_after_s=0.0, now=0.0)
+    assert (w.ceiling, w.window, w.allowed(0.0)) == (10, 5.0, 5)
