@@ -7,8 +7,12 @@ tensors, pinned, non-blocking, one synchronise), and its evict, checking that
 `torch.cuda.memory_allocated` rises by the service's bytes and falls back, and (3) the
 production path: `Tangram.local()` with nothing configured sizes its GPU pool from NVML (the
 largest power-of-two prefix of the GPUs inside one NVLink group) on the torch backend, not
-simulated, and a 1-GPU call restores the model and runs it on a real GPU. Exits 2 when no CUDA
-device is present, 1 when a check fails.
+simulated, and a 1-GPU call restores the model and runs it on a real GPU. Before the figures
+it runs every GPU test (`gpu_test_files`: each test file under tests/ that needs torch at its
+top) in a pytest child process and prints what passed, failed and skipped, with the reasons
+(a test needing more GPUs than the machine has skips, saying so); `--no-tests` leaves them out.
+Exits 2 when torch or a CUDA device is missing (saying which, and checking nothing), 1 when a
+check or a test fails.
 """
 
 from __future__ import annotations
@@ -17,15 +21,75 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
 from typing import Any
 
 from managers.gpu.tinylm import TinyLMConfig
 from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram import Tangram
 from topology import is_pow2
+
+ROOT = Path(__file__).resolve().parents[1]
+# what makes a test file a GPU test: torch needed at its top (it skips as a whole without it)
+GPU_TEST = re.compile(r'^\w+ = pytest\.importorskip\("torch"\)', re.MULTILINE)
+
+
+def gpu_test_files(tests: Path = ROOT / "tests") -> list[Path]:
+    """Every test file under `tests` that is a GPU test (`GPU_TEST`), sorted."""
+    return sorted(p for p in tests.rglob("test_*.py") if GPU_TEST.search(p.read_text()))
+
+
+def run_gpu_tests(files: list[Path], cwd: Path = ROOT, timeout_s: float = 300) -> dict:
+    """The files' tests in a pytest child process (its own CUDA context, freed when it exits):
+    counts, and each failure's and skip's test and message."""
+    with tempfile.TemporaryDirectory() as tmp:
+        xml = Path(tmp) / "gpu-tests.xml"
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        cmd += [f"--junitxml={xml}", *map(str, files)]
+        try:
+            proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            failure = ("pytest", f"timed out after {timeout_s:g} s")
+            out = {"rc": None, "passed": 0, "failed": 0, "skipped": 0, "errors": 1}
+            return {**out, "failures": [failure], "skips": [], "ok": False, "output_tail": ""}
+        cases = ET.parse(xml).getroot().iter("testcase") if xml.exists() else iter(())
+        out: dict[str, Any] = {"rc": proc.returncode, "passed": 0, "failed": 0, "skipped": 0}
+        out.update(errors=0, failures=[], skips=[])
+        for case in cases:
+            test = f"{case.get('classname')}::{case.get('name')}"
+            kinds = {c.tag: (c.get("message") or "").split("\n")[0][:300] for c in case}
+            if "failure" in kinds or "error" in kinds:
+                out["failed" if "failure" in kinds else "errors"] += 1
+                out["failures"].append((test, kinds.get("failure", kinds.get("error"))))
+            elif "skipped" in kinds:
+                out["skipped"] += 1
+                out["skips"].append((test, kinds["skipped"]))
+            else:
+                out["passed"] += 1
+    out["ok"] = proc.returncode == 0 and not out["failed"] and not out["errors"]
+    out["output_tail"] = "" if out["ok"] else (proc.stdout + proc.stderr)[-6000:]
+    return out
+
+
+def print_tests(files: list[Path], t: dict) -> None:
+    names = ", ".join(str(f.relative_to(ROOT)) if f.is_relative_to(ROOT) else str(f) for f in files)
+    counts = f"{t['passed']} passed, {t['failed']} failed, {t['errors']} errors"
+    print(
+        f"GPU tests ({names}): {counts}, {t['skipped']} skipped -> {'ok' if t['ok'] else 'FAILED'}"
+    )
+    for test, why in t["skips"]:
+        print(f"  skipped {test}: {why}")
+    for test, why in t["failures"]:
+        print(f"  FAILED  {test}: {why}")
+    if not t["ok"] and t["output_tail"]:
+        print(t["output_tail"])
 
 
 def raw_copy_gbps(nbytes: int, repeats: int) -> float:
@@ -130,17 +194,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--size-mb", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-tests", action="store_true", help="the figures only")
+    p.add_argument("--tests-timeout", type=float, default=300, help="seconds (default 300)")
     ns = p.parse_args(argv)
-    import torch
-
-    if not torch.cuda.is_available():
-        print("no CUDA device: nothing to check", file=sys.stderr)
+    try:
+        import torch  # optional third-party dependency (the gpu extra)
+    except ImportError as exc:
+        print(
+            f"device check: torch is not installed ({exc}); install the gpu extra "
+            "(pip install 'arl-tangram[gpu]') on a CUDA machine. Nothing was checked.",
+            file=sys.stderr,
+        )
         return 2
+    if not torch.cuda.is_available():
+        print(
+            f"device check: this machine has no CUDA device (torch {torch.__version__}: "
+            "torch.cuda.is_available() is False). Nothing was checked: the figures and the GPU "
+            "tests on CUDA need one (without it the ordinary suite runs those tests on the CPU "
+            "stand-in).",
+            file=sys.stderr,
+        )
+        return 2
+    n = torch.cuda.device_count()
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),
+        "cuda_devices": n,
         "torch": torch.__version__,
-        "raw_pinned_h2d_gbps": raw_copy_gbps(ns.size_mb * 10**6, ns.repeats),
     }
+    if not ns.no_tests:
+        files = gpu_test_files()
+        result["gpu_test_files"] = [str(f.relative_to(ROOT)) for f in files]
+        result["gpu_tests"] = run_gpu_tests(files, timeout_s=ns.tests_timeout)
+        if not ns.json:
+            print(f"{n} CUDA device(s); GPU 0: {result['gpu']}, torch {result['torch']}")
+            print_tests(files, result["gpu_tests"])
+    result["raw_pinned_h2d_gbps"] = raw_copy_gbps(ns.size_mb * 10**6, ns.repeats)
     result.update(backend_check(ns.size_mb, ns.repeats))
     result["restore_vs_raw"] = result["restore_gbps"] / result["raw_pinned_h2d_gbps"]
     result["production_path"] = pool_check()
@@ -150,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
         and result["logprobs_finite"]
         and result["production_path"]["pool_ok"]
     )
+    tests_ok = ns.no_tests or result["gpu_tests"]["ok"]
     result["checks_pass"] = ok
+    result["tests_pass"] = tests_ok
     if ns.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"GPU {result['gpu']}, torch {result['torch']}")
+        print(f"GPU {result['gpu']} ({n} CUDA device(s)), torch {result['torch']}")
         print(f"raw pinned H2D copy         {result['raw_pinned_h2d_gbps']:6.1f} GB/s")
         print(
             f"torch backend restore       {result['restore_gbps']:6.1f} GB/s "
@@ -173,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
             f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}"
         )
-    return 0 if ok else 1
+        if not ns.no_tests:
+            print(f"GPU tests: {'ok' if tests_ok else 'FAILED'} (above)")
+    return 0 if ok and tests_ok else 1
 
 
 if __name__ == "__main__":

@@ -111,14 +111,19 @@ class TorchBackend(GpuBackend):
 
     # -- what tests and benchmarks read -------------------------------------------------------
     def device_of(self, gpu: int) -> torch.device:
+        return self.devices_of((gpu, gpu + 1))[0]
+
+    def devices_of(self, chunk: Chunk) -> list[torch.device]:
+        """The devices of the chunk's GPUs (the CPU for each, standing in); `ValidationError`
+        naming the chunk's GPUs and the devices present where the machine lacks some."""
         torch = _torch()
+        lo, hi = chunk[0], chunk[1]
         if not self.cuda:
-            return torch.device("cpu")
-        if gpu >= torch.cuda.device_count():
-            raise ValidationError(
-                "gpu.chunk", gpu, f"this machine has {torch.cuda.device_count()} CUDA devices"
-            )
-        return torch.device("cuda", gpu)
+            return [torch.device("cpu")] * (hi - lo)
+        have = torch.cuda.device_count()
+        if lo < 0 or hi > have:
+            raise ValidationError("gpu.chunk", (lo, hi), missing_devices((lo, hi), have))
+        return [torch.device("cuda", g) for g in range(lo, hi)]
 
     def device_bytes(self) -> int:
         """Bytes held by all device copies (the simulated device's, on CPU)."""
@@ -152,15 +157,14 @@ class TorchBackend(GpuBackend):
 
     def _restore(self, name: str, key: Key, chunk: Chunk) -> float:
         t0 = time.perf_counter()
-        replicas = []
-        for g in range(*chunk):
-            dev = self.device_of(g)
-            replicas.append(
-                {n: t.to(dev, non_blocking=True, copy=True) for n, t in self.host[name].items()}
-            )
+        devices = self.devices_of(chunk)
+        replicas = [
+            {n: t.to(dev, non_blocking=True, copy=True) for n, t in self.host[name].items()}
+            for dev in devices
+        ]
         if self.cuda:
-            for g in range(*chunk):
-                _torch().cuda.synchronize(self.device_of(g))
+            for dev in devices:
+                _torch().cuda.synchronize(dev)
         self.device[key] = replicas
         return time.perf_counter() - t0
 
@@ -195,6 +199,20 @@ class TorchBackend(GpuBackend):
         self._modules.clear()
         if self.cuda and self.release_cached:
             _torch().cuda.empty_cache()
+
+
+def missing_devices(chunk: Chunk, have: int) -> str:
+    """What a chunk needs that a machine with `have` CUDA devices lacks, in words: "a 2-GPU
+    chunk needs GPUs 0-1; this machine has GPU 0 only"."""
+    lo, hi = chunk[0], chunk[1]
+    needs = f"GPU {lo}" if hi - lo == 1 else f"GPUs {lo}-{hi - 1}"
+    if have <= 0:
+        present = "no CUDA device"
+    elif have == 1:
+        present = "GPU 0 only"
+    else:
+        present = f"GPUs 0-{have - 1} only"
+    return f"a {hi - lo}-GPU chunk needs {needs}; this machine has {present}"
 
 
 def _source(name: str, model: Any) -> ModelSource:

@@ -1,7 +1,8 @@
 """The production GPU path of `Tangram.local()`: the pool is sized from NVML discovery (injected
-here) and runs the torch backend (torch on the CPU standing in for CUDA); without a GPU the
-pool is simulated, said at WARNING and in the status, and a call's result says so; the torch
-backend refuses "on GPU" without CUDA unless asked to stand in."""
+here) and runs the torch backend (on CUDA where present, else the CPU standing in); without a
+GPU the pool is simulated, said at WARNING and in the status, and a call's result says so; the
+torch backend refuses "on GPU" without CUDA unless asked to stand in. Tests that inject more
+GPUs than CUDA has only build the pool (no CUDA call) or skip, naming the devices they need."""
 
 from __future__ import annotations
 
@@ -30,11 +31,21 @@ def gpus(n: int, gb: int = 80) -> GpuDiscovery:
     return GpuDiscovery(infos, nvlink_groups=(tuple(range(n)),))
 
 
+def needs_cuda_devices(n: int) -> None:
+    """Skip where CUDA is present with fewer than `n` devices: an injected discovery of `n`
+    GPUs would then send real CUDA calls to devices that do not exist. Without CUDA the CPU
+    stands in for any number of GPUs."""
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if have and have < n:
+        pytest.skip(f"needs {n} CUDA devices, this machine has {have}")
+
+
 def no_gpu() -> GpuDiscovery:
     return GpuDiscovery(reason="NVML: no driver")
 
 
 def test_two_discovered_gpus_make_a_two_gpu_pool_on_the_torch_backend():
+    needs_cuda_devices(2)  # a 2-GPU call restores on GPUs 0 and 1
     tg = Tangram.local(
         cpu_backend="sim", services=SERVICES, gpu=STAND_IN, discover=lambda: gpus(2, gb=141)
     )

@@ -14,9 +14,10 @@ torch = pytest.importorskip("torch")
 
 from managers.gpu import GB, GpuManager, Residency, ServiceRegistry, create_backend
 from managers.gpu.tinylm import DTYPE_BYTES, TinyLM, TinyLMConfig
-from managers.gpu.torch_backend import TorchBackend, torch_service
+from managers.gpu.torch_backend import TorchBackend, missing_devices, torch_service
 from tangram.actions import Action
 from tangram.allocation import Assignment
+from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, Placement
 from topology import ChunkTree
 
@@ -35,15 +36,20 @@ def backend() -> TorchBackend:
 
 
 def test_restore_copies_every_tensor_and_evict_frees_them() -> None:
+    """A 2-GPU chunk where the machine has 2 CUDA devices or none (the CPU stands in); on a
+    1-GPU machine the chunk is that GPU (one replica)."""
     b, s = backend(), torch_service("lm", CFG, dops=(1, 2))
+    k = min(2, torch.cuda.device_count()) if b.cuda else 2
+    chunk = (0, k)
+    gpus = range(k) if b.cuda else range(0)
 
     async def go():
         await b.deploy(s)
         assert b.device_bytes() == 0
-        cuda0 = torch.cuda.memory_allocated() if b.cuda else 0
-        await b.restore(s, "n", (0, 2))
-        replicas = b.device[("lm", "n", (0, 2))]
-        assert len(replicas) == 2 and b.device_bytes() == 2 * CFG.nbytes()
+        before = {g: torch.cuda.memory_allocated(g) for g in gpus}
+        await b.restore(s, "n", chunk)
+        replicas = b.device[("lm", "n", chunk)]
+        assert len(replicas) == k and b.device_bytes() == k * CFG.nbytes()
         host = b.host["lm"]
         refs = []
         for rep in replicas:
@@ -53,16 +59,44 @@ def test_restore_copies_every_tensor_and_evict_frees_them() -> None:
                 assert torch.equal(t.cpu(), host[name])
                 refs.append(weakref.ref(t))
         if b.cuda:
-            assert torch.cuda.memory_allocated() - cuda0 >= CFG.nbytes()
+            assert [next(iter(r.values())).device.index for r in replicas] == list(gpus)
+            for g in gpus:  # one full replica on each GPU of the chunk
+                assert torch.cuda.memory_allocated(g) - before[g] >= CFG.nbytes()
         del replicas, rep, t
-        await b.evict(s, "n", (0, 2))
+        await b.evict(s, "n", chunk)
         gc.collect()
         assert b.device_bytes() == 0 and all(r() is None for r in refs)
-        if b.cuda:
-            assert torch.cuda.memory_allocated() == cuda0
+        assert {g: torch.cuda.memory_allocated(g) for g in gpus} == before
         assert b.host["lm"] is host  # the host copy is kept
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    ("have", "chunk", "said"),
+    [
+        (1, (0, 2), "a 2-GPU chunk needs GPUs 0-1; this machine has GPU 0 only"),
+        (0, (0, 1), "a 1-GPU chunk needs GPU 0; this machine has no CUDA device"),
+        (2, (2, 4), "a 2-GPU chunk needs GPUs 2-3; this machine has GPUs 0-1 only"),
+    ],
+)
+def test_a_chunk_beyond_the_cuda_devices_names_its_gpus_and_those_present(
+    monkeypatch, have, chunk, said
+) -> None:
+    """No GPU needed: CUDA's availability and device count are what the backend asks torch."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: have)
+    b = TorchBackend({"lm": CFG})
+    assert b.cuda
+    with pytest.raises(ValidationError) as e:
+        b.devices_of(chunk)
+    assert e.value.field == "gpu.chunk" and e.value.value == chunk
+    assert e.value.problem == said == missing_devices(chunk, have)
+    assert str(e.value) == f"gpu.chunk: {said} (got {chunk!r})"
+    with pytest.raises(ValidationError, match="needs GPU 5; this machine"):
+        b.device_of(5)
+    if have:
+        assert b.devices_of((0, have))[-1] == torch.device("cuda", have - 1)
 
 
 def test_invoke_returns_the_models_log_probs_and_needs_residency() -> None:
