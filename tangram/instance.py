@@ -261,12 +261,29 @@ def _service(
         gpu_res = [r for r in demands if resources[r].topology == "chunks"]
         if not gpu_res:
             raise ValidationError(f"{path}.service", service, "needs a GPU (chunks) demand")
-        if service not in resources[gpu_res[0]].services:
+        if len(gpu_res) > 1:
             raise ValidationError(
                 f"{path}.service",
                 service,
-                f"unknown service (declared: {sorted(resources[gpu_res[0]].services)})",
+                f"a service runs on one GPU pool; the action demands {len(gpu_res)} "
+                f"({', '.join(gpu_res)})",
             )
+        spec = resources[gpu_res[0]]
+        if service not in spec.services:
+            raise ValidationError(
+                f"{path}.service",
+                service,
+                f"unknown service (declared: {sorted(spec.services)})",
+            )
+        s, mem = spec.services[service], spec.memory_gb
+        for k in demands[gpu_res[0]].amounts:
+            if mem is not None and s.per_gpu_gb(k) > mem:
+                raise ValidationError(
+                    f"{path}.demand.{gpu_res[0]}",
+                    k,
+                    f"a {k}-GPU copy of {service} needs {s.per_gpu_gb(k):g} GB per GPU, over "
+                    f"the pool's memory_gb ({mem:g})",
+                )
     return service
 
 
@@ -343,8 +360,29 @@ def parse_instance(doc: Any) -> Instance:
                     f"trajectory {a.trajectory} "
                     f"is bound to node {bindings[(a.trajectory, r)]} already",
                 )
+    _check_bound_fit(actions, resources, bindings)
     actions.sort(key=lambda a: a.submit_time)  # stable: file order breaks ties
     return Instance(resources, tuple(actions), bindings)
+
+
+def _check_bound_fit(
+    actions: list[Action],
+    resources: Mapping[str, ResourceSpec],
+    bindings: Mapping[tuple[str, str], str],
+) -> None:
+    """An action of a trajectory another action binds to a node (its `node` field) runs on
+    that node too: its demand must fit there."""
+    for a in actions:
+        for r, d in a.demands.items():
+            node = bindings.get((a.trajectory, r)) if a.trajectory is not None else None
+            if node is None:
+                continue
+            units = resources[r].node_units.get(node, resources[r].units)
+            if d.min > units:
+                raise Infeasible(
+                    f"actions[{a.id}].demand.{r}: needs at least {d.min}, its trajectory "
+                    f"{a.trajectory} is bound to node {node}, which has {units}"
+                )
 
 
 def load_instance(path: str | Path) -> Instance:

@@ -36,7 +36,9 @@ class ResidentWait:
             if resource in ra.assignment.placement
             and ra.assignment.placement[resource].chunk is not None
         ]
-        k = placement.chunk[1] - placement.chunk[0]
+        # the estimate takes units of the action's key: the chunk's size only when the key is
+        # this pool (a vector action keyed on its cores is estimated at its own amount)
+        k = placement.chunk[1] - placement.chunk[0] if action.key == resource else None
         return self.residency.should_wait(
             action,
             resource,

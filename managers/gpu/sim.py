@@ -25,18 +25,16 @@ from topology import chunk_sizes
 def registry_from_spec(spec: ResourceSpec) -> ServiceRegistry:
     """The instance's services: memory per GPU and restore time (sharded weights over k GPUs
     when `weights_gb` is given, `ServiceSpec.per_gpu_gb`) at every DoP the node allows (a
-    chunk of any power-of-two size up to `gpus_per_node`)."""
-    dops = chunk_sizes(spec.gpus_per_node)
-    return ServiceRegistry(
-        {
-            name: Service(
-                name,
-                {k: round(s.per_gpu_gb(k) * GB) for k in dops},
-                {k: s.restore_at(k) for k in dops},
-            )
-            for name, s in spec.services.items()
-        }
-    )
+    chunk of any power-of-two size up to `gpus_per_node` whose copy fits a GPU's `memory_gb`;
+    the instance parser refuses an action asking a service at a size that does not)."""
+    mem = spec.memory_gb
+    services = {}
+    for name, s in spec.services.items():
+        dops = [k for k in chunk_sizes(spec.gpus_per_node) if mem is None or s.per_gpu_gb(k) <= mem]
+        services[name] = Service(
+            name, {k: round(s.per_gpu_gb(k) * GB) for k in dops}, {k: s.restore_at(k) for k in dops}
+        )
+    return ServiceRegistry(services)
 
 
 class SimServiceModel:

@@ -77,3 +77,41 @@ def test_load_errors(tmp_path):
         json.dumps(doc({"id": "a", "demand": {"cpu": 2}, "duration": 1}))
     )
     assert load_instance(tmp_path / "ok.json").actions[0].mins == {"cpu": 2}
+
+
+GPUS = {
+    "gpu": {
+        "topology": "chunks",
+        "nodes": 1,
+        "gpus_per_node": 4,
+        "memory_gb": 40,
+        "services": {"big": {"memory_gb": 10, "restore_s": 1, "weights_gb": 60}},
+    },
+    "npu": {"topology": "chunks", "nodes": 1, "gpus_per_node": 2},
+}
+
+
+def test_a_service_asked_at_a_size_its_copy_does_not_fit_names_the_amount():
+    """60 GB of weights over 1 GPU is 70 GB a GPU of 40: only the 2- and 4-GPU copies fit."""
+    a = {"id": "a", "demand": {"gpu": [1, 4]}, "service": "big", "duration": 1}
+    with pytest.raises(ValidationError, match="a 1-GPU copy of big needs 70 GB") as exc:
+        parse_instance(doc(a, resources=GPUS))
+    assert exc.value.field == "actions[a].demand.gpu" and exc.value.value == 1
+    parse_instance(doc({**a, "demand": {"gpu": [2, 4]}}, resources=GPUS))
+
+
+def test_a_service_runs_on_one_gpu_pool():
+    a = {"id": "a", "demand": {"gpu": 4, "npu": 1}, "service": "big", "duration": 1}
+    with pytest.raises(ValidationError, match="demands 2 \\(gpu, npu\\)") as exc:
+        parse_instance(doc(a, resources=GPUS))
+    assert exc.value.field == "actions[a].service"
+
+
+def test_an_action_of_a_bound_trajectory_must_fit_its_node():
+    """b names no node, but its trajectory is bound to n0 (1 unit) by a: it could never run."""
+    res = {"cpu": {"topology": "flat", "nodes": {"n0": 1, "n1": 4}}}
+    a = {"id": "a", "trajectory": "t", "node": "n0", "demand": {"cpu": 1}, "duration": 1}
+    b = {"id": "b", "trajectory": "t", "demand": {"cpu": [3, 4]}, "duration": 1}
+    with pytest.raises(Infeasible, match=r"actions\[b\]\.demand\.cpu: needs at least 3.*n0"):
+        parse_instance(doc(b, a, resources=res))
+    parse_instance(doc({**b, "demand": {"cpu": 1}}, a, resources=res))
