@@ -108,10 +108,12 @@ def _order_constraints(
         prob += s[i] <= s[j] + big_m * (1 - v), f"start_order_{i}_{j}"
         if i < j:
             prob += v + b[j, i] == 1, f"start_total_{i}_{j}"
-    for g in groups:
-        for i, j, k in itertools.permutations(g, 3):
-            if i < j and i < k:
-                prob += b[i, j] + b[j, k] + b[k, i] <= 2, f"transitive_{i}_{j}_{k}"
+    # a triple that shares several pools (a vector action's group on each) is one constraint
+    triples = {
+        (i, j, k) for g in groups for i, j, k in itertools.permutations(g, 3) if i < j and i < k
+    }
+    for i, j, k in sorted(triples):
+        prob += b[i, j] + b[j, k] + b[k, i] <= 2, f"transitive_{i}_{j}_{k}"
 
 
 def _pool_constraints(
