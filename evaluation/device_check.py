@@ -34,6 +34,7 @@ from typing import Any
 from managers.gpu.tinylm import TinyLMConfig
 from managers.gpu.torch_backend import TorchBackend, torch_service
 from tangram import Tangram
+from tangram.results import Status
 from topology import is_pow2
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,6 +173,7 @@ def pool_check() -> dict:
                 "gpu_simulated": st.gpu_simulated,
                 "gpu_pool": st.gpu_pool,
                 "call_status": str(r.status),
+                "call_ok": r.status is Status.OK,
                 "call_restore_s": r.restore_s,
                 "call_logprobs": len(r.output["logprobs"][0]) if r.output else 0,
             }
@@ -183,7 +185,7 @@ def pool_check() -> dict:
         and out["gpu_simulated"] is False
         and 1 <= out["pool_gpus"] <= n
         and is_pow2(out["pool_gpus"])
-        and out["call_status"] == "ok"
+        and out["call_ok"]
         and out["call_logprobs"] == 3
     )
     return out

@@ -44,14 +44,30 @@ STATES = {
 }
 
 
-def _field(node: ast.AST) -> str | None:
-    """The field an expression names: `x.status` and `status` both name `status`."""
+def _field(node: ast.AST, aliases: dict[str, str] | None = None) -> str | None:
+    """The field an expression names: `x.status` and `status` both name `status`, and so do
+    `str(x.status)`, `x.status.value`, `getattr(x, "status")`, `doc["status"]`, and a name or
+    dict key that `aliases` maps to it (`s = x.status`; `{"call_status": str(x.status)}`,
+    whose key is held as `"[call_status]"`)."""
+    aliases = aliases or {}
     if isinstance(node, ast.Attribute):
+        if node.attr == "value" and (inner := _field(node.value, aliases)) in STATES:
+            return inner  # x.status.value
         return node.attr
     if isinstance(node, ast.Name):
-        return node.id
+        return aliases.get(node.id, node.id)
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        return str(node.slice.value)  # doc["status"]
+        key = str(node.slice.value)  # doc["status"]
+        return aliases.get(f"[{key}]", key)
+    if isinstance(node, ast.NamedExpr):
+        return _field(node.value, aliases)  # (s := x.status)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        if node.func.id == "str" and len(node.args) == 1 and not node.keywords:
+            return _field(node.args[0], aliases)
+        if node.func.id == "getattr" and len(node.args) >= 2:
+            name = node.args[1]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                return name.value
     return None
 
 
@@ -64,12 +80,58 @@ def _literals(node: ast.AST | None) -> list[ast.Constant]:
     return []
 
 
-def _state_literals(tree: ast.AST) -> list[tuple[int, str, str]]:
-    """(line, field, value) of every state literal: an argument `status=...`, the first
-    argument of `Result(...)`, a comparison with or an assignment to a `status`/`order` field,
-    a dict entry `"status": ...`."""
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of one scope, less the bodies of the functions defined in it (their own
+    scopes), with those functions' decorators and defaults (evaluated here)."""
+    out: list[ast.AST] = []
+    todo = list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, FUNCTIONS):
+            todo += [*node.decorator_list, *node.args.defaults, *node.args.kw_defaults]
+            todo = [n for n in todo if n is not None]
+        else:
+            todo += ast.iter_child_nodes(node)
+    return out
+
+
+def _aliases(nodes: list[ast.AST], outer: dict[str, str], keys: bool) -> dict[str, str]:
+    """Names given a state field's value in this scope (`s = r.status`, chains of them), with
+    the enclosing scopes'; or (`keys`) the dict keys given one anywhere in `nodes` (a dict
+    crosses scopes: `{"call_status": str(r.status)}` returned, `out["call_status"]` read)."""
+    pairs: list[tuple[str, ast.AST]] = []
+    for node in nodes:
+        if keys and isinstance(node, ast.Dict):
+            pairs += [
+                (f"[{k.value}]", v)
+                for k, v in zip(node.keys, node.values)
+                if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            ]
+        elif keys:
+            continue
+        elif isinstance(node, ast.Assign):
+            pairs += [(t.id, node.value) for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign | ast.NamedExpr) and node.value is not None:
+            if isinstance(node.target, ast.Name):
+                pairs.append((node.target.id, node.value))
+    out = dict(outer)
+    changed = True
+    while changed:  # to a fixpoint: `t = s` after `s = r.status`
+        changed = False
+        for name, value in pairs:
+            f = _field(value, out)
+            if name.strip("[]") not in STATES and f in STATES and out.get(name) != f:
+                out[name], changed = f, True
+    return out
+
+
+def _scope_literals(nodes: list[ast.AST], al: dict[str, str]) -> list[tuple[int, str, list]]:
     found: list[tuple[int, str, list[ast.Constant]]] = []
-    for node in ast.walk(tree):
+    for node in nodes:
         if isinstance(node, ast.Call):
             name = _field(node.func)
             if name == "Result" and node.args:
@@ -79,21 +141,36 @@ def _state_literals(tree: ast.AST) -> list[tuple[int, str, str]]:
             ]
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            for f in {_field(s) for s in sides} & STATES.keys():
+            for f in {_field(s, al) for s in sides} & STATES.keys():
                 found += [(node.lineno, f, _literals(s)) for s in sides]
         elif isinstance(node, ast.Assign | ast.AnnAssign):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             found += [
                 (node.lineno, f, _literals(node.value))
                 for t in targets
-                if (f := _field(t)) in STATES
+                if (f := _field(t, al)) in STATES
             ]
         elif isinstance(node, ast.Dict):
             found += [
-                (node.lineno, k.value, _literals(v))
+                (node.lineno, f, _literals(v))
                 for k, v in zip(node.keys, node.values)
-                if isinstance(k, ast.Constant) and k.value in STATES
+                if isinstance(k, ast.Constant) and (f := al.get(f"[{k.value}]", k.value)) in STATES
             ]
+    return found
+
+
+def _state_literals(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """(line, field, value) of every state literal: an argument `status=...`, the first
+    argument of `Result(...)`, a comparison with or an assignment to a `status`/`order` field
+    (or a name or key holding one's value, per scope), a dict entry `"status": ...`."""
+    found: list[tuple[int, str, list[ast.Constant]]] = []
+    todo = [(tree, _aliases(list(ast.walk(tree)), {}, keys=True))]
+    while todo:
+        scope, outer = todo.pop()
+        nodes = _own_nodes(scope)
+        al = _aliases(nodes, outer, keys=False)
+        found += _scope_literals(nodes, al)
+        todo += [(n, al) for n in nodes if isinstance(n, FUNCTIONS)]
     return [(line, f, c.value) for line, f, cs in found for c in cs if c.value in STATES[f]]
 
 
@@ -123,6 +200,17 @@ def test_no_state_is_built_from_a_string_literal():
         'status = "timeout"',
         'Backfill(order="srpt")',
         'doc = {"status": "ok"}',
+        # through a name or key holding a status, or the status turned into its text
+        's = r.status\nif s in {"ok", "timeout"}: pass',
+        'def f(r):\n    s = r.status\n    t = s\n    return t == "failed"',
+        'def f(r):\n    if (s := r.status) == "ok": pass',
+        'str(r.status) == "ok"',
+        'r.status.value != "cancelled"',
+        'getattr(r, "status") == "error"',
+        'getattr(r, "status", None) in ("ok", "failed")',
+        'out = {"call_status": str(r.status)}\nok = out["call_status"] == "ok"',
+        'def f(r):\n    return {"st": r.status}\ndef g(r):\n    return f(r)["st"] == "ok"',
+        's = r.status\ndef inner():\n    return s == "timeout"',
     ],
 )
 def test_the_walk_finds_each_kind_of_literal(source):
@@ -137,6 +225,13 @@ def test_the_walk_finds_each_kind_of_literal(source):
         '{"error": "ok"}',
         'x = "failed"',
         'status = Status("ok")',
+        # a name is an alias only in the scope that gave it a status
+        'def f(r):\n    s = r.status\ndef g(s):\n    return s == "ok"',
+        "s = r.status\nok = s is Status.OK",
+        'str(r.detail) == "ok"',
+        'getattr(r, "detail") == "failed"',
+        'kind = r.kind\nkind == "timeout"',
+        'out = {"call_status": str(r.status)}\nok = out["other"] == "ok"',
     ],
 )
 def test_the_walk_leaves_other_strings_alone(source):
