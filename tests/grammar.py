@@ -123,29 +123,62 @@ def demand(draw, spec: Mapping[str, Any], cap: int, floor: int = 1) -> tuple[Any
 
 
 @st.composite
-def arrivals(draw, n: int) -> list[float]:
-    """Batch (all at 0), online (non-decreasing steps) or any order the file may list."""
+def arrivals(draw, n: int, grid: float | None = None) -> list[float]:
+    """Batch (all at 0), online (non-decreasing steps) or any order the file may list; on
+    `grid` every arrival is a whole multiple of it."""
     shape = draw(st.sampled_from(["batch", "online", "shuffled"]))
     if shape == "batch":
         return [0.0] * n
-    t, out = 0.0, []
+    steps = [0, 0, 1, 3, 5, 10] if grid else [0.0, 0.0, 0.1, 0.25, 0.5, 1.0, 2.5]
+    t, out = 0, []
     for _ in range(n):
-        t += draw(st.sampled_from([0.0, 0.0, 0.1, 0.25, 0.5, 1.0, 2.5]))
-        out.append(t)
+        t += draw(st.sampled_from(steps))
+        out.append(round(t * grid, 9) if grid else t)
     return out if shape == "online" else draw(st.permutations(out))
 
 
+def _timing(draw, a: dict, key: str | None, amounts: list[int], grid: float | None) -> None:
+    """An elastic action's `key`, `t_ori` and E(m) for every amount, or a fixed `duration`;
+    on `grid`, every duration a whole multiple of it (E(m) = t_ori / (m * d_m))."""
+    if key is None:
+        a["duration"] = draw(st.integers(1, 30)) * grid if grid else draw(st.floats(0.05, 4.0))
+        return
+    a["key"] = key
+    if not grid:
+        a["t_ori"] = draw(st.floats(0.05, 6.0))
+        a["efficiency"] = {str(m): 1.0 if m == 1 else draw(st.floats(0.2, 1.0)) for m in amounts}
+        return
+    ticks = draw(st.integers(5, 40))
+    a["t_ori"] = t_ori = ticks * grid
+    eff = {}
+    for m in amounts:
+        d = (-(-ticks // m) + draw(st.integers(0, 5))) * grid  # at least ceil(t_ori / m)
+        eff[str(m)] = min(1.0, t_ori / (m * d))
+    a["efficiency"] = eff
+
+
 @st.composite
-def instance_docs(draw, max_pools: int = 3, max_actions: int = 8) -> dict:
-    """An instance document of the file format (module docstring), valid by construction."""
+def instance_docs(
+    draw,
+    max_pools: int = 3,
+    max_actions: int = 8,
+    grid: float | None = None,
+    services: bool = True,
+) -> dict:
+    """An instance document of the file format (module docstring), valid by construction.
+    `grid`: arrivals and durations whole multiples of it (an exact model's time resolution);
+    `services=False`: no pool declares services."""
     res = draw(resources(max_pools))
+    if not services:
+        for spec in res.values():
+            spec.pop("services", None)
     usable = [r for r, s in res.items() if largest(s) >= 1]
     if not usable:  # every pool empty: make the first one hold a unit
         r = next(iter(res))
         res[r] = {"topology": "flat", "units": 1} if res[r]["topology"] == "flat" else res[r]
         usable = [r]
     n = draw(st.integers(1, max_actions))
-    times = draw(arrivals(n))
+    times = draw(arrivals(n, grid))
     trajectories = [f"t{i}" for i in range(draw(st.integers(1, 4)))]
     bound: dict[tuple[str, str], str] = {}  # (trajectory, flat resource) -> node, as parsed
     need: dict[tuple[str, str], int] = {}  # (trajectory, flat resource) -> its largest minimum
@@ -184,14 +217,7 @@ def instance_docs(draw, max_pools: int = 3, max_actions: int = 8) -> dict:
             if spec["topology"] == "flat":
                 need[(owner, r)] = max(need.get((owner, r), 0), amounts[r][0])
         key = draw(st.one_of(st.none(), st.sampled_from(demanded)))
-        if key is not None:
-            a["key"] = key
-            a["t_ori"] = draw(st.floats(0.05, 6.0))
-            a["efficiency"] = {
-                str(m): 1.0 if m == 1 else draw(st.floats(0.2, 1.0)) for m in amounts[key]
-            }
-        else:
-            a["duration"] = draw(st.floats(0.05, 4.0))
+        _timing(draw, a, key, amounts[key] if key else [], grid)
         if draw(st.integers(0, 3)) == 0:
             a["kind"] = draw(st.sampled_from(["build", "test", "judge"]))
         acts.append(a)
@@ -233,8 +259,8 @@ def _node(draw, res, demanded, owner: str, bound, need) -> str | None:
     return node
 
 
-def instances(max_pools: int = 3, max_actions: int = 8) -> st.SearchStrategy[Instance]:
-    return instance_docs(max_pools, max_actions).map(parse_instance)
+def instances(max_pools: int = 3, max_actions: int = 8, **kw) -> st.SearchStrategy[Instance]:
+    return instance_docs(max_pools, max_actions, **kw).map(parse_instance)
 
 
 def multi_pool_docs(max_actions: int = 8) -> st.SearchStrategy[dict]:

@@ -5,6 +5,7 @@ import random
 from collections.abc import Collection
 from pathlib import Path
 
+from grammar import instances as grammar_instances
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -13,7 +14,7 @@ from solvers import get_allocator
 from solvers.heuristic.backfill import BackfillAllocator, estimated_starts, srpt_order
 from tangram.actions import Action
 from tangram.allocation import Assignment, ClusterView
-from tangram.instance import load_instance, parse_instance
+from tangram.instance import load_instance
 from tangram.pools import FlatPool
 from tangram.profiles import DurationProfiles
 
@@ -55,40 +56,10 @@ class PromiseChecker:
         return d.assignments
 
 
-@st.composite
-def instances(draw):
-    chunky = draw(st.booleans())
-    res = "gpu" if chunky else "cpu"
-    resources = (
-        {
-            "gpu": {
-                "topology": "chunks",
-                "nodes": draw(st.integers(1, 2)),
-                "gpus_per_node": draw(st.sampled_from([4, 8])),
-            }
-        }
-        if chunky
-        else {"cpu": {"topology": "flat", "units": draw(st.integers(2, 8))}}
-    )
-    cap = 4 if chunky else resources["cpu"]["units"]
-    amounts = [a for a in (1, 2, 4) if a <= cap] if chunky else list(range(1, cap + 1))
-    acts = []
-    for i in range(draw(st.integers(2, 14))):
-        arrival = draw(st.sampled_from([0.0, 0.0, 0.0, 0.5, 1.0, 3.0]))
-        demand = sorted(
-            draw(st.lists(st.sampled_from(amounts), min_size=1, max_size=3, unique=True))
-        )
-        a = {"id": f"a{i}", "arrival": arrival, "demand": {res: demand}}
-        if len(demand) > 1:
-            a.update(
-                key=res,
-                t_ori=draw(st.floats(0.5, 10)),
-                efficiency={str(m): draw(st.floats(0.3, 1.0)) for m in demand},
-            )
-        else:
-            a["duration"] = draw(st.floats(0.1, 5))
-        acts.append(a)
-    return parse_instance({"resources": resources, "actions": acts})
+def instances():
+    """The instance grammar (tests/grammar.py): any pools, nodes, vector actions; no services
+    (a deferral to a resident copy is an advisor's choice the promise does not speak of)."""
+    return grammar_instances(3, 14, services=False)
 
 
 def test_the_promise_checker_sees_backfills_on_the_hand_worked_scenarios():

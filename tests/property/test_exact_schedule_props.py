@@ -1,10 +1,11 @@
-"""Random small instances: CP-SAT and PuLP agree, the exact total ACT is never above any
-policy's, and every extracted schedule passes the invariant checker.
+"""Small instances of the file format's grammar: CP-SAT and PuLP agree, the exact total ACT
+is never above any policy's, and every extracted schedule passes the invariant checker.
 
 Durations and arrivals are whole multiples of the 0.1 s resolution, so the discretised model is
 exact and "never above" needs no rounding slack.
 """
 
+from grammar import instances as grammar_instances
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -14,54 +15,16 @@ from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import instance_model
 from solvers.exact.schedule import solve_model, solve_schedule
 from solvers.exact.timeline import verify
-from tangram.instance import parse_instance
 
 RES = 0.1
 SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@st.composite
-def instances(draw, max_actions=5):
-    chunky = draw(st.booleans())
-    res = "gpu" if chunky else "cpu"
-    resources = (
-        {"gpu": {"topology": "chunks", "nodes": draw(st.integers(1, 2)), "gpus_per_node": 4}}
-        if chunky
-        else {"cpu": {"topology": "flat", "units": draw(st.sampled_from([2, 4, 6]))}}
-    )
-    amounts = [[1], [2], [1, 2], [1, 2, 4]] if chunky else [[1], [2], [1, 2], [1, 2, 3]]
-    actions = []
-    for i in range(draw(st.integers(1, max_actions))):
-        arrival = draw(st.integers(0, 20)) * RES
-        demand = draw(st.sampled_from(amounts))
-        if len(demand) > 1 and draw(st.booleans()):
-            # elastic with every duration a multiple of RES: E(m) = t_ori / (m * d_m)
-            t_ori = draw(st.integers(5, 40)) * RES
-            eff = {}
-            for m in demand:
-                ticks = -(-round(t_ori / RES) // m)  # ceil(t_ori / m) in ticks
-                d = (ticks + draw(st.integers(0, 5))) * RES
-                eff[str(m)] = t_ori / (m * d)
-            actions.append(
-                {
-                    "id": f"a{i}",
-                    "arrival": arrival,
-                    "key": res,
-                    "demand": {res: demand},
-                    "t_ori": t_ori,
-                    "efficiency": eff,
-                }
-            )
-        else:
-            actions.append(
-                {
-                    "id": f"a{i}",
-                    "arrival": arrival,
-                    "demand": {res: demand[:1]},
-                    "duration": draw(st.integers(1, 30)) * RES,
-                }
-            )
-    return parse_instance({"resources": resources, "actions": actions})
+def instances(max_actions: int = 5):
+    """The instance grammar (tests/grammar.py) on the time grid, up to two pools, any of
+    them flat or chunks, vector actions included; no services (the exact models have no
+    restore times)."""
+    return grammar_instances(2, max_actions, grid=RES, services=False)
 
 
 @SETTINGS

@@ -30,8 +30,8 @@ SCEN = Path(__file__).parents[1] / "scenarios"
 VECTOR = sorted(SCEN.glob("vector_*.json"))
 POLICIES = runtime_policies()  # heuristic, backfill, backfill-srpt, min, cpsat, pulp, ...
 EXACT = {"cpsat", "pulp"}  # a solve per decision: small instances, few examples
-EXAMPLES = 150
-EXACT_EXAMPLES = 12
+EXAMPLES = 400
+EXACT_EXAMPLES = 30
 
 
 def _kept(test):
