@@ -86,6 +86,12 @@ class EnvironmentManager(Manager):
     async def close_env(self, env_id: str) -> None:
         """Kill whatever still runs in the environment and remove it; its memory returns."""
 
+    def gpus_refused(self) -> str | None:
+        """Why this manager's commands cannot be granted GPUs (a vector exec is refused at
+        submission, naming `gpus`), None where they can or where only the node knows."""
+        refused = getattr(self.backend, "gpus_refused", None)
+        return refused if isinstance(refused, str) else None
+
     @abstractmethod
     def binding(self, trajectory: str) -> str | None:
         """The node the trajectory's environment is bound to (its actions run only there), or

@@ -5,6 +5,10 @@ runtime (`evaluation.runtime_sim`), so a simulated exec and a real one are the s
 its demand parsed by `Demand.parse`, its payload an `ExecRequest`, its timeout the kill time,
 and for an elastic range only what the shared history knows (`DurationProfiles.
 learned_elasticity`: the fitted `AmdahlFit`, its priors before any run), never a true table.
+
+A *vector* exec (`gpus` given) demands the CPU pool's cores and one aligned chunk of the GPU
+pool `gpu_resource` together: one action, placed atomically by the scheduler, run by the CPU
+manager with the chunk's devices (`ExecRequest.gpu_resource`, `request.gpu_grant`).
 """
 
 from __future__ import annotations
@@ -14,9 +18,28 @@ from typing import Any
 
 from managers.cpu.request import DEFAULT_OUTPUT_CAP, Command, ExecRequest
 from tangram.actions import Action
+from tangram.errors import ValidationError
 from tangram.profiles import DurationProfiles, exec_kind
 from tangram.resources import Demand
 from tangram.validation import boolean
+from topology import is_pow2
+
+
+def gpu_demand(gpus: Any) -> Demand:
+    """`gpus` as `invoke` takes it (an amount, a list of amounts, a (lo, hi) range) for one
+    aligned chunk: the powers of two it allows; a `ValidationError` naming `gpus` when none."""
+    if isinstance(gpus, tuple) and len(gpus) == 2:
+        rng = Demand.parse(gpus, "gpus")
+        amounts = [k for k in rng.amounts if is_pow2(k)]
+    else:
+        amounts = list(Demand.parse(gpus, "gpus").amounts)
+        if not all(is_pow2(k) for k in amounts):
+            amounts = []
+    if not amounts:
+        raise ValidationError(
+            "gpus", gpus, "must allow a power of two (a command of k GPUs takes one aligned chunk)"
+        )
+    return Demand.choices(amounts)
 
 
 def exec_action(
@@ -32,18 +55,31 @@ def exec_action(
     kind: str | None,
     profiles: DurationProfiles,
     now: float,
+    gpus: Any = None,
+    gpu_resource: str | None = None,
+    gpu_node: str | None = None,
 ) -> Action:
     """The action of one command in environment `env_id` of `trajectory`, submitted at `now`.
     `kind`: the trusted caller's name for what it is (shared estimates), else the
-    trajectory's own (`profiles.exec_kind`)."""
+    trajectory's own (`profiles.exec_kind`). `gpus` (None: no GPU): a chunk of the pool
+    `gpu_resource` too, on its node `gpu_node` (the environment's machine)."""
     boolean("elastic", elastic)
     demand = Demand.parse(cpu, "cpu")
+    demands = {resource: demand}
+    if gpus is not None:
+        if gpu_resource is None or gpu_node is None or gpu_resource == resource:
+            raise ValidationError("gpus", gpus, "no GPU pool to take them from")
+        demands[gpu_resource] = gpu_demand(gpus)
+    else:
+        gpu_resource = gpu_node = None
     req = ExecRequest(
         env_id,
         command if isinstance(command, str) else tuple(command),
         timeout,
         elastic,
         DEFAULT_OUTPUT_CAP if output_cap is None else output_cap,
+        gpu_resource,
+        gpu_node,
     )
     key = exec_kind(trajectory, command, kind)
     elasticity = None
@@ -51,7 +87,7 @@ def exec_action(
         elasticity = profiles.learned_elasticity(key, resource)
     return Action(
         f"x-{uuid.uuid4().hex[:12]}",
-        {resource: demand},
+        demands,
         elasticity=elasticity,
         trajectory=trajectory,
         kind=key,

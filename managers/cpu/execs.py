@@ -14,7 +14,7 @@ import uuid
 from managers.cpu.backends.base import Backend, EnvironmentBroken
 from managers.cpu.layers import LayerStore
 from managers.cpu.pool import Environment, EnvironmentTable
-from managers.cpu.request import ExecRequest, exec_target
+from managers.cpu.request import ExecRequest, exec_target, gpu_grant
 from managers.cpu.roots import Roots
 from tangram.actions import Action
 from tangram.allocation import Assignment
@@ -45,6 +45,9 @@ class EnvExecs:
                 detail=f"action {assignment.action_id}: placement "
                 f"{placement} is not cores on the environment's node {env.node}",
             )
+        gpus = gpu_grant(assignment, req, env.node)  # a vector exec's chunk (its host indices)
+        if isinstance(gpus, Result):
+            return gpus
         if req.env_id in self.broken:
             return Result(Status.FAILED, detail=self.broken[req.env_id])
         if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
@@ -52,7 +55,13 @@ class EnvExecs:
         self._busy[env.id] = self._busy.get(env.id, 0) + 1
         try:
             outcome = await self.backend.exec(
-                env, placement.cores, req.command, req.timeout, req.output_cap, elastic=req.elastic
+                env,
+                placement.cores,
+                req.command,
+                req.timeout,
+                req.output_cap,
+                elastic=req.elastic,
+                gpus=gpus,
             )
         except EnvironmentBroken as exc:
             self.broken[req.env_id] = str(exc)

@@ -13,6 +13,16 @@ which may hold its bearer token):
     OPENBLAS_NUM_THREADS              the granted cores, so numeric libraries size their pools
     PYTEST_XDIST_AUTO_NUM_WORKERS     the granted cores, what `pytest -n auto` uses
 
+An exec granted GPUs (a vector exec: `tg.exec(..., gpus=k)`) also gets
+
+    TANGRAM_GPUS                      the granted GPUs, the host's indices ("2,3")
+    CUDA_VISIBLE_DEVICES              those GPUs as CUDA numbers them in the command's view:
+                                      the host's indices where every GPU stays visible
+                                      (cgroup, affinity: no device isolation), "0,1" where
+                                      only the granted device nodes are there (bwrap: the
+                                      driver numbers the devices it can open from 0)
+    CUDA_DEVICE_ORDER                 PCI_BUS_ID, so CUDA's order is the host's (NVML's)
+
 An elastic exec also gets `PYTEST_PLUGINS=tangram_pytest_grant` and `PYTHONPATH` naming the
 folder that holds it: a pytest plugin that adds `-n <granted cores>` only where pytest-xdist is
 importable and the command did not choose its own `-n`, and does nothing otherwise. The command
@@ -36,10 +46,21 @@ THREAD_VARIABLES = (
 )
 
 
+GPU_VARIABLES = ("TANGRAM_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
 def command_env(
-    env_id: str, cores: int, home: str, *, elastic: bool, plugin_dir: str
+    env_id: str,
+    cores: int,
+    home: str,
+    *,
+    elastic: bool,
+    plugin_dir: str,
+    gpus: tuple[int, ...] = (),
+    gpus_isolated: bool = False,
 ) -> dict[str, str]:
-    """The whole environment of one command (see the module docstring)."""
+    """The whole environment of one command (see the module docstring); `gpus`: the host
+    indices of its granted GPUs, `gpus_isolated`: only their device nodes are visible."""
     n = str(cores)
     variables = {
         "PATH": SAFE_PATH,
@@ -49,6 +70,11 @@ def command_env(
         "TANGRAM_CPUS": n,
         **dict.fromkeys(THREAD_VARIABLES, n),
     }
+    if gpus:
+        visible = range(len(gpus)) if gpus_isolated else gpus
+        variables["TANGRAM_GPUS"] = ",".join(map(str, gpus))
+        variables["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, visible))
+        variables["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     if elastic:
         variables["PYTEST_PLUGINS"] = PLUGIN
         variables["PYTHONPATH"] = plugin_dir

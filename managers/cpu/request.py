@@ -28,6 +28,10 @@ class ExecRequest:
     cores>` where pytest-xdist is importable (through a plugin, see `grant`; never by rewriting
     the command). `output_cap`: bytes kept of stdout and of stderr each; the rest is
     drained and dropped, and the outcome says it was truncated.
+
+    A vector exec also demands a GPU chunk: `gpu_resource` names the GPU pool whose placement
+    in the assignment is the command's GPUs, `gpu_node` the node of that pool that is the
+    environment's machine (the manager refuses a grant elsewhere). None: no GPU.
     """
 
     env_id: str
@@ -35,6 +39,8 @@ class ExecRequest:
     timeout: float = 60.0
     elastic: bool = False
     output_cap: int = DEFAULT_OUTPUT_CAP
+    gpu_resource: str | None = None
+    gpu_node: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id:
@@ -55,6 +61,27 @@ class ExecRequest:
         cap = self.output_cap
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
+        if (self.gpu_resource is None) != (self.gpu_node is None):
+            raise ValidationError(
+                "gpus", self.gpu_node, "a GPU grant names both its pool and its node"
+            )
+
+
+def gpu_grant(assignment: Any, req: ExecRequest, node: str) -> tuple[int, ...] | Result:
+    """The GPUs (host indices) an exec of an environment on `node` (the CPU pool's) was
+    granted: () without a GPU demand; the failed `Result` naming `gpus` when the assignment
+    holds no chunk of the request's GPU pool on the environment's machine."""
+    if req.gpu_resource is None:
+        return ()
+    placement = assignment.placement.get(req.gpu_resource)
+    if placement is None or placement.chunk is None or placement.node != req.gpu_node:
+        return Result(
+            Status.FAILED,
+            detail=f"gpus: action {assignment.action_id}: placement {placement} is not a "
+            f"chunk of {req.gpu_resource!r} on {req.gpu_node}, the machine of its "
+            f"environment (node {node})",
+        )
+    return tuple(range(*placement.chunk))
 
 
 def exec_target(assignment: Any, envs: Any) -> tuple[ExecRequest, Any] | Result:

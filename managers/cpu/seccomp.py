@@ -93,7 +93,9 @@ LOADER_NAME = "seccomp_exec.py"
 # process, which passes on the first CAP + 1 bytes of each and drops the rest: a flood of
 # output is drained here, on the environment's cores and memory, not in the server. It ends
 # when the command ends (leftover children holding its pipes do not keep it) and exits as the
-# command did (the same code, or the same signal). The standard library only, no site.
+# command did (the same code, or the same signal). The command gets no descriptor above 2: what
+# the launcher passed on (nsenter's /proc/<holder> directory, a device sandbox's namespace) stays
+# out of it. The standard library only, no site.
 LOADER = '''\
 """tangram: load the seccomp filter argv[1]; run argv[3:], passing argv[2] + 1 bytes of output."""
 import ctypes, os, select, signal, sys
@@ -115,6 +117,7 @@ if pid == 0:
         os.dup2(w, target)
         os.close(r)
         os.close(w)
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
@@ -223,6 +226,8 @@ int main(int argc, char **argv) {
     if (pid == 0) {
         dup2(p[0][1], 1);
         dup2(p[1][1], 2);
+        if (syscall(SYS_close_range, 3, ~0U, 0) != 0)  /* nothing above 2 reaches the command */
+            for (long fd = 3, max = sysconf(_SC_OPEN_MAX); fd < max; fd++) close((int)fd);
         execvp(argv[3], argv + 3);
         int e = errno;
         dprintf(2, "%s: %s\n", argv[3], strerror(e));

@@ -6,25 +6,43 @@ backend evict the victims and restore the service if it was not resident, invoke
 with the action's payload (a JSON request) and returns the response as the `Result`, with the
 restore time it took. Start-up (`start`) deploys every registered service once: its host copy
 is kept for the life of the manager.
+
+A vector exec (a sandbox command granted a chunk of this pool beside its cores) is run by the
+CPU manager; the runtime calls `claim` before it starts and `release` after it ends: the chunk's
+resident service copies are evicted first and none is restored onto it meanwhile
+(`Residency.hold`). `machine_of` names the node of this pool that is a CPU node's machine.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 from managers.base import Manager
 from managers.gpu.advisor import ResidencyAdvisor
 from managers.gpu.backend import GpuBackend
 from managers.gpu.residency import Residency, RestoreDecision
 from managers.gpu.services import Service
+from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import NodeLost, ValidationError
 from tangram.pools import ChunkPool, Pool
 from tangram.results import Result, Status
 
 log = logging.getLogger("tangram.gpu")
+
+
+class ManagedAdvisor(ResidencyAdvisor):
+    """The runtime pool's advice: a service's action as `ResidencyAdvisor` says; an action
+    that names no service, which in the runtime is a vector exec's command that evicts what it
+    lands on (`GpuManager.claim`), prefers the chunk holding nothing, else the least recently
+    used (`Residency.vacancy`)."""
+
+    def prefer(self, action: Action, node: str, chunk: tuple[int, int]) -> float:
+        if action.service is None and node in self.residency.nodes():
+            return self.residency.vacancy(node, chunk)
+        return super().prefer(action, node, chunk)
 
 
 class GpuManager(Manager):
@@ -52,7 +70,7 @@ class GpuManager(Manager):
         self.clock = clock
         self.origin = ""  # how the pool was sized and why this backend (`/v1/status`)
         self._started = False
-        self.advisor = pool.advisor = ResidencyAdvisor(residency)  # this pool's advice
+        self.advisor = pool.advisor = ManagedAdvisor(residency)  # this pool's advice
 
     @property
     def backend_name(self) -> str | None:
@@ -78,6 +96,65 @@ class GpuManager(Manager):
                 why,
                 dropped,
             )
+
+    def machine_of(self, node: str, cpu_nodes: Collection[str]) -> str | None:
+        """The node of this pool on the machine of CPU node `node`: the same name (Ray names
+        both pools' nodes after the machine), else the one GPU node when both pools have one
+        node (this machine: `Tangram.local()`); None when no GPU node can be matched."""
+        nodes = self.pool.nodes()
+        if node in nodes:
+            return node
+        if len(nodes) == 1 and len(cpu_nodes) == 1 and node in cpu_nodes:
+            return nodes[0]
+        return None
+
+    async def claim(self, assignment: Assignment) -> Result | None:
+        """Before a vector exec's command starts on its chunk: hold the chunk (no restore onto
+        it until `release`) and evict every service copy resident on its GPUs
+        (evict-on-execution). None when done; else the failed `Result`, the chunk released."""
+        action = assignment.action
+        placement = assignment.placement.get(self.resource)
+        if placement is None or placement.chunk is None:
+            return Result(
+                Status.FAILED,
+                detail=f"gpus: action {action.id} holds no chunk of {self.resource!r}",
+            )
+        node, chunk = placement.node, placement.chunk
+        victims = self.residency.hold(action, node, chunk, self.clock())
+        victim = None
+        try:
+            for victim in victims:
+                await self.backend.evict(
+                    self.residency.registry.get(victim.service), victim.node, victim.chunk
+                )
+        except Exception as exc:
+            self.release(assignment)
+            assert victim is not None
+            if isinstance(exc, NodeLost):
+                self.lose_node(node, str(exc))
+            return Result(
+                Status.FAILED,
+                detail=f"gpus: evicting {victim.service} from {victim.node}{victim.chunk} "
+                f"before the command failed: {exc}",
+            )
+        except BaseException:  # cancelled: the chunk is not held by a command that never ran
+            self.release(assignment)
+            raise
+        if victims:
+            log.info(
+                "gpu: evicted %s from %s%s for command %s",
+                ", ".join(f"{v.service}{v.chunk}" for v in victims),
+                node,
+                chunk,
+                action.id,
+            )
+        return None
+
+    def release(self, assignment: Assignment) -> None:
+        """A claimed chunk's command ended: its GPUs take restores again."""
+        placement = assignment.placement[self.resource]
+        assert placement.chunk is not None
+        self.residency.end(assignment.action, placement.node, placement.chunk, self.clock())
 
     async def start(self) -> None:
         """Deploy every registered service's host copy (once)."""

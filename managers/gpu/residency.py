@@ -10,6 +10,9 @@ most one action per GPU). When an action starts (`begin`):
   entries are evicted (least recently used first, by default) until the variant fits. Eviction
   frees the entry on all its GPUs and writes nothing back (the host copy is kept).
 
+A command granted GPUs that is no service (a vector exec's sandbox) `hold`s its chunk instead:
+every entry on its GPUs is evicted first, and nothing is restored there until its `end`.
+
 The service stays resident after the action (`end` stamps its last use). `prefer` scores chunk
 choices for the placement policy (`ResidencyAdvisor.prefer`, the pool's advisor, in
 `managers.gpu.advisor`): the chunk where the variant is resident wins, then a chunk where it
@@ -197,6 +200,16 @@ class Residency:
         newest = max((self._last_use[e][1] for e in victims), default=0)
         return -newest / (self._tick + 1)
 
+    def vacancy(self, node: str, chunk: Chunk) -> float:
+        """Score a chunk for a command that is no service (a vector exec holds its chunk and
+        evicts what is there, `hold`): 1 when nothing is resident on its GPUs; in (-1, 0]
+        otherwise, the longer ago the most recently used of those entries, the higher."""
+        gpus = self._gpus[node]
+        entries = {e for g in range(int(chunk[0]), int(chunk[1])) for e in gpus[g].entries}
+        if not entries:
+            return 1.0
+        return -max(self._last_use[e][1] for e in entries) / (self._tick + 1)
+
     def should_wait(
         self,
         action: Action,
@@ -249,21 +262,7 @@ class Residency:
         service = self.registry.get(action.service)
         need = service.bytes_per_gpu(chunk[1] - chunk[0])
         gpus = self._gpus[node]
-        if action.id in self._running:
-            raise InvariantError(
-                f"{self.resource}: action {action.id} is already running on "
-                f"{self._running[action.id]}"
-            )
-        for g in range(*chunk):
-            if gpus[g].busy is not None:
-                raise InvariantError(
-                    f"{self.resource}.{node}.gpu{g}: runs {gpus[g].busy}, "
-                    f"cannot also run {action.id}"
-                )
-        for g in range(*chunk):
-            gpus[g].busy = action.id
-        self._running[action.id] = (node, chunk)
-        self._tick += 1
+        self._occupy(action, node, chunk)
         key = (service.name, node, chunk)
         hit = self._entries.get(key)
         if hit is not None:
@@ -294,6 +293,23 @@ class Residency:
             need,
             tuple(evicted),
         )
+
+    def hold(self, action: Action, node: str, chunk: Chunk, now: float) -> tuple[Entry, ...]:
+        """Start `action`, a command that is no service (a vector exec's sandbox), on `chunk`
+        of `node` at `now`: its GPUs are busy until `end`, so no service is restored onto them
+        meanwhile (`begin` refuses a busy GPU), and every entry resident on any of them is
+        evicted now, whole (evict-on-execution: the command gets the GPUs' memory). Returns the
+        evicted entries, for the backend to free."""
+        chunk = self._checked_chunk(node, chunk)
+        self._occupy(action, node, chunk)
+        gpus = self._gpus[node]
+        victims = sorted(
+            {e for g in range(*chunk) for e in gpus[g].entries}, key=lambda e: (e.chunk, e.service)
+        )
+        for e in victims:
+            self._drop(e)
+        self._verify()
+        return tuple(victims)
 
     def end(self, action: Action, node: str, chunk: Chunk, now: float) -> None:
         """`action` finished: free its GPUs and stamp its service's last use with `now`."""
@@ -329,6 +345,25 @@ class Residency:
         return len(gone)
 
     # -- internals -------------------------------------------------------------------------
+    def _occupy(self, action: Action, node: str, chunk: Chunk) -> None:
+        """Mark `chunk`'s GPUs busy with `action`; `InvariantError` if one already runs one."""
+        gpus = self._gpus[node]
+        if action.id in self._running:
+            raise InvariantError(
+                f"{self.resource}: action {action.id} is already running on "
+                f"{self._running[action.id]}"
+            )
+        for g in range(*chunk):
+            if gpus[g].busy is not None:
+                raise InvariantError(
+                    f"{self.resource}.{node}.gpu{g}: runs {gpus[g].busy}, "
+                    f"cannot also run {action.id}"
+                )
+        for g in range(*chunk):
+            gpus[g].busy = action.id
+        self._running[action.id] = (node, chunk)
+        self._tick += 1
+
     def _checked_chunk(self, node: str, chunk: Chunk) -> Chunk:
         if node not in self._gpus:
             raise InvariantError(f"{self.resource}: no node {node!r} (nodes: {self.nodes()})")

@@ -4,13 +4,16 @@
 async with Tangram.local() as tg:
     env = await tg.open_env("traj-1", memory_mb=1024)
     r = await tg.exec(env, "pytest -q tests", cpu=(1, 8), elastic=True, timeout=600)
+    r = await tg.exec(env, "python train.py", cpu=2, gpus=1)  # cores and a GPU: one action
     out = await tg.invoke("judge", {"token_ids": [1, 2, 3]}, gpus=(1, 2))
     resp = await tg.call_api("search", {"q": "tangram"})
     await tg.close_env(env)
 ```
 
 Every call becomes an *action* on the one queue; the policy runs on every arrival and
-completion; the manager of the action's pool runs it with exactly the granted units.
+completion; the manager of the action's pool runs it with exactly the granted units. A vector
+exec (`gpus=`) is one action over the CPU and GPU pools: the GPU manager evicts what is resident
+on its chunk (`GpuManager.claim`), then the CPU manager runs the command with those GPUs.
 """
 
 from __future__ import annotations
@@ -149,13 +152,21 @@ class Tangram(Environments):
         timeout: float = 60.0,
         output_cap: int | None = None,
         kind: str | None = None,
+        gpus: Any = None,
     ) -> Result:
         """`kind`: what the action is, from the trusted caller (an adapter's tool name), which
         keys the duration estimates every trajectory shares; without it, the estimates are the
-        trajectory's own (`profiles.exec_kind`). The action: `managers.cpu.actions`."""
+        trajectory's own (`profiles.exec_kind`). `gpus` (an amount, a list of amounts or a
+        (lo, hi) range, as `invoke` takes; None: no GPU): the command also gets one aligned
+        chunk of the GPU pool on its environment's machine, in the same action (placed with
+        the cores, atomically), its devices visible to it alone (`managers.cpu.grant`). The
+        action: `managers.cpu.actions`."""
         self._admitting()
         e = self._env(env)
         assert self.cpu is not None
+        gpu_resource, gpu_node = (
+            self._gpu_for(e.trajectory, gpus) if gpus is not None else (None, None)
+        )
         action = exec_action(
             self.cpu.resource,
             env,
@@ -168,6 +179,9 @@ class Tangram(Environments):
             kind=kind,
             profiles=self.scheduler.profiles,
             now=self._now(),
+            gpus=gpus,
+            gpu_resource=gpu_resource,
+            gpu_node=gpu_node,
         )
         e.running.add(action.id)
         try:
@@ -175,6 +189,35 @@ class Tangram(Environments):
         finally:
             e.running.discard(action.id)
             e.last_used = self._clock()
+
+    def _gpu_for(self, trajectory: str, gpus: Any) -> tuple[str, str]:
+        """The GPU pool and its node on the machine of `trajectory`'s environment, for a vector
+        exec; a `ValidationError` naming `gpus` where there is none (no GPU manager, a backend
+        that gives no GPUs, no GPU node matching the environment's)."""
+        assert self.cpu is not None
+        if self.gpu is None:
+            raise ValidationError(
+                "gpus", gpus, "no GPU pool is configured (no GPU manager): a command gets no GPUs"
+            )
+        refused = self.cpu.gpus_refused()
+        if refused is not None:
+            raise ValidationError("gpus", gpus, refused)
+        if isinstance(self.scheduler, ShardedScheduler):
+            raise ValidationError(
+                "gpus", gpus, "the sharded scheduler places no action over cores and GPUs together"
+            )
+        node = self.cpu.binding(trajectory)
+        match = None if node is None else self.gpu.machine_of(node, self.cpu.pool.nodes())
+        if match is None:
+            raise ValidationError(
+                "gpus",
+                gpus,
+                f"the environment's node {node} has no GPUs of the pool {self.gpu.resource!r} "
+                f"(its nodes: {', '.join(self.gpu.pool.nodes()) or 'none'})",
+            )
+        if len(self.gpu.pool.nodes()) > 1:  # the chunk must come from the environment's node
+            self.scheduler.bind(trajectory, self.gpu.resource, match)
+        return self.gpu.resource, match
 
     async def invoke(
         self, service: str, payload: Any = None, gpus: Any = 1, kind: str | None = None
@@ -255,9 +298,24 @@ class Tangram(Environments):
                 {r: self.scheduler.pools[r].free() for r in head.mins},
             )
 
+    async def _perform(self, p: Pending, a: Assignment) -> Result:
+        """Run one granted action by its manager; a vector exec (the CPU manager's, holding a
+        GPU chunk too) after the GPU manager has evicted what is resident on the chunk, which
+        takes no restore until the command ends (`GpuManager.claim`, `release`)."""
+        gpu = self.gpu
+        if gpu is None or p.manager is gpu or gpu.resource not in a.placement:
+            return await p.manager.run(a)
+        refused = await gpu.claim(a)
+        if refused is not None:
+            return refused
+        try:
+            return await p.manager.run(a)
+        finally:
+            gpu.release(a)
+
     async def _run(self, p: Pending, a: Assignment) -> None:
         try:
-            outcome = await p.manager.run(a)
+            outcome = await self._perform(p, a)
         except asyncio.CancelledError:
             outcome = Result(Status.CANCELLED, detail="cancelled at shutdown while running")
         except Exception as exc:  # a manager bug must not take other actions down

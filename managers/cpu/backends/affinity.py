@@ -5,7 +5,8 @@ cores (its descendants inherit the mask). There is no CPU quota and no memory
 limit, and a process may widen its own mask again: confinement is cooperative, and there is no
 isolation at all (the command runs as the server's user, on the host). The process group is
 killed at the deadline, after the command exits and when its environment closes. Commands see
-only `grant.command_env`.
+only `grant.command_env`. GPUs granted to an exec are named in its variables only
+(`CUDA_VISIBLE_DEVICES`, `TANGRAM_GPUS`): every GPU of the machine stays reachable.
 """
 
 from __future__ import annotations
@@ -58,11 +59,12 @@ class AffinityBackend(Backend):
         timeout: float,
         output_cap: int,
         elastic: bool,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         return await run_local(
             argv_of(command),
             cwd=env.workdir,
-            env=self._environ(env, cores, elastic),
+            env=self._environ(env, cores, elastic, gpus),
             timeout=timeout,
             output_cap=output_cap,
             spawning=lambda: _pinned(set(cores)),

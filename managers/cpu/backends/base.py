@@ -19,6 +19,9 @@ template methods (`open`, `exec`, `close`) and helpers, so no backend words them
   `killed: out of memory (limit N MiB)`; one that reached its deadline stays `timeout`, its
   detail adding that a process of it was killed for memory; a fork the pids limit refused is
   named in the detail, the status unchanged;
+- GPUs (a vector exec's chunk, host indices): the command sees `grant.GPU_VARIABLES`; how far
+  a backend enforces the grant is its `gpu_mode` (`GPU_MODES`), and a backend that
+  cannot give GPUs at all (`gpus_refused`) fails such an exec naming `gpus`;
 - the work folder (mode 0700, handed to the environment's uid where it has one) and the
   support folder (the pytest plugin of elastic runs: see `grant`), removed at `shutdown`.
 """
@@ -46,6 +49,12 @@ from tangram.errors import ActionFailed, BackendUnavailable, TangramError, Valid
 from tangram.results import Result, Status
 
 DEFAULT_PIDS_MAX = 512  # processes (and threads) per environment
+# how a backend gives an exec its granted GPUs (`Backend.gpu_mode`)
+GPU_MODES = {
+    "devices": "only the granted GPUs' device nodes are in the sandbox, and the variables",
+    "variables": "the variables only: every GPU of the machine stays reachable (no isolation)",
+    "recorded": "nothing runs: the grant is recorded",
+}
 SIGKILLED = (-9, 137, 128 + 9)  # killed by SIGKILL: the process itself, or a shell's child
 
 
@@ -106,6 +115,8 @@ class Backend(ABC):
     inside_work: str | None = None  # the work folder as commands see it (None: its host path)
     inside_support: str | None = None  # the support folder as commands see it
     pids_max: int | None = None  # processes per environment, where the backend limits them
+    gpu_mode: str = "variables"  # how an exec gets its granted GPUs: a key of `GPU_MODES`
+    gpus_refused: str | None = None  # why this backend gives a command no GPU, where it cannot
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:10]
@@ -192,11 +203,15 @@ class Backend(ABC):
         timeout: float,
         output_cap: int,
         elastic: bool = False,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         """Run one command confined to `cores`, with the environment of `grant.command_env`
-        (never the server's own); `elastic`: let pytest use the cores (see `grant`). See the
-        module docstring for the rules around it."""
+        (never the server's own); `elastic`: let pytest use the cores (see `grant`); `gpus`:
+        the host indices of its GPUs (see `gpu_mode`). See the module docstring for the rules
+        around it."""
         self._require_started("run a command")
+        if gpus and self.gpus_refused is not None:
+            return Result(Status.FAILED, detail=f"gpus: {self.gpus_refused}")
         live = self._live.get(env.id)
         if live is None:
             raise EnvironmentBroken(
@@ -204,7 +219,7 @@ class Backend(ABC):
             )
         before = self._limit_counts(env)
         try:
-            outcome = await self._exec(env, cores, command, timeout, output_cap, elastic)
+            outcome = await self._exec(env, cores, command, timeout, output_cap, elastic, gpus)
         except EnvironmentBroken:
             if self._live.get(env.id) is live:
                 raise
@@ -239,6 +254,7 @@ class Backend(ABC):
         timeout: float,
         output_cap: int,
         elastic: bool,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         """Run one command in an open environment (see `exec`)."""
 
@@ -251,7 +267,9 @@ class Backend(ABC):
         return LimitCounts()
 
     # -- helpers the family shares -------------------------------------------------------------
-    def _environ(self, env: Environment, cores: tuple[int, ...], elastic: bool) -> dict[str, str]:
+    def _environ(
+        self, env: Environment, cores: tuple[int, ...], elastic: bool, gpus: tuple[int, ...] = ()
+    ) -> dict[str, str]:
         """The whole environment of one command: `grant.command_env` with the folders as the
         command sees them."""
         return command_env(
@@ -260,6 +278,8 @@ class Backend(ABC):
             self.inside_work or env.workdir,
             elastic=elastic,
             plugin_dir=self.inside_support or str(self.support),
+            gpus=gpus,
+            gpus_isolated=self.gpu_mode == "devices",
         )
 
     @staticmethod

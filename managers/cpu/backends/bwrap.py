@@ -42,6 +42,19 @@ Python often lives under a folder only root may enter), and the seccomp filter r
 command one of its own. bwrap reads its arguments from a descriptor (`--args`), so the
 sandbox's init shows no host path in /proc/1/cmdline; `/dev/shm` is a private tmpfs. The price
 is the namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
+
+An exec granted GPUs (a vector exec) does not go through the spawner: its cgroup-joining shell
+runs `nsenter` into the holder's network, IPC, UTS and cgroup namespaces (not its mounts),
+which runs a one-off bwrap (`bwrap_start.device_sandbox_args`) in the holder's PID namespace
+(`--pidns`, so its /proc is the environment's) that mounts the environment's files exactly as
+the holder does plus, in its own /dev, the granted GPUs' `/dev/nvidia<i>` and the driver's
+control nodes that exist (`--dev-bind`, from `device_dir`, default /dev), and no other GPU's
+node; then the same uid drop and seccomp loader as the nsenter path (which closes every
+descriptor above 2). So the command sees the environment's processes, network and files, the
+granted GPUs only, and its own /tmp and /dev/shm (an image's /tmp is the image's, shared). A
+granted GPU whose node is missing fails the exec naming `gpus`. (Device nodes are named by the
+GPU's index: where the driver's minor numbers differ from NVML's order, point `device_dir` at a
+folder that maps them.)
 """
 
 from __future__ import annotations
@@ -85,7 +98,10 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     server_python,
 )
 from managers.cpu.backends.bwrap_start import (
+    DEVICE_NAMESPACES,
     IDLE_CAPS,
+    device_sandbox_args,
+    gpu_device_nodes,
     popen_holder,
     probe_sandbox,
     sandbox_args,
@@ -97,12 +113,13 @@ from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
-from tangram.results import Result
+from tangram.results import Result, Status
 
 
 class BwrapBackend(CgroupBackend):
     name = "bwrap"
     roots = True
+    gpu_mode = "devices"
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
 
@@ -114,14 +131,17 @@ class BwrapBackend(CgroupBackend):
         ro_paths: tuple[str, ...] | None = None,
         spawner: bool = True,
         favor_dynmods: bool = True,
+        device_dir: str = "/dev",
     ) -> None:
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
         be anyone's uid); `ro_paths`: the host paths each sandbox sees read-only besides the
         system's (a toolchain under /opt, a virtual environment); default: the server's own
         Python (`server_python`), () for none; `spawner`: start commands through a resident
         spawner in each sandbox (`spawner.py`; needs the server's Python visible inside)
-        instead of entering the sandbox per exec; `favor_dynmods`: the cgroup backend's.
-        Checks its options only: the trial sandbox runs at `start`."""
+        instead of entering the sandbox per exec; `favor_dynmods`: the cgroup backend's;
+        `device_dir`: where the GPUs' device nodes are (`nvidia<i>`, `nvidiactl`, ...) that an
+        exec granted GPUs gets bound in. Checks its options only: the trial sandbox runs at
+        `start`."""
         if ro_paths is None:
             ro_paths = server_python()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
@@ -132,12 +152,16 @@ class BwrapBackend(CgroupBackend):
             isinstance(p, str) and p.startswith("/") for p in ro_paths
         ):
             raise ValidationError("cpu.ro_paths", ro_paths, "must be a list of absolute paths")
+        if not isinstance(device_dir, str) or not device_dir.startswith("/"):
+            raise ValidationError("cpu.device_dir", device_dir, "must be an absolute path")
         super().__init__(parent, pids_max, favor_dynmods)
+        self.device_dir = device_dir
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
         self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
         self._uids: dict[str, int] = {}
         self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
+        self._entering_devices: int | None = None  # and its device sandbox's --args fd
         self._entering_cap = 0  # and its output cap
         self._holders: dict[str, _Holder] = {}
         self._want_spawner = spawner
@@ -291,7 +315,17 @@ class BwrapBackend(CgroupBackend):
         timeout: float,
         output_cap: int,
         elastic: bool = False,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
+        if gpus:
+            _, missing = gpu_device_nodes(self.device_dir, gpus)
+            if missing:
+                return Result(
+                    Status.FAILED,
+                    detail=f"gpus: GPUs {','.join(map(str, gpus))} were granted but "
+                    f"{', '.join(missing)} is not in {self.device_dir} (no such GPU on this "
+                    "machine: is the GPU pool simulated?)",
+                )
         holder = self._holders.get(env.id)
         if holder is not None and not holder.healthy() and env.id in self._envs:
             holder.release()
@@ -301,7 +335,7 @@ class BwrapBackend(CgroupBackend):
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
         self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
-        return await super().exec(env, cores, command, timeout, output_cap, elastic)
+        return await super().exec(env, cores, command, timeout, output_cap, elastic, gpus)
 
     async def _run(
         self,
@@ -313,10 +347,13 @@ class BwrapBackend(CgroupBackend):
         output_cap: int,
         elastic: bool,
         fds: tuple[int, ...] = (),
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         holder = self._holders.get(env.id)
-        if holder is None or holder.spawner is None:
-            return await super()._run(env, slot, cores, command, timeout, output_cap, elastic, fds)
+        if gpus or holder is None or holder.spawner is None:  # GPUs: the device sandbox
+            return await super()._run(
+                env, slot, cores, command, timeout, output_cap, elastic, fds, gpus
+            )
         leaf = slot.folders["cpu"]
         # no loader: the command inherits the spawner's filter (bwrap's --seccomp), and the
         # spawner drains what passes the cap inside the sandbox
@@ -330,23 +367,45 @@ class BwrapBackend(CgroupBackend):
             kill_rest=lambda: kill_rest(self._envs.get(env.id), leaf, holder),
         )
 
-    def _fds(self, env: Environment) -> tuple[int, ...]:
-        """Open the holder's /proc directory for this exec (closed in `_fds_done`); `_launch`,
-        called right after with no await between, names it."""
+    def _fds(self, env: Environment, gpus: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Open the holder's /proc directory for this exec (closed in `_fds_done`) and, for
+        GPUs, the device sandbox's arguments; `_launch`, called right after with no await
+        between, names them."""
         holder = self._holders.get(env.id)
-        if holder is not None and holder.spawner is not None:  # the spawner enters nothing
+        self._entering_devices = None
+        if holder is not None and holder.spawner is not None and not gpus:  # enters nothing
             self._entering = None
             return ()
         self._entering = None if holder is None else hold.open_holder(holder.pid, holder.started)
-        return () if self._entering is None else (self._entering,)
+        if self._entering is None:
+            return ()
+        if not gpus:
+            return (self._entering,)
+        pidns = None
+        try:
+            pidns = os.open("ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._entering)
+            devices, _ = gpu_device_nodes(self.device_dir, gpus)
+            args = device_sandbox_args(
+                env, self._system, self._extra, self.support, self.device_dir, devices, pidns
+            )
+            self._entering_devices = hold.args_fd(args)
+        except BaseException:
+            for fd in (self._entering, pidns):
+                hold.close_quietly(fd)
+            self._entering = None
+            raise
+        return (self._entering, pidns, self._entering_devices)
 
     def _fds_done(self, fds: tuple[int, ...]) -> None:
         for fd in fds:
             hold.close_quietly(fd)
 
-    def _launch(self, env: Environment, join: str, command: Command) -> list[str]:
+    def _launch(
+        self, env: Environment, join: str, command: Command, gpus: tuple[int, ...] = ()
+    ) -> list[str]:
         dirfd, self._entering = self._entering, None
-        if dirfd is None:
+        devices, self._entering_devices = self._entering_devices, None
+        if dirfd is None or (gpus and devices is None):
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
         drop = _drop_to(self._uids[env.id])
         loader = self._loader
@@ -354,18 +413,24 @@ class BwrapBackend(CgroupBackend):
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
             loader = image_loader(env, self._loader)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
-        return joined(
-            join,
-            (
+        if gpus:  # the device sandbox, in the holder's namespaces but its mounts
+            enter = (
+                "nsenter",
+                *hold.nsenter_args(dirfd, DEVICE_NAMESPACES),
+                "--",  # (the loader closes every descriptor above 2 before the command)
+                self._bwrap,
+                "--args",
+                str(devices),
+                "--",
+            )
+        else:
+            enter = (
                 "nsenter",
                 *hold.nsenter_args(dirfd, NAMESPACES),
                 f"--wdns={INSIDE_WORK}",
                 "--",
-                *drop,
-                *loader,
-                *argv_of(command),
-            ),
-        )
+            )
+        return joined(join, (*enter, *drop, *loader, *argv_of(command)))
 
     async def _close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)

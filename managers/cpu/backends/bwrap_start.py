@@ -1,9 +1,11 @@
-"""Starting a bwrap sandbox: the trial one that `BwrapBackend.probe` runs, and the holder's
-argument list, payload and process (`BwrapBackend._spawn_holder`). Split from `bwrap` by job;
-see it for what the sandbox is."""
+"""Starting a bwrap sandbox: the trial one that `BwrapBackend.probe` runs, the holder's
+argument list, payload and process (`BwrapBackend._spawn_holder`), and the device sandbox of an
+exec granted GPUs (`device_sandbox_args`). Split from `bwrap` by job; see it for what the
+sandbox is."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,6 +26,11 @@ from managers.cpu.pool import Environment
 from managers.cpu.uids import DEFAULT_UID_BASE
 
 IDLE_CAPS = ("--cap-drop", "ALL")  # the idle holder's: none
+# the NVIDIA driver's nodes every CUDA process opens besides its GPUs', bound where they exist
+GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
+# the holder's namespaces a device sandbox joins through nsenter (its PID namespace: bwrap's
+# --pidns, so that its /proc is that namespace's; its mounts: none, it has its own /dev)
+DEVICE_NAMESPACES = ("net", "ipc", "uts", "cgroup")
 
 
 def probe_sandbox() -> str | None:
@@ -103,6 +110,17 @@ def sandbox_args(
         str(info_w),
         "--seccomp",
         str(filter_fd),
+        *sandbox_mounts(env, system, extra, support),
+        "--chdir",
+        "/",
+    ]
+
+
+def sandbox_mounts(
+    env: Environment, system: list[str], extra: list[str], support: Path
+) -> list[str]:
+    """What an environment's sandbox sees (its holder's, and each device sandbox's)."""
+    return [
         *(system if env.root is None else ["--bind", env.root, "/"]),
         "--proc",
         "/proc",
@@ -125,8 +143,42 @@ def sandbox_args(
         str(support),
         INSIDE_SUPPORT,
         *(extra if env.root is None else []),
+    ]
+
+
+def gpu_device_nodes(device_dir: str, gpus: tuple[int, ...]) -> tuple[list[str], list[str]]:
+    """(the device nodes of `device_dir` an exec granted `gpus` gets: `nvidia<i>` of each
+    granted GPU and the control nodes that exist; the granted GPUs' nodes that are missing)."""
+    wanted = [f"nvidia{i}" for i in gpus]
+    missing = [n for n in wanted if not os.path.exists(os.path.join(device_dir, n))]
+    control = [n for n in GPU_CONTROL_DEVICES if os.path.exists(os.path.join(device_dir, n))]
+    return [*wanted, *control], missing
+
+
+def device_sandbox_args(
+    env: Environment,
+    system: list[str],
+    extra: list[str],
+    support: Path,
+    device_dir: str,
+    devices: list[str],
+    pidns: int,
+) -> list[str]:
+    """bwrap's arguments for one exec granted GPUs: the environment's files as its holder sees
+    them (`sandbox_mounts`) in a mount namespace of its own, whose /dev also holds `devices`
+    (`--dev-bind`, so they stay usable); run in the holder's PID namespace (`pidns`, a
+    descriptor of it, which bwrap closes) and its other namespaces (`DEVICE_NAMESPACES`,
+    entered by nsenter), so it shares the environment's processes, network and IPC. Its /tmp
+    and /dev/shm are its own (an image's /tmp is the image's)."""
+    binds = [a for d in devices for a in ("--dev-bind", os.path.join(device_dir, d), f"/dev/{d}")]
+    return [
+        "--pidns",
+        str(pidns),
+        "--die-with-parent",
+        *sandbox_mounts(env, system, extra, support),
+        *binds,
         "--chdir",
-        "/",
+        INSIDE_WORK,
     ]
 
 

@@ -8,7 +8,9 @@ its first instruction. After the command exits, whatever is left in the slot is 
 
 Limits per environment: memory (what the environment was opened with) and processes (`pids_max`,
 default `DEFAULT_PIDS_MAX`, where the pids controller exists), named in a failed command's
-result by the family's one rule (`base.name_limits`). Commands see only `grant.command_env`.
+result by the family's one rule (`base.name_limits`). Commands see only `grant.command_env`;
+GPUs granted to an exec are named in its variables only (`CUDA_VISIBLE_DEVICES`,
+`TANGRAM_GPUS`): this backend does not isolate devices, every GPU stays reachable.
 
 This backend confines CPU and memory but does not isolate: the command runs as the server's user
 in the host's namespaces. `bwrap` builds its sandbox on top of this one (`_launch`).
@@ -229,12 +231,14 @@ class CgroupBackend(Backend):
 
     # -- exec ----------------------------------------------------------------------------------
 
-    def _launch(self, env: Environment, join: str, command: Command) -> list[str]:
+    def _launch(
+        self, env: Environment, join: str, command: Command, gpus: tuple[int, ...] = ()
+    ) -> list[str]:
         """The argv of one exec: a shell that joins the slot (`join`), then runs `command`.
-        Isolating subclasses put their sandbox between the two."""
+        Isolating subclasses put their sandbox between the two (with `gpus`' devices)."""
         return joined(join, command)
 
-    def _fds(self, env: Environment) -> tuple[int, ...]:
+    def _fds(self, env: Environment, gpus: tuple[int, ...] = ()) -> tuple[int, ...]:
         """File descriptors the exec's launcher needs open (none here), opened per exec."""
         return ()
 
@@ -249,6 +253,7 @@ class CgroupBackend(Backend):
         timeout: float,
         output_cap: int,
         elastic: bool,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         e = self._envs.get(env.id)
         if e is None or not e.folders["cpu"].is_dir():
@@ -267,8 +272,10 @@ class CgroupBackend(Backend):
         leaf = slot.folders["cpu"]
         fds: tuple[int, ...] = ()
         try:
-            fds = self._fds(env)  # before `_run`, whose `_launch` may name them
-            outcome = await self._run(env, slot, cores, command, timeout, output_cap, elastic, fds)
+            fds = self._fds(env, gpus)  # before `_run`, whose `_launch` may name them
+            outcome = await self._run(
+                env, slot, cores, command, timeout, output_cap, elastic, fds, gpus
+            )
         finally:
             self._fds_done(fds)
             e.free.append(slot)
@@ -288,14 +295,15 @@ class CgroupBackend(Backend):
         output_cap: int,
         elastic: bool,
         fds: tuple[int, ...] = (),
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         """Run one command in `slot` (joined before it starts), its leftovers killed; `fds`
         (from `_fds`) are passed to it."""
         leaf = slot.folders["cpu"]
         return await run_local(
-            self._launch(env, slot.join, command),
+            self._launch(env, slot.join, command, gpus),
             cwd=env.workdir,
-            env=self._environ(env, cores, elastic),
+            env=self._environ(env, cores, elastic, gpus),
             timeout=timeout,
             output_cap=output_cap,
             kill_rest=lambda: fs.kill_all(leaf),

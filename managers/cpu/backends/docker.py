@@ -14,6 +14,8 @@ opened with `network=True`, a read-only root filesystem with a private `/tmp` (t
 environment's work directory (a host folder, mode 0700, owned by that user) bound writable at
 `/work`; memory without swap. Commands see only `grant.command_env`. Containers carry the
 server's PID and host name as labels, so a later server removes those of a dead one (`sweep`).
+A command granted GPUs (a vector exec) is refused, naming `gpus`: a container's devices are
+fixed when it is created, for the environment's whole life, while a grant is per exec.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ class DockerBackend(Backend):
     engine_images = True  # `open_env(image=...)` names an image of the engine
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
+    gpus_refused = (
+        "the docker backend gives a command no GPUs: a container's devices are fixed when "
+        "its environment opens, a grant is per exec (use the bwrap backend, which binds the "
+        "granted devices per exec)"
+    )
 
     def __init__(
         self,
@@ -214,6 +221,7 @@ class DockerBackend(Backend):
         timeout: float,
         output_cap: int,
         elastic: bool,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         from docker.errors import APIError
 

@@ -5,7 +5,8 @@
 `peak_mb(command)` models the memory a command needs (default 0): past the environment's
 `memory_mb` the command is killed (SIGKILL) and counted as an OOM kill, so its result is named
 by the same rule as a real backend's (`base.name_limits`). Environments are records only, so
-any number of nodes can be simulated.
+any number of nodes can be simulated. An exec granted GPUs records them (`gpu_grants`): nothing
+runs, so nothing sees them.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ class SimBackend(Backend):
     name = "sim"
     local = False
     support_files = False
+    gpu_mode = "recorded"
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class SimBackend(Backend):
         self.envs: dict[str, tuple[int, ...]] = {}
         self.ooms: dict[str, int] = {}  # env id -> commands killed for memory
         self.execs: list[tuple[str, tuple[int, ...], str]] = []  # (env, cores, command) log
+        self.gpu_grants: list[tuple[str, tuple[int, ...], str]] = []  # (env, GPUs, command)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -56,8 +59,11 @@ class SimBackend(Backend):
         timeout: float,
         output_cap: int,
         elastic: bool,
+        gpus: tuple[int, ...] = (),
     ) -> Result:
         self.execs.append((env.id, cores, describe(command)))
+        if gpus:
+            self.gpu_grants.append((env.id, gpus, describe(command)))
         d = self.duration(command, len(cores))
         if self.peak_mb(command) > env.memory_mb:  # killed as it reaches the limit
             self.ooms[env.id] += 1
