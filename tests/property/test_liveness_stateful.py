@@ -7,6 +7,8 @@ runs a decision, as the runtime does after every event, and:
   serial run time, at their minimum units, of everything that ran or waited ahead of it when it
   arrived;
 - at the end, with arrivals stopped, every action starts, and every unit is back;
+- beside the cores, a GPU chunk pool and arrivals needing cores and a chunk at once: an action
+  waiting for one pool holds nothing in the other (every property above holds for them);
 - work conservation (`tangram.conservation`): with the scheduler's own rule off, the policy
   alone never leaves an action waiting while every amount it allows is free and nothing ahead
   of it is blocked.
@@ -30,11 +32,11 @@ from solvers.registry import runtime_policies
 from tangram.actions import Action, Elasticity
 from tangram.conservation import wasted_now
 from tangram.errors import Infeasible
-from tangram.pools import CorePool
+from tangram.pools import ChunkPool, CorePool
 from tangram.profiles import amdahl
 from tangram.runtime.facade import Tangram
 from tangram.scheduler import Scheduler
-from topology import CpuNode
+from topology import ChunkTree, CpuNode
 
 POLICIES = [p for p in runtime_policies() if p not in ("cpsat", "pulp")]
 # shortest work first lets later arrivals go ahead (up to its aging bound), so the serial
@@ -47,13 +49,19 @@ class SchedulerMachine(RuleBasedStateMachine):
         sizes=st.lists(st.integers(1, 4), min_size=1, max_size=2),
         policy=st.sampled_from(POLICIES),
         scoped=st.booleans(),
+        gpus=st.sampled_from([0, 1, 2, 4]),
     )
-    def setup(self, sizes: list[int], policy: str, scoped: bool) -> None:
+    def setup(self, sizes: list[int], policy: str, scoped: bool, gpus: int) -> None:
+        """`gpus` > 0: a chunk pool of one node beside the cores, and arrivals that need cores
+        and a GPU chunk at once (vector actions)."""
         nodes = {f"n{i}": CpuNode(f"n{i}", {0: tuple(range(c))}) for i, c in enumerate(sizes)}
         self.pool = CorePool("cpu", nodes)
         self.capacity = self.pool.capacity()
+        pools: dict = {"cpu": self.pool}
+        if gpus:
+            self.gpu_pool = pools["gpu"] = ChunkPool("gpu", {"g0": ChunkTree(gpus, "g0")})
         self.s = Scheduler(
-            {"cpu": self.pool}, get_allocator(policy), scoped=scoped, conserve=False
+            pools, get_allocator(policy), scoped=scoped, conserve=False
         )  # the policy alone must conserve work
         self.sizes = dict(zip(nodes, sizes))
         self.fcfs = policy not in REORDERS
@@ -72,29 +80,39 @@ class SchedulerMachine(RuleBasedStateMachine):
             total += a.options[0][1] if a.options else a.duration
         return total
 
-    spec = st.tuples(st.integers(1, 4), st.floats(0.05, 3.0), st.booleans(), st.integers(-1, 1))
+    spec = st.tuples(
+        st.integers(1, 4),
+        st.floats(0.05, 3.0),
+        st.booleans(),
+        st.integers(-1, 1),
+        st.sampled_from([0, 0, 1, 2]),
+    )
 
     @rule(burst=st.lists(spec, min_size=1, max_size=4))
-    def submit(self, burst: list[tuple[int, float, bool, int]]) -> None:
+    def submit(self, burst: list[tuple[int, float, bool, int, int]]) -> None:
         """One or more arrivals at this instant, then one decision (as the simulator does)."""
-        for k, d, elastic, node in burst:
-            self._submit_one(k, d, elastic, node)
+        for k, d, elastic, node, g in burst:
+            self._submit_one(k, d, elastic, node, g)
         self._decide()
 
-    def _submit_one(self, k: int, d: float, elastic: bool, node: int) -> None:
+    def _submit_one(self, k: int, d: float, elastic: bool, node: int, g: int = 0) -> None:
         self.n += 1
         aid = f"a{self.n}"
         traj = f"t{node}" if 0 <= node < len(self.sizes) else None
+        demands: dict = {"cpu": (1, k) if elastic else k}
+        gpu = getattr(self, "gpu_pool", None)
+        if g and gpu is not None:
+            demands["gpu"] = min(g, gpu.capacity())  # cores and a GPU chunk together
         if elastic:
             act = Action(
                 aid,
-                {"cpu": (1, k)},
+                demands,
                 elasticity=Elasticity("cpu", d, amdahl(0.3)),
                 submit_time=self.now,
                 trajectory=traj,
             )
         else:
-            act = Action(aid, {"cpu": k}, duration=d, submit_time=self.now, trajectory=traj)
+            act = Action(aid, demands, duration=d, submit_time=self.now, trajectory=traj)
         bound = self.now + self._serial_work()
         try:
             self.s.submit(act)
@@ -162,6 +180,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             self.complete_next(None)
         assert not self.s.queue and not self.s.running
         assert self.pool.free() == self.capacity
+        gpu = getattr(self, "gpu_pool", None)
+        assert gpu is None or gpu.free() == gpu.capacity()
 
 
 SchedulerMachine.TestCase.settings = settings(
