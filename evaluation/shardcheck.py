@@ -1,21 +1,32 @@
-"""Sharded grants against the single scheduler's, on the same stream (docs/scale.md, "Shards").
+"""Sharded grants against an independent one-process run (docs/scale.md, "Shards").
 
-`run_sharded` runs a workload closed-loop through `ShardedScheduler` and keeps the stream the
-router saw (bindings, arrivals as routed, completions, decisions, grants); `compare_stream`
-feeds that stream to one scoped `Scheduler` in this process and compares every decision's
-grants (time, action, units, node, cores or chunk).
+`compare` runs a workload closed-loop twice with the same policy: once through
+`ShardedScheduler` (the router's grants kept from its stream), once through the plain scoped
+`Scheduler` in this process, which places every action itself (it is fed the workload's
+arrivals, never the router's bindings). Decision by decision, it compares every grant (time,
+action, units, node, cores or chunk) up to the first that differs: a wrong placement by the
+router (a first action on another node than one scheduler picks) shows as a difference there.
 
-    python -m evaluation.shardcheck coding 512 4     # WORKLOAD BATCH SHARDS
+    python -m evaluation.shardcheck coding 512 4          # WORKLOAD BATCH SHARDS
+    python -m evaluation.shardcheck coding 512 4 first    # unbound until the first action
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from evaluation.closedloop import ClosedLoopSimulator, LoopResult, Policy
+from evaluation.baselines.common import NoLifecycle
+from evaluation.closedloop import (
+    ClosedLoopSimulator,
+    EnvironmentStart,
+    Lifecycle,
+    LoopResult,
+    Policy,
+)
 from evaluation.decisions import describe
 from evaluation.workloads import get_workload
 from evaluation.workloads.base import Workload
@@ -26,20 +37,10 @@ from tangram.runtime.shards import ShardedScheduler
 from tangram.scheduler import Scheduler
 from tangram.sharding import ShardLayout
 
-
-def run_sharded(workload: Workload, policy: str, shards: int) -> tuple[LoopResult, list[tuple]]:
-    make = functools.partial(ShardedScheduler, shards=shards, log_stream=True)
-    sim = ClosedLoopSimulator(
-        workload, Policy(policy, get_allocator(policy), scoped=True, make_scheduler=make)
-    )
-    try:
-        result = sim.run()
-    finally:
-        sim.scheduler.close()
-    return result, sim.scheduler.stream
+Keyed = list[tuple[str, str, str]]
 
 
-def _keyed(now: float, grants: Iterable[Assignment]) -> list[tuple[str, str, str]]:
+def _keyed(now: float, grants: Iterable[Assignment]) -> Keyed:
     return sorted(
         (r, a.placement[r].node, f"{now:.9g} {describe(a)}")
         for a in grants
@@ -47,54 +48,79 @@ def _keyed(now: float, grants: Iterable[Assignment]) -> list[tuple[str, str, str
     )
 
 
+def run_sharded(
+    workload: Workload,
+    policy: str,
+    shards: int,
+    lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
+) -> tuple[LoopResult, list[tuple[float, Keyed]]]:
+    """The closed-loop run through the shards; the router's grants of every decision, as
+    (time, grants), in order (one per call of the engine's, as the one-process run's)."""
+    make = functools.partial(ShardedScheduler, shards=shards, log_stream=True)
+    sim = ClosedLoopSimulator(workload, _policy(policy, make, lifecycle))
+    try:
+        result = sim.run()
+    finally:
+        sim.scheduler.close()
+    stream = sim.scheduler.stream
+    return result, [(ev[1], _keyed(ev[1], ev[2])) for ev in stream if ev[0] == "granted"]
+
+
 @dataclass
 class Comparison:
-    """The router's grants against the single scoped scheduler's on the same stream, decision
-    by decision, up to the first decision where they differ (after it the states differ)."""
+    """The router's grants against the one-process run's, decision by decision, up to the
+    first decision where they differ (after it the runs differ)."""
 
-    decisions: int = 0  # decisions compared (all of them when `first_difference` is None)
+    decisions: int = 0  # the one-process run's decisions compared
     grants: int = 0  # grants equal, up to the first difference
     first_difference: float | None = None  # its time
     stranded: bool = False  # there, the single scheduler left a shard idle with work waiting
     detail: str = ""
 
 
-def compare_stream(
-    stream: list[tuple], pools: Mapping[str, Pool], policy: str, layout: ShardLayout
-) -> Comparison:
-    """Feed the router's stream to one scoped `Scheduler` and compare every decision's grants.
-    Where they first differ, say whether the single scheduler had left some shard's nodes with
-    nothing running while actions bound there waited (its liveness rule is global: a shard's
-    is per shard, so there the shard starts one and the single scheduler does not)."""
-    sched = Scheduler(pools, get_allocator(policy), scoped=True)
-    calls: dict[str, Callable] = {
-        "bind": sched.bind,
-        "unbind": sched.unbind,
-        "enqueue": sched.enqueue,
-        "cancel": sched.cancel,
-        "complete": sched.complete,
-    }
-    out = Comparison()
-    mine: list[tuple[str, str, str]] = []
-    for ev in stream:
-        op = ev[0]
-        if op == "decide":
-            mine = _keyed(ev[1], sched.decide(ev[1]))
-        elif op == "granted":
-            theirs = _keyed(ev[1], ev[2])
-            if mine != theirs:
-                out.first_difference = ev[1]
-                out.stranded = _stranded(sched, layout)
-                out.detail = f"single {mine[:4]} sharded {theirs[:4]}"
-                return out
-            out.decisions += 1
-            out.grants += len(mine)
-        else:
-            calls[op](*ev[1:])
-    return out
+class _Differ(Exception):
+    pass
+
+
+class _Against(Scheduler):
+    """The plain scoped `Scheduler`, checking each of its decisions against the router's grants
+    as it makes them; it stops the run (`_Differ`) at the first difference."""
+
+    def __init__(
+        self,
+        pools: Mapping[str, Pool],
+        allocator,
+        *,
+        theirs: list[tuple[float, Keyed]],
+        layout: ShardLayout,
+        out: Comparison,
+        **kw,
+    ) -> None:
+        super().__init__(pools, allocator, **kw)
+        self._theirs, self._layout, self._out = theirs, layout, out
+
+    def decide(self, now: float) -> list[Assignment]:
+        got = super().decide(now)
+        mine = _keyed(now, got)
+        j = self._out.decisions
+        at, theirs = self._theirs[j] if j < len(self._theirs) else (math.inf, [])
+        if at != now or mine != theirs:  # a grant apart, or a decision at another time
+            self.differ(min(at, now), mine, theirs if at == now else [])
+        self._out.decisions += 1
+        self._out.grants += len(mine)
+        return got
+
+    def differ(self, at: float, mine: Keyed, theirs: Keyed) -> None:
+        self._out.first_difference = at
+        self._out.stranded = _stranded(self, self._layout)
+        self._out.detail = f"single {mine[:4]} sharded {theirs[:4]}"
+        raise _Differ
 
 
 def _stranded(sched: Scheduler, layout: ShardLayout) -> bool:
+    """Whether `sched` leaves some shard's nodes with nothing running while actions bound
+    there wait (its liveness rule is global: a shard's is per shard, so there the shard
+    starts one and the single scheduler does not)."""
     busy = {
         layout.shard_of(ra.assignment.placement[r].node)
         for ra in sched.running.values()
@@ -109,20 +135,50 @@ def _stranded(sched: Scheduler, layout: ShardLayout) -> bool:
     return False
 
 
-def compare(workload: Workload, policy: str, shards: int) -> Comparison:
-    _, stream = run_sharded(workload, policy, shards)
+def _policy(policy: str, make: Callable, lifecycle: Callable[[], Lifecycle]) -> Policy:
+    return Policy(policy, get_allocator(policy), lifecycle(), scoped=True, make_scheduler=make)
+
+
+def compare(
+    workload: Workload,
+    policy: str,
+    shards: int,
+    lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
+) -> Comparison:
+    """Run `workload` through the shards, then through one scheduler, and compare their grants
+    (module docstring). `lifecycle`: `EnvironmentStart` binds each trajectory where its
+    environment opens (as the runtime does); `NoLifecycle` leaves it unbound, so its first
+    action's node is chosen by the router in one run and by the scheduler in the other. The
+    state at a difference is the single scheduler's after its decision there (or its next
+    one, where it made none at that time)."""
+    _, theirs = run_sharded(workload, policy, shards, lifecycle)
     pools = workload.make_pools()
     core = [r for r, p in pools.items() if isinstance(p, CorePool)]
     nodes = list(dict.fromkeys(n for r in core for n in pools[r].nodes()))
-    return compare_stream(stream, pools, policy, ShardLayout.contiguous(core, nodes, shards))
+    out = Comparison()
+    make = functools.partial(
+        _Against, theirs=theirs, layout=ShardLayout.contiguous(core, nodes, shards), out=out
+    )
+    single = ClosedLoopSimulator(workload, _policy(policy, make, lifecycle))
+    try:
+        single.run()
+    except _Differ:
+        return out
+    if out.decisions < len(theirs):  # the router decided after this run's last decision
+        out.first_difference, more = theirs[out.decisions]
+        out.detail = f"single [] sharded {more[:4]}"
+    return out
 
+
+LIFECYCLES = {"open": EnvironmentStart, "first": NoLifecycle}
 
 if __name__ == "__main__":
     name, batch, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    bind = sys.argv[4] if len(sys.argv) > 4 else "open"
     w = get_workload(name, batch=batch, nodes=max(1, batch // 128), cores_per_node=128)
-    c = compare(w, "heuristic", shards)
+    c = compare(w, "heuristic", shards, LIFECYCLES[bind])
     print(
-        f"{name} batch {batch}, {shards} shards: {c.decisions} decisions, {c.grants} grants "
-        f"equal; first difference: {c.first_difference} (single scheduler stranded a shard "
-        f"there: {c.stranded}) {c.detail}"
+        f"{name} batch {batch}, {shards} shards, bound at {bind}: {c.decisions} decisions, "
+        f"{c.grants} grants equal; first difference: {c.first_difference} (single scheduler "
+        f"stranded a shard there: {c.stranded}) {c.detail}"
     )
