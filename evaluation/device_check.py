@@ -191,14 +191,18 @@ def pool_check() -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m evaluation.device_check", description=__doc__)
     p.add_argument("--size-mb", type=int, default=2048)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-tests", action="store_true", help="the figures only")
     p.add_argument("--tests-timeout", type=float, default=300, help="seconds (default 300)")
-    ns = p.parse_args(argv)
+    return p
+
+
+def _cuda_torch() -> Any:
+    """torch, where it is installed and sees a CUDA device; else None, having said why."""
     try:
         import torch  # optional third-party dependency (the gpu extra)
     except ImportError as exc:
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             "(pip install 'arl-tangram[gpu]') on a CUDA machine. Nothing was checked.",
             file=sys.stderr,
         )
-        return 2
+        return None
     if not torch.cuda.is_available():
         print(
             f"device check: this machine has no CUDA device (torch {torch.__version__}: "
@@ -216,7 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             "stand-in).",
             file=sys.stderr,
         )
-        return 2
+        return None
+    return torch
+
+
+def _measure(ns: argparse.Namespace, torch: Any) -> dict[str, Any]:
+    """The GPU tests (unless `--no-tests`), the copy and restore figures, the production path,
+    and whether the checks and the tests pass (`checks_pass`, `tests_pass`)."""
     n = torch.cuda.device_count()
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(0),
@@ -234,40 +244,51 @@ def main(argv: list[str] | None = None) -> int:
     result.update(backend_check(ns.size_mb, ns.repeats))
     result["restore_vs_raw"] = result["restore_gbps"] / result["raw_pinned_h2d_gbps"]
     result["production_path"] = pool_check()
-    ok = (
+    result["checks_pass"] = (
         all(g >= result["bytes"] for g in result["allocated_after_restore"])
         and all(f == 0 for f in result["allocated_after_evict"])
         and result["logprobs_finite"]
         and result["production_path"]["pool_ok"]
     )
-    tests_ok = ns.no_tests or result["gpu_tests"]["ok"]
-    result["checks_pass"] = ok
-    result["tests_pass"] = tests_ok
+    result["tests_pass"] = ns.no_tests or result["gpu_tests"]["ok"]
+    return result
+
+
+def _print_figures(result: dict[str, Any], tests_run: bool) -> None:
+    print(f"GPU {result['gpu']} ({result['cuda_devices']} CUDA device(s)), torch {result['torch']}")
+    print(f"raw pinned H2D copy         {result['raw_pinned_h2d_gbps']:6.1f} GB/s")
+    print(
+        f"torch backend restore       {result['restore_gbps']:6.1f} GB/s "
+        f"({result['restore_vs_raw']:.0%} of raw; {result['bytes'] / 1e9:.2f} GB in "
+        f"{result['tensors']} tensors, {result['restore_s'] * 1e3:.1f} ms)"
+    )
+    print(f"evict {result['evict_s'] * 1e3:.2f} ms, invoke {result['invoke_s'] * 1e3:.1f} ms")
+    print(
+        f"memory counters: +{result['allocated_after_restore']} after restore, "
+        f"{result['allocated_after_evict']} after evict -> "
+        f"{'ok' if result['checks_pass'] else 'FAILED'}"
+    )
+    pp = result["production_path"]
+    print(
+        f"Tangram.local(): {pp['pool_gpus']} of {pp['cuda_devices']} GPUs on "
+        f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
+        f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}"
+    )
+    if tests_run:
+        print(f"GPU tests: {'ok' if result['tests_pass'] else 'FAILED'} (above)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _parser().parse_args(argv)
+    torch = _cuda_torch()
+    if torch is None:
+        return 2
+    result = _measure(ns, torch)
     if ns.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"GPU {result['gpu']} ({n} CUDA device(s)), torch {result['torch']}")
-        print(f"raw pinned H2D copy         {result['raw_pinned_h2d_gbps']:6.1f} GB/s")
-        print(
-            f"torch backend restore       {result['restore_gbps']:6.1f} GB/s "
-            f"({result['restore_vs_raw']:.0%} of raw; {result['bytes'] / 1e9:.2f} GB in "
-            f"{result['tensors']} tensors, {result['restore_s'] * 1e3:.1f} ms)"
-        )
-        print(f"evict {result['evict_s'] * 1e3:.2f} ms, invoke {result['invoke_s'] * 1e3:.1f} ms")
-        print(
-            f"memory counters: +{result['allocated_after_restore']} after restore, "
-            f"{result['allocated_after_evict']} after evict -> "
-            f"{'ok' if ok else 'FAILED'}"
-        )
-        pp = result["production_path"]
-        print(
-            f"Tangram.local(): {pp['pool_gpus']} of {pp['cuda_devices']} GPUs on "
-            f"{pp['gpu_backend']} (simulated: {pp['gpu_simulated']}; {pp['gpu_pool']}); "
-            f"a call: {pp['call_status']} -> {'ok' if pp['pool_ok'] else 'FAILED'}"
-        )
-        if not ns.no_tests:
-            print(f"GPU tests: {'ok' if tests_ok else 'FAILED'} (above)")
-    return 0 if ok and tests_ok else 1
+        _print_figures(result, tests_run=not ns.no_tests)
+    return 0 if result["checks_pass"] and result["tests_pass"] else 1
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -257,9 +258,8 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    p = _parser()
-    ns = p.parse_args(argv)
+def _servers(no_cold: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The servers measured: each one's command line and what it adds to the environment."""
     py = sys.executable
     servers = {
         # the sandbox's PATH, so that every server runs the same python3
@@ -275,46 +275,76 @@ def main(argv: list[str]) -> int:
             {"TANGRAM_SANDBOXFUSION_WARM": "0"},
         ),
     }
-    if ns.no_cold:
+    if no_cold:
         del servers["tangram, no warm pool"]
-    lat: dict[str, list[float]] = {k: [] for k in servers}
-    rps: dict[str, list[float]] = {k: [] for k in servers}
-    ok: dict[str, list[int]] = {k: [0, 0, 0, 0] for k in servers}  # seq ok, seq n, tput ok, tight
-    cpu: dict[str, list[float]] = {k: [] for k in servers}  # CPU ms per request, throughput
-    done = {k: 0 for k in servers}  # throughput requests answered
-    raw: list[float] = []
-    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    with contextlib.ExitStack() as stack:
-        # every server up at once, idle while another is measured
-        up = {name: stack.enter_context(_server(cmd, env)) for name, (cmd, env) in servers.items()}
-        for r in range(ns.rounds):
-            raw += _raw_ms(ns.requests)
-            samples, good = asyncio.run(
-                _interleaved({k: u for k, (u, _) in up.items()}, ns.requests)
-            )
-            for name, (url, pid) in up.items():
-                lat[name] += samples[name]
-                ok[name][0] += good[name]
-                ok[name][1] += len(samples[name])
-                c0 = cpu_seconds(pid)
-                tput, tgood, answered = asyncio.run(_throughput(url, ns.clients, ns.seconds))
-                time.sleep(1.0)  # the last sandboxes closed (and waited for)
-                cpu[name].append((cpu_seconds(pid) - c0) * 1e3 / max(answered, 1))
-                rps[name].append(tput)
-                ok[name][2] += tgood
-                done[name] += answered
-                if r == 0:
-                    ok[name][3] = asyncio.run(_tight(url))
-            print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
-    _table(servers, lat, rps, ok, done, raw, ns.clients)
+    return servers
+
+
+@dataclass
+class Measured:
+    """What the rounds measured, per server (and the raw program's latencies)."""
+
+    names: list[str]
+    lat: dict[str, list[float]] = field(init=False)  # sequential latencies, ms
+    rps: dict[str, list[float]] = field(init=False)  # throughput per round
+    ok: dict[str, list[int]] = field(init=False)  # seq ok, seq n, tput ok, tight ok
+    cpu: dict[str, list[float]] = field(init=False)  # CPU ms per request, throughput
+    done: dict[str, int] = field(init=False)  # throughput requests answered
+    raw: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.lat = {k: [] for k in self.names}
+        self.rps = {k: [] for k in self.names}
+        self.ok = {k: [0, 0, 0, 0] for k in self.names}
+        self.cpu = {k: [] for k in self.names}
+        self.done = {k: 0 for k in self.names}
+
+
+def _round(up: dict[str, tuple[str, int]], ns: argparse.Namespace, m: Measured, first: bool):
+    """One round: the raw program, every server's latency interleaved request by request,
+    then each server's throughput and its CPU per request (and, in the first round, how many
+    requests with a tight timeout it answers)."""
+    m.raw += _raw_ms(ns.requests)
+    samples, good = asyncio.run(_interleaved({k: u for k, (u, _) in up.items()}, ns.requests))
+    for name, (url, pid) in up.items():
+        m.lat[name] += samples[name]
+        m.ok[name][0] += good[name]
+        m.ok[name][1] += len(samples[name])
+        c0 = cpu_seconds(pid)
+        tput, tgood, answered = asyncio.run(_throughput(url, ns.clients, ns.seconds))
+        time.sleep(1.0)  # the last sandboxes closed (and waited for)
+        m.cpu[name].append((cpu_seconds(pid) - c0) * 1e3 / max(answered, 1))
+        m.rps[name].append(tput)
+        m.ok[name][2] += tgood
+        m.done[name] += answered
+        if first:
+            m.ok[name][3] = asyncio.run(_tight(url))
+
+
+def _report(servers: dict, m: Measured, clients: int) -> None:
+    _table(servers, m.lat, m.rps, m.ok, m.done, m.raw, clients)
     print(
         "CPU per request under load (the server process and what it ran: its programs, or "
         "for tangram its cgroups, every sandbox and command): "
-        + "; ".join(f"{k} {statistics.median(v):.1f} ms" for k, v in cpu.items())
+        + "; ".join(f"{k} {statistics.median(v):.1f} ms" for k, v in m.cpu.items())
     )
     print(
         "real SandboxFusion: its server is not on the package registries (only the SDK, "
         "sandbox-fusion), so it is not measured here; `SandboxFusion-shaped` stands in"
     )
+
+
+def main(argv: list[str]) -> int:
+    ns = _parser().parse_args(argv)
+    servers = _servers(ns.no_cold)
+    m = Measured(list(servers))
+    print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    with contextlib.ExitStack() as stack:
+        # every server up at once, idle while another is measured
+        up = {name: stack.enter_context(_server(cmd, env)) for name, (cmd, env) in servers.items()}
+        for r in range(ns.rounds):
+            _round(up, ns, m, first=r == 0)
+            print(f"round {r + 1}/{ns.rounds} done (load average {os.getloadavg()[0]:.2f})")
+    _report(servers, m, ns.clients)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
     return 0
