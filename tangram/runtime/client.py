@@ -144,13 +144,16 @@ class TangramClient:
         elastic: bool = False,
         timeout: float = 60.0,
         kind: str | None = None,
+        gpus: Any = None,
     ) -> Result:
+        """`Tangram.exec` over HTTP; `gpus` as there (None: no GPU)."""
         body = {
             "command": command if isinstance(command, str) else list(command),
             "cpu": demand_json(cpu),
             "elastic": elastic,
             "timeout": timeout,
             **({"kind": kind} if kind is not None else {}),
+            **({"gpus": demand_json(gpus)} if gpus is not None else {}),
         }
         return _result(
             await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec", body)

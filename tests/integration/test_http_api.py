@@ -88,7 +88,7 @@ def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> Non
         "/metrics",
     } <= set(paths)
     exec_body = schema["components"]["schemas"]["Exec"]["properties"]
-    assert set(exec_body) == {"command", "cpu", "elastic", "timeout", "kind"}
+    assert set(exec_body) == {"command", "cpu", "gpus", "elastic", "timeout", "kind"}
     # the served result model is tangram.results.Result itself, field for field
     result_out = schema["components"]["schemas"]["Result"]["properties"]
     assert set(result_out) == {f.name for f in dataclasses.fields(Result)}

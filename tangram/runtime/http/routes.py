@@ -108,6 +108,7 @@ async def exec_(env_id: str, body: Exec, request: Request) -> Response:
             elastic=body.elastic,
             timeout=body.timeout,
             kind=body.kind,
+            gpus=None if body.gpus is None else demand_arg(body.gpus),
         ),
     )
 

@@ -56,6 +56,7 @@ class Exec(_Body):
         ]
     )
     cpu: Demand = 1
+    gpus: Demand | None = None  # a GPU chunk too, in the same action (`Tangram.exec`)
     elastic: bool = False
     timeout: Seconds = 60.0
     kind: Name | None = None  # the caller's name for the action (keys shared estimates)

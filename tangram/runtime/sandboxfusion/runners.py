@@ -12,6 +12,10 @@ Which toolchains exist is decided *inside the sandbox*: the first step of every 
 with a guard (`command -v` for each tool, `[ -f ]` for each jar) that runs in the sandbox's own
 view (its PATH, its root filesystem: the host's, or an image's), so a language whose toolchain
 the sandbox cannot see answers `SandboxError` naming the missing tool, never a compile error.
+
+`python_gpu` and `cuda` run like `python` and a CUDA build (`nvcc main.cu -o test`, then
+`./test`) with one GPU granted to the run step (`Plan.gpus`: a vector exec, its devices in the
+sandbox); a server without a real GPU pool answers `SandboxError` saying so (`work.no_gpu`).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Plan:
     jars: tuple[str, ...] = ()  # absolute paths that must exist in the sandbox
     extra: dict[str, bytes] = field(default_factory=dict)
     code_prefix: str = ""
+    gpus: int | None = None  # GPUs of the run step (None: none)
 
     def guard(self) -> str:
         """Shell lines that exit `MISSING_CODE` with `MISSING` on stderr when a tool or jar is
@@ -206,15 +211,21 @@ def _csharp(code: str, files: list[str], args: list[str]) -> Plan:
     )
 
 
-def _simple(source: str, command: str, tool: str):
+def _simple(source: str, command: str, tool: str, gpus: int | None = None):
     def plan(code: str, files: list[str], args: list[str]) -> Plan:
-        return Plan(source, f"{command} {source}", tools=(tool,))
+        return Plan(source, f"{command} {source}", tools=(tool,), gpus=gpus)
 
     return plan
 
 
+def _cuda(code: str, files: list[str], args: list[str]) -> Plan:
+    return Plan("main.cu", "./test", "nvcc main.cu -o test", tools=("nvcc",), gpus=1)
+
+
 PLANS = {
     "python": _simple("main.py", "python3", "python3"),
+    "python_gpu": _simple("main.py", "python3", "python3", gpus=1),
+    "cuda": _cuda,
     "pytest": _pytest,
     "bash": _simple("main.sh", "/bin/bash", "bash"),
     "cpp": _cpp,

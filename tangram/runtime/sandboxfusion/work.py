@@ -116,12 +116,26 @@ def _grant(tg: Any, step: str, r: Result) -> StepGrant:
     )
 
 
+def no_gpu(tg: Any, language: str) -> str | None:
+    """Why `tg` cannot grant `language`'s run a GPU (no GPU pool, a simulated one, a CPU
+    backend that gives commands no GPU), None where it can."""
+    gpu = getattr(tg, "gpu", None)
+    if gpu is None:
+        return f"{language} needs a GPU: this server has no GPU pool"
+    if gpu.simulated:
+        return f"{language} needs a GPU: this server's GPU pool is simulated (no GPU here)"
+    refused = tg.cpu.gpus_refused() if tg.cpu is not None else None
+    return None if refused is None else f"{language} needs a GPU: {refused}"
+
+
 async def run_code(tg: Any, req: RunCodeRequest) -> RunCodeResponse:
     """Run one request on `tg` (a `Tangram`): see the package docstring. A fresh environment
     is closed before this returns, also when it is cancelled."""
     plan = plan_for(req.language, req.code, list(req.files), req.args)
     if isinstance(plan, str):
         return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=plan)
+    if plan.gpus is not None and (why := no_gpu(tg, req.language)) is not None:
+        return RunCodeResponse(status=RunStatus.SANDBOX_ERROR, message=why)
     paths = [*req.files, *req.fetch_files]
     if any(p.startswith("/") for p in paths) and not absolute_allowed(tg):
         bad = next(p for p in paths if p.startswith("/"))
@@ -273,6 +287,7 @@ async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeR
             elastic=elastic,
             timeout=req.run_timeout,
             kind=f"run_code:{req.language}",
+            **({} if plan.gpus is None else {"gpus": plan.gpus}),
         )
         resp.tangram.steps.append(_grant(tg, "run", r))
         resp.run_result = command_result(r)
