@@ -479,3 +479,27 @@ def test_gpu_languages_run_with_a_gpu_granted() -> None:
             doc = run_code(url, "cuda", "int main() { return 0; }")
             assert doc["status"] == "SandboxError" and "nvcc" in doc["message"], doc
     os.rmdir(workdir)
+
+
+@pytest.mark.skipif(BWRAP is not None, reason=f"bwrap backend: {BWRAP}")
+def test_python_gpu_on_bwrap_sees_its_one_gpu(device_dir: str) -> None:
+    tg = Tangram(
+        cpu=CpuManager("bwrap", backend_options={"device_dir": device_dir}),
+        gpu=gpu_manager(4, backend=UnsimulatedGpu(time_scale=0)),
+    )
+    with serve_in_thread(create_app(tg)) as url:
+        code = (
+            "import os\n"
+            "print(os.environ['TANGRAM_GPUS'], os.environ['CUDA_VISIBLE_DEVICES'])\n"
+            "print(sorted(n for n in os.listdir('/dev') if n.startswith('nvidia')))\n"
+        )
+        doc = run_code(url, "python_gpu", code)
+        assert doc["status"] == "Success", doc
+        first, second = doc["run_result"]["stdout"].splitlines()
+        gpu, visible = first.split()
+        assert visible == "0" and gpu in "0123"
+        assert set(json.loads(second.replace("'", '"'))) == {
+            f"nvidia{gpu}",
+            "nvidia-uvm",
+            "nvidiactl",
+        }

@@ -9,6 +9,7 @@ import shlex
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tangram.runtime.sandboxfusion import runners, work
 from tangram.runtime.sandboxfusion.runners import (
     MISSING_CODE,
     PLANS,
@@ -39,11 +40,13 @@ def test_the_guard_is_kept_where_it_checks_more_than_the_program() -> None:
     assert plain_argv("java -jar x.jar", ("java",), ("/usr/share/java/x.jar",)) is None
     assert plain_argv("/bin/bash main.sh", ("bash",), ()) is None
     # which runners' run steps start without a shell when their guard is on (as a request
-    # with no compile step has it): their one tool and plain words, nothing else
+    # with no compile step has it): their one tool and plain words, nothing else (a step
+    # granted GPUs, python_gpu's, always has its guard: it does not start through the spawner)
     plain = {
         language
         for language, make in PLANS.items()
-        if plain_argv((plan := make("print(1)", [], [])).run, plan.tools, plan.jars) is not None
+        if (plan := make("print(1)", [], [])).gpus is None
+        and plain_argv(plan.run, plan.tools, plan.jars) is not None
     }
     assert plain == {
         "python", "nodejs", "typescript", "php", "ruby", "perl", "lua", "R", "julia", "scala",
@@ -60,3 +63,18 @@ def test_the_spawners_not_found_line_is_a_missing_toolchain() -> None:
     assert missing_toolchain(MISSING_CODE, guard) == said  # the shell guard's words
     assert missing_toolchain(1, line) is None  # only with the not-found exit code
     assert missing_toolchain(MISSING_CODE, "lua: oops\n" + line) is None  # the first line only
+
+
+def test_a_step_granted_gpus_keeps_its_guard() -> None:
+    """A GPU step runs in a device sandbox, not through the spawner that names a missing
+    program: it keeps the staging shell and its guard, where `python` starts without them."""
+
+    class Spawned:  # a local CPU manager whose commands start through a spawner
+        backend = type("B", (), {"spawned": staticmethod(lambda env: True)})()
+
+    tg = type("Tg", (), {"cpu": Spawned()})()
+    for language, shell in (("python", False), ("python_gpu", True)):
+        plan = PLANS[language]("print(1)", [], [])
+        argv = work._argv(tg, "env", plan, ("", plan.run), {}, plan.guard(), work._NO_STDIN)
+        assert (argv[:2] == ["sh", "-c"]) is shell, (language, argv)
+        assert (runners.MISSING in " ".join(argv)) is shell  # the guard's words

@@ -241,10 +241,11 @@ def _argv(
     stdin: str,
 ) -> list[str]:
     """A step's argv, `step` its (shell prefix, command): the command started directly where
-    nothing is to be staged, stdin is none and the spawner guards it (`plain_argv`), else by
-    the staging shell."""
+    nothing is to be staged, stdin is none and the spawner guards it (`plain_argv`; a step
+    granted GPUs starts in a device sandbox, not through the spawner), else by the staging
+    shell."""
     prefix, command = step
-    if not files and stdin == _NO_STDIN and _spawned(tg, env):
+    if not files and stdin == _NO_STDIN and plan.gpus is None and _spawned(tg, env):
         plain = plain_argv(command, plan.tools if guard else (), plan.jars if guard else ())
         if plain is not None:
             return plain
