@@ -12,11 +12,13 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -26,6 +28,9 @@ from managers.cpu.actions import exec_action
 from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.sim import SimBackend
+from managers.cpu.build import build
+from managers.cpu.images import ImageStore
+from managers.cpu.layers import LayerStore, unmount_below
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry
 from managers.gpu.sim import SimBackend as SimGpu
 from tangram.actions import Action
@@ -503,3 +508,39 @@ def test_python_gpu_on_bwrap_sees_its_one_gpu(device_dir: str) -> None:
             "nvidia-uvm",
             "nvidiactl",
         }
+
+
+def _images_reason() -> str | None:
+    if BWRAP is not None:
+        return BWRAP
+    with tempfile.TemporaryDirectory() as d:
+        return LayerStore(d).why_not
+
+
+@pytest.mark.skipif(_images_reason() is not None, reason=f"images: {_images_reason()}")
+def test_an_image_environments_gpu_command_sees_the_image_and_its_gpu(device_dir: str) -> None:
+    """With an image as its root, the device sandbox is the image's tree (its /tmp, in the
+    environment's layer, shared with the environment's other commands) plus the granted GPU."""
+    state = tempfile.mkdtemp(prefix="tangram-vx-img-")
+    os.chmod(state, 0o755)
+    build(ImageStore(f"{state}/images"), "tools", [{"host": {"programs": ["sh", "ls", "cat"]}}])
+
+    async def main():
+        cpu = CpuManager("bwrap", state_dir=state, backend_options={"device_dir": device_dir})
+        async with Tangram(cpu=cpu, gpu=gpu_manager(4)) as tg:
+            env = await tg.open_env("img", memory_mb=256, image="tools", disk_mb=32)
+            r = await tg.exec(env, "echo mark > /tmp/t; ls /dev", gpus=1)
+            assert r.ok, (r.detail, r.stderr)
+            g = r.placement["gpu"].chunk[0]
+            assert {n for n in r.stdout.split() if n.startswith("nvidia")} == {
+                f"nvidia{g}",
+                "nvidiactl",
+                "nvidia-uvm",
+            }
+            assert (await tg.exec(env, "cat /tmp/t")).stdout == "mark\n"  # the same /tmp
+
+    try:
+        run(main())
+    finally:
+        unmount_below(Path(state))
+        shutil.rmtree(state, ignore_errors=True)
