@@ -159,8 +159,8 @@ class Tangram(Environments):
         trajectory's own (`profiles.exec_kind`). `gpus` (an amount, a list of amounts or a
         (lo, hi) range, as `invoke` takes; None: no GPU): the command also gets one aligned
         chunk of the GPU pool on its environment's machine, in the same action (placed with
-        the cores, atomically), its devices visible to it alone (`managers.cpu.grant`). The
-        action: `managers.cpu.actions`."""
+        the cores, atomically), named in its variables and, on bwrap, the only GPU devices in
+        its sandbox (`managers.cpu.grant`). The action: `managers.cpu.actions`."""
         self._admitting()
         e = self._env(env)
         assert self.cpu is not None
