@@ -13,7 +13,8 @@ about instances a user may write.
 `check_run` judges a simulated schedule by itself, not by the scheduler's own bookkeeping:
 every action ran once, after its arrival, with allowed units on a placement of each demanded
 pool; at every instant no node holds more units than it has and no two running actions share a
-GPU; a chunk is aligned and holds its units; whenever work waited, something ran (liveness).
+GPU (or core, where the placement names cores); a chunk is aligned and holds its units;
+whenever work waited, something ran (liveness).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ EPS = 1e-9
 
 # -- resources ---------------------------------------------------------------------------------
 @st.composite
-def flat_pool(draw) -> dict:
-    if draw(st.booleans()):
+def flat_pool(draw, min_nodes: int = 1) -> dict:
+    """`units` (one node) or named `nodes`; `min_nodes` > 1: named nodes, at least that many."""
+    if min_nodes <= 1 and draw(st.booleans()):
         return {"topology": "flat", "units": draw(st.integers(1, 8))}
-    names = draw(st.lists(st.sampled_from(NODE_NAMES), min_size=1, max_size=3, unique=True))
+    names = draw(st.lists(st.sampled_from(NODE_NAMES), min_size=min_nodes, max_size=3, unique=True))
     return {"topology": "flat", "nodes": {n: draw(st.integers(1, 6)) for n in names}}
 
 
@@ -67,8 +69,9 @@ def chunk_pool(draw) -> dict:
 
 
 @st.composite
-def resources(draw, max_pools: int = 3) -> dict:
-    """At least one pool; any mix of flat and chunk pools."""
+def resources(draw, max_pools: int = 3, min_nodes: int = 1) -> dict:
+    """At least one pool; any mix of flat and chunk pools (flat ones with at least
+    `min_nodes` nodes)."""
     n = draw(st.integers(1, max_pools))
     kinds = draw(st.lists(st.booleans(), min_size=n, max_size=n))  # True: flat
     flat = iter(draw(st.permutations(FLAT_NAMES)))
@@ -76,7 +79,7 @@ def resources(draw, max_pools: int = 3) -> dict:
     res = {}
     for is_flat in kinds:
         name = next(flat) if is_flat else next(chunks)
-        res[name] = draw(flat_pool() if is_flat else chunk_pool())
+        res[name] = draw(flat_pool(min_nodes) if is_flat else chunk_pool())
     return res
 
 
@@ -164,11 +167,13 @@ def instance_docs(
     max_actions: int = 8,
     grid: float | None = None,
     services: bool = True,
+    min_nodes: int = 1,
 ) -> dict:
     """An instance document of the file format (module docstring), valid by construction.
     `grid`: arrivals and durations whole multiples of it (an exact model's time resolution);
-    `services=False`: no pool declares services."""
-    res = draw(resources(max_pools))
+    `services=False`: no pool declares services; `min_nodes`: flat pools with at least that
+    many named nodes."""
+    res = draw(resources(max_pools, min_nodes))
     if not services:
         for spec in res.values():
             spec.pop("services", None)
@@ -291,6 +296,8 @@ def check_run(inst: Instance, records: Mapping[str, Any]) -> list[str]:
                 out.append(f"{aid}: {u} {r} not among {a.demands[r].amounts}")
             if p.node not in caps[r]:
                 out.append(f"{aid}: {r} on unknown node {p.node}")
+            if p.cores and len(set(p.cores)) != u:
+                out.append(f"{aid}: {r} cores {p.cores} for {u} units")
             if inst.resources[r].topology == "chunks":
                 s, e = p.chunk or (0, 0)
                 if e - s != u or s % max(u, 1) or e > caps[r].get(p.node, 0):
@@ -321,6 +328,7 @@ def _over_capacity(inst, records, caps) -> list[str]:
     for t in _instants(records, inst):
         held: dict[tuple[str, str], int] = {}
         gpus: dict[tuple[str, str, int], str] = {}
+        cores: dict[tuple[str, str, int], str] = {}
         for aid, rec in records.items():
             if not (rec.start <= t < rec.end - EPS):
                 continue
@@ -332,6 +340,10 @@ def _over_capacity(inst, records, caps) -> list[str]:
                         other = gpus.setdefault((r, p.node, g), aid)
                         if other != aid:
                             out.append(f"t={t}: {r}@{p.node} GPU {g} held by {other} and {aid}")
+                for c in p.cores:  # a core pool's placement names its cores
+                    other = cores.setdefault((r, p.node, c), aid)
+                    if other != aid:
+                        out.append(f"t={t}: {r}@{p.node} core {c} held by {other} and {aid}")
         for (r, n), u in held.items():
             if u > caps[r][n]:
                 out.append(f"t={t}: {r}@{n} holds {u} of {caps[r][n]}")

@@ -46,6 +46,7 @@ def place_pending(
         nodes = {r: bindings.get((act.trajectory, r)) for r in act.mins}
         if all(nodes.values()):  # an unbound one in a shard: placed there at its turn
             _hold(act, nodes, scratch, blocked)
+    need = _largest_minimums(pending)
     while pending:
         act = pending[0]
         i = layout.route(act, bindings)
@@ -54,8 +55,12 @@ def place_pending(
         else:
             nodes = {}
             for r, k in act.mins.items():
+                # a trajectory is bound where its first action goes: a node that also holds
+                # the largest minimum of the trajectory's actions waiting behind it
+                big = need.get((act.trajectory, r), k)
+                small = [n for n in scratch[r].nodes() if scratch[r].capacity(n) < big]
                 try:
-                    nodes[r] = scratch[r].place(k, None, blocked.get(r, ())).node
+                    nodes[r] = scratch[r].place(k, None, {*blocked.get(r, ()), *small}).node
                 except Infeasible:
                     return
             if act.trajectory is not None:  # else the shard places it on any of its nodes
@@ -64,3 +69,14 @@ def place_pending(
             i = layout.shard_of(next(iter(nodes.values())))
         pending.popleft()
         to_shard(i, act)
+
+
+def _largest_minimums(pending: Iterable[Action]) -> dict[tuple[str, str], int]:
+    """(trajectory, resource) -> the largest minimum of the trajectory's waiting actions."""
+    need: dict[tuple[str, str], int] = {}
+    for act in pending:
+        if act.trajectory is not None:
+            for r, k in act.mins.items():
+                key = (act.trajectory, r)
+                need[key] = max(need.get(key, 0), k)
+    return need

@@ -28,6 +28,20 @@ PENDING = -2  # `_where` of an action waiting for its trajectory's node
 BACKENDS = {"process": ProcessShard, "ray": RayShard}
 
 
+def _core_pool(pools: Mapping[str, Pool]) -> list[str]:
+    """The per-node core pool whose nodes split into shards (none on a GPU-only cluster); a
+    second one is refused, since a first action's nodes would be chosen pool by pool."""
+    sharded = [r for r, p in pools.items() if isinstance(p, CorePool)]
+    if len(sharded) > 1:
+        raise ValidationError(
+            "pools",
+            sorted(sharded),
+            "a sharded scheduler splits the nodes of one core pool; every other resource "
+            "must be pooled",
+        )
+    return sharded
+
+
 class ShardedScheduler:
     """The scheduler's interface over `shards` node shards plus the global shard (module
     docstring). Node shards always decide scoped (a shard decides what an event touched)."""
@@ -57,7 +71,7 @@ class ShardedScheduler:
         self._start_shard = BACKENDS[backend].start
         self.pools = dict(pools)
         self.allocator = allocator
-        sharded = [r for r, p in self.pools.items() if isinstance(p, CorePool)]
+        sharded = _core_pool(self.pools)
         nodes = list(dict.fromkeys(n for r in sharded for n in self.pools[r].nodes()))
         # no core pool (a GPU-only cluster): everything is the global shard's
         self.layout = (
