@@ -27,6 +27,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
+from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry
+from managers.gpu.sim import SimBackend as SimGpu
 from solvers import get_allocator
 from solvers.registry import runtime_policies
 from tangram.actions import Action, Elasticity
@@ -190,6 +192,9 @@ SchedulerMachine.TestCase.settings = settings(
 TestScheduler = SchedulerMachine.TestCase
 
 
+JUDGE = Service.uniform("judge", 30 * GB, (1, 2), restore_s=0.01, infer_s=0.01)
+
+
 def sim_duration(command, cores: int) -> float:
     words = command.split() if isinstance(command, str) else list(command)
     return float(words[1]) / cores if words[:1] == ["sleep"] else 0.0
@@ -198,16 +203,27 @@ def sim_duration(command, cores: int) -> float:
 class RuntimeMachine(RuleBasedStateMachine):
     """`Tangram.local()`-style runtime on the sim backend, real asyncio, short sleeps."""
 
-    @initialize(cores=st.integers(1, 4))
-    def setup(self, cores: int) -> None:
+    @initialize(cores=st.integers(1, 4), gpus=st.sampled_from([0, 1, 2]))
+    def setup(self, cores: int, gpus: int) -> None:
+        """`gpus` > 0: a GPU manager (its `sim` backend, one service) beside the cores, and
+        execs that need cores and a GPU chunk at once (vector actions) beside invokes."""
         self.loop = asyncio.new_event_loop()
         self.cores = cores
+        self.gpus = gpus
         cpu = CpuManager(
             SimBackend(sim_duration, time_scale=0.2),
             nodes={"n0": CpuNode("n0", {0: tuple(range(cores))})},
             memory_mb={"n0": 1 << 20},
         )
-        self.tg = Tangram(cpu=cpu)
+        gpu = None
+        if gpus:
+            registry = ServiceRegistry({"judge": JUDGE})
+            gpu = GpuManager(
+                ChunkPool("gpu", {"g0": ChunkTree(gpus, "g0")}),
+                Residency.uniform({"g0": gpus}, 80 * GB, registry),
+                SimGpu(time_scale=0.2),
+            )
+        self.tg = Tangram(cpu=cpu, gpu=gpu)
         self.loop.run_until_complete(self.tg.start())
         self.envs: list[str] = []
         self.opened = 0
@@ -227,16 +243,26 @@ class RuntimeMachine(RuleBasedStateMachine):
         k=st.integers(1, 4),
         s=st.sampled_from([0.0, 0.01, 0.05]),
         elastic=st.booleans(),
+        g=st.sampled_from([0, 1, 1, 2]),
     )
-    def exec(self, data, k: int, s: float, elastic: bool) -> None:
+    def exec(self, data, k: int, s: float, elastic: bool, g: int) -> None:
         env = data.draw(st.sampled_from(self.envs))
         k = min(k, self.cores)
         cpu = (1, k) if elastic else k
+        gpus = min(g, self.gpus) or None  # cores and a chunk together where there is a GPU
         self.calls.append(
             self.loop.create_task(
-                self.tg.exec(env, f"sleep {s}", cpu=cpu, elastic=elastic, timeout=30)
+                self.tg.exec(env, f"sleep {s}", cpu=cpu, elastic=elastic, timeout=30, gpus=gpus)
             )
         )
+        self._run(asyncio.sleep(0))
+
+    @precondition(lambda self: self.gpus)
+    @rule(k=st.sampled_from([1, 2]))
+    def invoke(self, k: int) -> None:
+        """A service call on the same chunk pool: its copy is restored where no exec holds."""
+        gpus = min(k, self.gpus)
+        self.calls.append(self.loop.create_task(self.tg.invoke("judge", {"x": 1}, gpus=gpus)))
         self._run(asyncio.sleep(0))
 
     @precondition(lambda self: self.calls)
@@ -280,10 +306,12 @@ class RuntimeMachine(RuleBasedStateMachine):
             # a cancelled caller's action may still run: wait for every running one to end
             self._run(self._drained(20.0))
             assert self.tg.cpu.pool.free() == self.cores
+            if self.gpus:
+                assert self.tg.gpu.pool.free() == self.gpus
             self._run(self.tg.shutdown())
         finally:
             self.loop.close()
 
 
-RuntimeMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+RuntimeMachine.TestCase.settings = settings(max_examples=50, stateful_step_count=30, deadline=None)
 TestRuntime = RuntimeMachine.TestCase
