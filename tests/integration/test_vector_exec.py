@@ -212,6 +212,22 @@ def test_without_a_gpu_manager_gpus_is_a_clear_error():
     run(main())
 
 
+def test_the_sharded_scheduler_refuses_gpus_naming_it():
+    """Shards decide a node's cores apart from the pooled GPUs (docs/scale.md): a vector exec
+    is refused at submission, naming `gpus`, and nothing is queued or held."""
+
+    async def main():
+        async with Tangram(cpu=instant_cpu(), gpu=gpu_manager(2), shards=1) as tg:
+            env = await tg.open_env("t", memory_mb=64)
+            with pytest.raises(ValidationError, match="sharded scheduler") as bad:
+                await tg.exec(env, "x", cpu=1, gpus=1)
+            assert bad.value.field == "gpus"
+            assert not tg.scheduler.queued() and not tg.scheduler.running
+            assert (await tg.exec(env, "x", cpu=1)).ok
+
+    run(main())
+
+
 # -- (c) evict-on-execution -------------------------------------------------------------------
 
 
