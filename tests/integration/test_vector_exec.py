@@ -38,6 +38,7 @@ from tangram.allocation import Assignment
 from tangram.errors import InvariantError, ValidationError
 from tangram.pools import ChunkPool, Placement
 from tangram.profiles import DurationProfiles
+from tangram.results import Status
 from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app, serve_in_thread
@@ -88,6 +89,19 @@ def instant_cpu(nodes: tuple[str, ...] = ("local",)) -> CpuManager:
 
 def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 120))
+
+
+async def run_granted(tg: Tangram, env: str, command: str, chunk: tuple[int, int], timeout=30):
+    """Hand the CPU manager an assignment of one core and GPUs `chunk` of gpu0 directly, past
+    the scheduler (a remote node's assignment, or a grant the test chooses)."""
+    k = chunk[1] - chunk[0]
+    action = exec_action(
+        "cpu", env, "t", command, 1, elastic=False, timeout=timeout, output_cap=None,
+        kind=None, profiles=DurationProfiles(), now=0.0, gpus=k, gpu_resource="gpu",
+        gpu_node="gpu0",
+    )  # fmt: skip
+    placement = {"cpu": Placement("local", cores=(0,)), "gpu": Placement("gpu0", chunk=chunk)}
+    return await tg.cpu.run(Assignment(action, {"cpu": 1, "gpu": k}, placement))
 
 
 # -- (a) one action over both pools -----------------------------------------------------------
@@ -147,7 +161,7 @@ def test_the_chunk_comes_from_the_environments_machine():
             placement = {"cpu": Placement(node, cores=(0,)), "gpu": Placement(other, chunk=(0, 1))}
             ran = len(tg.cpu.backend.execs)
             r = await tg.cpu.run(Assignment(action, {"cpu": 1, "gpu": 1}, placement))
-            assert r.status == "failed" and r.detail.startswith("gpus:") and node in r.detail
+            assert r.status is Status.FAILED and r.detail.startswith("gpus:") and node in r.detail
             assert len(tg.cpu.backend.execs) == ran  # nothing ran for it
 
     run(main())
@@ -182,17 +196,8 @@ def test_a_backend_that_gives_no_gpus_refuses_at_submission_and_at_run():
                 await tg.exec(env, "x", gpus=1)
             assert bad.value.field == "gpus" and "no GPUs" in bad.value.problem
             # and the backend itself, should an assignment reach it (a remote node's)
-            action = exec_action(
-                "cpu", env, "t", "x", 1, elastic=False, timeout=5, output_cap=None, kind=None,
-                profiles=DurationProfiles(), now=0.0, gpus=1, gpu_resource="gpu",
-                gpu_node="gpu0",
-            )  # fmt: skip
-            placement = {
-                "cpu": Placement("local", cores=(0,)),
-                "gpu": Placement("gpu0", chunk=(0, 1)),
-            }
-            r = await tg.cpu.run(Assignment(action, {"cpu": 1, "gpu": 1}, placement))
-            assert r.status == "failed" and r.detail.startswith("gpus: this test's backend")
+            r = await run_granted(tg, env, "x", (0, 1), timeout=5)
+            assert r.status is Status.FAILED and r.detail.startswith("gpus: this test's backend")
 
     run(main())
 
@@ -350,23 +355,15 @@ def test_bwrap_binds_exactly_the_granted_devices(device_dir: str, spawner: bool)
             assert fds == ["0", "1", "2", "3"]  # nothing of the launcher's (3: listdir's own)
 
             # a grant off GPU 0: the manager handed an assignment of GPUs 2 and 3 directly
-            action = exec_action(
-                "cpu", env, "t", LISTING, 1, elastic=False, timeout=30, output_cap=None,
-                kind=None, profiles=DurationProfiles(), now=0.0, gpus=2, gpu_resource="gpu",
-                gpu_node="gpu0",
-            )  # fmt: skip
-            placement = {
-                "cpu": Placement("local", cores=(0,)),
-                "gpu": Placement("gpu0", chunk=(2, 4)),
-            }
-            r = await tg.cpu.run(Assignment(action, {"cpu": 1, "gpu": 2}, placement))
+            r = await run_granted(tg, env, LISTING, (2, 4))
             devices, variables, _, _ = parts(r.stdout)
             assert r.ok and devices == {"nvidia2", "nvidia3", "nvidiactl", "nvidia-uvm"}
             assert variables["TANGRAM_GPUS"] == "2,3" and variables["CUDA_VISIBLE_DEVICES"] == "0,1"
 
             os.unlink(f"{device_dir}/nvidia3")  # a granted GPU with no node: named, not run
-            r = await tg.cpu.run(Assignment(action, {"cpu": 1, "gpu": 2}, placement))
-            assert r.status == "failed" and r.detail.startswith("gpus:") and "nvidia3" in r.detail
+            r = await run_granted(tg, env, LISTING, (2, 4))
+            assert r.status is Status.FAILED
+            assert r.detail.startswith("gpus:") and "nvidia3" in r.detail
             os.mknod(f"{device_dir}/nvidia3", stat.S_IFCHR | 0o666, os.makedev(195, 3))
 
     run(main())
