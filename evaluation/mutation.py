@@ -19,12 +19,14 @@ is left behind so a survivor can be read:
 The tests run under the hypothesis profile `mutation` (tests/conftest.py: the same few examples
 every run, every test's max_examples capped), so a verdict is the same on every run. Each
 module's survivors are written, with their diffs, to `.mutation/<module>/survivors.txt`; the
-table to `.mutation/scores.md` and `.mutation/scores.json` (merged with earlier runs' rows).
+table to `.mutation/scores.md` and `.mutation/scores.json` (merged with earlier runs' rows; a
+run with --only, a check of a few mutants by name, is printed and not kept there).
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import re
@@ -76,16 +78,19 @@ TESTS: dict[str, list[str]] = {
         "tests/property/test_gpu_properties.py",
         "tests/unit/test_bindings.py",
         "tests/unit/test_gpu_residency.py",
+        "tests/unit/test_mutation_kills_pools.py",
     ],
     "tangram/conservation.py": [
         "tests/property/test_conservation.py",
         "tests/property/test_liveness_stateful.py",
         "tests/unit/test_liveness.py",
+        "tests/unit/test_mutation_kills_conservation.py",
     ],
     "solvers/heuristic/dparrange.py": [
         "tests/property/test_dparrange.py",
         "tests/unit/test_exact_arrangement.py",
         "tests/property/test_scheduler.py",
+        "tests/unit/test_mutation_kills_dparrange.py",
     ],
     "solvers/heuristic/putoff.py": [
         "tests/unit/test_rereads.py",
@@ -176,7 +181,7 @@ def pyproject(module: str, tests: list[str]) -> str:
         "pytest_add_cli_args_test_selection": tests,
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
         "use_git_change_detection": False,  # the work folder is a snapshot, not a checkout
-        "timeout_multiplier": 10.0,
+        "timeout_multiplier": 2.5,  # mutmut allows 2x this times the tests' time, in CPU s
     }
     lines = ["[tool.pytest.ini_options]"]
     lines += [f"{k} = {toml_value(v)}" for k, v in pytest_opts["ini_options"].items()]
@@ -218,9 +223,9 @@ def mutant_names(work: Path, module: str) -> list[str]:
 _PROGRESS = re.compile(r"(\d+)/(\d+)\s")
 
 
-def run_mutmut(work: Path, names: list[str], children: int, label: str) -> int:
-    """`mutmut run` in `work` (only `names` when given), its progress printed as a line every
-    ~10% or 30 s; its whole output kept in `work/mutmut.log`."""
+def run_mutmut(work: Path, names: list[str], children: int, label: str, expected: int) -> int:
+    """`mutmut run` in `work` (only `names` when given), its progress (of the `expected`
+    mutants) printed as a line every ~10% or 30 s; its whole output kept in `work/mutmut.log`."""
     cmd = [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", str(children)]
     env = dict(os.environ, HYPOTHESIS_PROFILE="mutation", PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTHONPATH", None)
@@ -248,7 +253,7 @@ def run_mutmut(work: Path, names: list[str], children: int, label: str) -> int:
                     if part.strip().startswith(("Running", "Generating", "Failed", "Stopping")):
                         print(f"  [{label}] {part.strip()}", flush=True)
                     continue
-                done, total = int(m.group(1)), int(m.group(2))
+                done, total = int(m.group(1)), expected  # mutmut's total counts every mutant
                 now = time.monotonic()
                 if done == total or done - last >= max(1, total // 10) or now - last_t > 30:
                     print(f"  [{label}] {done}/{total} mutants done", flush=True)
@@ -275,19 +280,25 @@ def write_survivors(work: Path, survivors: list[str]) -> None:
             out.write(shown.stdout + shown.stderr + "\n")
 
 
-def run_module(module: str, tests: list[str], sample: int, children: int, label: str) -> Row:
+def run_module(
+    module: str, tests: list[str], sample: int, children: int, label: str, only: list[str]
+) -> Row:
     started = time.monotonic()
     print(f"[{label}] {module}: preparing .mutation/{slug(module)}/", flush=True)
     work = prepare(module, tests)
     names = mutant_names(work, module)
-    chosen = names[::sample] if sample > 1 else []
+    chosen = [n for n in names if not only or any(fnmatch.fnmatch(n, p) for p in only)]
+    chosen = chosen[::sample] if sample > 1 or only else []
+    if only and not chosen:
+        raise SystemExit(f"{module}: no mutant matches {only}")
     print(
         f"[{label}] {module}: {len(names)} mutants"
-        + (f", running 1 in {sample} by name ({len(chosen)})" if chosen else "")
+        + (f", running 1 in {sample} by name ({len(chosen)})" if sample > 1 else "")
+        + (f", only {' '.join(only)} ({len(chosen)})" if only else "")
         + f", tests: {' '.join(tests)}",
         flush=True,
     )
-    rc = run_mutmut(work, chosen, children, label)
+    rc = run_mutmut(work, chosen, children, label, len(chosen or names))
     seen = verdicts(work, module) if (work / "mutants" / (module + ".meta")).exists() else {}
     if chosen:
         seen = {k: v for k, v in seen.items() if k in set(chosen)}
@@ -303,6 +314,7 @@ def run_module(module: str, tests: list[str], sample: int, children: int, label:
     command = "python -m evaluation.mutation --module " + module
     if sample > 1:
         command += f" --sample {sample}"
+    command += "".join(f" --only '{p}'" for p in only)
     if tests != TESTS.get(module):
         command += "".join(f" --tests {t}" for t in tests)
     row = Row(
@@ -341,6 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--module", action="append", help="a module to mutate (repeatable)")
     p.add_argument("--tests", action="append", help="tests to run instead of the module's list")
     p.add_argument("--sample", type=int, default=1, help="run every k-th mutant by name")
+    p.add_argument("--only", action="append", default=[], help="mutant names (glob) to run")
     p.add_argument("--children", type=int, default=os.cpu_count() or 2, help="parallel mutants")
     p.add_argument("--list", action="store_true", help="print the modules and their tests")
     args = p.parse_args(argv)
@@ -359,8 +372,11 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for i, module in enumerate(modules, 1):
         tests = args.tests or TESTS[module]
-        row = run_module(module, tests, args.sample, args.children, f"{i}/{len(modules)}")
+        label = f"{i}/{len(modules)}"
+        row = run_module(module, tests, args.sample, args.children, label, args.only)
         rows.append(row)
+        if args.only:  # a check of a few mutants: printed, not a module's score
+            continue
         # read again just before writing: another run may have added rows meanwhile
         old = json.loads(scores.read_text()) if scores.exists() else []
         kept = {r["module"]: Row(**r) for r in old}
