@@ -103,6 +103,7 @@ TESTS: dict[str, list[str]] = {
         *_SCHED,
         "tests/unit/test_rereads.py",
         "tests/unit/test_decision_replay.py",
+        "tests/unit/test_mutation_kills_scheduler.py",
     ],
     "solvers/heuristic/policy.py": [
         *_SCHED,
