@@ -90,12 +90,20 @@ class EnvFiles:
             await proc.wait()
 
     async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
-        """Each path's content, None where it is missing or not a regular file."""
+        """Each path's content, None where it is missing or not a regular file. At most
+        `files.MAX_TOTAL` bytes in all, however the paths are spelled (`big`, `./big` and
+        `/sandbox/big` count three times); read in one worker thread, off the event loop."""
         env = self._tree(env_id)
         files.check_paths(paths, "paths")
-        out: dict[str, bytes | None] = {}
-        for path in paths:
-            root, rel = Roots.inside(env.root, env.workdir, path)
-            got = await asyncio.to_thread(files.read, root, [rel]) if rel else {rel: None}
-            out[path] = got[rel]
-        return out
+        return await asyncio.to_thread(_read_all, env, paths)
+
+
+def _read_all(env: Environment, paths: Sequence[str]) -> dict[str, bytes | None]:
+    out: dict[str, bytes | None] = {}
+    used = 0  # one bound for the whole call, across every path and root
+    for path in paths:
+        root, rel = Roots.inside(env.root, env.workdir, path)
+        data = files.read(root, [rel], used)[rel] if rel else None
+        out[path] = data
+        used += len(data or b"")
+    return out

@@ -114,11 +114,12 @@ def _write_one(rootfd: int, path: str, data: bytes, uid: int | None) -> None:
         os.close(fd)
 
 
-def read(root: str, paths: Sequence[str]) -> dict[str, bytes | None]:
-    """Each path's bytes (None when it is missing or not a regular file)."""
+def read(root: str, paths: Sequence[str], used: int = 0) -> dict[str, bytes | None]:
+    """Each path's bytes (None when it is missing or not a regular file). `used`: bytes this
+    call has read already (under other roots): the `MAX_TOTAL` bound is the whole call's."""
     check_paths(paths, "paths")
     out: dict[str, bytes | None] = {}
-    total = 0
+    total = used
     rootfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for path in paths:

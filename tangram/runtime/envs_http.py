@@ -17,12 +17,14 @@ environment or snapshot).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tangram.errors import ValidationError
@@ -97,14 +99,21 @@ async def write_files(env_id: str, body: WriteFiles, request: Request) -> dict[s
     return {"written": len(files)}
 
 
-@router.post("/v1/envs/{env_id}/files/read")
-async def read_files(env_id: str, body: ReadFiles, request: Request) -> dict[str, Any]:
+@router.post(
+    "/v1/envs/{env_id}/files/read",
+    response_class=Response,
+    responses={200: {"content": {"application/json": {}}}},
+)
+async def read_files(env_id: str, body: ReadFiles, request: Request) -> Response:
+    """`{"files": {path: base64 | null}}`, encoded in a worker thread: a large answer (up to
+    the 256 MiB bound of a call) never holds the event loop, so other clients are served."""
     got = await request.app.state.tangram.read_files(env_id, body.paths)
-    return {
-        "files": {
-            p: None if data is None else base64.b64encode(data).decode() for p, data in got.items()
-        }
-    }
+    return Response(await asyncio.to_thread(_encoded, got), media_type="application/json")
+
+
+def _encoded(got: dict[str, bytes | None]) -> bytes:
+    files = {p: None if d is None else base64.b64encode(d).decode() for p, d in got.items()}
+    return json.dumps({"files": files}).encode()
 
 
 @router.get(
