@@ -5,7 +5,8 @@ Layout under the store's folder (`state_dir/images`):
 
     blobs/<digest>/rootfs     the image's tree (never written after import; environments use
                               it as the read-only lower layer of their overlay)
-    blobs/<digest>/meta.json  {"digest", "source", "bytes", "created"}
+    blobs/<digest>/meta.json  {"digest", "source", "bytes", "created", "dropped" (counts),
+                              "dropped_paths" (the first 50)}
     tags.json                 {name: digest}, replaced atomically (write, fsync, rename)
     build-cache.json          {step key: digest} (`build`: each step cached by its inputs)
     tmp/<tangram-pid-...>     imports in progress (a dead server's are swept)
@@ -16,9 +17,11 @@ tarball or an OCI layout gets the same digest, and an import of a tree already s
 pass over it and no copy. Sources: a root-filesystem folder, a tarball (what `docker export`
 writes; gzip, bzip2 and xz are read by GNU tar) or an OCI image layout (`index.json` ->
 manifest -> layer tarballs applied in order, with `.wh.` whiteouts and `.wh..wh..opq` opaque
-folders). Extraction is GNU tar's, as root, with ownership and modes kept, members outside the
-tree refused and setuid bits dropped (`--no-same-permissions` is not used: modes matter; the
-sandbox sets `no_new_privs`, so setuid would not work anyway).
+folders). Extraction is GNU tar's, as root, with ownership and modes kept and members outside the
+tree refused (`--no-same-permissions` is not used: modes matter). Whatever the source (folder,
+tarball, OCI layout, build), setuid/setgid bits and device nodes are dropped before the tree is
+stored, logged and listed in `meta.json` (`sanitize`; the sandbox's `no_new_privs`, nosuid and
+nodev made them inert inside, but on the host they are a risk to its local users).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -46,6 +50,7 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}(:[A-Za-z0-9._-]{1,64})?$")
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
+log = logging.getLogger("tangram.images")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,8 @@ class Image:
     bytes: int
     names: tuple[str, ...] = ()
     source: str = ""
+    dropped: tuple[tuple[str, int], ...] = ()
+    """What the import dropped (`sanitize`): ("setuid", n) and ("devices", n) where n > 0."""
 
     def to_dict(self) -> dict:
         return {
@@ -65,6 +72,7 @@ class Image:
             "bytes": self.bytes,
             "rootfs": self.rootfs,
             "source": self.source,
+            "dropped": dict(self.dropped),
         }
 
 
@@ -144,6 +152,7 @@ class ImageStore:
             int(meta.get("bytes", 0)),
             tuple(sorted(n for n, d in tags.items() if d == digest)),
             str(meta.get("source", "")),
+            tuple((k, int(n)) for k, n in (meta.get("dropped") or {}).items() if n),
         )
 
     def pin(self, digest: str) -> int:
@@ -223,10 +232,22 @@ class ImageStore:
         and tag it."""
         tree = staging / "rootfs"
         tree.chmod(0o755)
+        dropped = sanitize(tree)
+        for kind, paths in dropped.items():
+            if paths:
+                log.warning(
+                    "image %s: dropped %d %s (%s%s)",
+                    name or source,
+                    len(paths),
+                    "setuid/setgid bits" if kind == "setuid" else "device nodes",
+                    ", ".join(paths[:5]),
+                    ", ..." if len(paths) > 5 else "",
+                )
         digest, size = tree_digest(tree)
-        (staging / "meta.json").write_text(
-            json.dumps({"digest": digest, "source": source, "bytes": size, "created": time.time()})
-        )
+        meta = {"digest": digest, "source": source, "bytes": size, "created": time.time()}
+        meta["dropped"] = {k: len(v) for k, v in dropped.items()}  # and their first paths:
+        meta["dropped_paths"] = [p for v in dropped.values() for p in v][:50]
+        (staging / "meta.json").write_text(json.dumps(meta))
         target = self.blobs / _hexof(digest)
         with contextlib.suppress(OSError):  # already there (same tree): keep the stored one
             os.rename(staging, target)
@@ -320,13 +341,27 @@ def _untar(tarball: Path, dest: Path, exclude_whiteouts: bool = False) -> None:
     if exclude_whiteouts:
         argv += ["--exclude", f"{WHITEOUT}*"]
     _run(argv, f"extracting {tarball}")
-    # no setuid/setgid inside images (no_new_privs would void them anyway)
-    for dirpath, _, filenames in os.walk(dest):
-        for fn in filenames:
+
+
+def sanitize(tree: Path) -> dict[str, list[str]]:
+    """Drop what a stored image must not hold on the host, whatever the source: setuid and
+    setgid bits of regular files (a root 4755 binary under a world-readable store) and device
+    nodes (a 0666 block device for the host's disk). Inside a sandbox they were inert already
+    (nosuid, nodev, `no_new_privs`); on the host they are a risk to its local users. Returns
+    the paths (relative to the tree) of each kind dropped."""
+    dropped: dict[str, list[str]] = {"setuid": [], "devices": []}
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for fn in filenames + dirnames:
             p = os.path.join(dirpath, fn)
             st = os.lstat(p)
-            if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            rel = os.path.relpath(p, tree)
+            if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                os.unlink(p)
+                dropped["devices"].append(rel)
+            elif stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
                 os.chmod(p, stat.S_IMODE(st.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+                dropped["setuid"].append(rel)
+    return dropped
 
 
 def _apply_oci(layout: Path, dest: Path) -> None:

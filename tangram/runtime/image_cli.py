@@ -82,6 +82,9 @@ def main(argv: list[str]) -> int:
     if ns.cmd == "import":
         image = store.import_(ns.name, ns.source)
         print(f"{ns.name} {image.digest} ({image.bytes >> 20} MiB)")
+        for kind, n in image.dropped:  # never stored on the host: said, not silent
+            what = "setuid/setgid bits" if kind == "setuid" else "device nodes"
+            print(f"  dropped {what} of {n} entries (see meta.json of the image)")
     elif ns.cmd == "ls":
         images = store.ls()
         if ns.json:
