@@ -98,7 +98,11 @@ TESTS: dict[str, list[str]] = {
         "tests/property/test_conservation.py",
         "tests/unit/test_decision_replay.py",
     ],
-    "solvers/fcfs.py": [*_SCHED, "tests/unit/test_decision_replay.py"],
+    "solvers/fcfs.py": [
+        *_SCHED,
+        "tests/unit/test_decision_replay.py",
+        "tests/unit/test_mutation_kills_policies.py",
+    ],
     "tangram/scheduler.py": [
         *_SCHED,
         "tests/unit/test_rereads.py",
