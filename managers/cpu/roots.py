@@ -14,6 +14,7 @@ other absolute path is refused: such an environment has no root of its own.
 from __future__ import annotations
 
 import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -193,6 +194,9 @@ class Roots:
         fresh = self.layers.new_layer(disk_mb)
         old = rooted.upper
         stack = rooted.stack.on(old)
+        # the tree's top folder shows its upper layer's: a fresh one is root's, 0755 (the work
+        # folder of an environment without an image, handed to its user at open)
+        top = os.stat(rooted.target)
         try:
             self.layers.unmount(rooted.target)
             self.layers.mount(stack, fresh, rooted.target)
@@ -200,6 +204,8 @@ class Roots:
             self.layers.drop(fresh)
             self.layers.mount(rooted.stack, old, rooted.target)
             raise
+        os.chown(rooted.target, top.st_uid, top.st_gid)
+        os.chmod(rooted.target, stat.S_IMODE(top.st_mode))
         self.layers.hold(stack)
         self.layers.release(rooted.stack)  # the same layers again, one ref each: none dropped
         rooted.stack, rooted.upper = stack, fresh

@@ -745,3 +745,37 @@ def test_a_command_granted_during_a_fork_waits_for_it(state: Path) -> None:
         assert leftovers(state) == []
 
     run(go())
+
+
+def test_after_a_fork_the_parent_owns_its_work_folder_as_before(state: Path) -> None:
+    """A fork remounts the parent on a fresh writable layer, whose top folder is root's 0755:
+    the parent's user must still own its work folder with its mode (a disk_mb environment
+    without an image: its work folder is that top; an image's: its root), and write to it."""
+
+    def owners(r) -> list[tuple[str, ...]]:  # `ls -ldn`: (mode, uid, gid) of each folder
+        return [tuple(line.split()[i] for i in (0, 2, 3)) for line in r.stdout.splitlines()[:2]]
+
+    async def go():
+        m = await _manager(state)
+        try:
+            for label, kw in (
+                ("disk", {"disk_mb": 64}),
+                ("image", {"image": "tools", "disk_mb": 64}),
+            ):
+                parent = await m.open_env(f"own-{label}", 128, **kw)
+                look = "ls -ldn /sandbox /"
+                before = await sh(m, parent, f"{look} && echo a > /sandbox/a")
+                assert before.ok and before.stdout.count("\n") == 2, before
+                (kid,) = await m.fork_env(parent, [f"own-{label}-kid"])
+                for env in (parent, kid):
+                    after = await sh(m, env, f"{look} && echo b > /sandbox/b && cat /sandbox/a")
+                    assert after.ok, (label, env, after)
+                    assert after.stdout.splitlines()[-1] == "a"
+                    assert owners(after) == owners(before), (label, env)
+                await m.close_env(kid)
+                await m.close_env(parent)
+        finally:
+            await m.close()
+        assert leftovers(state) == []
+
+    run(go())
