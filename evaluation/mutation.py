@@ -153,9 +153,12 @@ class Row:
     command: str
 
     @property
+    def checked(self) -> int:
+        return self.killed + self.survived + self.no_tests + self.timeout + self.suspicious
+
+    @property
     def score(self) -> float:
-        done = self.killed + self.survived + self.no_tests + self.timeout + self.suspicious
-        return 100.0 * (self.killed + self.timeout) / done if done else 0.0
+        return 100.0 * (self.killed + self.timeout) / self.checked if self.checked else 0.0
 
 
 def slug(module: str) -> str:
@@ -335,7 +338,7 @@ def run_module(
         seconds=round(time.monotonic() - started, 1),
         command=command,
     )
-    print(f"[{label}] {module}: {row.score:.1f}% ({row.killed}/{row.run} killed)", flush=True)
+    print(f"[{label}] {module}: {row.score:.1f}% ({row.killed}/{row.checked} killed)", flush=True)
     return row
 
 
@@ -348,7 +351,7 @@ def table(rows: list[Row]) -> str:
         run = f"{r.run}" + (f" (1 in {r.sample})" if r.sample > 1 else "")
         lines.append(
             f"| {r.module} | {r.mutants} | {run} | {r.killed} | {r.survived} | {r.no_tests}"
-            f" | {r.timeout} | {r.suspicious} | {r.score:.1f}% |"
+            f" | {r.timeout} | {r.suspicious} | {f'{r.score:.1f}%' if r.checked else 'n/a'} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -28,7 +28,8 @@ def queue(*actions: Action) -> ActionQueue:
 
 
 def bound(node: str | None):
-    return lambda action, resource: node
+    """The binding of every action on the CPU pool (a binding is per resource)."""
+    return lambda action, resource: node if resource == "cpu" else None
 
 
 def test_a_bound_action_gets_the_fastest_amount_its_node_holds_on_that_node():
