@@ -112,16 +112,17 @@ class ActionQueue:
     ) -> Iterator[Action]:
         """Actions in arrival order, skipping every class for which `blocked(class)` holds when
         the walk reaches it (the caller blocks classes while it consumes the iterator). An action
-        in several classes is yielded once, and only if none of its classes is blocked.
-        `only` restricts the walk to those classes."""
+        in several classes (a vector action) is yielded once, when the walk reaches it in a class
+        that is not blocked, even if another of its classes is: it waits behind that one, and
+        the caller blocks its other classes for what comes after it (FCFS on every pool it
+        needs, as on a plain sequence of the same actions). `only` restricts the walk to those
+        classes."""
         keys = list(self._classes) if only is None else [c for c in only if c in self._classes]
         if len(keys) == 1:  # the common case: one pool, one node; no merge needed
             c = keys[0]
             for a in self._classes[c].values():
                 if blocked(c):
                     return
-                if len(self._of[a.id]) > 1 and any(blocked(o) for o in self._of[a.id]):
-                    continue
                 self.visited += 1
                 yield a
             return
@@ -142,9 +143,8 @@ class ActionQueue:
             a = current[i]
             if seq != last_seq:  # an action of several classes comes up once per class
                 last_seq = seq
-                if not any(blocked(o) for o in self._of[a.id]):
-                    self.visited += 1
-                    yield a
+                self.visited += 1
+                yield a
             nxt = next(rest, None)
             if nxt is not None:
                 current[i] = nxt
