@@ -100,6 +100,7 @@ TESTS: dict[str, list[str]] = {
     ],
     "solvers/fcfs.py": [
         *_SCHED,
+        "tests/property/test_queue_equivalence.py",
         "tests/unit/test_decision_replay.py",
         "tests/unit/test_mutation_kills_policies.py",
     ],
@@ -114,9 +115,14 @@ TESTS: dict[str, list[str]] = {
         "tests/unit/test_decision_replay.py",
         "tests/unit/test_rereads.py",
         "tests/test_scenarios.py::test_scenario",
+        "tests/property/test_grammar.py",
+        "tests/property/test_queue_equivalence.py",
+        "tests/unit/test_mutation_kills_heuristic.py",
     ],
     "solvers/heuristic/backfill.py": [
         "tests/property/test_backfill.py",
+        "tests/property/test_grammar.py",
+        "tests/unit/test_mutation_kills_heuristic.py",
         "tests/property/test_conservation.py",
         "tests/unit/test_decision_replay.py",
         "tests/test_scenarios.py::test_scenario",
