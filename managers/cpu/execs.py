@@ -53,6 +53,7 @@ class EnvExecs:
         if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
             await self._freezing[env.id].wait()
         self._busy[env.id] = self._busy.get(env.id, 0) + 1
+        full_before = self._disk_full(env)
         try:
             outcome = await self.backend.exec(
                 env,
@@ -70,13 +71,18 @@ class EnvExecs:
             self._busy[env.id] -= 1
             if not self._busy[env.id]:
                 del self._busy[env.id]
-        return self._named_disk(env, outcome)
+        return self._named_disk(env, outcome, full_before)
 
-    def _named_disk(self, env: Environment, outcome: Result) -> Result:
-        """A command that leaves the environment's disk full says which limit it hit (whether
-        or not it failed for it: a shell may have gone on after the ENOSPC)."""
+    def _disk_full(self, env: Environment) -> bool:
         rooted = self.roots.envs.get(env.id) if self.roots is not None else None
-        if rooted is None or not LayerStore.full(rooted.upper):
+        return rooted is not None and LayerStore.full(rooted.upper)
+
+    def _named_disk(self, env: Environment, outcome: Result, full_before: bool) -> Result:
+        """A command that leaves the environment's disk full says which limit it hit (whether
+        or not it failed for it: a shell may have gone on after the ENOSPC). A disk an earlier
+        command filled is not this one's cause: named only when this one filled it, or failed
+        on a full disk."""
+        if not self._disk_full(env) or (full_before and outcome.status is Status.OK):
             return outcome
         return dataclasses.replace(
             outcome, detail=f"{outcome.detail}; disk limit {env.disk_mb} MiB reached"

@@ -779,3 +779,26 @@ def test_after_a_fork_the_parent_owns_its_work_folder_as_before(state: Path) -> 
         assert leftovers(state) == []
 
     run(go())
+
+
+def test_a_full_disk_is_named_by_the_command_that_filled_it_not_by_later_ones(state: Path) -> None:
+    """Issue 36: after the disk filled, every later result said "disk limit N MiB reached",
+    whatever ended it (an out-of-memory kill read "ok ... disk limit 32 MiB reached"). Named
+    now by the command that filled it, and by a later one only when that one failed."""
+
+    async def go():
+        m = await _manager(state)
+        try:
+            env = await m.open_env("full-disk", 128, disk_mb=32)
+            fill = await sh(m, env, "dd if=/dev/zero of=/sandbox/f bs=1M count=64; sync")
+            later = await sh(m, env, "echo fine")
+            failing = await sh(m, env, "dd if=/dev/zero of=/sandbox/g bs=1M count=8")
+            await m.close_env(env)
+            return fill, later, failing
+        finally:
+            await m.close()
+
+    fill, later, failing = run(go())
+    assert "disk limit 32 MiB reached" in fill.detail, fill
+    assert later.ok and later.detail == "exit code 0", later
+    assert not failing.ok and "disk limit 32 MiB reached" in failing.detail, failing

@@ -288,6 +288,49 @@ def test_out_of_memory_and_closing_name_themselves():
     assert closed.status == "cancelled" and "was closed" in closed.detail
 
 
+FORKS_AND_GOES_ON = """python3 -c '
+import os, time
+for _ in range(100):
+    try:
+        if os.fork() == 0:
+            time.sleep(5)
+            os._exit(0)
+    except OSError:
+        pass  # refused by the pids limit: go on, exit 0
+'"""
+
+
+def test_a_command_that_exits_0_still_names_the_limits_it_hit():
+    """Issue 36: a fork bomb whose shell went on said "exit code 0" and nothing of the process
+    limit; a child killed for memory under a shell that exits 0 said nothing of the kill. Both
+    are named now, the status unchanged (the command did exit 0)."""
+
+    async def go():
+        m = await sandbox(pids_max=40)
+        try:
+            env = await m.open_env("t", 64)
+            bomb = await m.execute(
+                ExecRequest(
+                    env,
+                    FORKS_AND_GOES_ON,
+                    timeout=20,
+                )
+            )
+            oom = await m.execute(
+                ExecRequest(env, "python3 -c 'x = bytearray(300 << 20)'; exit 0", timeout=60)
+            )
+            fine = await m.execute(ExecRequest(env, "echo fine"))
+            return bomb, oom, fine
+        finally:
+            await m.close()
+
+    bomb, oom, fine = run(go())
+    assert bomb.status is Status.OK and "process limit (40 pids)" in bomb.detail, bomb
+    assert oom.status is Status.OK, oom
+    assert "the kernel killed a process of it for memory (limit 64 MiB)" in oom.detail, oom
+    assert fine.status is Status.OK and fine.detail == "exit code 0", fine  # nothing stale
+
+
 def test_normal_commands_still_work():
     async def go():
         m = await sandbox()

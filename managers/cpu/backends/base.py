@@ -14,11 +14,12 @@ template methods (`open`, `exec`, `close`) and helpers, so no backend words them
 
 - an exec in an environment that is not open fails `EnvironmentBroken`; one whose
   environment was closed while it ran comes back `cancelled`, saying so;
-- which limit a failed command hit (`name_limits`, the one OOM rule): a command the kernel's
+- which limit a command hit (`name_limits`, the one OOM rule): a command the kernel's
   OOM killer killed (SIGKILL, with the environment's OOM count up) is `error` with detail
   `killed: out of memory (limit N MiB)`; one that reached its deadline stays `timeout`, its
   detail adding that a process of it was killed for memory; a fork the pids limit refused is
-  named in the detail, the status unchanged;
+  named in the detail, the status unchanged; so is either limit where the command exited 0 all
+  the same (a shell that went on);
 - GPUs (a vector exec's chunk, host indices): the command sees `grant.GPU_VARIABLES`; how far
   a backend enforces the grant is its `gpu_mode` (`GPU_MODES`), and a backend that
   cannot give GPUs at all (`gpus_refused`) fails such an exec naming `gpus`;
@@ -77,12 +78,14 @@ class LimitCounts:
 def name_limits(
     outcome: Result, before: LimitCounts, after: LimitCounts, memory_mb: int, pids_max: int | None
 ) -> Result:
-    """The one rule saying which limit a failed command hit (see the module docstring)."""
-    if outcome.status not in (Status.ERROR, Status.TIMEOUT):
+    """The one rule saying which limit a command hit (see the module docstring): a command
+    that succeeded all the same (a shell that went on after a refused fork, a child killed for
+    memory) says so too, its status unchanged."""
+    if outcome.status not in (Status.OK, Status.ERROR, Status.TIMEOUT):
         return outcome
     detail = outcome.detail
     if after.ooms > before.ooms:
-        if outcome.status is Status.TIMEOUT:
+        if outcome.status is not Status.ERROR:  # timed out, or exit 0 all the same
             detail += f"; the kernel killed a process of it for memory (limit {memory_mb} MiB)"
         elif outcome.exit_code in SIGKILLED:
             detail = f"killed: out of memory (limit {memory_mb} MiB)"
@@ -230,8 +233,8 @@ class Backend(ABC):
                 status=Status.CANCELLED,
                 detail=(f"killed: environment {env.id} was closed while the command ran"),
             )
-        if outcome.status not in (Status.ERROR, Status.TIMEOUT):
-            return outcome  # no limit to name: the counters are not read again
+        if outcome.status not in (Status.OK, Status.ERROR, Status.TIMEOUT):
+            return outcome  # it did not run to its end: no limit to name
         return name_limits(outcome, before, self._limit_counts(env), env.memory_mb, self.pids_max)
 
     async def close(self, env: Environment) -> None:
