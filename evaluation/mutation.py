@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -186,7 +187,6 @@ def toml_value(v: object) -> str:
 def pyproject(module: str, tests: list[str]) -> str:
     """The work folder's pyproject.toml: the repository's pytest options and this module's
     mutmut configuration (nothing else: mutmut reads only `[tool.mutmut]`)."""
-    import tomllib
 
     pytest_opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]
     mutmut = {

@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from solvers import get_allocator
+from solvers.fcfs import ScratchPools
 from tangram.actions import Action
 from tangram.allocation import ClusterView
-from tangram.pools import FlatPool, PlacementAdvisor
+from tangram.pools import CorePool, FlatPool, PlacementAdvisor
 from tangram.queue import ActionQueue
+from topology import CpuNode
 
 
 class UntilFive(PlacementAdvisor):
@@ -46,9 +48,6 @@ def test_an_action_waiting_behind_a_blocked_pool_blocks_its_other_pools_too():
     needs only that slot, may not overtake A (it contends with A). On a plain sequence of
     actions and on the indexed `ActionQueue` alike (its scan once skipped A, so A blocked
     nothing there and B started: docs/mutation.md, "Found"; `test_queue_equivalence.py`)."""
-    from tangram.pools import CorePool
-    from topology import CpuNode
-
     pools = {
         "cpu": CorePool("cpu", {"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}),
         "api": FlatPool("api", {"n0": 1}),
@@ -67,9 +66,6 @@ def test_an_action_waiting_behind_a_blocked_pool_blocks_its_other_pools_too():
 
 
 def test_an_unbound_action_never_takes_a_node_an_earlier_action_waits_for():
-    from tangram.pools import CorePool
-    from topology import CpuNode
-
     pools = {"cpu": CorePool("cpu", {n: CpuNode(n, {0: (0, 1, 2, 3)}) for n in ("n0", "n1")})}
     pools["cpu"].place(1, "n0")  # n0: 3 free, n1: 4 free
     pools["cpu"].place(3, "n1")  # n1: 1 free
@@ -84,8 +80,6 @@ def test_an_unbound_action_never_takes_a_node_an_earlier_action_waits_for():
 
 
 def test_scratch_pools_are_the_pools_by_name():
-    from solvers.fcfs import ScratchPools
-
     src = {"api": FlatPool("api", {"n0": 1}), "io": FlatPool("io", {"n0": 2})}
     scratch = ScratchPools(src)
     assert list(scratch) == ["api", "io"] and len(scratch) == 2
