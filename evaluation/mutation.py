@@ -128,6 +128,13 @@ TESTS: dict[str, list[str]] = {
         "tests/unit/test_decision_replay.py",
         "tests/test_scenarios.py::test_scenario",
     ],
+    "tangram/queue.py": [
+        *_SCHED,
+        "tests/property/test_queue_equivalence.py",
+        "tests/unit/test_mutation_kills_policies.py",
+        "tests/unit/test_rereads.py",
+        "tests/unit/test_mutation_kills_queue.py",
+    ],
     "tangram/runtime/shards/worker.py": [
         "tests/unit/test_shards.py",
         "tests/unit/test_shards_config.py",
