@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -18,11 +19,22 @@ from managers.cpu.roots import Roots
 from tangram.errors import ValidationError
 
 INLINE_FILES, INLINE_BYTES = 8, 64 << 10  # written on the event loop (else in a thread)
+TAR_MAX_MB = 1024  # the default bound of one tar stream
+# GNU tar in the folder given as descriptor 0 (the resolved folder: never a path to re-resolve),
+# holes found with SEEK_HOLE and kept as holes, one file system (no /proc, /dev below `/`)
+TAR = ["tar", "-C", "/proc/self/fd/0", "--sparse", "--one-file-system", "--numeric-owner", "-c"]
+
+
+def check_tar_max_mb(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValidationError("cpu.tar_max_mb", value, "must be a positive integer (MiB)")
+    return value
 
 
 class EnvFiles:
     envs: EnvironmentTable
     backend: Backend
+    tar_max: int  # bytes of one tar stream
 
     if TYPE_CHECKING:  # the manager's own
 
@@ -61,33 +73,56 @@ class EnvFiles:
 
     async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
         """A tar stream of the folder `path` of the environment (links kept as links, never
-        followed); for trees too large for `read_files`."""
+        followed; holes of sparse files kept as holes, not zeros on the wire). The folder is
+        resolved as every files-API path (`files.open_tree`: never outside); `tar` then runs
+        as one of the environment's commands would (`Backend.serving`: its cgroup, its sandbox
+        and uid, its seccomp filter), reading the folder through that descriptor, so it reads
+        only what the environment's own user may. Refused naming `tar_max_mb` when the
+        archive would be larger than the bound (measured first by the same tar, writing to
+        /dev/null, which reads no data); one that grows past it while streaming is cut there,
+        and the stream ends with an error."""
         env = self._tree(env_id)
         root, rel = Roots.inside(env.root, env.workdir, path)
         fd = await asyncio.to_thread(files.open_tree, root, rel)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                "tar",
-                "-C",
-                f"/proc/self/fd/{fd}",
-                "-cf",
-                "-",
-                "--numeric-owner",
-                ".",
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
-                pass_fds=(fd,),
-            )
+            size = await self._tar_size(env, fd, path)
+            if size > self.tar_max:
+                raise ValidationError(
+                    "path",
+                    path,
+                    f"its tar would be {size} bytes, over the bound of one call "
+                    f"({self.tar_max >> 20} MiB, cpu.tar_max_mb)",
+                )
+            async with self.backend.serving(env, [*TAR, "-f", "-", "."], fd, self.tar_max) as p:
+                assert p.stdout is not None
+                sent = 0
+                while chunk := await p.stdout.read(1 << 16):
+                    sent += len(chunk)
+                    if sent > self.tar_max:
+                        raise ValidationError(
+                            "path",
+                            path,
+                            f"its tar grew past the bound of one call while it was read "
+                            f"({self.tar_max >> 20} MiB, cpu.tar_max_mb): cut there",
+                        )
+                    yield chunk
+                await p.wait()
         finally:
             os.close(fd)
-        assert proc.stdout is not None
-        try:
-            while chunk := await proc.stdout.read(1 << 16):
-                yield chunk
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+
+    async def _tar_size(self, env: Environment, fd: int, path: str) -> int:
+        """The size of the folder's archive (GNU tar's `--totals` of an archive written to
+        /dev/null, which stats every file and reads none)."""
+        argv = [*TAR, "-f", "/dev/null", "--totals", "."]
+        async with self.backend.serving(env, argv, fd, 1 << 16) as proc:
+            _, err = await proc.communicate()
+        found = re.search(rb"Total bytes written: (\d+)", err)
+        if found is None:
+            why = err.decode(errors="replace").strip().splitlines()
+            raise ValidationError(
+                "path", path, f"cannot archive it ({why[-1] if why else 'tar failed'})"
+            )
+        return int(found.group(1))
 
     async def read_files(self, env_id: str, paths: Sequence[str]) -> dict[str, bytes | None]:
         """Each path's content, None where it is missing or not a regular file. At most

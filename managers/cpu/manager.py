@@ -24,7 +24,7 @@ from typing import Any
 
 from managers.base import EnvironmentManager
 from managers.cpu.backends import AUTO, Backend, NotStarted, create, started
-from managers.cpu.envfiles import EnvFiles
+from managers.cpu.envfiles import TAR_MAX_MB, EnvFiles, check_tar_max_mb
 from managers.cpu.execs import EnvExecs
 from managers.cpu.forks import EnvForks
 from managers.cpu.layers import DEFAULT_DISK_MB
@@ -56,7 +56,8 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
     `state_dir`: the node's image store, layers and snapshots (`default_state_dir`);
     `disk_mb`: the disk bound of an environment opened with an image or snapshot and no
     `disk_mb` of its own (default `layers.DEFAULT_DISK_MB`); `disk_capacity_mb`: the node's
-    disk for environments (default: what is free under `state_dir` at start).
+    disk for environments (default: what is free under `state_dir` at start); `tar_max_mb`:
+    the bound of one `tar_files` stream (default `envfiles.TAR_MAX_MB`).
     """
 
     name = "cpu"
@@ -73,6 +74,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         state_dir: str | None = None,
         disk_mb: int = DEFAULT_DISK_MB,
         disk_capacity_mb: int | None = None,
+        tar_max_mb: int = TAR_MAX_MB,
     ) -> None:
         options = dict(backend_options or {})
         if isinstance(backend, Backend) and options:
@@ -99,6 +101,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         self.pool = CorePool(resource, nodes)
         self.roots: Roots | None = None
         Roots.check_disk_mb(disk_mb)  # a bad value fails here, not at start
+        self.tar_max = check_tar_max_mb(tar_max_mb) << 20
         self._layers = (state_dir, disk_mb, disk_capacity_mb)
         self.envs = EnvironmentTable(
             memory_mb, None if disk_capacity_mb is None else dict.fromkeys(nodes, disk_capacity_mb)

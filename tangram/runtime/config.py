@@ -237,12 +237,13 @@ def backend_options(path: str, backend: str, options: Mapping[str, Any]) -> dict
 def build_cpu(path: str, spec: Mapping[str, Any] | CpuSpec | None) -> CpuManager:
     """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
     `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker); `state_dir`, `disk_mb`
-    (the default disk bound of an environment with an image) and `disk_capacity_mb` (the
-    node's disk for environments) of the CPU manager."""
+    (the default disk bound of an environment with an image), `disk_capacity_mb` (the
+    node's disk for environments) and `tar_max_mb` (the bound of one files/tar stream) of the
+    CPU manager."""
     spec = spec if isinstance(spec, CpuSpec) else parse(CpuSpec, path, spec)
     options = backend_options(f"{path}.options", spec.backend, spec.options)
     layers = spec.model_dump(
-        include={"state_dir", "disk_mb", "disk_capacity_mb"}, exclude_unset=True
+        include={"state_dir", "disk_mb", "disk_capacity_mb", "tar_max_mb"}, exclude_unset=True
     )
     return CpuManager(spec.backend, backend_options=options, **layers)
 

@@ -81,6 +81,7 @@ class CpuSpec(Spec):
     state_dir: str | None = None
     disk_mb: PosInt | None = None
     disk_capacity_mb: PosInt | None = None
+    tar_max_mb: PosInt | None = None  # the bound of one files/tar stream
 
 
 class ApiSpec(Spec):

@@ -21,16 +21,18 @@ import asyncio
 import base64
 import binascii
 import json
+import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tangram.errors import ValidationError
+from tangram.errors import TangramError, ValidationError
 from tangram.runtime.http.limits import MAX_FORK, MAX_ITEMS, FilePath, Name
 from tangram.runtime.http.owned import not_pooled
 
+log = logging.getLogger(__name__)
 router = APIRouter(tags=["environments"], dependencies=[Depends(not_pooled)])
 
 
@@ -122,12 +124,32 @@ def _encoded(got: dict[str, bytes | None]) -> bytes:
     responses={200: {"content": {"application/x-tar": {}}}},
 )
 async def tar_files(env_id: str, request: Request, path: str = "/sandbox") -> StreamingResponse:
+    """The folder's tar stream. Refusals (an unknown environment, a bad path, an archive over
+    `cpu.tar_max_mb`) come before the 200; one that grows past the bound while it streams
+    is cut, and the connection closed with the response unfinished (the client's read fails)."""
     stream = request.app.state.tangram.tar_files(env_id, path)
-    first = await anext(stream, b"")  # errors (unknown env, bad path) before the 200
+    first = await anext(stream, b"")
 
     async def body():
         yield first
         async for chunk in stream:
             yield chunk
 
-    return StreamingResponse(body(), media_type="application/x-tar")
+    return _CutStream(body(), media_type="application/x-tar")
+
+
+class _CutStream(StreamingResponse):
+    """A stream that a `TangramError` cuts: logged, and the response left unfinished (so the
+    server closes the connection and the client cannot take a cut archive for a whole one)."""
+
+    async def stream_response(self, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except TangramError as exc:
+            log.warning("a files/tar stream was cut: %s", exc)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -30,6 +30,7 @@ template methods (`open`, `exec`, `close`) and helpers, so no backend words them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import signal
@@ -37,7 +38,7 @@ import tempfile
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,6 +244,50 @@ class Backend(ABC):
         self._live.pop(env.id, None)
         if self._started:
             await self._close(env)
+
+    @contextlib.asynccontextmanager
+    async def serving(
+        self, env: Environment, argv: Sequence[str], stdin: int, cap: int
+    ) -> AsyncIterator[asyncio.subprocess.Process]:
+        """A process of the server's own work on `env` (the files API's tar), started where
+        and as the environment's commands are (its cgroup, its sandbox, its uid, its seccomp
+        filter, each as far as this backend confines commands), with `stdin` as descriptor 0
+        and stdout and stderr piped (at most `cap` + 1 bytes of stdout pass a sandbox's
+        output relay). On exit it and everything it started are killed."""
+        self._require_started("serve files")
+        if env.id not in self._live:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: it is not open in the {self.name} backend"
+            )
+        argv, fds, done = await self._serve_launch(env, list(argv), cap)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=stdin,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=fds,
+                start_new_session=True,
+                cwd=env.workdir,
+                env=self._environ(env, (0,), False),  # (one core: see `_serve_launch`)
+            )
+        except BaseException:
+            done()
+            raise
+        try:
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            done()
+
+    async def _serve_launch(
+        self, env: Environment, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """(the argv that starts `argv` the way `serving` says, the descriptors it needs
+        passed, what to do once it is over): here, on the host as it is."""
+        return argv, (), lambda: None
 
     @abstractmethod
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:

@@ -66,6 +66,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 
 from managers.cpu import seccomp
 from managers.cpu.backends import bwrap_reset, toolkit
@@ -326,6 +327,12 @@ class BwrapBackend(CgroupBackend):
                     f"{', '.join(missing)} is not in {self.device_dir} (no such GPU on this "
                     "machine: is the GPU pool simulated?)",
                 )
+        await self._heal_holder(env)
+        self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
+        return await super().exec(env, cores, command, timeout, output_cap, elastic, gpus)
+
+    async def _heal_holder(self, env: Environment) -> None:
+        """Restart the environment's holder (or spawner) where it died."""
         holder = self._holders.get(env.id)
         if holder is not None and not holder.healthy() and env.id in self._envs:
             holder.release()
@@ -334,8 +341,12 @@ class BwrapBackend(CgroupBackend):
                 await self._start_holder(env, holder.slot)
             except BackendUnavailable as exc:
                 raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
-        self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
-        return await super().exec(env, cores, command, timeout, output_cap, elastic, gpus)
+
+    async def _serve_launch(
+        self, env: Environment, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        await self._heal_holder(env)
+        return await super()._serve_launch(env, argv, cap)
 
     async def _run(
         self,
@@ -407,12 +418,28 @@ class BwrapBackend(CgroupBackend):
         devices, self._entering_devices = self._entering_devices, None
         if dirfd is None or (gpus and devices is None):
             raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
+        return self._entered(env, join, argv_of(command), dirfd, self._entering_cap, gpus, devices)
+
+    def _entered(
+        self,
+        env: Environment,
+        join: str,
+        argv: list[str],
+        dirfd: int,
+        cap: int,
+        gpus: tuple[int, ...] = (),
+        devices: int | None = None,
+    ) -> list[str]:
+        """The argv that joins the slot (`join`), enters the holder's namespaces (through
+        `dirfd`, its /proc folder; with `gpus`, a device sandbox from the arguments at
+        `devices`), drops to the environment's uid and runs `argv` under the seccomp loader,
+        which passes `cap` + 1 bytes of each output."""
         drop = _drop_to(self._uids[env.id])
         loader = self._loader
         if env.root is not None:  # the image has none of the host's programs: the copies
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
             loader = image_loader(env, self._loader)
-        loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(self._entering_cap))
+        loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(cap))
         if gpus:  # the device sandbox, in the holder's namespaces but its mounts
             enter = (
                 "nsenter",
@@ -430,7 +457,25 @@ class BwrapBackend(CgroupBackend):
                 f"--wdns={INSIDE_WORK}",
                 "--",
             )
-        return joined(join, (*enter, *drop, *loader, *argv_of(command)))
+        return joined(join, (*enter, *drop, *loader, *argv))
+
+    def _serve_enter(
+        self, env: Environment, join: str, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """Through the reference path (nsenter, setpriv, the loader), never the spawner (whose
+        relay keeps output for a result instead of streaming it)."""
+        holder = self._holders.get(env.id)
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is None:
+            raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
+        if env.root is not None:  # the image has no programs of the host's: the copies
+            argv = [*toolkit.run(INSIDE_SUPPORT, argv[0]), *argv[1:]]
+        try:
+            entered = self._entered(env, join, argv, dirfd, cap)
+        except BaseException:
+            hold.close_quietly(dirfd)
+            raise
+        return entered, (dirfd,), lambda: hold.close_quietly(dirfd)
 
     async def _close(self, env: Environment) -> None:
         holder = self._holders.pop(env.id, None)

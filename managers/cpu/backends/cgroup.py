@@ -24,6 +24,7 @@ import os
 import shlex
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,6 +122,47 @@ class CgroupBackend(Backend):
         if not os.access(parent, os.W_OK):
             return f"cannot write to {parent}: run as root with cgroupfs mounted read-write"
         return None
+
+    async def _serve_launch(
+        self, env: Environment, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """In a cgroup slot of the environment of its own (so its CPU time, memory and
+        processes are the environment's, within its limits), on one core of the environment's
+        set; the slot's leftovers are killed and the slot freed once it is over."""
+        e = self._envs.get(env.id)
+        if e is None or not e.folders["cpu"].is_dir():
+            raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup is gone")
+        top = e.folders["cpuset" if self.h.version == 1 else "cpu"]
+        try:
+            core = int(fs.read(top / "cpuset.cpus").split(",")[0].split("-")[0])
+            slot = await asyncio.to_thread(self._slot, env, e)
+            self._confine(slot, (core,))
+        except (OSError, ValueError) as exc:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: cannot make a cgroup slot in {top} ({exc})"
+            ) from exc
+
+        try:
+            argv, fds, entered_done = self._serve_enter(env, slot.join, argv, cap)
+        except BaseException:
+            e.free.append(slot)
+            raise
+
+        def done() -> None:
+            try:
+                entered_done()
+            finally:
+                fs.kill_all(slot.folders["cpu"])
+                e.free.append(slot)
+
+        return argv, fds, done
+
+    def _serve_enter(
+        self, env: Environment, join: str, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """The argv that joins the slot (`join`) and runs `argv`; isolating subclasses put
+        their sandbox between the two."""
+        return joined(join, argv), (), lambda: None
 
     def describe(self) -> str:
         if self._h is None:

@@ -1,5 +1,6 @@
 """The few host programs a sandbox with an image of its own needs to start and enter:
-`setpriv` (drop to the environment's uid), `sh` and `sleep` (the idle holder), with the host's
+`setpriv` (drop to the environment's uid), `sh` and `sleep` (the idle holder), `tar` (the files
+API's tar stream, run inside as the environment's user), with the host's
 dynamic loader and the libraries they link, copied under the support folder (bound read-only at
 `/opt/tangram`). They run through the host's loader (`ld.so --library-path ...`), so an image
 needs none of them, nor a C library compatible with the host's. Nothing else of the host is
@@ -14,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-PROGRAMS = ("setpriv", "sh", "sleep")
+PROGRAMS = ("setpriv", "sh", "sleep", "tar")
 FOLDER = "host"  # under the support folder
 
 
@@ -30,7 +31,7 @@ def _closure(program: str) -> tuple[str, list[str]]:
 def install(support: Path) -> None:
     """Copy the programs, their libraries and the loader into `support/host` (idempotent)."""
     folder = support / FOLDER
-    if (folder / "ld.so").exists():
+    if (folder / "ld.so").exists() and all((folder / p).exists() for p in PROGRAMS):
         return
     (folder / "lib").mkdir(parents=True, exist_ok=True)
     loader = None
