@@ -82,7 +82,8 @@ class EnvForks:
         fork restarts its sandbox). O(1) in the data the parent wrote: the parent's layer is
         frozen as a shared lower of the parent and every child, each of which gets a fresh
         writable layer of the parent's `disk_mb` and memory of the parent's `memory_mb`.
-        Children run as the parent's uid (their files are the parent's)."""
+        Each child runs as a uid of its own, its inherited files its own (idmapped layers, see
+        `idmap`); where the kernel has no idmapped layers, as the parent's uid."""
         if (
             isinstance(trajectories, str)
             or not isinstance(trajectories, Sequence)
@@ -102,7 +103,7 @@ class EnvForks:
         self._check_room(parent.node, len(trajectories), parent.memory_mb, parent.disk_mb)
         await self._freeze(parent, roots)
         stack = roots.envs[env_id].stack
-        uid = roots.envs[env_id].uid
+        uid = roots.inherited_uid(roots.envs[env_id].uid)
         proto = [
             Environment(
                 "",

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu import idmap
 from managers.cpu.leftovers import dead_owner, owned_name
 from tangram.errors import BackendUnavailable, TangramError
 
@@ -116,12 +117,21 @@ class LayerStore:
         self.empty = self.layers / "empty"
         self.empty.mkdir(exist_ok=True)
         self._why_not: str | None | bool = False  # False: not probed yet
+        self._idmap_why_not: str | None | bool = False
 
     @property
     def why_not(self) -> str | None:
-        """None when layers work here, else why not (probed once, on first use)."""
+        """None when layers work here, else why not (probed once, on first use, with
+        `idmap_why_not`)."""
         if self._why_not is False:
             self._why_not = probe(self.layers)
+            self._idmap_why_not = self._why_not or self._probe_idmap()
+            if self._why_not is None and self._idmap_why_not is not None:
+                log.warning(
+                    "layers are not idmapped (%s): a fork's children and a snapshot's "
+                    "environments run as the uid of the environment they came from",
+                    self._idmap_why_not,
+                )
         return self._why_not  # type: ignore[return-value]
 
     # -- crash safety ----------------------------------------------------------------------------
@@ -141,6 +151,41 @@ class LayerStore:
                     p.unlink(missing_ok=True)
                 swept.append(f"{p} (server pid {pid})")
         return swept
+
+    @property
+    def idmapped(self) -> bool:
+        """Whether every environment's layers are mounted idmapped to its own uid (probed once,
+        on first use; `idmap_why_not` says why not)."""
+        return self.idmap_why_not is None
+
+    @property
+    def idmap_why_not(self) -> str | None:
+        self.why_not  # noqa: B018 (probes both once)
+        return self._idmap_why_not  # type: ignore[return-value]
+
+    def _probe_idmap(self) -> str | None:
+        """None when a file chowned to a trial uid through an idmapped writable layer is
+        stored as `idmap.LAYER_OWNER` (the path every layered environment's mount takes)."""
+        trial = idmap.LAYER_OWNER - 1
+        target = self.roots / owned_name(f"probe-{uuid.uuid4().hex[:6]}")
+        try:
+            upper = self.new_layer(MIN_DISK_MB)
+        except TangramError as exc:
+            return f"no trial layer: {exc}"
+        try:
+            target.mkdir(mode=0o755)
+            self._mount_idmapped(Stack(str(self.empty)), upper, target, trial)
+            (target / "f").touch()
+            os.chown(target / "f", trial, trial)
+            seen, kept = (target / "f").stat().st_uid, (upper.upper / "f").stat().st_uid
+            if (seen, kept) != (trial, idmap.LAYER_OWNER):
+                return f"an idmapped layer kept uid {kept} (shown as {seen})"
+            return None
+        except (OSError, TangramError) as exc:
+            return f"this kernel refuses idmapped overlay layers (Linux >= 5.19): {exc}"
+        finally:
+            self.unmount(target)
+            self.drop(upper)
 
     def require(self) -> None:
         if self.why_not is not None:
@@ -211,21 +256,56 @@ class LayerStore:
     def target_for(self, env_id: str) -> Path:
         return self.roots / owned_name(env_id)
 
-    def mount(self, stack: Stack, upper: Layer, target: Path) -> None:
-        """Mount the overlay of `stack` under `upper` at `target` (created)."""
+    def mount(self, stack: Stack, upper: Layer, target: Path, uid: int | None = None) -> None:
+        """Mount the overlay of `stack` under `upper` at `target` (created); with `uid` (the
+        environment's, where it has one) and idmapped layers (`idmapped`), every layer through
+        a clone idmapped to it (see `idmap`)."""
         target.mkdir(mode=0o755, exist_ok=True)
-        lowers = [
-            os.path.relpath(p, self.layers)
-            for p in (*(layer.upper for layer in stack.layers), stack.base)
-        ]
+        if uid is None or not self.idmapped:
+            lowers = [layer.upper for layer in stack.layers]
+            self._overlay(target, [*lowers, Path(stack.base)], upper.upper, upper.work)
+        else:
+            self._mount_idmapped(stack, upper, target, uid)
+
+    def _mount_idmapped(self, stack: Stack, upper: Layer, target: Path, uid: int) -> None:
+        """The overlay over idmapped clones of its layers' disks, attached under a folder of
+        their own only while it is mounted (overlayfs keeps private clones)."""
+        clones = self.layers / owned_name(f"ids-{uuid.uuid4().hex[:8]}")
+        clones.mkdir(mode=0o700)
+        attached: list[Path] = []
+        try:
+            ns = idmap.userns(uid)
+            try:
+                for i, layer in enumerate((upper, *stack.layers)):
+                    point = clones / str(i)
+                    point.mkdir()
+                    idmap.attach(layer.fs, point, ns)
+                    attached.append(point)
+            finally:
+                os.close(ns)
+            lowers = [p / "upper" for p in attached[1:]]
+            self._overlay(
+                target, [*lowers, Path(stack.base)], clones / "0/upper", clones / "0/work"
+            )
+        except OSError as exc:
+            raise TangramError(f"idmapping the layers of the root {target.name}: {exc}") from exc
+        finally:
+            for point in attached:
+                with contextlib.suppress(OSError):
+                    idmap.detach(point)
+            for point in (*(clones / str(i) for i in range(len(stack.layers) + 1)), clones):
+                with contextlib.suppress(OSError):
+                    point.rmdir()  # never rmtree: a clone that did not detach holds a layer
+
+    def _overlay(self, target: Path, lowers: list[Path], upper: Path, work: Path) -> None:
         rel = lambda p: os.path.relpath(p, self.layers)  # short: the options fit in a page
         options = (
-            f"lowerdir={':'.join(lowers)},upperdir={rel(upper.upper)},"
-            f"workdir={rel(upper.work)},volatile,index=off"
+            f"lowerdir={':'.join(map(rel, lowers))},upperdir={rel(upper)},"
+            f"workdir={rel(work)},volatile,index=off"
         )
         if len(options) > 4000:
             raise TangramError(
-                f"the layer stack of {target.name} is {len(stack.layers)} deep: "
+                f"the layer stack of {target.name} is {len(lowers) - 1} deep: "
                 f"too deep to mount (fork from a snapshot nearer the image)"
             )
         _run(

@@ -270,6 +270,8 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         workdir, root = os.path.join(self.workdir_root, owned_name(env_id)), None
         if stack is not None:
             assert self.roots is not None
+            if proto.uid is None and self.roots.layers.idmapped:  # its layers are mapped to it
+                proto = dataclasses.replace(proto, uid=self.backend.new_owner())
             prepared = await asyncio.to_thread(
                 self.roots.prepare, env_id, stack, proto.disk_mb, proto.uid
             )

@@ -111,7 +111,8 @@ class Roots:
         return disk
 
     def stack_for(self, image: str | None, snapshot: str | None) -> tuple[Stack, int | None]:
-        """The stack a new environment starts from, and the uid it must run as."""
+        """The stack a new environment starts from, and the uid it must run as (None: a fresh
+        one; a snapshot's source's only where layers are not idmapped, see `inherited_uid`)."""
         if image is not None and snapshot is not None:
             raise ValidationError(
                 "env.snapshot",
@@ -121,21 +122,28 @@ class Roots:
         self.layers.require()
         if snapshot is not None:
             snap = self.snapshot(snapshot)
-            return snap.stack, snap.uid
+            return snap.stack, self.inherited_uid(snap.uid)
         if image is not None:
             img = self.images.resolve(image, "env.image")
             return Stack(img.rootfs, (), img.digest), None
         return Stack(str(self.layers.empty)), None
 
+    def inherited_uid(self, uid: int | None) -> int | None:
+        """The uid an environment made from the files of one that ran as `uid` (a fork child,
+        an environment from a snapshot) must run as: a fresh one (None) where layers are
+        idmapped (`LayerStore.idmapped`: the inherited files show as its own), else `uid` (the
+        files on disk are that uid's)."""
+        return None if self.layers.idmapped else uid
+
     def prepare(self, env_id: str, stack: Stack, disk_mb: int, uid: int | None) -> Prepared:
-        """Make the environment's writable layer and mount its tree (blocking: run it in a
-        thread)."""
+        """Make the environment's writable layer and mount its tree, idmapped to `uid` where
+        the backend gives the environment one (blocking: run it in a thread)."""
         pin = self.images.pin(stack.image) if stack.image else None
         upper = None
         target = self.layers.target_for(env_id)
         try:
             upper = self.layers.new_layer(disk_mb)
-            self.layers.mount(stack, upper, target)
+            self.layers.mount(stack, upper, target, uid)
             if stack.image is not None:
                 for name, mode in (("tmp", 0o1777), (INSIDE_WORK.strip("/"), 0o700)):
                     p = target / name
@@ -199,10 +207,10 @@ class Roots:
         top = os.stat(rooted.target)
         try:
             self.layers.unmount(rooted.target)
-            self.layers.mount(stack, fresh, rooted.target)
+            self.layers.mount(stack, fresh, rooted.target, rooted.uid)
         except BaseException:
             self.layers.drop(fresh)
-            self.layers.mount(rooted.stack, old, rooted.target)
+            self.layers.mount(rooted.stack, old, rooted.target, rooted.uid)
             raise
         os.chown(rooted.target, top.st_uid, top.st_gid)
         os.chmod(rooted.target, stat.S_IMODE(top.st_mode))

@@ -364,6 +364,11 @@ class Backend(ABC):
     async def resume(self, env: Environment) -> None:
         """Make the environment usable again after `suspend` (same id, same paths)."""
 
+    def new_owner(self) -> int | None:
+        """A uid for an environment about to open (`Environment.uid`: its commands run as it),
+        None where this backend runs commands as the server's own user."""
+        return None
+
     def owner(self, env: Environment) -> int | None:
         """The host uid the environment's commands run as (its files belong to it), None when
         they run as the server's own user."""

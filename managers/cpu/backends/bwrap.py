@@ -192,8 +192,8 @@ class BwrapBackend(CgroupBackend):
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
         await super()._open(env, cores)
         try:
-            # never an earlier environment's, never another server's; a fork's children share
-            # their parent's (the files they inherit are its), `Environment.uid`
+            # never an earlier environment's, never another server's (`new_owner`); a fork
+            # child's own where layers are idmapped, else its parent's (`Roots.inherited_uid`)
             uid = env.uid if env.uid is not None else self._uid_source.take()
             self._make_workdir(env, uid)
         except BaseException:
@@ -488,6 +488,9 @@ class BwrapBackend(CgroupBackend):
 
     async def reset(self, env: Environment) -> str | None:
         return await bwrap_reset.reset_env(self, env)
+
+    def new_owner(self) -> int | None:
+        return self._uid_source.take()
 
     def owner(self, env: Environment) -> int | None:
         return self._uids.get(env.id)
