@@ -23,16 +23,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from evaluation.engine import AFTER, ActionRecord, Driver, Engine, SimExecutor
+from evaluation.engine import AFTER, Driver, Engine, SimExecutor
 from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Allocator, Assignment
 from tangram.errors import TangramError
 from tangram.pools import CorePool, Pool
 from tangram.profiles import DurationProfiles
+from tangram.results import ScheduledAction
 from tangram.scheduler import Scheduler
 
 START, ARRIVAL = 1, 2  # the closed loop's events (completions come first: `Engine`)
@@ -61,7 +62,7 @@ class EnvironmentStart:
     """Tangram's lifecycle: one container per trajectory holding no cores (memory only, which
     is assumed never to bind), started in `start_s` (docs/calibration.md §2: 0.5 s), on the
     node the runtime would open it on: the CPU manager's own rule
-    (`managers.cpu.pool.EnvironmentTable.choose_node`: memory load, then free cores, at the
+    (`managers.cpu.environments.EnvironmentTable.choose_node`: memory load, then free cores, at the
     moment the trajectory begins)."""
 
     start_s: float = 0.5
@@ -110,7 +111,7 @@ class Policy:
 
 @dataclass
 class LoopResult:
-    records: dict[str, ActionRecord]
+    records: dict[str, ScheduledAction]
     kinds: dict[str, tuple[str, str, str]]  # action id -> (trajectory, task, kind)
     setups: dict[str, tuple[float, float]]  # trajectory -> (begin, environment ready)
     spans: dict[str, tuple[float, float]]  # trajectory -> (begin, last action completed)

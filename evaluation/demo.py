@@ -20,14 +20,11 @@ import asyncio
 import contextlib
 import json
 import random
-import shlex
 import statistics
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress
@@ -274,9 +271,7 @@ def _runtime(
 
 async def _main(ns: argparse.Namespace) -> list[dict]:
     server, url = start_search_api()
-    py = shlex.quote(str(Path(sys.executable).parent / "python3"))
-    if not Path(sys.executable).with_name("python3").exists():
-        py = shlex.quote(sys.executable)
+    py = '"${TANGRAM_PYTHON:-python3}"'  # the server's own Python, as the sandbox sees it
     plans = make_plans(ns.trajectories, ns.seed)
     services = {
         "judge": {"memory_gb": 16, "dops": [1, 2], "infer_s": {1: 0.30, 2: 0.18}, "restore_s": 0.4}

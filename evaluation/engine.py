@@ -34,8 +34,7 @@ from typing import Any, Protocol
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import TangramError
-from tangram.pools import Placement
-from tangram.results import Status
+from tangram.results import ScheduledAction, Status
 from tangram.scheduler import Scheduler
 
 COMPLETION = 0  # the engine's own event kinds; a driver's kinds lie between them
@@ -49,19 +48,6 @@ class SimExecutor(Protocol):
 
     def begin(self, assignment: Assignment, now: float) -> tuple[float, bool]: ...
     def end(self, assignment: Assignment, now: float) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ActionRecord:
-    """One action's life on the virtual clock. `end - start` includes restore time."""
-
-    arrival: float
-    start: float
-    end: float
-    units: Mapping[str, int]
-    restored: bool | None = None
-    status: Status = Status.OK  # TIMEOUT: killed at its `Action.timeout`
-    placement: Mapping[str, Placement] | None = None  # where it ran (`tangram.conservation`)
 
 
 def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
@@ -100,7 +86,7 @@ class Driver(ABC):
 
 @dataclass
 class EngineRun:
-    records: dict[str, ActionRecord]
+    records: dict[str, ScheduledAction]  # each action's life on the virtual clock
     counters: dict[str, float]
     decision_cpu_s: array = field(default_factory=lambda: array("d"))
     """CPU seconds (this thread) of each decision the scheduler made, in order."""
@@ -131,7 +117,7 @@ class Engine:
         self._seq = 0
         self._truth: dict[str, Action] = {}
         self._run: dict[str, tuple[float, float, bool | None, Status]] = {}
-        self.records: dict[str, ActionRecord] = {}
+        self.records: dict[str, ScheduledAction] = {}
         self.counters: dict[str, float] = {
             "events": 0.0,
             "restores": 0.0,
@@ -234,7 +220,7 @@ class Engine:
 
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)
-        self._truth.pop(aid, None)
+        truth = self._truth.pop(aid, None)
         # learned at 1 ns, as the runtime learns its measured times: a tie between two equal-cost
         # arrangements is not broken by a float's last digits differing between the two
         a = self.scheduler.complete(aid, now, run_s=round(run_s, 9), status=status).assignment
@@ -243,7 +229,14 @@ class Engine:
             if ex is not None:
                 ex.end(a, now)
         self.counters["timeouts"] += status is Status.TIMEOUT
-        self.records[aid] = ActionRecord(
-            a.action.submit_time, start, now, dict(a.units), restored, status, dict(a.placement)
+        self.records[aid] = ScheduledAction(
+            a.action if truth is None else truth,  # the action as it ran
+            a.action.submit_time,
+            start,
+            now,
+            dict(a.units),
+            dict(a.placement),
+            status,
+            restored,
         )
         return a.action

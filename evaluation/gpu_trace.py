@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from evaluation.engine import Engine
 from evaluation.simulator import Arrivals
@@ -22,21 +21,10 @@ from solvers import get_allocator
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.pools import ChunkPool, Placement
+from tangram.results import ScheduledAction
 from tangram.scheduler import Scheduler
 
-__all__ = ["ServedAction", "chunk_of", "k_of", "serve"]
-
-
-@dataclass(frozen=True, slots=True)
-class ServedAction:
-    id: str
-    service: str
-    node: str
-    chunk: tuple[int, int]
-    start: float
-    end: float
-    restored: bool
-    evicted: tuple[str, ...]
+__all__ = ["chunk_of", "k_of", "serve"]
 
 
 class _PreferOnly(ResidencyAdvisor):
@@ -71,11 +59,12 @@ def serve(
     residency: Residency,
     prefer: bool = True,
     default_infer_s: float = 1.0,
-) -> list[ServedAction]:
+) -> list[ScheduledAction]:
     """Run every action (a GPU demand of one amount on `pool.resource`, a `service`) FCFS.
 
     An action's duration is its own `duration`, else its service's profiled inference time,
-    else `default_infer_s`. Returns one record per action, in start order.
+    else `default_infer_s`. Returns one record per action, in start order, each with whether
+    it restored its service and the services that restore evicted (`ScheduledAction.evicted`).
     """
     res = pool.resource
     timed = []
@@ -94,19 +83,8 @@ def serve(
     out = Engine(sched, {res: model}, timed=False).run(Arrivals(timed)).records
     served = []
     for a in timed:
-        r, d = out[a.id], model.decisions[a.id]
-        served.append(
-            ServedAction(
-                a.id,
-                residency.registry.get(a.service).name,
-                d.node,
-                d.chunk,
-                r.start,
-                r.end,
-                d.restored,
-                tuple(e.service for e in d.evicted),
-            )
-        )
+        evicted = tuple(e.service for e in model.decisions[a.id].evicted)
+        served.append(dataclasses.replace(out[a.id], evicted=evicted))
     served.sort(key=lambda s: s.start)  # stable: equal starts keep arrival order
     return served
 

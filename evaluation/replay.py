@@ -16,17 +16,14 @@ from rich.table import Table
 
 from evaluation.simulator import SimResult, simulate
 from solvers import available, get_allocator
-from tangram.conservation import ConservationReport, Started, check_schedule
+from tangram.conservation import ConservationReport, check_schedule
 from tangram.instance import Instance, load_instance
 
 
 def check_result(instance: Instance, result: SimResult) -> ConservationReport:
     """The work-conservation check of a simulated schedule of `instance`."""
     recs = result.records  # in the instance's order: the queue's, among equal arrivals
-    schedule = [
-        Started(a, recs[a.id].start, recs[a.id].end, recs[a.id].units, recs[a.id].placement or {})
-        for a in instance.actions
-    ]
+    schedule = [recs[a.id] for a in instance.actions]
     return check_schedule(instance.build_pools(), schedule, instance.bindings)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from evaluation import vclock
 from evaluation.closedloop import LoopResult, api_executors
-from evaluation.engine import ActionRecord, modelled_duration
+from evaluation.engine import modelled_duration
 from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
 from managers.basic import BasicManager, Limits
@@ -44,7 +44,7 @@ from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import ChunkPool, CorePool
-from tangram.results import Result, Status
+from tangram.results import Result, ScheduledAction, Status
 from tangram.runtime.facade import Tangram
 
 MEMORY_MB = 16  # per environment; nodes get room for every trajectory (memory never binds)
@@ -184,6 +184,17 @@ def _timed_decisions(tg: Tangram) -> dict[str, float]:
     return counters
 
 
+def _record(action: Action, submitted: float, r: Result) -> ScheduledAction:
+    """What the runtime measured of one action submitted at `submitted`, as the engine records
+    it (restored: whether a GPU service call restored its service first)."""
+    start = submitted + r.queued_s
+    restored = r.restore_s > 0 if action.service is not None else None
+    units, placement = dict(r.units), dict(r.placement)
+    return ScheduledAction(
+        action, submitted, start, start + r.run_s, units, placement, r.status, restored
+    )
+
+
 async def _run(
     workload: Workload, policy: str, open_s: float, policy_options: dict[str, Any]
 ) -> LoopResult:
@@ -216,12 +227,8 @@ async def _run(
             await asyncio.sleep(s.think_s)
             submitted = loop.time() - t0
             r = await _submit(tg, env, s.action)
-            start = submitted + r.queued_s
-            restored = r.restore_s > 0 if s.action.service is not None else None
-            out.records[s.action.id] = ActionRecord(
-                submitted, start, start + r.run_s, dict(r.units), restored, r.status
-            )
-            counters["restores"] += bool(restored)
+            rec = out.records[s.action.id] = _record(s.action, submitted, r)
+            counters["restores"] += bool(rec.restored)
             counters["overhead_s"] += r.restore_s
             counters["timeouts"] += r.status is Status.TIMEOUT
             out.kinds[s.action.id] = (t.id, s.action.task or "", s.action.kind)

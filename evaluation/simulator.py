@@ -14,21 +14,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from evaluation.engine import ActionRecord, Driver, Engine, SimExecutor, modelled_duration
+from evaluation.engine import Driver, Engine, SimExecutor, modelled_duration
 from managers.gpu.sim import SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Allocator
 from tangram.pools import Pool
+from tangram.results import ScheduledAction
 from tangram.scheduler import Scheduler
 
 ARRIVAL = 1
 
-__all__ = ["ActionRecord", "SimExecutor", "SimResult", "Simulator", "modelled_duration", "simulate"]
+__all__ = ["SimExecutor", "SimResult", "Simulator", "modelled_duration", "simulate"]
 
 
 @dataclass(slots=True)
 class SimResult:
-    records: dict[str, ActionRecord]
+    records: dict[str, ScheduledAction]
     counters: dict[str, float] = field(default_factory=dict)
 
     @property

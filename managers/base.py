@@ -22,7 +22,7 @@ from tangram.pools import CorePool, Pool
 from tangram.results import Result
 
 if TYPE_CHECKING:
-    from managers.cpu.pool import EnvironmentTable
+    from managers.cpu.environments import EnvironmentTable
 
 
 class Manager(ABC):

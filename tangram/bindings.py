@@ -2,7 +2,7 @@
 everyone else reads.
 
 A trajectory's environment lives on one node and all its CPU actions run there (paper 5.2).
-The environment's owner, the CPU manager's `managers.cpu.pool.EnvironmentTable` (locally and
+The environment's owner, the CPU manager's `managers.cpu.environments.EnvironmentTable` (locally and
 over Ray), is the only writer of that fact: `Bindings.attach(resource, owner)` makes the owner's
 trajectory -> node mapping this table's answer for `resource`, so the scheduler, the policies
 (`ClusterView.bindings`) and the invariant checks read the environments themselves, never a

@@ -33,6 +33,7 @@ from tangram.allocation import ClusterView, default_estimate
 from tangram.errors import Infeasible
 from tangram.pools import Placement, PlacementAdvisor, Pool
 from tangram.queue import ActionQueue
+from tangram.results import ScheduledAction
 
 EPS = 1e-9
 ALL = None  # blocked value: every node of the resource
@@ -196,17 +197,6 @@ def advisors_excuse(
 
 # -- a finished schedule -----------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Started:
-    """One action of a finished schedule: when it arrived, ran, and where."""
-
-    action: Action
-    start: float
-    end: float
-    units: Mapping[str, int]
-    placement: Mapping[str, Placement]
-
-
-@dataclass(frozen=True, slots=True)
 class WasteInterval:
     """From `start` to `end`, `action` waited while `units` it could use were free."""
 
@@ -248,7 +238,7 @@ class ConservationReport:
 
 def check_schedule(
     pools: Mapping[str, Pool],
-    schedule: Sequence[Started],
+    schedule: Sequence[ScheduledAction],
     bindings: Mapping[tuple[str, str], str] | None = None,
     estimate: Estimate = default_estimate,
 ) -> ConservationReport:
@@ -262,8 +252,8 @@ def check_schedule(
         return None if a.trajectory is None else binds.get((a.trajectory, r))
 
     work = {r: p.copy() for r, p in pools.items()}
-    order = sorted(range(len(schedule)), key=lambda i: (schedule[i].action.submit_time, i))
-    times = sorted({t for s in schedule for t in (s.action.submit_time, s.start, s.end)})
+    order = sorted(range(len(schedule)), key=lambda i: (schedule[i].arrival, i))
+    times = sorted({t for s in schedule for t in (s.arrival, s.start, s.end)})
     by_start = sorted(order, key=lambda i: schedule[i].start)
     by_end = sorted(order, key=lambda i: schedule[i].end)
     si = ei = ai = 0
@@ -276,7 +266,7 @@ def check_schedule(
             for r, u in s.units.items():
                 work[r].release(s.placement[r], u)
             ei += 1
-        while ai < len(order) and schedule[order[ai]].action.submit_time <= t + EPS:
+        while ai < len(order) and schedule[order[ai]].arrival <= t + EPS:
             a = schedule[order[ai]].action
             queued[a.id] = a
             ai += 1

@@ -1,6 +1,14 @@
-"""The one record every action produces, from the manager that ran it, through the facade, to
-the HTTP response: what happened (`status`, output) and, filled in by the runtime, what was
-granted (`units`, `placement`) and when (`queued_s`, `run_s`)."""
+"""The records of what happened to an action.
+
+`Result`: the one record every action produces, from the manager that ran it, through the
+facade, to the HTTP response: what happened (`status`, output) and, filled in by the runtime,
+what was granted (`units`, `placement`) and when (`queued_s`, `run_s`).
+
+`ScheduledAction`: one action of a schedule, on a timeline: when it arrived, started and
+ended, with what and where. The simulator's engine records one per action it ran, the exact
+solvers return them as their schedule, the work-conservation checker replays them, and the GPU
+trace reports them with what each restore evicted: one record, so a schedule one of them makes
+is a schedule the others read."""
 
 from __future__ import annotations
 
@@ -10,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from tangram.actions import Action
+from tangram.allocation import Assignment
 from tangram.errors import ValidationError
 from tangram.pools import Placement
 
@@ -97,6 +107,37 @@ class Result:
             r: parse_placement(f"placement.{r}", p) for r, p in (doc.get("placement") or {}).items()
         }
         return cls(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledAction:
+    """One action of a schedule: the `action` as it ran (in a simulation its truth, not what
+    the scheduler was shown), submitted at `arrival`, running from `start` to `end` (seconds
+    on the schedule's clock; `end - start` includes a GPU service's restore) with `units` of
+    each resource at its `placement` (empty where its maker knows none). Its ACT is
+    `end - arrival`.
+
+    What only some schedules know has a default: how it ended (`status`; TIMEOUT: killed at its
+    `Action.timeout`), whether a GPU service call `restored` its service first (None: no
+    service, or not modelled) and which services that restore `evicted` (the GPU trace)."""
+
+    action: Action
+    arrival: float
+    start: float
+    end: float
+    units: Mapping[str, int]
+    placement: Mapping[str, Placement] = field(default_factory=dict)
+    status: Status = Status.OK
+    restored: bool | None = None
+    evicted: tuple[str, ...] = ()
+
+    @property
+    def action_id(self) -> str:
+        return self.action.id
+
+    def assignment(self) -> Assignment:
+        """The grant this record ran with, as the invariant checker takes one."""
+        return Assignment(self.action, self.units, self.placement)
 
 
 def parse_status(value: object, field: str = "status") -> Status:

@@ -39,7 +39,7 @@ from tangram.allocation import (
 )
 from tangram.bindings import Bindings
 from tangram.conservation import advisors_excuse, wasted_now
-from tangram.errors import Infeasible, InvariantError, QueueFull, ValidationError
+from tangram.errors import Infeasible, InvariantError, QueueFull, TangramError, ValidationError
 from tangram.liveness import rescue
 from tangram.pools import Pool
 from tangram.profiles import DurationProfiles
@@ -71,6 +71,12 @@ DEFAULT_MAX_QUEUE = 100_000  # queued actions; past it `submit` raises QueueFull
 
 
 class Scheduler:
+    """The scheduler of one process (the module docstring); `tangram.scheduling` says what it
+    promises the runtime, as the sharded one does."""
+
+    places_vector_actions = True  # an action over several pools is placed as one grant
+    splits_decisions = True  # `prepare` and `finish`: the policy may run off the event loop
+
     def __init__(
         self,
         pools: Mapping[str, Pool],
@@ -181,6 +187,10 @@ class Scheduler:
 
     def unbind(self, trajectory: str) -> None:
         self.bindings.unbind(trajectory)
+
+    def attach_bindings(self, resource: str, owner: Mapping[str, str]) -> None:
+        """One binding record: `owner` answers for `resource` (`Bindings.attach`)."""
+        self.bindings.attach(resource, owner)
 
     # -- decisions -------------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:
@@ -397,3 +407,10 @@ class Scheduler:
                     del self._holding[k][action_id]
         self.profiles.record(a.action, a.units, now - ra.start if run_s is None else run_s, status)
         return ra
+
+    def take_failed(self) -> tuple[tuple[str, TangramError], ...]:
+        """Nothing fails here without running: every queued action starts or is cancelled."""
+        return ()
+
+    def close(self) -> None:
+        """Nothing to stop: the scheduler runs nothing beside the caller's process."""

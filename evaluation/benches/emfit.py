@@ -15,7 +15,6 @@ import asyncio
 import base64
 import json
 import os
-import sys
 
 from tangram.profiles import PRIOR_SERIAL, PRIOR_T_ORI, exec_kind
 from tangram.runtime.facade import Tangram
@@ -42,8 +41,8 @@ async def bench(runs: int, tests: int, loops: int, cores: int) -> list[dict]:
         made = await tg.exec(env, f"echo {b64} | base64 -d > test_suite.py", timeout=30)
         if made.exit_code != 0:
             raise RuntimeError(f"could not write the suite: {made.stderr}")
-        # this interpreter: it has pytest and pytest-xdist
-        cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider test_suite.py"
+        # this interpreter (as the sandbox sees it): it has pytest and pytest-xdist
+        cmd = '"$TANGRAM_PYTHON" -m pytest -q -p no:cacheprovider test_suite.py'
         await tg.exec(
             env, cmd, cpu=(1, cores), elastic=True, timeout=300, kind="emfit-suite"
         )  # warm-up

@@ -3,8 +3,8 @@ granted right before each exec and taken back when it exits; bwrap (sandboxed), 
 affinity and sim backends."""
 
 from managers.cpu.backends import Backend, EnvironmentBroken, NotStarted, create, started
+from managers.cpu.environments import Environment, EnvironmentTable
 from managers.cpu.manager import LOCAL, CpuManager
-from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest
 
 __all__ = [

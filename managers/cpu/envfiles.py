@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from managers.cpu import files
 from managers.cpu.backends.base import Backend
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable
 from managers.cpu.roots import Roots
 from tangram.errors import ValidationError
 

@@ -1,21 +1,19 @@
 """Commands in the CPU manager's environments: a scheduler's assignment (`run`) or one request
 taken outside a scheduler (`execute`), and the disk limit named where a command filled it.
 
-A mixin of `CpuManager` (its one job: the exec path); it needs the manager's table, pool,
-backend, roots and its busy/broken/freezing records.
+A mixin of `CpuManager` (its one job: the exec path); it needs the manager's table (each
+environment's `EnvRecord`: its state, its running commands), pool and backend.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import uuid
 
 from managers.cpu.backends.base import Backend, EnvironmentBroken
+from managers.cpu.environments import EnvironmentTable, EnvRecord, EnvState
 from managers.cpu.layers import LayerStore
-from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.request import ExecRequest, exec_target, gpu_grant
-from managers.cpu.roots import Roots
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.pools import CorePool
@@ -27,11 +25,7 @@ class EnvExecs:
     resource: str
     pool: CorePool
     envs: EnvironmentTable
-    roots: Roots | None
     backend: Backend
-    broken: dict[str, str]
-    _busy: dict[str, int]
-    _freezing: dict[str, asyncio.Event]
 
     async def run(self, assignment: Assignment) -> Result:
         target = exec_target(assignment, self.envs)
@@ -48,12 +42,15 @@ class EnvExecs:
         gpus = gpu_grant(assignment, req, env.node)  # a vector exec's chunk (its host indices)
         if isinstance(gpus, Result):
             return gpus
-        if req.env_id in self.broken:
-            return Result(Status.FAILED, detail=self.broken[req.env_id])
-        if env.id in self._freezing:  # its files are being re-stacked (fork, snapshot)
-            await self._freezing[env.id].wait()
-        self._busy[env.id] = self._busy.get(env.id, 0) + 1
-        full_before = self._disk_full(env)
+        record = self.envs.record(env.id)
+        assert record is not None
+        await record.settled()  # a fork, snapshot or reset of it ends first
+        if record.state is EnvState.BROKEN:
+            return Result(Status.FAILED, detail=record.why)
+        if record.state in (EnvState.CLOSING, EnvState.CLOSED, EnvState.OPENING):
+            return Result(Status.CANCELLED, detail=f"environment {env.id} is {record.state.value}")
+        record.command_started()
+        full_before = self._disk_full(record)
         try:
             outcome = await self.backend.exec(
                 env,
@@ -65,27 +62,26 @@ class EnvExecs:
                 gpus=gpus,
             )
         except EnvironmentBroken as exc:
-            self.broken[req.env_id] = str(exc)
+            if record.state is EnvState.RUNNING:
+                record.to(EnvState.BROKEN, str(exc))
             return Result(Status.FAILED, detail=str(exc))
         finally:
-            self._busy[env.id] -= 1
-            if not self._busy[env.id]:
-                del self._busy[env.id]
-        return self._named_disk(env, outcome, full_before)
+            record.command_ended()
+        return self._named_disk(record, outcome, full_before)
 
-    def _disk_full(self, env: Environment) -> bool:
-        rooted = self.roots.envs.get(env.id) if self.roots is not None else None
-        return rooted is not None and LayerStore.full(rooted.upper)
+    @staticmethod
+    def _disk_full(record: EnvRecord) -> bool:
+        return record.rooted is not None and LayerStore.full(record.rooted.upper)
 
-    def _named_disk(self, env: Environment, outcome: Result, full_before: bool) -> Result:
+    def _named_disk(self, record: EnvRecord, outcome: Result, full_before: bool) -> Result:
         """A command that leaves the environment's disk full says which limit it hit (whether
         or not it failed for it: a shell may have gone on after the ENOSPC). A disk an earlier
         command filled is not this one's cause: named only when this one filled it, or failed
         on a full disk."""
-        if not self._disk_full(env) or (full_before and outcome.status is Status.OK):
+        if not self._disk_full(record) or (full_before and outcome.status is Status.OK):
             return outcome
         return dataclasses.replace(
-            outcome, detail=f"{outcome.detail}; disk limit {env.disk_mb} MiB reached"
+            outcome, detail=f"{outcome.detail}; disk limit {record.env.disk_mb} MiB reached"
         )
 
     async def execute(self, request: ExecRequest, cores: int = 1) -> Result:

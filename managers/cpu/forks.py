@@ -2,7 +2,8 @@
 environment wrote, by freezing its writable layer as a shared lower.
 
 A mixin of `CpuManager` (its one job: the freeze and what is built on it); it needs the
-manager's table, state folder, backend and its `_open`/`close_env`.
+manager's table (each environment's record: its state and tree), state folder, backend and its
+`_open`/`close_env`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from managers.cpu.backends.base import Backend
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable, EnvRecord, EnvState
 from managers.cpu.roots import Roots
 from tangram.errors import ValidationError
 
@@ -23,8 +24,6 @@ class EnvForks:
     envs: EnvironmentTable
     roots: Roots | None
     backend: Backend
-    _busy: dict[str, int]
-    _freezing: dict[str, asyncio.Event]
 
     if TYPE_CHECKING:  # the manager's own
 
@@ -36,45 +35,46 @@ class EnvForks:
 
         def _require_started(self) -> None: ...
 
-    def _layered(self, env_id: str, what: str) -> tuple[Environment, Roots]:
+    def _layered(self, env_id: str, what: str) -> tuple[EnvRecord, Roots]:
         self._require_started()
-        env = self.envs.get(env_id) if isinstance(env_id, str) else None
-        if env is None:
+        record = self.envs.record(env_id)
+        if record is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")
         if self.roots is None:
             raise ValidationError(
                 "env_id", env_id, f"the {self.backend.name} backend has no layers to {what}"
             )
-        self.roots.rooted(env_id, what)
-        if self._busy.get(env_id):
+        Roots.rooted(env_id, record.rooted, what)
+        if record.state is EnvState.FREEZING:
+            raise ValidationError("env_id", env_id, "a fork or snapshot of it is under way")
+        if record.state is not EnvState.IDLE:
             raise ValidationError(
                 "env_id",
                 env_id,
-                f"a command is running in it: {what} when "
-                f"it is idle (files are frozen, processes are not forked)",
+                f"it is {record.state.value}: {what} when it is idle (files are frozen, "
+                f"processes are not forked)",
             )
-        return env, self.roots
+        return record, self.roots
 
-    async def _freeze(self, env: Environment, roots: Roots, keep: bool = False) -> str | None:
+    async def _freeze(self, record: EnvRecord, roots: Roots, keep: bool = False) -> str | None:
         """Stop the sandbox, freeze its layer, remount on a fresh one, restart it; `keep`:
         also keep the frozen stack as a snapshot (returns its id). A command granted meanwhile
-        waits until the sandbox is back, and so does `close`."""
-        if env.id in self._freezing:
-            raise ValidationError("env_id", env.id, "a fork or snapshot of it is under way")
-        self._freezing[env.id] = asyncio.Event()
+        waits until the sandbox is back (FREEZING), and so does `close`."""
+        env = record.env
+        record.to(EnvState.FREEZING)
         try:
             await self.backend.suspend(env)
             try:
-                frozen = await asyncio.to_thread(roots.freeze, env.id, env.disk_mb)
+                frozen = await asyncio.to_thread(roots.freeze, record.rooted, env.disk_mb)
                 frozen.counted_mb = roots.layers.allocated_mb(frozen)
                 self.envs.reserve_disk(env.node, frozen.counted_mb)
             finally:
                 await self.backend.resume(env)
             if keep:
-                return roots.keep(env.id, env.node, roots.envs[env.id].uid).id
+                return roots.keep(record.rooted, env.id, env.node).id
             return None
         finally:
-            self._freezing.pop(env.id).set()
+            record.to(EnvState.IDLE)
 
     async def fork_env(self, env_id: str, trajectories: Sequence[str]) -> list[str]:
         """New environments, one per trajectory, on the parent's node, whose files start as the
@@ -99,11 +99,12 @@ class EnvForks:
                 )
         if len(set(trajectories)) != len(trajectories):
             raise ValidationError("trajectories", list(trajectories), "names repeat")
-        parent, roots = self._layered(env_id, "fork")
+        record, roots = self._layered(env_id, "fork")
+        parent = record.env
         self._check_room(parent.node, len(trajectories), parent.memory_mb, parent.disk_mb)
-        await self._freeze(parent, roots)
-        stack = roots.envs[env_id].stack
-        uid = roots.inherited_uid(roots.envs[env_id].uid)
+        await self._freeze(record, roots)
+        stack = record.rooted.stack
+        uid = roots.inherited_uid(record.rooted.uid)
         proto = [
             Environment(
                 "",
@@ -131,8 +132,8 @@ class EnvForks:
     async def snapshot(self, env_id: str) -> str:
         """Keep the environment's files as they are now under a snapshot id (the environment
         goes on, from a fresh layer over them); O(1) in data like `fork_env`."""
-        env, roots = self._layered(env_id, "snapshot")
-        sid = await self._freeze(env, roots, keep=True)
+        record, roots = self._layered(env_id, "snapshot")
+        sid = await self._freeze(record, roots, keep=True)
         assert sid is not None
         return sid
 

@@ -12,6 +12,11 @@ which may hold its bearer token):
     OMP_NUM_THREADS, MKL_NUM_THREADS,
     OPENBLAS_NUM_THREADS              the granted cores, so numeric libraries size their pools
     PYTEST_XDIST_AUTO_NUM_WORKERS     the granted cores, what `pytest -n auto` uses
+    TANGRAM_PYTHON                    the server's own Python as the command runs it (its
+                                      `sys.executable` on the host; in a bwrap sandbox, a
+                                      place under /opt/tangram, `bwrap_views`), where the
+                                      command can run it (not in a container, not in an
+                                      image's root)
 
 An exec granted GPUs (a vector exec: `tg.exec(..., gpus=k)`) also gets
 
@@ -58,9 +63,11 @@ def command_env(
     plugin_dir: str,
     gpus: tuple[int, ...] = (),
     gpus_isolated: bool = False,
+    python: str | None = None,
 ) -> dict[str, str]:
     """The whole environment of one command (see the module docstring); `gpus`: the host
-    indices of its granted GPUs, `gpus_isolated`: only their device nodes are visible."""
+    indices of its granted GPUs, `gpus_isolated`: only their device nodes are visible;
+    `python`: the server's own Python as the command runs it (`TANGRAM_PYTHON`)."""
     n = str(cores)
     variables = {
         "PATH": SAFE_PATH,
@@ -70,6 +77,8 @@ def command_env(
         "TANGRAM_CPUS": n,
         **dict.fromkeys(THREAD_VARIABLES, n),
     }
+    if python is not None:
+        variables["TANGRAM_PYTHON"] = python
     if gpus:
         visible = range(len(gpus)) if gpus_isolated else gpus
         variables["TANGRAM_GPUS"] = ",".join(map(str, gpus))

@@ -25,12 +25,12 @@ from typing import Any
 from managers.base import EnvironmentManager
 from managers.cpu.backends import AUTO, Backend, NotStarted, create, started
 from managers.cpu.envfiles import TAR_MAX_MB, EnvFiles, check_tar_max_mb
+from managers.cpu.environments import Environment, EnvironmentTable, EnvState
 from managers.cpu.execs import EnvExecs
 from managers.cpu.forks import EnvForks
-from managers.cpu.layers import DEFAULT_DISK_MB
+from managers.cpu.layers import DEFAULT_DISK_MB, Rooted
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.node import default_state_dir, local_disk_mb, local_memory_mb
-from managers.cpu.pool import Environment, EnvironmentTable
 from managers.cpu.roots import Prepared, Roots
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import CorePool
@@ -106,12 +106,9 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         self.envs = EnvironmentTable(
             memory_mb, None if disk_capacity_mb is None else dict.fromkeys(nodes, disk_capacity_mb)
         )
-        self.broken: dict[str, str] = {}  # env id -> why
         self.workdir_root = workdir_root or tempfile.gettempdir()
         self._started = False
         self._closed = False
-        self._busy: dict[str, int] = {}  # env id -> commands running in it
-        self._freezing: dict[str, asyncio.Event] = {}  # env id -> set when its fork is done
         self.swept: list[str] = []  # what `start` swept, a line each
 
     @property
@@ -280,22 +277,25 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         try:
             if self._closed:  # closed while its tree was being made
                 raise TangramError("the CPU manager is closed")
-            self.envs.add(env)  # validates: one environment per trajectory
+            record = self.envs.add(env, EnvState.OPENING)  # validates: one per trajectory
         except BaseException:
             if prepared is not None:
-                await asyncio.to_thread(self._discard, env_id, env.node, prepared)
+                await asyncio.to_thread(self._discard, env.node, prepared.rooted, prepared.pin)
             raise
         if prepared is not None:
-            self.roots.adopt(env_id, prepared)  # type: ignore[union-attr]
+            record.rooted, record.pin = prepared.rooted, prepared.pin
         try:
             await self.backend.open(env, tuple(sorted(self.pool.cpu_node(env.node).domain_of)))
         except BaseException:
-            self.envs.remove(env_id)
+            if self.envs.record(env_id) is record:
+                self.envs.remove(env_id)
             if prepared is not None:
-                await asyncio.to_thread(self._discard, env_id, env.node)
+                await asyncio.to_thread(self._discard, env.node, prepared.rooted, prepared.pin)
             raise
         if prepared is not None and prepared.rooted.uid is None:
             prepared.rooted.uid = self.backend.owner(env)
+        if record.state is EnvState.OPENING:  # (not closed meanwhile)
+            record.to(EnvState.IDLE)
         return env_id
 
     def _roots(self, field: str, value) -> Roots:
@@ -305,9 +305,9 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
             )
         return self.roots
 
-    def _discard(self, env_id: str, node: str, prepared: Prepared | None = None) -> None:
+    def _discard(self, node: str, rooted: Rooted, pin: int | None) -> None:
         assert self.roots is not None
-        for layer in self.roots.discard(env_id, prepared):
+        for layer in self.roots.discard(rooted, pin):
             self.envs.reserve_disk(node, -layer.counted_mb)
 
     def _check_room(self, node: str, n: int, memory_mb: int, disk_mb: int) -> None:
@@ -325,45 +325,48 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
     async def close_env(self, env_id: str) -> None:
         """Kill everything left in the environment and remove it. Unknown ids are ignored, and
         so is a second close while the first is still at work (the idle reaper and shutdown
-        may both close one environment)."""
-        if env_id in self._freezing:  # a fork or snapshot of it ends first
-            await self._freezing[env_id].wait()
-        env = self.envs.get(env_id)
-        if env is None:
+        may both close one environment); a fork, snapshot or reset of it ends first."""
+        record = self.envs.record(env_id)
+        if record is None:
             return
-        layered = self.roots is not None and env_id in self.roots.envs
+        await record.settled()
+        if record.state in (EnvState.CLOSING, EnvState.CLOSED):
+            return
+        record.to(EnvState.CLOSING)
+        env, rooted = record.env, record.rooted
         try:
-            if layered:  # the tree first (lazily: the sandbox lets go when it is killed)
-                await asyncio.to_thread(
-                    self.roots.layers.unmount,  # type: ignore[union-attr]
-                    self.roots.envs[env_id].target,
-                )  # type: ignore[union-attr]
+            if rooted is not None:  # the tree first (lazily: the sandbox lets go when killed)
+                assert self.roots is not None
+                await asyncio.to_thread(self.roots.layers.unmount, rooted.target)
             await self.backend.close(env)
         finally:
-            if self.envs.get(env_id) is env:
+            if self.envs.record(env_id) is record:
                 self.envs.remove(env_id)
-            self.broken.pop(env_id, None)
-            if layered:
-                await asyncio.to_thread(self._discard, env_id, env.node)
+            if rooted is not None:
+                await asyncio.to_thread(self._discard, env.node, rooted, record.pin)
 
     async def reset_env(self, env_id: str) -> str | None:
         """Reset a used environment for an unrelated next user (`Backend.reset`): None when
         done, else why not (the caller closes it then)."""
-        env = self.envs.get(env_id)
-        if env is None:
+        record = self.envs.record(env_id)
+        if record is None:
             return "it is not open"
-        if env_id in self.broken or env_id in self._freezing:
-            return "it is broken, or being forked"
-        if self.roots is not None and env_id in self.roots.envs:
+        if record.state is not EnvState.IDLE:
+            return f"it is {record.state.value}"
+        if record.rooted is not None:
             return "it has layers"
-        return await self.backend.reset(env)
+        record.to(EnvState.RESETTING)
+        try:
+            return await self.backend.reset(record.env)
+        finally:
+            record.to(EnvState.IDLE)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        for done in list(self._freezing.values()):  # a fork or snapshot under way ends first
-            await done.wait()
+        for record in self.envs.records():  # a fork or snapshot under way ends first
+            await record.settled()
         for env in self.envs.all():
             await self.close_env(env.id)
         if self.roots is not None:

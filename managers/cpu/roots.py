@@ -1,9 +1,10 @@
 """Environments' own trees: images under private layers, forks, snapshots, files in and out.
 
-`Roots` is the CPU manager's bookkeeping over `layers.LayerStore` and `images.ImageStore`: which
-stack and writable layer each environment has, the snapshots and what they hold, and the disk
-they take on the node. It does the host-side work only (mount, freeze, unmount, files); the
-manager stops and restarts the sandbox around it (`Backend.suspend` / `resume`).
+`Roots` is the CPU manager's bookkeeping over `layers.LayerStore` and `images.ImageStore`: the
+snapshots and what they hold, and the disk they take on the node; each environment's own tree
+(its `layers.Rooted`, the image pin) is on its record (`environments.EnvRecord`). It does
+the host-side work only (mount, freeze, unmount, files); the manager stops and restarts the
+sandbox around it (`Backend.suspend` / `resume`).
 
 Paths of the files API: with an image, an absolute path is the environment's own root (`/etc/x`
 is the image's `/etc/x` as the environment sees it) and a relative one is under its work folder
@@ -74,8 +75,6 @@ class Roots:
         self.layers = LayerStore(self.state)
         self.images = ImageStore(self.state / "images")
         self.default_disk_mb = default_disk_mb
-        self.envs: dict[str, Rooted] = {}
-        self.pins: dict[str, int] = {}  # env id -> image pin
         self.snapshots: dict[str, Snapshot] = {}
 
     @staticmethod
@@ -162,18 +161,9 @@ class Roots:
             return Prepared(rooted, None, str(target), pin)
         return Prepared(rooted, str(target), str(target / INSIDE_WORK.strip("/")), pin)
 
-    def adopt(self, env_id: str, prepared: Prepared) -> None:
-        self.envs[env_id] = prepared.rooted
-        if prepared.pin is not None:
-            self.pins[env_id] = prepared.pin
-
-    def discard(self, env_id: str, prepared: Prepared | None = None) -> list[Layer]:
-        """Unmount an environment's tree, drop its writable layer, release its stack; returns
-        the frozen layers that went with it (blocking)."""
-        rooted = self.envs.pop(env_id, None) or (prepared.rooted if prepared else None)
-        pin = self.pins.pop(env_id, None) or (prepared.pin if prepared else None)
-        if rooted is None:
-            return []
+    def discard(self, rooted: Rooted, pin: int | None) -> list[Layer]:
+        """Unmount an environment's tree, drop its writable layer, release its stack and its
+        image pin; returns the frozen layers that went with it (blocking)."""
         self.layers.unmount(rooted.target)
         self.layers.drop(rooted.upper)
         dropped = self.layers.release(rooted.stack)
@@ -182,8 +172,9 @@ class Roots:
         return dropped
 
     # -- freezing --------------------------------------------------------------------------------
-    def rooted(self, env_id: str, what: str) -> Rooted:
-        rooted = self.envs.get(env_id)
+    @staticmethod
+    def rooted(env_id: str, rooted: Rooted | None, what: str) -> Rooted:
+        """The environment's tree, or the refusal of `what` (fork, snapshot) without one."""
         if rooted is None:
             raise ValidationError(
                 "env_id",
@@ -194,11 +185,10 @@ class Roots:
             )
         return rooted
 
-    def freeze(self, env_id: str, disk_mb: int) -> Layer:
+    def freeze(self, rooted: Rooted, disk_mb: int) -> Layer:
         """Freeze the environment's writable layer where it lies and remount its tree with a
         fresh one on top: O(1) in the data written (blocking; the sandbox must be stopped).
         Returns the frozen layer (its disk is to be counted on the node)."""
-        rooted = self.envs[env_id]
         fresh = self.layers.new_layer(disk_mb)
         old = rooted.upper
         stack = rooted.stack.on(old)
@@ -219,9 +209,9 @@ class Roots:
         rooted.stack, rooted.upper = stack, fresh
         return old
 
-    def keep(self, env_id: str, node: str, uid: int | None) -> Snapshot:
+    def keep(self, rooted: Rooted, env_id: str, node: str) -> Snapshot:
         """Keep the environment's current stack (just frozen) as a snapshot."""
-        rooted = self.envs[env_id]
+        uid = rooted.uid
         sid = f"snap-{uuid.uuid4().hex[:12]}"
         self.layers.hold(rooted.stack)
         pin = self.images.pin(rooted.stack.image) if rooted.stack.image else None

@@ -21,8 +21,9 @@ from solvers.exact.backend import RawSolution, SolveStatus, check_backend
 from solvers.exact.cpsat_schedule import solve_cpsat
 from solvers.exact.model import DEFAULT_RESOLUTION, ScheduleModel, instance_model
 from solvers.exact.pulp_schedule import solve_pulp
-from solvers.exact.timeline import ScheduledAction, extract, left_shift, verify
+from solvers.exact.timeline import extract, left_shift, verify
 from tangram.instance import Instance
+from tangram.results import ScheduledAction
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,5 @@
-"""Schedules in real time: extraction from a backend's answer, left shift, and verification.
+"""Schedules in real time (`tangram.results.ScheduledAction`s): extraction from a backend's
+answer, left shift, and verification.
 
 Verification replays a schedule through the one invariant checker: at every start time, every
 placement running then is taken into fresh copies of the pools (`check_assignments`). Intervals
@@ -8,33 +9,21 @@ are half-open, `[start, end)`, with a tolerance `EPS` for float noise.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from solvers.exact.backend import RawSolution
 from solvers.exact.model import ScheduleModel
-from tangram.actions import Action
-from tangram.allocation import Assignment, check_assignments
+from tangram.allocation import check_assignments
 from tangram.errors import InvariantError
-from tangram.pools import Placement, Pool
+from tangram.pools import Pool
+from tangram.results import ScheduledAction
 
 EPS = 1e-9
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledAction:
-    """One action of a schedule: when it runs (seconds), with what, where."""
-
-    action: Action
-    start: float
-    end: float
-    units: Mapping[str, int]
-    placement: Mapping[str, Placement]
-
-    def assignment(self) -> Assignment:
-        return Assignment(self.action, self.units, self.placement)
-
-    def running_at(self, t: float) -> bool:
-        return self.start <= t + EPS and self.end - t > EPS
+def running_at(e: ScheduledAction, t: float) -> bool:
+    """Whether `e` runs at time `t`: its interval `[start, end)` holds `t`, within `EPS`."""
+    return e.start <= t + EPS and e.end - t > EPS
 
 
 def extract(model: ScheduleModel, raw: RawSolution) -> list[ScheduledAction]:
@@ -46,6 +35,7 @@ def extract(model: ScheduleModel, raw: RawSolution) -> list[ScheduledAction]:
         out.append(
             ScheduledAction(
                 job.action,
+                job.arrival,
                 start,
                 start + mode.duration,
                 dict(mode.units),
@@ -61,7 +51,7 @@ def fits(
     """Whether `new` can run alongside `placed` at every moment of its interval."""
     times = [new.start] + [p.start for p in placed if new.start < p.start < new.end - EPS]
     for t in times:
-        running = [p.assignment() for p in placed if p.running_at(t)]
+        running = [p.assignment() for p in placed if running_at(p, t)]
         try:
             check_assignments(pools, running + [new.assignment()])
         except InvariantError:
@@ -113,7 +103,7 @@ def verify(
                 f"at {arrivals[e.action.id]}"
             )
     for t in sorted({e.start for e in entries}):
-        running = [e.assignment() for e in entries if e.running_at(t)]
+        running = [e.assignment() for e in entries if running_at(e, t)]
         try:
             check_assignments(pools, running)
         except InvariantError as exc:

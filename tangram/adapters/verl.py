@@ -59,6 +59,7 @@ from typing import Any, TypeVar
 
 from tangram.errors import ValidationError
 from tangram.results import Status
+from tangram.runtime.api import TangramApi
 from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
 
@@ -302,7 +303,7 @@ def _metrics(r: Any) -> dict[str, Any]:
 
 
 async def run_tests_reward(
-    tg: Any,
+    tg: TangramApi,
     command: str,
     *,
     env: str | None = None,
@@ -314,7 +315,7 @@ async def run_tests_reward(
     Tangram picks its cores from `cpu` and gives pytest `-n <cores>`. Without `env` it opens
     a throwaway environment and closes it afterwards."""
     own = env is None
-    if own:
+    if env is None:
         env = await tg.open_env(f"reward-{uuid.uuid4().hex[:12]}", memory_mb=memory_mb)
     try:
         r = await tg.exec(

@@ -7,7 +7,8 @@ async with TangramClient("http://127.0.0.1:8470", token=None) as tg:
     await tg.close_env(env)
 ```
 
-Same methods, same arguments, same `Result`s as `Tangram`. A request the server refuses raises
+Same methods, same arguments, same `Result`s as `Tangram` (`open_env`, `exec` and `close_env`
+are `tangram.runtime.api.TangramApi`, which both implement). A request the server refuses raises
 what `Tangram` would have raised: `ValidationError` (a bad value, an unknown environment,
 service or API) with the server's field, value and problem; `Infeasible` for a demand no pool
 can ever meet; `TangramError` otherwise (wrong token, shutting down, server fault).
@@ -143,15 +144,18 @@ class TangramClient:
         cpu: Any = 1,
         elastic: bool = False,
         timeout: float = 60.0,
+        output_cap: int | None = None,
         kind: str | None = None,
         gpus: Any = None,
     ) -> Result:
-        """`Tangram.exec` over HTTP; `gpus` as there (None: no GPU)."""
+        """`Tangram.exec` over HTTP; `output_cap` and `gpus` as there (None: the default cap,
+        no GPU; either is sent only when given)."""
         body = {
             "command": command if isinstance(command, str) else list(command),
             "cpu": demand_json(cpu),
             "elastic": elastic,
             "timeout": timeout,
+            **({"output_cap": output_cap} if output_cap is not None else {}),
             **({"kind": kind} if kind is not None else {}),
             **({"gpus": demand_json(gpus)} if gpus is not None else {}),
         }

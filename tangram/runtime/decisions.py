@@ -25,7 +25,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from tangram.allocation import Assignment, SlowPolicy
-from tangram.scheduler import PreparedDecision, Scheduler
+from tangram.scheduler import PreparedDecision
+from tangram.scheduling import SchedulerInterface
 
 log = logging.getLogger("tangram")
 
@@ -40,11 +41,11 @@ class Decisions:
     """Runs `scheduler`'s decisions for the facade and hands each decision's starts to
     `started` (on the loop, in the order the scheduler applied them). `now`: the scheduler's
     time. `offload`: whether decisions may leave the loop at all (False on a virtual clock;
-    a scheduler without `prepare`, the sharded one, always decides inline)."""
+    a scheduler that does not split its decisions, the sharded one, always decides inline)."""
 
     def __init__(
         self,
-        scheduler: object,
+        scheduler: SchedulerInterface,
         now: Callable[[], float],
         started: Callable[[list[Assignment]], None],
         *,
@@ -53,7 +54,7 @@ class Decisions:
         self.scheduler = scheduler
         self._now = now
         self._started = started
-        self.can_offload = offload and isinstance(scheduler, Scheduler)
+        self.can_offload = offload and scheduler.splits_decisions
         self.slow = self.can_offload and isinstance(scheduler.allocator, SlowPolicy)
         self.inline = 0  # decisions run on the loop
         self.offloaded = 0  # decisions whose policy ran in the worker thread
@@ -75,9 +76,9 @@ class Decisions:
         if self.slow:
             self._offload()
             return
-        asked = bool(self.scheduler.queue)  # type: ignore[attr-defined]
+        asked = bool(self.scheduler.queue)
         t0 = time.thread_time()  # CPU time: a loaded machine's descheduling is not the policy's
-        granted = self.scheduler.decide(self._now())  # type: ignore[attr-defined]
+        granted = self.scheduler.decide(self._now())
         took = time.thread_time() - t0
         if asked:  # an empty queue asks the policy nothing: it says nothing of its speed
             self.inline += 1
@@ -92,7 +93,6 @@ class Decisions:
         self._started(granted)
 
     def _offload(self) -> None:
-        assert isinstance(self.scheduler, Scheduler)
         prepared = self.scheduler.prepare(self._now())
         if prepared is None:
             return
@@ -103,7 +103,6 @@ class Decisions:
         self._inflight = loop.create_task(self._finish(prepared, answer))
 
     async def _finish(self, prepared: PreparedDecision, answer: asyncio.Future) -> None:
-        assert isinstance(self.scheduler, Scheduler)
         try:
             assignments = await answer
         except Exception:  # a policy bug: its actions stay queued for the next decision

@@ -1,10 +1,10 @@
-"""What the facade (`tangram.runtime.facade.Tangram`) keeps per submitted action and per open
-environment."""
+"""What the facade (`tangram.runtime.facade.Tangram`) keeps per submitted action (an open
+environment's own record is the CPU manager's: `managers.cpu.environments.EnvRecord`)."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from managers.base import Manager
 from tangram.actions import Action
@@ -25,14 +25,3 @@ class Pending:
     submitted: float
     started: float = 0.0
     metric_kind: str = "exec"
-
-
-@dataclass(slots=True)
-class EnvEntry:
-    """An open environment as the facade tracks it: its trajectory, its queued or running
-    actions, when it was last used (the idle reaper's clock)."""
-
-    env_id: str
-    trajectory: str
-    last_used: float
-    running: set[str] = field(default_factory=set)

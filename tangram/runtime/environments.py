@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from managers.base import EnvironmentManager
+from managers.cpu.environments import EnvRecord, EnvState
 from tangram.errors import NotFound, TangramError, ValidationError
-from tangram.runtime.entries import UNKNOWN_ENV, EnvEntry
-from tangram.runtime.shards import ShardedScheduler
-from tangram.scheduler import Scheduler
+from tangram.runtime.entries import UNKNOWN_ENV
+from tangram.scheduling import SchedulerInterface
 from tangram.validation import boolean, pos_int
 
 log = logging.getLogger("tangram")
@@ -23,9 +23,8 @@ class Environments:
     loop's `_admitting`, `_kick` and `_finish_cancelled`."""
 
     cpu: EnvironmentManager | None
-    scheduler: Scheduler | ShardedScheduler
+    scheduler: SchedulerInterface
     idle_env_s: float | None
-    _envs: dict[str, EnvEntry]
     _clock: Callable[[], float]
     _closed: bool
 
@@ -69,7 +68,7 @@ class Environments:
     def _opened(self, env_id: str, trajectory: str) -> None:
         assert self.cpu is not None
         self.scheduler.bind(trajectory, self.cpu.resource, self.cpu.binding(trajectory))
-        self._envs[env_id] = EnvEntry(env_id, trajectory, self._clock())
+        self._env(env_id).last_used = self._clock()
         if not self._closed and self.scheduler.queue:
             self._kick()  # an environment opening is an event, as in the simulator's engine
 
@@ -79,7 +78,7 @@ class Environments:
         ones are stopped). Time independent of how much the parent wrote."""
         self._admitting()
         e = self._env(env_id)
-        if e.running:
+        if e.actions:
             raise ValidationError(
                 "env_id", env_id, "a command of it is queued or running: fork it when it is idle"
             )
@@ -96,7 +95,7 @@ class Environments:
         the environment goes on. Snapshots outlive the environment, not the server."""
         self._admitting()
         e = self._env(env_id)
-        if e.running:
+        if e.actions:
             raise ValidationError(
                 "env_id",
                 env_id,
@@ -136,18 +135,17 @@ class Environments:
         return await self.cpu.read_files(env_id, paths)
 
     async def close_env(self, env_id: str) -> None:
-        env = self._envs.pop(env_id, None)
-        if env is None:
-            raise NotFound("env_id", env_id, UNKNOWN_ENV)
+        env = self._env(env_id)
         cancelled = False
-        for aid in list(env.running):  # queued actions of the env are cancelled
+        for aid in list(env.actions):  # queued actions of the env are cancelled
             if self.scheduler.cancel(aid):
                 cancelled = True
                 self._finish_cancelled(aid, "its environment was closed")
         if cancelled and not self._closed:
             self._kick()  # what waited behind them may start now
+        assert self.cpu is not None
         await self.cpu.close_env(env_id)
-        self.scheduler.unbind(env.trajectory)
+        self.scheduler.unbind(env.env.trajectory)
         log.info("env %s closed", env_id)
 
     async def reset_env(self, env_id: str) -> str | None:
@@ -156,18 +154,19 @@ class Environments:
         (`managers.cpu.backends.bwrap_reset`). None when done, else why not: the caller
         closes it then."""
         env = self._env(env_id)
-        if env.running:
+        if env.actions:
             return "it has actions queued or running"
         why = await self.cpu.reset_env(env_id)
         if why is None:
             env.last_used = self._clock()
         return why
 
-    def _env(self, env_id: str) -> EnvEntry:
-        env = self._envs.get(env_id)
-        if env is None:
+    def _env(self, env_id: str) -> EnvRecord:
+        """The open environment's record (the CPU manager's: `managers.cpu.environments`)."""
+        record = None if self.cpu is None else self.cpu.envs.record(env_id)
+        if record is None or record.state in (EnvState.CLOSING, EnvState.CLOSED):
             raise NotFound("env_id", env_id, UNKNOWN_ENV)
-        return env
+        return record
 
     # -- idle reclaim ---------------------------------------------------------------------------
     async def _reap_idle(self) -> None:
@@ -176,10 +175,10 @@ class Environments:
         while True:
             await asyncio.sleep(period)
             cutoff = self._clock() - self.idle_env_s
-            for env in list(self._envs.values()):
-                if not env.running and env.last_used < cutoff:
-                    log.info("env %s idle for %.0f s: reclaimed", env.env_id, self.idle_env_s)
+            for env in [] if self.cpu is None else self.cpu.envs.records():
+                if env.state is EnvState.IDLE and not env.actions and env.last_used < cutoff:
+                    log.info("env %s idle for %.0f s: reclaimed", env.id, self.idle_env_s)
                     try:
-                        await self.close_env(env.env_id)
+                        await self.close_env(env.id)
                     except TangramError:
                         pass

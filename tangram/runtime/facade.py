@@ -38,12 +38,13 @@ from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.decisions import Decisions
 from tangram.runtime.distributed import build_ray
-from tangram.runtime.entries import EnvEntry, Pending
+from tangram.runtime.entries import Pending
 from tangram.runtime.environments import Environments
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.shards import ShardedScheduler
 from tangram.runtime.snapshot import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
+from tangram.scheduling import SchedulerInterface
 
 log = logging.getLogger("tangram")
 
@@ -81,14 +82,15 @@ class Tangram(Environments):
                     raise ValidationError("pools", r, "two managers own the same resource")
                 pools[r] = p
         make = functools.partial(ShardedScheduler, shards=shards) if shards else Scheduler
-        self.scheduler = make(pools, get_allocator(policy, **dict(policy_options or {})))
-        if cpu is not None and isinstance(self.scheduler, Scheduler):  # one binding record
-            self.scheduler.bindings.attach(cpu.resource, cpu.trajectory_nodes)
+        allocator = get_allocator(policy, **dict(policy_options or {}))
+        self.scheduler: SchedulerInterface = make(pools, allocator)
+        if cpu is not None:  # one binding record, where the scheduler can read one
+            self.scheduler.attach_bindings(cpu.resource, cpu.trajectory_nodes)
         self.policy = policy
         self.idle_env_s = idle_env_s
         self.metrics = Metrics(self.status)
-        self._envs: dict[str, EnvEntry] = {}
         self._pending: dict[str, Pending] = {}
+        self.adapters: dict[str, Any] = {}  # what an adapter keeps per facade (its warm pool)
         self._tasks: set[asyncio.Task] = set()
         self._closing = False
         self._closed = False
@@ -165,12 +167,12 @@ class Tangram(Environments):
         e = self._env(env)
         assert self.cpu is not None
         gpu_resource, gpu_node = (
-            self._gpu_for(e.trajectory, gpus) if gpus is not None else (None, None)
+            self._gpu_for(e.env.trajectory, gpus) if gpus is not None else (None, None)
         )
         action = exec_action(
             self.cpu.resource,
             env,
-            e.trajectory,
+            e.env.trajectory,
             command,
             cpu,
             elastic=elastic,
@@ -183,11 +185,11 @@ class Tangram(Environments):
             gpu_resource=gpu_resource,
             gpu_node=gpu_node,
         )
-        e.running.add(action.id)
+        e.actions.add(action.id)
         try:
             return await self._submit(action, self.cpu, "exec")
         finally:
-            e.running.discard(action.id)
+            e.actions.discard(action.id)
             e.last_used = self._clock()
 
     def _gpu_for(self, trajectory: str, gpus: Any) -> tuple[str, str]:
@@ -202,7 +204,7 @@ class Tangram(Environments):
         refused = self.cpu.gpus_refused()
         if refused is not None:
             raise ValidationError("gpus", gpus, refused)
-        if isinstance(self.scheduler, ShardedScheduler):
+        if not self.scheduler.places_vector_actions:
             raise ValidationError(
                 "gpus", gpus, "the sharded scheduler places no action over cores and GPUs together"
             )
@@ -279,9 +281,8 @@ class Tangram(Environments):
         self._decisions.kick()
 
     def _started(self, granted: list[Assignment]) -> None:
-        if isinstance(self.scheduler, ShardedScheduler):  # a lost shard's queue fails
-            for aid, err in self.scheduler.take_failed():
-                self._finish_cancelled(aid, str(err), Status.FAILED)
+        for aid, err in self.scheduler.take_failed():  # never started: a lost shard's queue
+            self._finish_cancelled(aid, str(err), Status.FAILED)
         for a in granted:
             p = self._pending[a.action.id]
             p.started = self._clock()
@@ -374,7 +375,7 @@ class Tangram(Environments):
             pools,
             len(self.scheduler.queue),
             len(self.scheduler.running),
-            len(self._envs),
+            0 if self.cpu is None else len(self.cpu.envs.records()),
             None if self.cpu is None else self.cpu.backend_name,
             None if gpu is None else gpu.backend_name,
             None if gpu is None else gpu.simulated,
@@ -410,15 +411,14 @@ class Tangram(Environments):
                 )
                 await asyncio.gather(*late, return_exceptions=True)
         self._closed = True
-        for env_id in list(self._envs):
+        for env_id in [] if self.cpu is None else [r.id for r in self.cpu.envs.records()]:
             try:
                 await self.close_env(env_id)
             except Exception:  # keep closing the rest
                 log.exception("closing env %s", env_id)
         for m in self._managers:
             await m.close()
-        if isinstance(self.scheduler, ShardedScheduler):
-            self.scheduler.close()
+        self.scheduler.close()
         log.info("tangram: shut down")
 
 

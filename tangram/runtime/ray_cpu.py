@@ -1,7 +1,7 @@
 """`RayCpuManager`: the `cpu` pool over every Ray node, each node's cores enforced by its agent.
 
 It is a `Manager` like `managers.cpu.CpuManager` and keeps its environments the same way, in a
-`managers.cpu.pool.EnvironmentTable` (the one place that holds trajectory -> environment ->
+`managers.cpu.environments.EnvironmentTable` (the one place that holds trajectory -> environment ->
 node and the memory reserved per node, and whose `choose_node` is the one node-choice rule),
 so `Tangram(cpu=...)` runs the same scheduler, policy and invariant checks over it. Its
 `CorePool` has one node per agent (`n-<first 8 hex of the Ray node id>`); `run` sends each
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from managers.base import EnvironmentManager
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable
 from managers.cpu.request import exec_target
 from managers.gpu import NodeLost
 from tangram.allocation import Assignment

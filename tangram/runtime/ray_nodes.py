@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from managers.cpu.pool import EnvironmentTable
+from managers.cpu.environments import EnvironmentTable
 from tangram.pools import CorePool
 from tangram.runtime.ray_agent import NodeInfo
 from tangram.runtime.ray_remote import RemoteAgent, import_ray

@@ -19,7 +19,8 @@ from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import SIGKILLED, LimitCounts, name_limits
 from managers.cpu.backends.sim import SimBackend
-from managers.cpu.pool import Environment
+from managers.cpu.environments import Environment
+from managers.cpu.leftovers import owned_name
 from tangram.errors import ValidationError
 from tangram.results import Result, Status
 from topology import CpuNode
@@ -50,7 +51,7 @@ def _children() -> set[int]:
 def _system() -> tuple[set[int], set[str], set[str], set[str]]:
     """What this process owns on the machine: children, cgroups and folders named for it
     (`leftovers.owned_name`), its uid-range claims (other helpers share /tmp)."""
-    ours = f"tangram-{os.getpid()}-"
+    ours = owned_name("")
     cgroups = {p for g in CGROUP_GLOBS for p in glob.glob(g) if ours in p}
     temp = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith(ours)}
     try:

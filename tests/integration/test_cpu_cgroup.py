@@ -12,6 +12,7 @@ import pytest
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.environments import EnvState
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.pools import Placement
@@ -236,7 +237,7 @@ def test_removed_cgroup_marks_the_environment_broken():
             m.backend._remove(m.backend._env_folders(env))  # someone deletes the cgroup
             o = await m.execute(ExecRequest(env, "true"))
             assert o.status == "failed" and "broken" in o.detail and env in o.detail
-            assert env in m.broken
+            assert m.envs.record(env).state is EnvState.BROKEN
             o = await m.execute(ExecRequest(env, "true"))
             assert o.status == "failed" and "broken" in o.detail
             assert m.pool.free() == m.pool.capacity()

@@ -14,6 +14,7 @@ import pytest
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.docker import DockerBackend
+from managers.cpu.environments import EnvState
 from tangram.errors import BackendUnavailable
 
 pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("need_docker")]
@@ -105,7 +106,7 @@ def test_crashed_container_breaks_the_environment_clearly():
             o = await m.execute(ExecRequest(env, "true"))
             assert o.status == "failed", o
             assert "broken" in o.detail and "exited" in o.detail and env in o.detail
-            assert env in m.broken
+            assert m.envs.record(env).state is EnvState.BROKEN
             o = await m.execute(ExecRequest(env, "true"))
             assert o.status == "failed" and "broken" in o.detail
             assert m.pool.free() == m.pool.capacity()

@@ -22,7 +22,7 @@ from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.cgroup import CgroupBackend
 from managers.cpu.backends.sim import SimBackend
-from managers.cpu.leftovers import dead_owner, sweep_workdirs
+from managers.cpu.leftovers import dead_owner, owned_name, server_tag, sweep_workdirs
 from topology import CpuNode
 
 SERVER = """
@@ -56,7 +56,7 @@ def owned_by(pid: int, workdir_root: Path) -> list[Path]:
         for parent in parents
         if parent.is_dir()
         for p in parent.iterdir()
-        if p.name.startswith(f"tangram-{pid}-")
+        if p.name.startswith(owned_name("", pid))
     ]
 
 
@@ -119,8 +119,16 @@ def test_sweep_removes_only_dead_servers_folders_and_logs_it(tmp_path, caplog):
     (tmp_path / f"tangram-{dead}-env-abc" / "f").write_text("x")
     (tmp_path / f"tangram-{alive}-env-def").mkdir()
     (tmp_path / "tangram-test-folder").mkdir()
+    # today's names: the tag seals the PID (root) or is the PID; a forged seal is no one's
+    (tmp_path / owned_name("env-ghi", dead)).mkdir()
+    (tmp_path / owned_name("env-jkl", alive)).mkdir()
+    forged = f"tangram-x{'0' * 10}-env-mno"
+    (tmp_path / forged).mkdir()
+    assert str(dead) not in server_tag(dead) or os.geteuid() != 0
     assert dead_owner(f"tangram-{dead}-env-abc") == dead
+    assert dead_owner(owned_name("env-ghi", dead)) == dead
     assert dead_owner(f"tangram-{alive}-env-def") is None
+    assert dead_owner(owned_name("env-jkl", alive)) is None and dead_owner(forged) is None
     assert dead_owner("tangram-test-folder") is None and dead_owner("other") is None
     with caplog.at_level(logging.WARNING, logger="managers.cpu.manager"):
         m = CpuManager(
@@ -130,10 +138,12 @@ def test_sweep_removes_only_dead_servers_folders_and_logs_it(tmp_path, caplog):
             workdir_root=str(tmp_path),
         )
         asyncio.run(m.start())
-    assert m.swept == [f"{tmp_path / f'tangram-{dead}-env-abc'} (server pid {dead})"]
+    assert sorted(m.swept) == sorted(
+        f"{tmp_path / name} (server pid {dead})"
+        for name in (f"tangram-{dead}-env-abc", owned_name("env-ghi", dead))
+    )
     assert any(f"server pid {dead}" in r.getMessage() for r in caplog.records)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
-        f"tangram-{alive}-env-def",
-        "tangram-test-folder",
-    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"tangram-{alive}-env-def", owned_name("env-jkl", alive), forged, "tangram-test-folder"]
+    )
     assert sweep_workdirs(tmp_path / "missing") == []

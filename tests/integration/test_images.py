@@ -23,6 +23,7 @@ from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
 from managers.cpu.layers import LayerStore, mounts_below, unmount_below
+from managers.cpu.leftovers import owned_name
 from managers.cpu.request import ExecRequest
 from tangram.errors import NotFound, ValidationError
 
@@ -306,7 +307,7 @@ def test_write_past_disk_mb_fails_inside_and_host_grows_at_most_the_bound(state:
             assert r.status == "error"
             assert "No space left on device" in r.stderr
             assert "disk limit 32 MiB reached" in r.detail
-            upper = m.roots.envs[env].upper
+            upper = m.envs.record(env).rooted.upper
             assert LayerStore.allocated_mb(upper) <= 32
             r = await sh(m, env, "rm /sandbox/fill && dd if=/dev/zero of=/tmp/f bs=1M count=8")
             assert r.ok, r  # room again once the file is gone
@@ -516,7 +517,7 @@ def test_sigkill_then_restart_sweeps_mounts_layers_snapshots(state: Path) -> Non
         p
         for d in ("roots", "layers")
         for p in (state / d).iterdir()
-        if p.name.startswith(f"tangram-{proc.pid}-")
+        if p.name.startswith(owned_name("", proc.pid))
     ]
     assert owned
     m = CpuManager("bwrap", state_dir=str(state))  # the next server sweeps before serving

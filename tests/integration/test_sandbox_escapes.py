@@ -20,7 +20,15 @@ from tangram.errors import ValidationError
 from tangram.results import Status
 
 pytestmark = [pytest.mark.cgroup, pytest.mark.usefixtures("need_bwrap")]
-DOCUMENTED = {"PATH", "HOME", "LANG", "TANGRAM_ENV_ID", "TANGRAM_CPUS", *THREAD_VARIABLES}
+DOCUMENTED = {
+    "PATH",
+    "HOME",
+    "LANG",
+    "TANGRAM_ENV_ID",
+    "TANGRAM_CPUS",
+    "TANGRAM_PYTHON",
+    *THREAD_VARIABLES,
+}
 SHELL_OWN = {"PWD", "SHLVL", "_", "OLDPWD"}  # what sh itself adds
 
 

@@ -23,9 +23,10 @@ from solvers.minimal import MinAllocator
 from solvers.registry import register, runtime_policies
 from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment, ClusterView, IdleByDesign
-from tangram.conservation import Started, check_schedule, wasted_now
+from tangram.conservation import check_schedule, wasted_now
 from tangram.instance import Instance, load_instance, parse_instance
 from tangram.pools import FlatPool
+from tangram.results import ScheduledAction
 
 SCEN = Path(__file__).parents[1] / "scenarios"
 KEPT = sorted(SCEN.glob("conservation_*.json"))
@@ -151,9 +152,9 @@ def test_check_schedule_finds_the_hand_worked_interval():
     pools = {"cpu": FlatPool("cpu", {"n0": 4})}
     at = pools["cpu"].copy().place(1)
     sched = [
-        Started(x, 0.0, 2.0, {"cpu": 3}, {"cpu": at}),
-        Started(y, 1.0, 2.0, {"cpu": 1}, {"cpu": at}),
-        Started(z, 2.0, 3.0, {"cpu": 3}, {"cpu": at}),
+        ScheduledAction(x, x.submit_time, 0.0, 2.0, {"cpu": 3}, {"cpu": at}),
+        ScheduledAction(y, y.submit_time, 1.0, 2.0, {"cpu": 1}, {"cpu": at}),
+        ScheduledAction(z, z.submit_time, 2.0, 3.0, {"cpu": 3}, {"cpu": at}),
     ]
     report = check_schedule(pools, sched)
     assert [(w.action_id, w.start, w.end) for w in report.intervals] == [("y", 0.0, 1.0)]

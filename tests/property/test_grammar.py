@@ -18,13 +18,13 @@ from grammar import check_run, instance_docs, multi_pool_docs
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from evaluation.engine import ActionRecord
 from evaluation.replay import check_result, main
 from evaluation.simulator import simulate
 from solvers import get_allocator
 from solvers.registry import runtime_policies
 from tangram.instance import load_instance, parse_instance
 from tangram.pools import Placement
+from tangram.results import ScheduledAction
 
 SCEN = Path(__file__).parents[1] / "scenarios"
 VECTOR = sorted(SCEN.glob("vector_*.json"))
@@ -95,8 +95,15 @@ TWO_POOLS = {
 }
 
 
-def _rec(start, end, cpu, chunk, gpus=1):
-    return ActionRecord(
+def _recs(inst, **runs):
+    """A schedule of `inst`: action id -> (start, end, cpu units, gpu chunk[, gpus])."""
+    acts = {a.id: a for a in inst.actions}
+    return {aid: _rec(acts[aid], *run) for aid, run in runs.items()}
+
+
+def _rec(action, start, end, cpu, chunk, gpus=1):
+    return ScheduledAction(
+        action,
         0.0,
         start,
         end,
@@ -107,15 +114,15 @@ def _rec(start, end, cpu, chunk, gpus=1):
 
 def test_the_checker_finds_cores_over_capacity_a_shared_gpu_and_an_idle_wait():
     inst = parse_instance(TWO_POOLS)
-    ok = {"x": _rec(0, 1, 2, (0, 1)), "y": _rec(1, 2, 1, (0, 1))}
+    ok = _recs(inst, x=(0, 1, 2, (0, 1)), y=(1, 2, 1, (0, 1)))
     assert check_run(inst, ok) == []
-    over = {"x": _rec(0, 1, 2, (0, 1)), "y": _rec(0.5, 1.5, 2, (1, 2))}
+    over = _recs(inst, x=(0, 1, 2, (0, 1)), y=(0.5, 1.5, 2, (1, 2)))
     assert any("cpu@node0 holds 4 of 3" in f for f in check_run(inst, over))
-    shared = {"x": _rec(0, 1, 2, (0, 1)), "y": _rec(0, 1, 1, (0, 1))}
+    shared = _recs(inst, x=(0, 1, 2, (0, 1)), y=(0, 1, 1, (0, 1)))
     assert any("GPU 0 held by" in f for f in check_run(inst, shared))
-    idle = {"x": _rec(0, 1, 2, (0, 1)), "y": _rec(2, 3, 1, (0, 1))}
+    idle = _recs(inst, x=(0, 1, 2, (0, 1)), y=(2, 3, 1, (0, 1)))
     assert any("wait and nothing runs" in f for f in check_run(inst, idle))
-    unaligned = {"x": _rec(0, 1, 2, (1, 2)), "y": _rec(1, 2, 2, (0, 2))}  # 2 GPUs for 1
+    unaligned = _recs(inst, x=(0, 1, 2, (1, 2)), y=(1, 2, 2, (0, 2)))  # 2 GPUs for 1
     assert any("chunk (0, 2) for 1 GPUs" in f for f in check_run(inst, unaligned))
     assert any("without a record" in f for f in check_run(inst, {"x": ok["x"]}))
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
 from managers.cpu.backends.sim import SimBackend
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable
 from tangram.bindings import Bindings
 from tangram.errors import Infeasible, InvariantError, ValidationError
 from tangram.pools import CorePool

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from managers.cpu.pool import Environment, EnvironmentTable
+from managers.cpu.environments import Environment, EnvironmentTable
 from tangram.errors import Infeasible
 from tangram.pools import CorePool
 from topology import CpuNode

@@ -7,10 +7,11 @@ import pytest
 from evaluation.solve import main as solve_main
 from solvers.exact.model import instance_model, to_ticks
 from solvers.exact.schedule import solve_schedule
-from solvers.exact.timeline import ScheduledAction, verify
+from solvers.exact.timeline import verify
 from tangram.errors import InvariantError
 from tangram.instance import parse_instance
 from tangram.pools import Placement
+from tangram.results import ScheduledAction
 
 BACKENDS = ["cpsat", "pulp-cbc", "pulp-highs"]
 FLAT4 = {"cpu": {"topology": "flat", "units": 4}}
@@ -104,17 +105,26 @@ def test_verify_rejects_overlap_and_early_start():
     model = instance_model(inst.build_pools(), inst.actions)
     a, b = inst.actions
     good = [
-        ScheduledAction(a, 0.0, 2.0, {"gpu": 2}, {"gpu": Placement("gpu0", chunk=(0, 2))}),
-        ScheduledAction(b, 2.0, 3.0, {"gpu": 1}, {"gpu": Placement("gpu0", chunk=(1, 2))}),
+        ScheduledAction(
+            a, a.submit_time, 0.0, 2.0, {"gpu": 2}, {"gpu": Placement("gpu0", chunk=(0, 2))}
+        ),
+        ScheduledAction(
+            b, b.submit_time, 2.0, 3.0, {"gpu": 1}, {"gpu": Placement("gpu0", chunk=(1, 2))}
+        ),
     ]
     verify(model.template, good, {"a": 0.0, "b": 1.0})
     overlap = [
         good[0],
-        ScheduledAction(b, 1.5, 2.5, {"gpu": 1}, {"gpu": Placement("gpu0", chunk=(1, 2))}),
+        ScheduledAction(
+            b, b.submit_time, 1.5, 2.5, {"gpu": 1}, {"gpu": Placement("gpu0", chunk=(1, 2))}
+        ),
     ]
     with pytest.raises(InvariantError):
         verify(model.template, overlap)
-    early = [good[0], ScheduledAction(b, 0.5, 1.5, {"gpu": 1}, {"gpu": Placement("gpu0")})]
+    early = [
+        good[0],
+        ScheduledAction(b, b.submit_time, 0.5, 1.5, {"gpu": 1}, {"gpu": Placement("gpu0")}),
+    ]
     with pytest.raises(InvariantError):
         verify(model.template, early, {"a": 0.0, "b": 1.0})
 

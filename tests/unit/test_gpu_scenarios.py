@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.gpu_trace import serve
+from evaluation.gpu_trace import chunk_of, serve
 from managers.gpu.sim import SimServiceModel
 from tangram.instance import parse_instance
 
@@ -21,13 +21,13 @@ def test_scenario(path: Path) -> None:
     inst = parse_instance(doc)
     spec = inst.resources["gpu"]
     model = SimServiceModel(spec)
-    served = {s.id: s for s in serve(inst.actions, spec.build_pool(), model.residency)}
+    served = {s.action_id: s for s in serve(inst.actions, spec.build_pool(), model.residency)}
     expected = doc["expected"]
     assert {a: s.restored for a, s in served.items()} == expected["restored"]
     for a, victims in expected.get("evicted", {}).items():
         assert list(served[a].evicted) == victims, a
     for a, chunk in expected.get("chunk", {}).items():
-        assert list(served[a].chunk) == chunk, a
+        assert list(chunk_of(served[a].placement["gpu"])) == chunk, a
     for a, end in expected.get("end", {}).items():
         assert served[a].end == pytest.approx(end), a
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from tangram.actions import Action
 from tangram.allocation import ClusterView
-from tangram.conservation import Started, advisors_excuse, check_schedule, wasted_now
+from tangram.conservation import advisors_excuse, check_schedule, wasted_now
 from tangram.pools import ChunkPool, CorePool, Placement, PlacementAdvisor
 from tangram.queue import ActionQueue
+from tangram.results import ScheduledAction
 from topology import ChunkTree, CpuNode
 
 
@@ -77,7 +78,9 @@ def test_a_scoped_walk_reads_only_its_classes():
 def test_the_report_names_each_intervals_fields():
     pools = {"cpu": CorePool("cpu", {"n0": CpuNode("n0", {0: (0, 1)})})}
     a = Action("a", {"cpu": 1}, duration=1.0, submit_time=0.0)
-    late = Started(a, 2.0, 3.0, {"cpu": 1}, {"cpu": Placement("n0", cores=(0,))})
+    late = ScheduledAction(
+        a, a.submit_time, 2.0, 3.0, {"cpu": 1}, {"cpu": Placement("n0", cores=(0,))}
+    )
     report = check_schedule(pools, [late])
     assert report.to_json() == {
         "idle_unit_seconds": 2.0,

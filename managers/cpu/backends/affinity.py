@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from managers.cpu.backends.base import Backend
 from managers.cpu.backends.process import kill_group, run_local
-from managers.cpu.pool import Environment
+from managers.cpu.environments import Environment
 from managers.cpu.request import Command, argv_of
 from tangram.results import Result
 

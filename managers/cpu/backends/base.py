@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import tempfile
 import uuid
 import weakref
@@ -42,10 +43,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu.environments import Environment
 from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import owned_name, sweep_workdirs
-from managers.cpu.pool import Environment
-from managers.cpu.removal import remove_tree, remove_tree_async
+from managers.cpu.mounts import remove_folder
+from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import Command
 from tangram.errors import ActionFailed, BackendUnavailable, TangramError, ValidationError
 from tangram.results import Result, Status
@@ -157,7 +159,8 @@ class Backend(ABC):
         if self.support_files and self._drop_support is None:
             install_plugin(self.support)
             # a backend never shut down still leaves no folder when the interpreter exits
-            self._drop_support = weakref.finalize(self, remove_tree, str(self.support))
+            # (and unmounts what it holds: `bwrap_views`)
+            self._drop_support = weakref.finalize(self, remove_folder, str(self.support))
 
     def _require_started(self, what: str) -> None:
         if not self._started:
@@ -328,7 +331,14 @@ class Backend(ABC):
             plugin_dir=self.inside_support or str(self.support),
             gpus=gpus,
             gpus_isolated=self.gpu_mode == "devices",
+            python=self.inside_python(env),
         )
+
+    def inside_python(self, env: Environment) -> str | None:
+        """The server's own Python as the commands of `env` run it (`TANGRAM_PYTHON`), None
+        where it is not there. Here: the server's `sys.executable` (the commands run on the
+        host)."""
+        return sys.executable
 
     @staticmethod
     def _make_workdir(env: Environment, uid: int | None = None) -> None:

@@ -21,17 +21,22 @@ spawner) that died is restarted before the next exec.
 Inside:
 
 - a new mount namespace holding only the host's system files, read-only (`/usr`, `/etc` and
-  the `/bin`, `/lib*`, `/sbin` links, the server's Python installation so `sys.executable` runs,
-  plus `ro_paths`), a fresh `/proc` of its own PID namespace, a minimal `/dev`, a private `/tmp`
-  (tmpfs, one per environment) and the environment's work directory, writable, at `/sandbox`
-  (HOME). No `/sys`, no cgroup files, no other environment's folders;
+  the `/bin`, `/lib*`, `/sbin` links, plus `ro_paths`), the server's Python under
+  `/opt/tangram/python` (`TANGRAM_PYTHON`), a fresh `/proc` of its own PID namespace, a minimal
+  `/dev`, a private `/tmp` (tmpfs, one per environment) and the environment's work directory,
+  writable, at `/sandbox` (HOME). No `/sys`, no cgroup files, no other environment's folders.
+  Its mount table names no host folder and no server PID: the work folder, the support
+  folder and the Python are filesystems of their own on the host (`bwrap_views`);
 - with an image (`Environment.root`, see `managers.cpu.layers`): that tree is `/` instead (the
   host's system files, the server's Python and the tmpfs `/tmp` are not there; `/tmp` and
   `/sandbox` are the image's, in the environment's writable layer), and the sandbox starts and
   is entered with the host's `setpriv`, `sh` and `sleep` run through the host's loader from
   `/opt/tangram/host` (`toolkit`), so an image needs none of them;
-- new PID, IPC, UTS and cgroup namespaces; a new network namespace (loopback only) unless the
-  environment was opened with `network=True`;
+- new PID, IPC, UTS and cgroup namespaces (on cgroup v1 the latter is rooted at the
+  environment's cgroup, `bwrap_parts.rooted_at_env`: each exec's slot shows as `/x<i>`; on v2,
+  where no process may sit in a cgroup with slots below it, at the holder's slot, so an exec's
+  shows as `/../x<i>`); a new network namespace (loopback only) unless the environment was
+  opened with `network=True`;
 - `--die-with-parent`: the sandbox and everything in its PID namespace die with the server;
   every command starts in a session of its own, with no terminal.
 
@@ -40,7 +45,9 @@ environment cannot read another's files even where it could name them. There is 
 namespace around the command (bwrap would then resolve mounts as that uid, and the server's
 Python often lives under a folder only root may enter), and the seccomp filter refuses the
 command one of its own. bwrap reads its arguments from a descriptor (`--args`), so the
-sandbox's init shows no host path in /proc/1/cmdline; `/dev/shm` is a private tmpfs. The price
+sandbox's init shows no host path in /proc/1/cmdline (nor the environment of a command the
+host path it was started from: the entering shell's `PWD` is unset); `/dev/shm` is a private
+tmpfs. The price
 is the namespace setup per exec (`tangram bench exec` measures it beside raw subprocess).
 
 An exec granted GPUs (a vector exec) does not go through the spawner: its cgroup-joining shell
@@ -66,10 +73,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import weakref
 from collections.abc import Callable
 
 from managers.cpu import seccomp
 from managers.cpu.backends import bwrap_reset, toolkit
+from managers.cpu.backends import bwrap_views as views
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
@@ -96,6 +105,7 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     image_loader,
     kill_rest,
     launcher_script,
+    rooted_at_env,
     server_python,
 )
 from managers.cpu.backends.bwrap_start import (
@@ -110,7 +120,9 @@ from managers.cpu.backends.bwrap_start import (
 )
 from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, _Env, joined
 from managers.cpu.backends.limits import raise_if_out_of_files
-from managers.cpu.pool import Environment
+from managers.cpu.environments import Environment
+from managers.cpu.leftovers import owned_name
+from managers.cpu.mounts import remove_folder
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
@@ -135,16 +147,16 @@ class BwrapBackend(CgroupBackend):
         device_dir: str = "/dev",
     ) -> None:
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
-        be anyone's uid); `ro_paths`: the host paths each sandbox sees read-only besides the
-        system's (a toolchain under /opt, a virtual environment); default: the server's own
-        Python (`server_python`), () for none; `spawner`: start commands through a resident
-        spawner in each sandbox (`spawner.py`; needs the server's Python visible inside)
-        instead of entering the sandbox per exec; `favor_dynmods`: the cgroup backend's;
-        `device_dir`: where the GPUs' device nodes are (`nvidia<i>`, `nvidiactl`, ...) that an
-        exec granted GPUs gets bound in. Checks its options only: the trial sandbox runs at
-        `start`."""
+        be anyone's uid); `ro_paths`: host paths each sandbox sees read-only at their own
+        paths besides the system's and the server's own Python (which it sees under
+        /opt/tangram, `TANGRAM_PYTHON`: `bwrap_views`), such as a toolchain under /opt;
+        default none; `spawner`: start commands through a resident spawner in each sandbox
+        (`spawner.py`) instead of entering the sandbox per exec; `favor_dynmods`: the cgroup
+        backend's; `device_dir`: where the GPUs' device nodes are (`nvidia<i>`, `nvidiactl`,
+        ...) that an exec granted GPUs gets bound in. Checks its options only: the trial
+        sandbox runs at `start`."""
         if ro_paths is None:
-            ro_paths = server_python()
+            ro_paths = ()
         if isinstance(uid_base, bool) or not isinstance(uid_base, int) or uid_base < 1000:
             raise ValidationError(
                 "cpu.uid_base", uid_base, "must be an integer >= 1000 (the first sandbox uid)"
@@ -168,16 +180,61 @@ class BwrapBackend(CgroupBackend):
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
         self._spawner_installed = False
+        self._python = sys.executable  # the server's Python inside (`bwrap_views`): at `start`
+        self._python_folder = self.support.with_name(owned_name(f"{self.tag}-python"))
+        self._python_view: tuple[str, list[str]] | None = None
+        self._drop_python: weakref.finalize | None = None
+        self._own_workdirs: set[str] = set()  # the plain environments' (`bwrap_views`)
+        self._unshare: str | None = None  # v1: makes the holder's cgroup namespace
 
     def _start(self) -> None:
-        super()._start()  # the probe: a trial sandbox
+        super()._start()  # the probe: a trial sandbox; the support folder
+        if self._drop_python is None:
+            self._drop_python = weakref.finalize(self, remove_folder, str(self._python_folder))
+            self._python_view = views.install_python(
+                self._python_folder, self.support, INSIDE_SUPPORT
+            )
+        if self._python_view is None:  # the kernel refused the views: at its own paths
+            self._extra = _extra_binds((*server_python(), *self.ro_paths))
+        else:
+            self._extra = [*_extra_binds(self.ro_paths), *self._python_view[1]]
+        self._python = sys.executable if self._python_view is None else self._python_view[0]
         self._system = _system_binds(())
-        self._extra = _extra_binds(self.ro_paths)
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        python = os.path.realpath(sys.executable)
-        self._spawner = self._want_spawner and any(
-            python.startswith(p.rstrip("/") + "/") for p in (*self.ro_paths, "/usr")
-        )
+        self._unshare = shutil.which("unshare") if self.h.version == 1 else None
+        self._spawner = self._want_spawner  # its Python (where it is not native) is there
+
+    def _install_support(self) -> None:
+        """The support folder is a tmpfs of its own (`bwrap_views`)."""
+        if self._drop_support is None:
+            try:
+                views.own_support(self.support)
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot mount the support folder ({exc})") from exc
+        super()._install_support()
+
+    def inside_python(self, env: Environment) -> str | None:
+        return None if env.root is not None else self._python  # an image has its own
+
+    def _make_workdir(self, env: Environment, uid: int | None = None) -> None:
+        """A plain environment's work folder is an overlay of its own (`bwrap_views`), then
+        the cgroup backend's (owner, mode, through it)."""
+        if env.root is None and env.id not in self._own_workdirs:
+            if not os.path.ismount(env.workdir):  # (a disk-bounded one is a layer's overlay)
+                try:
+                    views.own_workdir(env.workdir)
+                except OSError as exc:
+                    raise BackendUnavailable(
+                        f"cannot mount the work folder of environment {env.id} ({exc})"
+                    ) from exc
+                self._own_workdirs.add(env.id)
+        super()._make_workdir(env, uid)
+
+    async def _remove_workdir(self, env: Environment) -> list[str]:
+        if env.id in self._own_workdirs:
+            self._own_workdirs.discard(env.id)
+            views.drop_workdir(env.workdir)  # (then its files, below the mount point, go)
+        return await super()._remove_workdir(env)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -205,7 +262,7 @@ class BwrapBackend(CgroupBackend):
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
                 self._install_launcher(
-                    fast.install(self.support, INSIDE_SUPPORT, shlex.quote(sys.executable))
+                    fast.install(self.support, INSIDE_SUPPORT, shlex.quote(self._python))
                 )
                 self._spawner_installed = True
             slot = await asyncio.to_thread(self._holder_slot, env, self._envs[env.id], cores)
@@ -256,7 +313,12 @@ class BwrapBackend(CgroupBackend):
             self._loader = (
                 (f"{INSIDE_SUPPORT}/{seccomp.NATIVE_NAME}",)
                 if native
-                else (LOADER_PYTHON, "-I", "-S", f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}")
+                else (
+                    LOADER_PYTHON or self._python,
+                    "-I",
+                    "-S",
+                    f"{INSIDE_SUPPORT}/{seccomp.LOADER_NAME}",
+                )
             )
 
     def _install_launcher(self, spawner: tuple[str, ...]) -> None:
@@ -286,13 +348,20 @@ class BwrapBackend(CgroupBackend):
                 payload, caps = spawner_payload(self._uids[env.id], theirs.fileno())
             else:
                 payload, caps = tuple(_idle(env)), IDLE_CAPS
+            e = self._envs.get(env.id)
+            unshare = self._unshare if e is not None else None  # v1: rooted at the env's
             sandbox = sandbox_args(
-                env, caps, info_w, filter_fd, self._system, self._extra, self.support
+                env, caps, info_w, filter_fd, self._system, self._extra, self.support, bool(unshare)
             )
             args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
-            argv = joined(slot.join, (self._bwrap, "--args", str(args), "--", *payload))
+            bwrap = (self._bwrap, "--args", str(args), "--", *payload)
+            argv = (
+                joined(slot.join, bwrap)
+                if unshare is None or e is None
+                else rooted_at_env(e, slot, unshare, bwrap)
+            )
             proc = popen_holder(argv, passed)
         except OSError as exc:
             if info_r >= 0:
@@ -457,7 +526,8 @@ class BwrapBackend(CgroupBackend):
                 f"--wdns={INSIDE_WORK}",
                 "--",
             )
-        return joined(join, (*enter, *drop, *loader, *argv))
+        # (the shell's PWD, the host folder it started in, is not the command's to see)
+        return joined(f"{join}\nunset PWD", (*enter, *drop, *loader, *argv))
 
     def _serve_enter(
         self, env: Environment, join: str, argv: list[str], cap: int
@@ -510,4 +580,9 @@ class BwrapBackend(CgroupBackend):
         holders = list(self._holders.values())
         self._holders.clear()
         await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
-        await super()._shutdown()
+        try:
+            await super()._shutdown()
+        finally:
+            if self._drop_python is not None:
+                await asyncio.to_thread(self._drop_python)
+                self._drop_python = None

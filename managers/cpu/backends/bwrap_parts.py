@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import select
+import shlex
 import subprocess
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -20,20 +21,21 @@ from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.cgroup import Slot, _Env
-from managers.cpu.pool import Environment
+from managers.cpu.backends.cgroup import JOIN_FAILED, Slot, _Env, joined
+from managers.cpu.environments import Environment
 from tangram.errors import BackendUnavailable
 
 INSIDE_WORK = "/sandbox"  # not /work: the server's own Python may live under /work
 INSIDE_SUPPORT = "/opt/tangram"
-ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup")  # + net
+# + net; + cgroup, made by bwrap or before it (`rooted_at_env`)
+ISOLATE = ("--unshare-pid", "--unshare-ipc", "--unshare-uts")
 NAMESPACES = ("mnt", "pid", "net", "ipc", "uts", "cgroup")
 HOLDER_START_S = 10.0
 HOLDER_SCRIPT = "echo ready; exec sleep infinity"
 HOLDER_LAUNCHER = "start-spawner.sh"  # in the support folder: see `_install_launcher`
 SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 # runs the seccomp loader inside (always visible: /usr is bound); else the server's own
-LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None
 
 
 # the one thread that starts every sandbox (`BwrapBackend._start_holder`): it lives as long as
@@ -58,7 +60,8 @@ def discard_spawned(done: Future) -> None:
 
 def server_python() -> tuple[str, ...]:
     """The folders of the server's own Python (its virtual environment and base installation),
-    outside /usr: bound read-only so that commands can run `sys.executable`."""
+    outside /usr: bound read-only at their own paths where the kernel refuses the views that
+    hide them (`bwrap_views`), so that commands can run `sys.executable`."""
     found: list[str] = []
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
         real = os.path.realpath(p)
@@ -98,6 +101,19 @@ def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
                 args += ["--perms", "0755", "--dir", str(parent)]
         args += ["--ro-bind-try", p, p]
     return args
+
+
+def rooted_at_env(e: _Env, slot: Slot, unshare: str, argv: tuple[str, ...]) -> list[str]:
+    """The holder's start on cgroup v1 (`argv`: bwrap, without --unshare-cgroup): its shell
+    joins the environment's own cgroups, makes the cgroup namespace there (`unshare`), then
+    joins its slot; so the sandbox sees its environment's cgroup as `/` and each exec's slot as
+    `/x<i>`, never a path that climbs out of it (`/../x1`). (Cgroup v2 lets no process into a
+    cgroup with slots below it: there bwrap makes the namespace, in the holder's slot.)"""
+    writes = " && ".join(
+        f"echo 0 >{shlex.quote(str(f / 'cgroup.procs'))}" for f in dict.fromkeys(e.folders.values())
+    )
+    join = f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; exit 125; }}"
+    return joined(join, (unshare, "--cgroup", *joined(slot.join, argv)))
 
 
 def _drop_to(uid: int) -> list[str]:

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from managers.cpu.backends.bwrap import BwrapBackend
     from managers.cpu.backends.bwrap_parts import _Holder
     from managers.cpu.backends.cgroup import _Env
-    from managers.cpu.pool import Environment
+    from managers.cpu.environments import Environment
 
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0

@@ -21,8 +21,8 @@ from managers.cpu.backends.bwrap_parts import (
     _system_binds,
 )
 from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.environments import Environment
 from managers.cpu.grant import SAFE_PATH
-from managers.cpu.pool import Environment
 from managers.cpu.uids import DEFAULT_UID_BASE
 
 IDLE_CAPS = ("--cap-drop", "ALL")  # the idle holder's: none
@@ -48,6 +48,7 @@ def probe_sandbox() -> str | None:
     trial = [
         "bwrap",
         *ISOLATE,
+        "--unshare-cgroup",
         "--unshare-net",
         *_system_binds(()),
         "--proc",
@@ -97,10 +98,13 @@ def sandbox_args(
     system: list[str],
     extra: list[str],
     support: Path,
+    cgroup_made: bool = False,
 ) -> list[str]:
-    """bwrap's arguments for an environment's holder (read from a descriptor: `--args`)."""
+    """bwrap's arguments for an environment's holder (read from a descriptor: `--args`);
+    `cgroup_made`: it starts in a cgroup namespace of its own already (`rooted_at_env`)."""
     return [
         *ISOLATE,
+        *([] if cgroup_made else ["--unshare-cgroup"]),
         *([] if env.network else ["--unshare-net"]),
         "--hostname",
         "tangram",

@@ -39,8 +39,8 @@ from managers.cpu.backends.base import (
 )
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.backends.process import run_local
-from managers.cpu.pool import Environment
-from managers.cpu.removal import remove_tree
+from managers.cpu.environments import Environment
+from managers.cpu.mounts import remove_folder
 from managers.cpu.request import Command
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
@@ -422,12 +422,12 @@ class CgroupBackend(Backend):
 
 def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
     """Kill what is left under Tangram's folders and remove them, deepest first; remove the
-    environments' working directories."""
+    environments' working directories (and what is mounted there: `bwrap_views`)."""
     for base in bases:
         if base.is_dir():
             fs.remove_tree(base)
     for w in list(workdirs):
-        left = remove_tree(w)
+        left = remove_folder(w)
         if left:
             log.warning("could not remove %s", "; ".join(left))
 

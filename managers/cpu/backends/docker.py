@@ -43,8 +43,8 @@ from managers.cpu.backends.base import (
     not_found,
     outcome_of,
 )
+from managers.cpu.environments import Environment
 from managers.cpu.leftovers import gone, owned_name
-from managers.cpu.pool import Environment
 from managers.cpu.request import Command, argv_of
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
@@ -126,6 +126,9 @@ class DockerBackend(Backend):
         self.api = self.client.api
         self._pool = ThreadPoolExecutor(self.max_concurrent, thread_name_prefix="tangram-docker")
         self._install_support()
+
+    def inside_python(self, env: Environment) -> str | None:
+        return None  # the server's Python is not in the container
 
     def describe(self) -> str:
         return f"docker (image {self.image})"

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from managers.cpu.backends.base import Backend, LimitCounts
-from managers.cpu.pool import Environment
+from managers.cpu.environments import Environment
 from managers.cpu.request import Command, describe
 from tangram.results import Result, Status
 

@@ -10,17 +10,25 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tangram.runtime.http.errors import error
-from tangram.runtime.http.limits import BODY_TIMEOUT_S, DRAIN_BODY, MAX_BODY
+from tangram.runtime.http.limits import (
+    BODY_TIMEOUT_S,
+    DRAIN_BODY,
+    LINGER_BODY,
+    LINGER_S,
+    MAX_BODY,
+)
 
 
 class BodyLimit:
     """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
     declared its length or streams it chunked, and a body not all in within `timeout_s` with
     408 (one deadline for the whole body: a trickle does not extend it). Before a 413 the body
-    is read and dropped (up to `drain` bytes), so a client that sends it without waiting for
-    `Expect: 100-continue` (urllib, requests) reads the answer instead of a broken pipe. The
-    app then reads the buffered body and, after it, the connection's own messages (so it still
-    hears a disconnect)."""
+    is read and dropped (up to `drain` bytes), and after it, before the connection closes, the
+    rest (a lingering close, as nginx's: until the body ends, `linger_body` bytes of it in all
+    or `linger_s` s), so a client that sends it all without waiting for
+    `Expect: 100-continue` (urllib, requests) reads the answer instead of a connection reset.
+    The app then reads the buffered body and, after it, the connection's own messages (so it
+    still hears a disconnect)."""
 
     def __init__(
         self,
@@ -28,11 +36,15 @@ class BodyLimit:
         limit: int = MAX_BODY,
         timeout_s: float = BODY_TIMEOUT_S,
         drain: int = DRAIN_BODY,
+        linger_body: int = LINGER_BODY,
+        linger_s: float = LINGER_S,
     ) -> None:
         self.app = app
         self.limit = limit
         self.timeout_s = timeout_s
         self.drain = drain
+        self.linger_body = linger_body
+        self.linger_s = linger_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -71,13 +83,7 @@ class BodyLimit:
                 continue
             chunks.append(body)
         if too_large:
-            await self._answer(
-                scope,
-                send,
-                413,
-                f"request body over {self.limit} bytes",
-                f"at most {self.limit} bytes",
-            )
+            await self._refuse(scope, receive, send, size, more)
             return
         replayed = False
 
@@ -100,3 +106,46 @@ class BodyLimit:
             return {"type": "http.disconnect"}
 
         await response(scope, nothing, send)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, size: int, more: bool
+    ) -> None:
+        """413, sent whole (its head and body, `Connection: close`) while the response is held
+        open: what the client still sends is read and dropped (`_linger`) before the last,
+        empty message lets the server close, so (within the linger's bounds) the close finds
+        nothing unread and the kernel sends the client no reset ahead of the answer."""
+        response = error(
+            413,
+            f"request body over {self.limit} bytes",
+            "body",
+            problem=f"at most {self.limit} bytes",
+        )
+        response.headers["connection"] = "close"
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        async def held(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                message = {**message, "more_body": True}
+            await send(message)
+
+        await response(scope, nothing, held)
+        if more:
+            await self._linger(receive, size)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _linger(self, receive: Receive, size: int) -> None:
+        """Read and drop the rest of a refused body: until it ends or the client leaves, or
+        `linger_body` bytes of it are in (`size` already), or `linger_s` s have passed."""
+        try:
+            async with asyncio.timeout(self.linger_s):
+                while size < self.linger_body:
+                    message = await receive()
+                    if message["type"] != "http.request":
+                        return
+                    size += len(message.get("body", b""))
+                    if not message.get("more_body", False):
+                        return
+        except TimeoutError:
+            return

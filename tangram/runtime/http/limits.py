@@ -14,6 +14,10 @@ from tangram.resources import MAX_AMOUNT
 MAX_BODY = 1 << 20  # bytes of one request body
 BODY_TIMEOUT_S = 30.0  # s for a whole request body, from the app's first read, else 408
 DRAIN_BODY = 16 << 20  # bytes of an over-limit body read and dropped before the 413
+# after the 413 the server goes on reading and dropping the body (a lingering close, as
+# nginx's): until it ends, LINGER_BODY bytes of it in all or LINGER_S s, then it closes
+LINGER_BODY = 64 << 20  # bytes of an over-limit body read in all, before and after the 413
+LINGER_S = 5.0  # s the server reads on after the 413, at most
 MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
 MAX_ARGV = 4096  # elements of an argv command
 MAX_CODE = 1 << 20  # characters of one program or notebook cell (SandboxFusion's `code`)

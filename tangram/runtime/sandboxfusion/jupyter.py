@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -94,9 +93,10 @@ def driver_files(req: RunJupyterRequest) -> dict[str, bytes]:
 
 
 def driver_command() -> str:
-    """The shell command that runs the driver with the server's own Python (`-I`: not the
-    work directory's modules, not the environment's)."""
-    return f"exec {sys.executable} -I {DRIVER_NAME} < /dev/null"
+    """The shell command that runs the driver with the server's own Python as the command
+    sees it (`TANGRAM_PYTHON`; `-I`: not the work directory's modules, not the
+    environment's)."""
+    return f'exec "${{TANGRAM_PYTHON:-python3}}" -I {DRIVER_NAME} < /dev/null'
 
 
 def exec_timeout(req: RunJupyterRequest) -> float:

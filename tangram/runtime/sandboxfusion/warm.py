@@ -37,10 +37,10 @@ import logging
 import os
 import time
 import uuid
-import weakref
 from collections import deque
 from typing import Any
 
+from managers.cpu.environments import WARM_POOL, EnvRecord
 from tangram.errors import Infeasible, TangramError
 
 log = logging.getLogger("tangram.runtime.sandboxfusion")
@@ -62,9 +62,8 @@ class WarmPool:
 
     def __init__(self, tg: Any, memory_mb: int, size: int, reuse: int = 1) -> None:
         self.tg, self.memory_mb, self.size, self.reuse = tg, memory_mb, size, max(1, reuse)
-        self.mine: set[str] = set()  # every environment it opened and has not closed
-        self._uses: dict[str, int] = {}  # pool-sized ones: requests served so far
-        self._out: set[str] = set()  # pool-sized ones a request holds now
+        # its environments are the CPU manager's records with owner WARM_POOL (their `uses`
+        # and `lent` are the pool's); `_ready` queues the warm ones
         self._resetting = 0  # used ones being reset, coming back
         self._waiters: deque[asyncio.Future[str | None]] = deque()  # requests waiting for one
         self._ready: deque[tuple[str, float]] = deque()
@@ -81,9 +80,9 @@ class WarmPool:
             env = self._pop()
             waiting = sum(1 for f in self._waiters if not f.done())
             if env is None and waiting < self._resetting:
-                env = await self._next_reset()  # (`_back` marks it held)
+                env = await self._next_reset()  # (`_back` marks it lent)
             elif env is not None:
-                self._out.add(env)
+                self._lend(env)
             if (len(self._ready) + self._coming()) * 2 < self.size:
                 self._start_refill()  # draining faster than resets bring them back: start now
             if env is not None:
@@ -92,7 +91,7 @@ class WarmPool:
             self.misses += 1
         env = await self._open_for(memory_mb)
         if memory_mb == self.memory_mb:
-            self._out.add(env)
+            self._lend(env)
         return env
 
     async def _next_reset(self) -> str | None:
@@ -139,19 +138,27 @@ class WarmPool:
             return env
         return None
 
+    def _record(self, env: str) -> EnvRecord | None:
+        return self.tg.cpu.envs.record(env)
+
+    def _mine(self) -> list[EnvRecord]:
+        return [r for r in self.tg.cpu.envs.records() if r.owner == WARM_POOL]
+
+    def _lend(self, env: str) -> None:
+        record = self._record(env)
+        if record is not None:
+            record.lent = True
+
     def _opened(self, env: str, memory_mb: int) -> str:
-        self.mine.add(env)
-        if memory_mb == self.memory_mb:
-            self._uses[env] = 0
+        record = self._record(env)
+        assert record is not None
+        record.owner = WARM_POOL
+        record.uses = 0 if memory_mb == self.memory_mb else None
         return env
 
     async def _close(self, env: str) -> None:
-        self._uses.pop(env, None)
-        try:
-            with contextlib.suppress(TangramError):
-                await self.tg.close_env(env)
-        finally:
-            self.mine.discard(env)
+        with contextlib.suppress(TangramError):
+            await self.tg.close_env(env)
 
     def release(self, env: str) -> None:
         """Reset a used environment back into the pool, or close it and refill, after its
@@ -159,9 +166,12 @@ class WarmPool:
         kept while the pool wants it: fewer ready than its size or than the requests holding
         one now (so a burst keeps the sandboxes it opened), or a request waiting; the choice
         is made here, at once, so a `take` right after knows one is coming back."""
-        self._out.discard(env)
-        uses = self._uses.get(env)
-        wanted = len(self._ready) < max(self.size, len(self._out)) or self._waiters
+        record = self._record(env)
+        uses = None if record is None else record.uses
+        if record is not None:
+            record.lent = False
+        lent = sum(r.lent for r in self._mine())
+        wanted = len(self._ready) < max(self.size, lent) or self._waiters
         if uses is not None and uses + 1 < self.reuse and wanted:
             self._resetting += 1
             task = asyncio.ensure_future(self._reset(env, uses))
@@ -177,8 +187,9 @@ class WarmPool:
             why = str(exc)
         finally:
             self._resetting -= 1
-        if why is None:
-            self._uses[env] = uses + 1
+        record = self._record(env)
+        if why is None and record is not None:
+            record.uses = uses + 1
             self.reused += 1
             self._back(env)
             return
@@ -193,7 +204,9 @@ class WarmPool:
     def _coming(self) -> int:
         """Environments that will come back to the pool: being reset, or held by a request
         and reusable once more."""
-        held = sum(1 for e in self._out if self._uses.get(e, self.reuse) + 1 < self.reuse)
+        held = sum(
+            1 for r in self._mine() if r.lent and r.uses is not None and r.uses + 1 < self.reuse
+        )
         return self._resetting + held
 
     def _back(self, env: str | None) -> None:
@@ -203,17 +216,15 @@ class WarmPool:
             fut = self._waiters.popleft()
             if not fut.done():
                 if env is not None:
-                    self._out.add(env)
+                    self._lend(env)
                 fut.set_result(env)
                 return
         if env is not None:
             self._ready.append((env, time.monotonic()))
 
     def discard(self, env: str) -> None:
-        """Forget an environment its user closed itself."""
-        self.mine.discard(env)
-        self._uses.pop(env, None)
-        self._out.discard(env)
+        """Forget an environment its user closed itself (its record went with it)."""
+        self._ready = deque((e, t) for e, t in self._ready if e != env)
 
     def _start_refill(self) -> None:
         if self._refill is None or self._refill.done():
@@ -246,6 +257,11 @@ class WarmPool:
         return True
 
     @property
+    def mine(self) -> frozenset[str]:
+        """The ids of the environments the pool holds now: warm, lent or being reset."""
+        return frozenset(r.id for r in self._mine())
+
+    @property
     def idle(self) -> int:
         """Warm environments waiting for a request."""
         return len(self._ready)
@@ -260,22 +276,20 @@ class WarmPool:
         self._start_refill()
 
 
-_POOLS: weakref.WeakKeyDictionary[Any, WarmPool] = weakref.WeakKeyDictionary()
-
-
 def warm_pool(tg: Any, memory_mb: int) -> WarmPool | None:
-    """The pool of `tg` (created on first use), or None when it is turned off."""
-    pool = _POOLS.get(tg)
+    """The pool of `tg` (created on first use, kept in its `adapters`), or None when it is
+    turned off."""
+    pool = tg.adapters.get(WARM_POOL)
     if pool is None:
         size = int(os.environ.get("TANGRAM_SANDBOXFUSION_WARM", DEFAULT_SIZE))
         if size <= 0:
             return None
         reuse = int(os.environ.get("TANGRAM_SANDBOXFUSION_REUSE", DEFAULT_REUSE))
-        pool = _POOLS[tg] = WarmPool(tg, memory_mb, size, reuse)
+        pool = tg.adapters[WARM_POOL] = WarmPool(tg, memory_mb, size, reuse)
     return pool
 
 
 def pooled(tg: Any, env_id: str) -> bool:
     """Whether `env_id` is one of the `/run_code` pool's environments (the server's own)."""
-    pool = _POOLS.get(tg)
-    return pool is not None and env_id in pool.mine
+    record = None if tg.cpu is None else tg.cpu.envs.record(env_id)
+    return record is not None and record.owner == WARM_POOL

@@ -20,7 +20,7 @@ from tangram.runtime.shards.pending import place_pending
 from tangram.runtime.shards.views import QueueView, ShardLost
 from tangram.runtime.shards.wire import STATE, TICK, wire_dumps, wire_loads
 from tangram.runtime.shards.worker import Outbox, ShardInit
-from tangram.scheduler import DEFAULT_MAX_QUEUE, Scheduler
+from tangram.scheduler import DEFAULT_MAX_QUEUE, PreparedDecision, Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
 
 log = logging.getLogger("tangram.shards")
@@ -43,8 +43,14 @@ def _core_pool(pools: Mapping[str, Pool]) -> list[str]:
 
 
 class ShardedScheduler:
-    """The scheduler's interface over `shards` node shards plus the global shard (module
-    docstring). Node shards always decide scoped (a shard decides what an event touched)."""
+    """The scheduler's interface (`tangram.scheduling.SchedulerInterface`) over `shards` node
+    shards plus the global shard (module docstring). Node shards always decide scoped (a shard
+    decides what an event touched)."""
+
+    # a node shard holds one node's cores, the global shard the GPUs: no grant spans both
+    places_vector_actions = False
+    # its node shards decide in their own processes, in parallel: it decides inline only
+    splits_decisions = False
 
     def __init__(
         self,
@@ -252,6 +258,10 @@ class ShardedScheduler:
             self._out[self.layout.shard_of(node)].binds.append((trajectory, resource, node))
         self._log("bind", trajectory, resource, node)
 
+    def attach_bindings(self, resource: str, owner: Mapping[str, str]) -> None:
+        """Keeps its own table: every bind must pass through `bind`, which forwards it to the
+        node's shard (an attached owner would already hold the node, so `bind` would skip it)."""
+
     def unbind(self, trajectory: str) -> None:
         for r in self.layout.resources:
             node = self.bindings.get((trajectory, r))
@@ -291,6 +301,16 @@ class ShardedScheduler:
             out.extend(self._receive(i, now))
         self._log("granted", now, tuple(out))
         return out
+
+    def prepare(self, now: float) -> PreparedDecision | None:
+        """Never called: `splits_decisions` is False (its shards decide in their processes)."""
+        raise InvariantError("the sharded scheduler decides inline only (`decide`)")
+
+    def finish(
+        self, prepared: PreparedDecision, assignments: list[Assignment], now: float
+    ) -> list[Assignment]:
+        """Never called, as `prepare`."""
+        raise InvariantError("the sharded scheduler decides inline only (`decide`)")
 
     def _send_tick(self, i: int, now: float) -> None:
         box, self._out[i] = self._out[i], Outbox()

@@ -1,4 +1,5 @@
-"""Environment pool logic (paper 5.2), pure and shared by simulation and production.
+"""Environments (paper 5.2): each one's record and state, and the table that places them; pure
+and shared by the CPU manager, Ray's and the simulator.
 
 One environment per trajectory holds the trajectory's memory reservation for its whole life; the
 node is chosen when the environment opens (the trajectory's first action): among the nodes with
@@ -8,10 +9,13 @@ them the least memory-loaded. Every later action of the trajectory stays on that
 
 from __future__ import annotations
 
+import asyncio
+import enum
 from collections.abc import Callable, Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from tangram.errors import Infeasible, ValidationError
+from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import Pool
 
 
@@ -22,9 +26,9 @@ class Environment:
 
     `root`: the host folder of the environment's own root filesystem (an image under its
     private layer, see `layers`), None for the host's system files; `disk_mb`: its disk
-    reservation (0: none, no bound); `uid`: the uid its commands must run as (a fork runs as
-    its parent, whose files it starts from), None: the backend picks one; `image`: an image
-    of the backend's own engine (docker), None: the backend's default."""
+    reservation (0: none, no bound); `uid`: the uid its commands must run as (given by the
+    manager where its layers are mapped to it, see `idmap`), None: the backend picks one;
+    `image`: an image of the backend's own engine (docker), None: the backend's default."""
 
     id: str
     trajectory: str
@@ -36,6 +40,106 @@ class Environment:
     disk_mb: int = 0
     uid: int | None = None
     image: str | None = None
+
+
+class EnvState(enum.Enum):
+    """Where an environment is in its life; `NEXT` says what may follow each state."""
+
+    OPENING = "opening"  # in the table (its memory counted), its sandbox starting
+    IDLE = "idle"  # open, no command running
+    RUNNING = "running"  # one command or more running (`EnvRecord.running`)
+    FREEZING = "freezing"  # a fork or snapshot re-stacks its files: commands wait
+    RESETTING = "resetting"  # brought back to a never-used state (the warm pool)
+    BROKEN = "broken"  # its sandbox is lost: commands fail saying why; only closing is left
+    CLOSING = "closing"  # being closed (a second close is a no-op)
+    CLOSED = "closed"  # gone from the table
+
+
+NEXT: dict[EnvState, frozenset[EnvState]] = {
+    EnvState.OPENING: frozenset({EnvState.IDLE, EnvState.CLOSING}),
+    EnvState.IDLE: frozenset(
+        {
+            EnvState.RUNNING,
+            EnvState.FREEZING,
+            EnvState.RESETTING,
+            EnvState.BROKEN,
+            EnvState.CLOSING,
+        }
+    ),
+    EnvState.RUNNING: frozenset({EnvState.IDLE, EnvState.BROKEN, EnvState.CLOSING}),
+    EnvState.FREEZING: frozenset({EnvState.IDLE, EnvState.BROKEN}),
+    EnvState.RESETTING: frozenset({EnvState.IDLE, EnvState.BROKEN}),
+    EnvState.BROKEN: frozenset({EnvState.CLOSING}),
+    EnvState.CLOSING: frozenset({EnvState.CLOSED}),
+    EnvState.CLOSED: frozenset(),
+}
+SETTLING = frozenset({EnvState.FREEZING, EnvState.RESETTING})  # commands and closes wait
+TRAJECTORY, WARM_POOL = "trajectory", "warm-pool"  # who an environment serves (`owner`)
+
+
+class IllegalTransition(TangramError):
+    """An environment asked to go where its state does not lead (a bug, not a user error)."""
+
+
+@dataclass(eq=False, slots=True)
+class EnvRecord:
+    """The one record of an open environment: what it is (`env`), its state (`to` is the one
+    way to change it), the commands running in it, the actions its caller has queued or
+    running (`actions`, the facade's), when it was last used (the idle reaper's clock), whom
+    it serves (`owner`: its trajectory, or the `/run_code` warm pool, which counts the
+    requests it served, `uses`, and whether one holds it now, `lent`), why it broke, its tree
+    (`rooted`, `pin`: see `roots`) and its backend's sandbox (`sandbox`)."""
+
+    env: Environment
+    state: EnvState = EnvState.OPENING
+    running: int = 0
+    actions: set[str] = field(default_factory=set)
+    last_used: float = 0.0
+    owner: str = TRAJECTORY
+    uses: int | None = None  # the warm pool's: requests served (None: not to be reused)
+    lent: bool = False  # the warm pool's: a request holds it now
+    why: str = ""
+    rooted: Any = None  # a `layers.Rooted` where it has layers
+    pin: int | None = None  # its image's pin in the store
+    sandbox: Any = None  # the backend's own object for it
+    _settled: asyncio.Event | None = None
+
+    @property
+    def id(self) -> str:
+        return self.env.id
+
+    def to(self, state: EnvState, why: str = "") -> None:
+        """Go to `state`, if `NEXT` allows it (`IllegalTransition` otherwise); leaving
+        FREEZING or RESETTING wakes what waits for it (`settled`); `why`: why it broke."""
+        if state not in NEXT[self.state]:
+            raise IllegalTransition(
+                f"environment {self.env.id}: {self.state.value} cannot become {state.value}"
+            )
+        if self.state in SETTLING and self._settled is not None:
+            self._settled.set()
+            self._settled = None
+        if state is EnvState.BROKEN:
+            self.why = why or f"environment {self.env.id} is broken"
+        self.state = state
+
+    async def settled(self) -> None:
+        """Return once no fork, snapshot or reset of it is under way."""
+        while self.state in SETTLING:
+            if self._settled is None:
+                self._settled = asyncio.Event()
+            await self._settled.wait()
+
+    def command_started(self) -> None:
+        """One more command in it (IDLE or RUNNING: RUNNING)."""
+        if self.state is not EnvState.RUNNING:
+            self.to(EnvState.RUNNING)
+        self.running += 1
+
+    def command_ended(self) -> None:
+        """One command fewer; the last one leaves it IDLE (unless it broke or is closing)."""
+        self.running -= 1
+        if not self.running and self.state is EnvState.RUNNING:
+            self.to(EnvState.IDLE)
 
 
 def pick_node(
@@ -67,7 +171,7 @@ class TrajectoryNodes(Mapping[str, str]):
 
     def __getitem__(self, trajectory: str) -> str:
         t = self._table
-        return t._envs[t._by_trajectory[trajectory]].node
+        return t._envs[t._by_trajectory[trajectory]].env.node
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._table._by_trajectory)
@@ -92,7 +196,7 @@ class EnvironmentTable:
         # disk per node (MiB): environments' layers and frozen layers (forks, snapshots)
         self.disk_capacity = {n: (disk_mb or {}).get(n, 1 << 40) for n in memory_mb}
         self.disk_reserved = {n: 0 for n in memory_mb}
-        self._envs: dict[str, Environment] = {}
+        self._envs: dict[str, EnvRecord] = {}  # the one mapping keyed by environment id
         self._by_trajectory: dict[str, str] = {}
         self.nodes: Mapping[str, str] = TrajectoryNodes(self)
 
@@ -115,7 +219,7 @@ class EnvironmentTable:
             table.pop(node, None)
 
     def on_node(self, node: str) -> list[Environment]:
-        return [e for e in self._envs.values() if e.node == node]
+        return [r.env for r in self._envs.values() if r.env.node == node]
 
     def memory_free(self, node: str) -> int:
         return self._capacity[node] - self._reserved[node]
@@ -165,7 +269,9 @@ class EnvironmentTable:
             )
         return node
 
-    def add(self, env: Environment) -> None:
+    def add(self, env: Environment, state: EnvState = EnvState.IDLE) -> EnvRecord:
+        """Count the environment on its node and record it, in `state` (OPENING where its
+        sandbox is still to start); returns its record."""
         if env.trajectory in self._by_trajectory:
             raise ValidationError(
                 "env.trajectory",
@@ -177,28 +283,39 @@ class EnvironmentTable:
                 f"env.memory_mb: {env.memory_mb} MiB over the "
                 f"{self.memory_free(env.node)} MiB free on {env.node}"
             )
-        self._envs[env.id] = env
+        record = self._envs[env.id] = EnvRecord(env, state)
         self._by_trajectory[env.trajectory] = env.id
         self._reserved[env.node] += env.memory_mb
         self.disk_reserved[env.node] += env.disk_mb
+        return record
 
     def remove(self, env_id: str) -> Environment:
-        env = self._envs.pop(env_id)
+        record = self._envs.pop(env_id)
+        if record.state is not EnvState.CLOSED:
+            record.state = EnvState.CLOSED  # (from any state: an open that failed too)
+        env = record.env
         del self._by_trajectory[env.trajectory]
         self._reserved[env.node] -= env.memory_mb
         self.disk_reserved[env.node] -= env.disk_mb
         return env
 
     def get(self, env_id: str) -> Environment | None:
-        return self._envs.get(env_id)
+        record = self._envs.get(env_id) if isinstance(env_id, str) else None
+        return None if record is None else record.env
+
+    def record(self, env_id: str) -> EnvRecord | None:
+        return self._envs.get(env_id) if isinstance(env_id, str) else None
+
+    def records(self) -> list[EnvRecord]:
+        return list(self._envs.values())
 
     def of_trajectory(self, trajectory: str) -> Environment | None:
         env_id = self._by_trajectory.get(trajectory)
-        return self._envs[env_id] if env_id is not None else None
+        return self._envs[env_id].env if env_id is not None else None
 
     def binding(self, trajectory: str) -> str | None:
         env = self.of_trajectory(trajectory)
         return env.node if env is not None else None
 
     def all(self) -> list[Environment]:
-        return list(self._envs.values())
+        return [r.env for r in self._envs.values()]
