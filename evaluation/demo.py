@@ -33,7 +33,7 @@ from rich.table import Table
 from evaluation import coding_rollout
 from managers.cpu.request import ExecRequest
 from tangram import Action, Assignment, Placement, Tangram
-from tangram.runtime.distributed import ray_session
+from tangram.runtime.ray import ray_session
 
 SOLUTION = """
 def work(n):

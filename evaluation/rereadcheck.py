@@ -13,7 +13,7 @@ import time
 
 from evaluation.benches.scale_run import workload_for
 from evaluation.closedloop import ClosedLoopSimulator, Policy
-from evaluation.decisions import Recording
+from evaluation.grant_recording import Recording
 from solvers import get_allocator
 from tangram.scheduler import Scheduler
 

@@ -35,11 +35,10 @@ from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
 from managers.basic import BasicManager, Limits
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.gpu import GpuManager, Service
 from managers.gpu.backend import Chunk
-from managers.gpu.sim import SimBackend as SimGpuBackend
-from managers.gpu.sim import SimServiceModel
+from managers.gpu.sim import SimGpuBackend, SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -131,7 +130,7 @@ def _managers(
         nodes = {n: pool.cpu_node(n) for n in pool.nodes()}
         mem = MEMORY_MB * max(1, len(workload.trajectories))
         out["cpu"] = CpuManager(
-            SimBackend(duration, time_scale=1.0), nodes=nodes, memory_mb={n: mem for n in nodes}
+            SimCpuBackend(duration, time_scale=1.0), nodes=nodes, memory_mb={n: mem for n in nodes}
         )
     if workload.gpu is not None and workload.gpu.name in pools:
         r = workload.gpu.name

@@ -27,7 +27,7 @@ from evaluation.closedloop import (
     LoopResult,
     Policy,
 )
-from evaluation.decisions import describe
+from evaluation.grant_recording import describe
 from evaluation.workloads import get_workload
 from evaluation.workloads.base import Workload
 from solvers import get_allocator

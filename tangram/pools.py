@@ -12,14 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tangram.errors import Infeasible, ValidationError
 from topology import ChunkOperator, ChunkTree, CpuNode, FlatOperator, TopologyError, is_pow2
 
 if TYPE_CHECKING:
     from tangram.actions import Action
-    from tangram.allocation import ClusterView
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +28,21 @@ class Placement:
     node: str
     cores: tuple[int, ...] = ()
     chunk: tuple[int, int] | None = None
+
+
+class DecisionView(Protocol):
+    """What a placement advisor reads of one decision: the running actions and the duration
+    model. `tangram.allocation.ClusterView`, the view the policies hand an advisor, is one; it
+    is named here by what is read because the allocation interface is built on the pools, so
+    the pools do not import it."""
+
+    @property
+    def running(self) -> Collection[Any]:
+        """The running actions (`tangram.allocation.RunningAction`)."""
+
+    @property
+    def estimate(self) -> Callable[[Action, int | None], float]:
+        """The duration model: (action, units) -> seconds."""
 
 
 class PlacementAdvisor(ABC):
@@ -43,7 +57,7 @@ class PlacementAdvisor(ABC):
         """Score of placing `action` on `chunk` of `node` among equal choices; higher wins."""
 
     @abstractmethod
-    def defer(self, action: Action, placement: Placement, view: ClusterView, now: float) -> bool:
+    def defer(self, action: Action, placement: Placement, view: DecisionView, now: float) -> bool:
         """True when `action` should rather wait than start on `placement` now. A deferred
         action blocks nothing behind it (its units are free for others)."""
 

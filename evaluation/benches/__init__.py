@@ -24,7 +24,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "gpu": ("evaluation.benches.gpu:main", "restore/evict time, placement time, restores avoided"),
     "runtime": ("evaluation.benches.runtime:main", "in-process and HTTP throughput"),
     "decisions": (
-        "evaluation.benches.decisions:main",
+        "evaluation.benches.decision_offload:main",
         "a client's wait while a slow policy decides: off the loop vs inline",
     ),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),

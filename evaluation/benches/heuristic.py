@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation.closedloop import EnvironmentStart, Policy, run
-from evaluation.decisions import open_instance
+from evaluation.grant_recording import open_instance
 from evaluation.runtime_sim import run_on_runtime
 from evaluation.simulator import simulate
 from evaluation.workloads import get_workload

@@ -16,8 +16,8 @@ import statistics
 import time
 from typing import Any
 
-from tangram.runtime.distributed import local_cluster
 from tangram.runtime.facade import Tangram
+from tangram.runtime.ray import local_cluster
 
 
 async def _workload(tg: Any, actions: int, trajectories: int) -> dict[str, Any]:

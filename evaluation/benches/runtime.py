@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.errors import TangramError
 from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
@@ -47,7 +47,7 @@ async def _tangram_noops(n: int, in_flight: int) -> dict[str, Any]:
     """`in_flight` agents (one environment each) each submit their next no-op as soon as the
     last one returns, until n have run."""
 
-    async with Tangram(cpu=CpuManager(SimBackend())) as tg:
+    async with Tangram(cpu=CpuManager(SimCpuBackend())) as tg:
         ids = [await tg.open_env(f"bench-{i}", memory_mb=1) for i in range(in_flight)]
         left = n
         ok = 0

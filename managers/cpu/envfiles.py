@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from managers.cpu import files
-from managers.cpu.backends.base import Backend
-from managers.cpu.environments import Environment, EnvironmentTable
+from managers.cpu.backends.base import Backend, Sandbox
+from managers.cpu.environments import Environment, EnvironmentTable, EnvRecord
 from managers.cpu.roots import Roots
 from tangram.errors import ValidationError
 
@@ -40,21 +40,22 @@ class EnvFiles:
 
         def _require_started(self) -> None: ...
 
-    def _tree(self, env_id: str) -> Environment:
+    def _tree(self, env_id: str) -> EnvRecord:
         self._require_started()
-        env = self.envs.get(env_id) if isinstance(env_id, str) else None
-        if env is None:
+        record = self.envs.record(env_id) if isinstance(env_id, str) else None
+        if record is None or record.sandbox is None:
             raise ValidationError("env_id", env_id, "no open environment with this id")
         if not self.backend.local:
             raise ValidationError(
                 "env_id", env_id, f"the {self.backend.name} backend has no files API"
             )
-        return env
+        return record
 
     async def write_files(self, env_id: str, contents: Mapping[str, bytes]) -> None:
         """Write files into the environment (see `roots` for what a path means); missing
         folders are made; files and folders made belong to the environment's user."""
-        env = self._tree(env_id)
+        record = self._tree(env_id)
+        env, uid = record.env, record.sandbox.uid
         if not isinstance(contents, Mapping):
             raise ValidationError("files", type(contents).__name__, "must map paths to bytes")
         by_root: dict[str, dict[str, bytes]] = {}
@@ -67,25 +68,26 @@ class EnvFiles:
         small = len(sizes) <= INLINE_FILES and sum(sizes) < INLINE_BYTES
         for root, group in by_root.items():
             if small:  # a few small files (a program and its stdin): a thread hop costs more
-                files.write(root, group, self.backend.owner(env))
+                files.write(root, group, uid)
             else:
-                await asyncio.to_thread(files.write, root, group, self.backend.owner(env))
+                await asyncio.to_thread(files.write, root, group, uid)
 
     async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
         """A tar stream of the folder `path` of the environment (links kept as links, never
         followed; holes of sparse files kept as holes, not zeros on the wire). The folder is
         resolved as every files-API path (`files.open_tree`: never outside); `tar` then runs
-        as one of the environment's commands would (`Backend.serving`: its cgroup, its sandbox
+        as one of the environment's commands would (`Sandbox.serving`: its cgroup, its sandbox
         and uid, its seccomp filter), reading the folder through that descriptor, so it reads
         only what the environment's own user may. Refused naming `tar_max_mb` when the
         archive would be larger than the bound (measured first by the same tar, writing to
         /dev/null, which reads no data); one that grows past it while streaming is cut there,
         and the stream ends with an error."""
-        env = self._tree(env_id)
+        record = self._tree(env_id)
+        env, sandbox = record.env, record.sandbox
         root, rel = Roots.inside(env.root, env.workdir, path)
         fd = await asyncio.to_thread(files.open_tree, root, rel)
         try:
-            size = await self._tar_size(env, fd, path)
+            size = await self._tar_size(sandbox, fd, path)
             if size > self.tar_max:
                 raise ValidationError(
                     "path",
@@ -93,7 +95,7 @@ class EnvFiles:
                     f"its tar would be {size} bytes, over the bound of one call "
                     f"({self.tar_max >> 20} MiB, cpu.tar_max_mb)",
                 )
-            async with self.backend.serving(env, [*TAR, "-f", "-", "."], fd, self.tar_max) as p:
+            async with sandbox.serving([*TAR, "-f", "-", "."], fd, self.tar_max) as p:
                 assert p.stdout is not None
                 sent = 0
                 while chunk := await p.stdout.read(1 << 16):
@@ -110,11 +112,12 @@ class EnvFiles:
         finally:
             os.close(fd)
 
-    async def _tar_size(self, env: Environment, fd: int, path: str) -> int:
+    @staticmethod
+    async def _tar_size(sandbox: Sandbox, fd: int, path: str) -> int:
         """The size of the folder's archive (GNU tar's `--totals` of an archive written to
         /dev/null, which stats every file and reads none)."""
         argv = [*TAR, "-f", "/dev/null", "--totals", "."]
-        async with self.backend.serving(env, argv, fd, 1 << 16) as proc:
+        async with sandbox.serving(argv, fd, 1 << 16) as proc:
             _, err = await proc.communicate()
         found = re.search(rb"Total bytes written: (\d+)", err)
         if found is None:
@@ -128,7 +131,7 @@ class EnvFiles:
         """Each path's content, None where it is missing or not a regular file. At most
         `files.MAX_TOTAL` bytes in all, however the paths are spelled (`big`, `./big` and
         `/sandbox/big` count three times); read in one worker thread, off the event loop."""
-        env = self._tree(env_id)
+        env = self._tree(env_id).env
         files.check_paths(paths, "paths")
         return await asyncio.to_thread(_read_all, env, paths)
 

@@ -73,7 +73,8 @@ NEXT: dict[EnvState, frozenset[EnvState]] = {
     EnvState.CLOSING: frozenset({EnvState.CLOSED}),
     EnvState.CLOSED: frozenset(),
 }
-SETTLING = frozenset({EnvState.FREEZING, EnvState.RESETTING})  # commands and closes wait
+# commands and closes wait while an environment is in one of these
+SETTLING = frozenset({EnvState.OPENING, EnvState.FREEZING, EnvState.RESETTING})
 TRAJECTORY, WARM_POOL = "trajectory", "warm-pool"  # who an environment serves (`owner`)
 
 
@@ -101,7 +102,7 @@ class EnvRecord:
     why: str = ""
     rooted: Any = None  # a `layers.Rooted` where it has layers
     pin: int | None = None  # its image's pin in the store
-    sandbox: Any = None  # the backend's own object for it
+    sandbox: Any = None  # its backend's `Sandbox` (None while it opens)
     _settled: asyncio.Event | None = None
 
     @property
@@ -109,8 +110,8 @@ class EnvRecord:
         return self.env.id
 
     def to(self, state: EnvState, why: str = "") -> None:
-        """Go to `state`, if `NEXT` allows it (`IllegalTransition` otherwise); leaving
-        FREEZING or RESETTING wakes what waits for it (`settled`); `why`: why it broke."""
+        """Go to `state`, if `NEXT` allows it (`IllegalTransition` otherwise); leaving a
+        SETTLING state wakes what waits for it (`settled`); `why`: why it broke."""
         if state not in NEXT[self.state]:
             raise IllegalTransition(
                 f"environment {self.env.id}: {self.state.value} cannot become {state.value}"
@@ -123,7 +124,7 @@ class EnvRecord:
         self.state = state
 
     async def settled(self) -> None:
-        """Return once no fork, snapshot or reset of it is under way."""
+        """Return once no open, fork, snapshot or reset of it is under way."""
         while self.state in SETTLING:
             if self._settled is None:
                 self._settled = asyncio.Event()
@@ -293,6 +294,9 @@ class EnvironmentTable:
         record = self._envs.pop(env_id)
         if record.state is not EnvState.CLOSED:
             record.state = EnvState.CLOSED  # (from any state: an open that failed too)
+            if record._settled is not None:  # what waited for it sees it gone
+                record._settled.set()
+                record._settled = None
         env = record.env
         del self._by_trajectory[env.trajectory]
         self._reserved[env.node] -= env.memory_mb

@@ -52,15 +52,7 @@ class EnvExecs:
         record.command_started()
         full_before = self._disk_full(record)
         try:
-            outcome = await self.backend.exec(
-                env,
-                placement.cores,
-                req.command,
-                req.timeout,
-                req.output_cap,
-                elastic=req.elastic,
-                gpus=gpus,
-            )
+            outcome = await record.sandbox.exec(req.spec(placement.cores, gpus))
         except EnvironmentBroken as exc:
             if record.state is EnvState.RUNNING:
                 record.to(EnvState.BROKEN, str(exc))

@@ -63,13 +63,13 @@ class EnvForks:
         env = record.env
         record.to(EnvState.FREEZING)
         try:
-            await self.backend.suspend(env)
+            await record.sandbox.suspend()
             try:
                 frozen = await asyncio.to_thread(roots.freeze, record.rooted, env.disk_mb)
                 frozen.counted_mb = roots.layers.allocated_mb(frozen)
                 self.envs.reserve_disk(env.node, frozen.counted_mb)
             finally:
-                await self.backend.resume(env)
+                await record.sandbox.resume()
             if keep:
                 return roots.keep(record.rooted, env.id, env.node).id
             return None

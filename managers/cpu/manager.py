@@ -24,6 +24,7 @@ from typing import Any
 
 from managers.base import EnvironmentManager
 from managers.cpu.backends import AUTO, Backend, NotStarted, create, started
+from managers.cpu.backends.base import Sandbox
 from managers.cpu.envfiles import TAR_MAX_MB, EnvFiles, check_tar_max_mb
 from managers.cpu.environments import Environment, EnvironmentTable, EnvState
 from managers.cpu.execs import EnvExecs
@@ -284,8 +285,9 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
             raise
         if prepared is not None:
             record.rooted, record.pin = prepared.rooted, prepared.pin
+        cores = tuple(sorted(self.pool.cpu_node(env.node).domain_of))
         try:
-            await self.backend.open(env, tuple(sorted(self.pool.cpu_node(env.node).domain_of)))
+            record.sandbox = await self.backend.open(env, cores)
         except BaseException:
             if self.envs.record(env_id) is record:
                 self.envs.remove(env_id)
@@ -293,10 +295,14 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
                 await asyncio.to_thread(self._discard, env.node, prepared.rooted, prepared.pin)
             raise
         if prepared is not None and prepared.rooted.uid is None:
-            prepared.rooted.uid = self.backend.owner(env)
-        if record.state is EnvState.OPENING:  # (not closed meanwhile)
-            record.to(EnvState.IDLE)
+            prepared.rooted.uid = record.sandbox.uid
+        record.to(EnvState.IDLE)  # (a close waited for it: OPENING settles)
         return env_id
+
+    def sandbox(self, env_id: str) -> Sandbox | None:
+        """The backend's sandbox of an open environment (None: not open, or still opening)."""
+        record = self.envs.record(env_id)
+        return None if record is None else record.sandbox
 
     def _roots(self, field: str, value) -> Roots:
         if self.roots is None:
@@ -338,7 +344,8 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
             if rooted is not None:  # the tree first (lazily: the sandbox lets go when killed)
                 assert self.roots is not None
                 await asyncio.to_thread(self.roots.layers.unmount, rooted.target)
-            await self.backend.close(env)
+            if record.sandbox is not None:
+                await record.sandbox.close()
         finally:
             if self.envs.record(env_id) is record:
                 self.envs.remove(env_id)
@@ -357,7 +364,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
             return "it has layers"
         record.to(EnvState.RESETTING)
         try:
-            return await self.backend.reset(record.env)
+            return await record.sandbox.reset()
         finally:
             record.to(EnvState.IDLE)
 

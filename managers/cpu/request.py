@@ -66,6 +66,33 @@ class ExecRequest:
                 "gpus", self.gpu_node, "a GPU grant names both its pool and its node"
             )
 
+    def spec(self, cores: tuple[int, ...], gpus: tuple[int, ...] = ()) -> ExecSpec:
+        """What a sandbox runs for this request, granted `cores` (and `gpus`)."""
+        return ExecSpec(self.command, cores, self.timeout, self.output_cap, self.elastic, gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecSpec:
+    """One command as a sandbox runs it (`managers.cpu.backends.base.Sandbox.exec`): the
+    `command` (a shell string or an argv), the `cores` it is confined to and the `gpus` (host
+    indices) it was granted, killed with its whole process tree after `timeout` seconds, at
+    most `output_cap` bytes of stdout and of stderr kept; `elastic`: pytest learns the cores
+    (see `grant`). The variables it sees are the grant's, never the server's
+    (`grant.command_env`). Built once per exec from the action's `ExecRequest` and its grant
+    (`ExecRequest.spec`); every backend, and the spawner inside a sandbox, reads this one
+    value."""
+
+    command: Command
+    cores: tuple[int, ...]
+    timeout: float
+    output_cap: int
+    elastic: bool = False
+    gpus: tuple[int, ...] = ()
+
+    @property
+    def argv(self) -> list[str]:
+        return argv_of(self.command)
+
 
 def gpu_grant(assignment: Any, req: ExecRequest, node: str) -> tuple[int, ...] | Result:
     """The GPUs (host indices) an exec of an environment on `node` (the CPU pool's) was

@@ -22,7 +22,7 @@ Chunk = tuple[int, int]
 BACKENDS: Registry[Callable[..., GpuBackend]] = Registry(
     "gpu.backend",
     {
-        "sim": "managers.gpu.sim:SimBackend",
+        "sim": "managers.gpu.sim:SimGpuBackend",
         "torch": "managers.gpu.torch_backend:TorchBackend",
         "http": "managers.gpu.http_backend:HttpBackend",
     },

@@ -2,7 +2,7 @@
 
 `SimServiceModel` is what the discrete-event simulator calls around each GPU action of an
 instance file (docs/architecture.md §5): `begin` returns the restore time to add and whether a
-restore happened, from the same pure `Residency` the real manager uses. `SimBackend` is the
+restore happened, from the same pure `Residency` the real manager uses. `SimGpuBackend` is the
 manager's `sim` executor: restores take bytes over bandwidth, invokes take the profiled
 inference time, both as (scaled) `asyncio.sleep`.
 """
@@ -89,7 +89,7 @@ class SimServiceModel:
             self.residency.end(assignment.action, where[0], where[1], now)
 
 
-class SimBackend(GpuBackend):
+class SimGpuBackend(GpuBackend):
     """Sleeps the modelled time: restores bytes/bandwidth, invokes the profiled inference time.
 
     `time_scale` shrinks every sleep (0 makes the backend instant, for tests). The response

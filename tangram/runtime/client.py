@@ -33,7 +33,7 @@ from tangram.errors import (
 )
 from tangram.results import Result
 from tangram.runtime.http.errors import SHUTTING_DOWN
-from tangram.runtime.snapshot import StatusSnapshot
+from tangram.runtime.status import StatusSnapshot
 
 
 def demand_json(demand: Any) -> Any:

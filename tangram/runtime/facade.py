@@ -37,12 +37,12 @@ from tangram.errors import ActionFailed, NotFound, ShuttingDown, ValidationError
 from tangram.results import Result, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.decisions import Decisions
-from tangram.runtime.distributed import build_ray
 from tangram.runtime.entries import Pending
 from tangram.runtime.environments import Environments
 from tangram.runtime.metrics import Metrics
+from tangram.runtime.ray import build_ray
 from tangram.runtime.shards import ShardedScheduler
-from tangram.runtime.snapshot import NodeUnits, PoolStatus, StatusSnapshot
+from tangram.runtime.status import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
 from tangram.scheduling import SchedulerInterface
 
@@ -113,7 +113,7 @@ class Tangram(Environments):
     def ray(cls, address: str | None = None, *, shards: int = 0, **options: Any) -> Tangram:
         """The same API over a Ray cluster: a node agent per machine enforces its cores, the
         scheduler here keeps the global state (`shards` > 0: split into node shards, each a Ray
-        actor). See `tangram.runtime.distributed.build_ray`."""
+        actor). See `tangram.runtime.ray.build_ray`."""
         return cls(**{**build_ray(address, **options).kwargs(), "shards": shards})
 
     @classmethod

@@ -4,7 +4,7 @@ Endpoints (field names are the Python API's):
 
     POST   /v1/envs                    {"trajectory", "memory_mb", "network",
                                         "image", "disk_mb", "snapshot"}          -> {"env_id"}
-    .../fork, .../snapshot, .../files  see tangram.runtime.envs_http
+    .../fork, .../snapshot, .../files  see tangram.runtime.http.env_routes
     POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
     DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
     POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
@@ -62,10 +62,9 @@ import uvicorn
 from fastapi import Depends, FastAPI, Request
 
 from tangram.errors import TangramError
-from tangram.runtime import envs_http, guard, sandboxfusion
-from tangram.runtime.distributed import ray_session
+from tangram.runtime import guard, sandboxfusion
 from tangram.runtime.facade import Tangram
-from tangram.runtime.http import routes
+from tangram.runtime.http import env_routes, routes
 from tangram.runtime.http.body import BodyLimit
 from tangram.runtime.http.errors import Unauthorized, error, install_handlers, unauthorized
 from tangram.runtime.http.limits import (
@@ -91,6 +90,7 @@ from tangram.runtime.http.schemas import (
     UnitRange,
     demand_arg,
 )
+from tangram.runtime.ray import ray_session
 
 log = logging.getLogger("tangram.runtime.server")
 RedactTokens = guard.RedactTokens  # where earlier code imported it from
@@ -174,7 +174,7 @@ def create_app(
     app.state.stop = stop
     install_handlers(app)
     guarded = [Depends(authorized)]
-    for router in (sandboxfusion.router, envs_http.router):
+    for router in (sandboxfusion.router, env_routes.router):
         app.include_router(router, dependencies=guarded, responses=ERRORS)
     app.include_router(routes.health)
     app.include_router(routes.router, dependencies=guarded, responses=ERRORS)

@@ -18,7 +18,7 @@ from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import SIGKILLED, LimitCounts, name_limits
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name
 from tangram.errors import ValidationError
@@ -92,14 +92,13 @@ def test_a_backend_used_before_start_says_so(name, tmp_path):
     env = Environment("env-x", "t", "local", 64, str(tmp_path / "w"))
     with pytest.raises(NotStarted, match=f"the {name} backend cannot open.*start"):
         asyncio.run(backend.open(env, (0,)))
-    with pytest.raises(NotStarted, match="start"):
-        asyncio.run(backend.exec(env, (0,), "true", 1.0, 1024))
-    asyncio.run(backend.close(env))  # nothing to close: no error
-    asyncio.run(backend.shutdown())
+    # (no sandbox exists before start, so no exec can run before it: a command runs through
+    # the `Sandbox` that `open` returns)
+    asyncio.run(backend.shutdown())  # nothing to release: no error
 
 
 def test_a_manager_used_before_start_says_so():
-    m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 64})
+    m = CpuManager(SimCpuBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 64})
     with pytest.raises(NotStarted, match="start"):
         asyncio.run(m.open_env("t", 32))
 
@@ -166,7 +165,7 @@ MEMORY = [n for n in RUNNABLE if n in ("bwrap", "cgroup", "docker", "sim")]
 
 async def _manager(name: str, tmp_path: Path) -> CpuManager:
     if name == "sim":  # a command's memory modelled: the OOM program needs 300 MiB
-        backend = SimBackend(
+        backend = SimCpuBackend(
             lambda c, k: 2.0 if "sleep" in str(c) else 0.0,
             time_scale=1.0,
             peak_mb=lambda c: 300 if "300000000" in str(c) else 0,

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.errors import (
     Infeasible,
     LimitReached,
@@ -35,7 +35,7 @@ def sim_seconds(command, cores: int) -> float:
 
 @pytest.fixture
 def served() -> Iterator[tuple[str, Tangram]]:
-    tg = Tangram(cpu=CpuManager(SimBackend(sim_seconds, time_scale=1.0)))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend(sim_seconds, time_scale=1.0)))
     with serve_in_thread(create_app(tg, token=TOKEN)) as url:
         yield url, tg
 

@@ -13,7 +13,7 @@ import pytest
 from managers.cpu import CpuManager, EnvironmentTable, ExecRequest
 from managers.cpu.backends import started
 from managers.cpu.backends.bwrap import BwrapBackend
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import CorePool
 from topology import CpuNode
@@ -122,7 +122,7 @@ def test_sim_environments_balance_memory_and_bind_nodes():
     async def go():
         nodes = {f"n{i}": CpuNode.flat(f"n{i}", 4) for i in range(3)}
         m = CpuManager(
-            SimBackend(duration=lambda cmd, k: 8.0 / k),
+            SimCpuBackend(duration=lambda cmd, k: 8.0 / k),
             nodes=nodes,
             memory_mb={"n0": 1000, "n1": 1000, "n2": 1000},
         )
@@ -177,7 +177,7 @@ def test_exec_request_validation_names_the_field(kw, field):
 
 def test_unknown_environment_and_wrong_payload_fail_clearly():
     async def go():
-        m = CpuManager(SimBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
+        m = CpuManager(SimCpuBackend(), nodes={"n": CpuNode.flat("n", 2)}, memory_mb={"n": 100})
         await m.start()
         o = await m.execute(ExecRequest(f"env-{uuid.uuid4().hex[:4]}", "true"))
         assert o.status == "failed" and "no open environment" in o.detail
@@ -186,7 +186,7 @@ def test_unknown_environment_and_wrong_payload_fail_clearly():
     asyncio.run(go())
 
 
-class SlowCloseSim(SimBackend):
+class SlowCloseSim(SimCpuBackend):
     async def _close(self, env):
         await asyncio.sleep(0.02)  # a real backend awaits its teardown (cgroups, containers)
         await super()._close(env)

@@ -78,11 +78,11 @@ def test_exec_runs_on_exactly_the_granted_cores():
             assert allowed(o.stdout) == {last}
             backend = m.backend
             assert isinstance(backend, CgroupBackend)
-            slot = backend._envs[env].slots[0]
+            slot = m.sandbox(env).cgroups.slots[0]
             assert fs.read(slot.folders["cpuset"] / "cpuset.cpus") == str(last)
             if backend.h.version == 1:
                 assert fs.read(slot.folders["cpu"] / "cpu.cfs_quota_us") == str(fs.PERIOD_US)
-                limit = fs.read(backend._envs[env].folders["memory"] / "memory.limit_in_bytes")
+                limit = fs.read(m.sandbox(env).cgroups.folders["memory"] / "memory.limit_in_bytes")
                 assert int(limit) == 128 << 20
         finally:
             await m.close()
@@ -196,7 +196,7 @@ def test_concurrent_execs_of_one_environment_are_confined_separately():
                 *(run_on(m, env, (c,), "cat /proc/self/status; sleep 0.3") for c in cores)
             )
             assert (allowed(a.stdout), allowed(b.stdout)) == ({cores[0]}, {cores[1]})
-            assert len(m.backend._envs[env].slots) == 2
+            assert len(m.sandbox(env).cgroups.slots) == 2
         finally:
             await m.close()
 

@@ -45,7 +45,7 @@ def test_update_then_exec_confines_to_the_grant(direct: bool):
                 o = await m.execute(ExecRequest(env, "cat /proc/self/status"), cores=k)
                 assert o.status == "ok", o
                 assert len(allowed(o.stdout)) == k
-            attrs = backend.api.inspect_container(backend._envs[env].id)["HostConfig"]
+            attrs = backend.api.inspect_container(m.sandbox(env).id)["HostConfig"]
             if not direct:  # the engine's own record follows the grant
                 assert attrs["CpusetCpus"] == fs.cpulist(tuple(cores))
                 assert attrs["CpuQuota"] == len(cores) * fs.PERIOD_US
@@ -60,7 +60,7 @@ def test_enforcement_one_core():
     async def go():
         m, backend, env = await open_docker()
         try:
-            acct = backend._envs[env].folders["cpuacct"] / "cpuacct.usage"
+            acct = m.sandbox(env).folders["cpuacct"] / "cpuacct.usage"
             before, t0 = int(fs.read(acct)), time.monotonic()
             o = await m.execute(
                 ExecRequest(env, "while :; do :; done & while :; do :; done & wait", timeout=2.0),
@@ -70,8 +70,8 @@ def test_enforcement_one_core():
             assert o.status == "timeout", o
             assert rate <= 1.1, f"1 granted core used {rate:.2f} core-s/s"
             # the busy loops died with the exec: only the container's init is left
-            left = fs.read(backend._envs[env].folders["cpu"] / "cgroup.procs").split()
-            assert left == [str(backend._envs[env].init_pid)]
+            left = fs.read(m.sandbox(env).folders["cpu"] / "cgroup.procs").split()
+            assert left == [str(m.sandbox(env).init_pid)]
         finally:
             await m.close()
 
@@ -102,7 +102,7 @@ def test_crashed_container_breaks_the_environment_clearly():
         m, backend, env = await open_docker()
         try:
             assert (await m.execute(ExecRequest(env, "true"))).status == "ok"
-            backend.client.containers.get(backend._envs[env].id).kill()
+            backend.client.containers.get(m.sandbox(env).id).kill()
             o = await m.execute(ExecRequest(env, "true"))
             assert o.status == "failed", o
             assert "broken" in o.detail and "exited" in o.detail and env in o.detail
@@ -126,13 +126,13 @@ def test_no_container_or_process_left_after_close():
             assert len(backend.containers()) == 2
             o = await m.execute(ExecRequest(env, "sleep 30 & echo started"))
             assert o.status == "ok"
-            left = fs.read(backend._envs[env].folders["cpu"] / "cgroup.procs").split()
-            assert left == [str(backend._envs[env].init_pid)]  # the background sleep was killed
+            left = fs.read(m.sandbox(env).folders["cpu"] / "cgroup.procs").split()
+            assert left == [str(m.sandbox(env).init_pid)]  # the background sleep was killed
             await m.close_env(env)
             assert len(backend.containers()) == 1
         finally:
             await m.close()
-        assert env2 not in backend._envs
+        assert m.sandbox(env2) is None
         import docker
 
         client = docker.from_env()
@@ -181,7 +181,7 @@ def test_container_is_hardened(monkeypatch):
                     timeout=20,
                 )
             )
-            name = backend._envs[env].name
+            name = m.sandbox(env).name
             attrs = backend.client.containers.get(name).attrs["HostConfig"]
             return status, writes, seen, bomb, attrs
         finally:

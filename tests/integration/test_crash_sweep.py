@@ -21,7 +21,7 @@ from managers.cpu import CpuManager
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.bwrap import BwrapBackend
 from managers.cpu.backends.cgroup import CgroupBackend
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.leftovers import dead_owner, owned_name, server_tag, sweep_workdirs
 from topology import CpuNode
 
@@ -132,7 +132,7 @@ def test_sweep_removes_only_dead_servers_folders_and_logs_it(tmp_path, caplog):
     assert dead_owner("tangram-test-folder") is None and dead_owner("other") is None
     with caplog.at_level(logging.WARNING, logger="managers.cpu.manager"):
         m = CpuManager(
-            SimBackend(),
+            SimCpuBackend(),
             nodes={"n": CpuNode.flat("n", 2)},
             memory_mb={"n": 64},
             workdir_root=str(tmp_path),

@@ -74,7 +74,7 @@ def test_the_backend_applies_the_profile_and_a_uid_per_environment():
             uids = [
                 (await m.execute(ExecRequest(e, "cat /proc/self/status"))).stdout for e in (a, b)
             ]
-            opts = backend.api.inspect_container(backend._envs[a].id)["HostConfig"]
+            opts = backend.api.inspect_container(m.sandbox(a).id)["HostConfig"]
             return uids, opts["SecurityOpt"]
         finally:
             await m.close()

@@ -18,8 +18,8 @@ import pytest
 from managers.cpu import CpuManager, files
 from managers.cpu.backends.affinity import AffinityBackend
 from tangram.errors import ValidationError
-from tangram.runtime import envs_http
 from tangram.runtime.facade import Tangram
+from tangram.runtime.http import env_routes
 from tangram.runtime.server import create_app
 
 SPELLINGS = ["big", "./big", "/sandbox/big", ".//big", "/sandbox/./big", "sub/../big"]
@@ -56,7 +56,7 @@ def test_over_http_the_bound_is_a_4xx_and_the_answer_is_made_off_the_loop(tmp_pa
     """A 256 MiB answer is read and base64/JSON-encoded in worker threads, never on the event
     loop's thread (each step records the thread it ran in), so other clients are served."""
     threads: dict[str, set[int]] = {"read": set(), "encode": set()}
-    real_read, real_encode = files.read, envs_http._encoded
+    real_read, real_encode = files.read, env_routes._encoded
 
     def read(*a, **k):
         threads["read"].add(threading.get_ident())
@@ -67,7 +67,7 @@ def test_over_http_the_bound_is_a_4xx_and_the_answer_is_made_off_the_loop(tmp_pa
         return real_encode(*a, **k)
 
     monkeypatch.setattr(files, "read", read)
-    monkeypatch.setattr(envs_http, "_encoded", encode)
+    monkeypatch.setattr(env_routes, "_encoded", encode)
 
     async def main():
         loop_thread = threading.get_ident()

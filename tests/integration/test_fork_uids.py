@@ -64,7 +64,7 @@ async def _sh(m: CpuManager, env: str, command: str) -> str:
 
 
 def _uid(m: CpuManager, env: str) -> int:
-    uid = m.backend.owner(m.envs.get(env))
+    uid = m.sandbox(env).uid
     assert uid is not None
     return uid
 

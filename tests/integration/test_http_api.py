@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.results import Result
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import MAX_BODY, create_app, serve_in_thread
@@ -27,7 +27,7 @@ def sim_seconds(command, cores: int) -> float:
 
 
 def sim_tangram() -> Tangram:
-    return Tangram(cpu=CpuManager(SimBackend(sim_seconds, time_scale=1.0)))
+    return Tangram(cpu=CpuManager(SimCpuBackend(sim_seconds, time_scale=1.0)))
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.http.limits import LINGER_BODY, MAX_BODY
 from tangram.runtime.server import BodyLimit, create_app, serve_in_thread
@@ -28,7 +28,7 @@ PATH = "/v1/envs/no-such-env/exec"  # the bound holds before the environment is 
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    tg = Tangram(cpu=CpuManager(SimBackend()))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend()))
     with serve_in_thread(create_app(tg)) as u:
         yield u
 
@@ -118,7 +118,7 @@ def test_the_lingering_is_bounded(sent: int, linger_body: int, linger_s: float):
     its connection: the server closes at `linger_s` s (the 413 read first) or at
     `linger_body` bytes (a reset past the bound is its price), long before the client's own
     30 s timeout."""
-    tg = Tangram(cpu=CpuManager(SimBackend()))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend()))
     app = create_app(tg)
     (limit,) = [m for m in app.user_middleware if m.cls is BodyLimit]
     limit.kwargs.update(drain=2 << 20, linger_body=linger_body, linger_s=linger_s)

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app, serve_in_thread
 
@@ -38,7 +38,7 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live() -> Iterator[Live]:
-    tg = Tangram(cpu=CpuManager(SimBackend()))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend()))
     with serve_in_thread(create_app(tg, token=TOKEN)) as url:
         server = Live(url, tg)
         yield server
@@ -51,7 +51,7 @@ def live() -> Iterator[Live]:
         assert status["pools"]["cpu"]["free"] == status["pools"]["cpu"]["capacity"]
         server.http.close()
     # nothing leaked: shutdown closed every environment the fuzzer opened
-    assert tg.cpu.backend.envs == {} and tg.status().envs == 0
+    assert tg.cpu.envs.all() == [] and tg.status().envs == 0
 
 
 def _assert_answered(r: Any) -> None:
@@ -64,7 +64,9 @@ def _assert_answered(r: Any) -> None:
 # -- schemathesis over the schema ---------------------------------------------------------------
 
 schemathesis = pytest.importorskip("schemathesis")
-schema = schemathesis.openapi.from_dict(create_app(Tangram(cpu=CpuManager(SimBackend()))).openapi())
+schema = schemathesis.openapi.from_dict(
+    create_app(Tangram(cpu=CpuManager(SimCpuBackend()))).openapi()
+)
 
 
 @schema.parametrize()

@@ -562,8 +562,8 @@ def test_disk_counts_in_the_node_choice(state: Path) -> None:
 def test_ray_fork_stays_on_its_parents_node(state: Path) -> None:
     ray = pytest.importorskip("ray", reason="Ray is not installed")
     del ray
-    from tangram.runtime.distributed import local_cluster
     from tangram.runtime.facade import Tangram
+    from tangram.runtime.ray import local_cluster
 
     async def go(address: str) -> None:
         async with Tangram.ray(address, cpu_backend="bwrap", poll_s=0.2) as tg:
@@ -773,7 +773,7 @@ def test_after_a_fork_the_parent_owns_its_work_folder_as_before(state: Path) -> 
                     assert after.ok, (label, env, after)
                     assert after.stdout.splitlines()[-1] == "a"
                     # each as its own user (a child has a uid of its own, `test_fork_uids`)
-                    mine, theirs = (str(m.backend.owner(m.envs.get(e))) for e in (env, parent))
+                    mine, theirs = (str(m.sandbox(e).uid) for e in (env, parent))
                     same = [tuple(mine if x == theirs else x for x in o) for o in owners(before)]
                     assert owners(after) == same, (label, env)
                 await m.close_env(kid)

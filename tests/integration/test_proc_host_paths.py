@@ -141,7 +141,7 @@ def test_a_plain_sandbox_sees_no_host_path_in_proc(state: Path, spawner: bool) -
         await m.start()
         try:
             env = await m.open_env("proc-plain", 128)
-            assert m.backend.spawned(env) is spawner
+            assert m.sandbox(env).spawned is spawner
             await check(m, env, state)
         finally:
             await m.close()

@@ -17,8 +17,8 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arl-tangram[ray]')")
 
-from tangram.runtime.distributed import RayCpuManager, local_cluster, node_name
 from tangram.runtime.facade import Tangram
+from tangram.runtime.ray import RayCpuManager, local_cluster, node_name
 
 POLL_S = 0.2
 

@@ -12,7 +12,7 @@ import pytest
 
 from evaluation import vclock
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry
-from managers.gpu.sim import SimBackend
+from managers.gpu.sim import SimGpuBackend
 from tangram.pools import ChunkPool
 from tangram.runtime.facade import Tangram
 from topology import ChunkTree
@@ -27,7 +27,7 @@ async def _two_calls() -> tuple[list[float], float | None]:
     res = Residency.uniform({"g0": 1}, 80 * GB, reg)
     loop = asyncio.get_running_loop()
     gpu = GpuManager(
-        ChunkPool("gpu", {"g0": ChunkTree(1, "g0")}), res, SimBackend(), clock=loop.time
+        ChunkPool("gpu", {"g0": ChunkTree(1, "g0")}), res, SimGpuBackend(), clock=loop.time
     )
     async with Tangram(gpu=gpu, clock=loop.time) as tg:
         runs = [(await tg.invoke("A", {"n": i}, kind="lp")).run_s for i in range(2)]

@@ -434,14 +434,14 @@ def test_a_dead_sandbox_comes_back_and_concurrent_execs_share_it():
         m = await sandbox()
         try:
             env = await m.open_env("t", 128)
-            holder = m.backend._holders[env]
+            holder = m.sandbox(env).holder
             holder.proc.kill()  # as if it died
             holder.proc.wait()
             after = await m.execute(ExecRequest(env, "echo back"))
             both = await asyncio.gather(
                 *(m.execute(ExecRequest(env, f"sleep 0.3; echo {i}")) for i in range(2))
             )
-            return after, both, m.backend._holders[env] is not holder
+            return after, both, m.sandbox(env).holder is not holder
         finally:
             await m.close()
 

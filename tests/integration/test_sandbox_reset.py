@@ -121,13 +121,13 @@ async def _small_leftovers(host: str):
     await m.start()
     try:
         env = await m.open_env("t", 256)
-        e, b = m.envs.get(env), m.backend
+        sandbox = m.sandbox(env)
         before = await m.execute(ExecRequest(env, LOOK))
         first = await m.reset_env(env)
         seen = []
         for leave in (FEW, FEW + "ipcmk -M 4096 >/dev/null", FEW + "mkdir /tmp/d"):
             left = await m.execute(ExecRequest(env, leave))
-            quick = bwrap_reset.quick_reset(b, e)
+            quick = bwrap_reset.quick_reset(sandbox.env, sandbox.holder, sandbox.cgroups)
             why = await m.reset_env(env) if quick is bwrap_reset.SLOW else quick
             seen.append((left.status, quick, why, (await m.execute(ExecRequest(env, LOOK)))))
         return before, first, seen

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import MAX_BODY, BodyLimit, create_app, serve_in_thread
 
@@ -23,7 +23,7 @@ JSON = {"content-type": "application/json"}
 
 @pytest.fixture
 def url() -> Iterator[str]:
-    tg = Tangram(cpu=CpuManager(SimBackend()))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend()))
     with serve_in_thread(create_app(tg)) as u:
         yield u
 
@@ -61,7 +61,7 @@ def test_a_json_syntax_error_names_the_body_not_an_offset(url: str):
 
 
 def test_a_half_sent_body_times_out_with_408():
-    tg = Tangram(cpu=CpuManager(SimBackend()))
+    tg = Tangram(cpu=CpuManager(SimCpuBackend()))
     app = create_app(tg)
     (limit,) = [m for m in app.user_middleware if m.cls is BodyLimit]
     limit.kwargs["timeout_s"] = 0.5

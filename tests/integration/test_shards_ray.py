@@ -15,8 +15,8 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arl-tangram[ray]')")
 
-from tangram.runtime.distributed import local_cluster
 from tangram.runtime.facade import Tangram
+from tangram.runtime.ray import local_cluster
 from tangram.runtime.shards.actors import RayShard
 
 

@@ -172,7 +172,7 @@ def test_a_missing_program_is_named_on_the_spawner_line_callers_match(loop, pair
     r = execute(loop, fast, env, ("no-such-program-here", "x"))
     m = spawner.NOT_FOUND.fullmatch(r.stderr.strip())
     assert r.exit_code == 127 and m is not None and m.group(1) == "no-such-program-here", r
-    assert fast.backend.spawned(env) and not ref.backend.spawned(renv)
+    assert fast.sandbox(env).spawned and not ref.sandbox(renv).spawned
 
 
 def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch):
@@ -187,7 +187,7 @@ def test_without_a_compiler_the_python_spawner_serves_the_same(loop, monkeypatch
         missing = execute(loop, m, env, ("no-such-program-here",))
         assert missing.exit_code == 127 and "no-such-program-here" in missing.stderr
         assert spawner.NOT_FOUND.fullmatch(missing.stderr.strip()), missing.stderr
-        assert m.backend.spawned(env)
+        assert m.sandbox(env).spawned
         big = loop.run_until_complete(
             m.execute(
                 ExecRequest(

@@ -27,12 +27,12 @@ from managers.cpu import CpuManager, seccomp
 from managers.cpu.actions import exec_action
 from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.bwrap import BwrapBackend
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
 from managers.cpu.layers import LayerStore, unmount_below
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry
-from managers.gpu.sim import SimBackend as SimGpu
+from managers.gpu.sim import SimGpuBackend
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import InvariantError, ValidationError
@@ -67,11 +67,11 @@ def gpu_manager(gpus: int = 2, nodes: tuple[str, ...] = ("gpu0",), backend=None)
     registry = ServiceRegistry({"judge": SERVICE})
     residency = Residency.uniform(dict.fromkeys(nodes, gpus), 80 * GB, registry)
     pool = ChunkPool("gpu", {n: ChunkTree(gpus, n) for n in nodes})
-    return GpuManager(pool, residency, backend or SimGpu(time_scale=0))
+    return GpuManager(pool, residency, backend or SimGpuBackend(time_scale=0))
 
 
 def sim_cpu(sleep=asyncio.sleep, nodes: tuple[str, ...] = ("local",)) -> CpuManager:
-    backend = SimBackend(duration=lambda command, cores: 1.0, time_scale=1.0, sleep=sleep)
+    backend = SimCpuBackend(duration=lambda command, cores: 1.0, time_scale=1.0, sleep=sleep)
     return CpuManager(
         backend,
         nodes={n: CpuNode(n, {0: (0, 1, 2, 3)}) for n in nodes},
@@ -81,7 +81,7 @@ def sim_cpu(sleep=asyncio.sleep, nodes: tuple[str, ...] = ("local",)) -> CpuMana
 
 def instant_cpu(nodes: tuple[str, ...] = ("local",)) -> CpuManager:
     return CpuManager(
-        SimBackend(),
+        SimCpuBackend(),
         nodes={n: CpuNode(n, {0: (0, 1, 2, 3)}) for n in nodes},
         memory_mb=dict.fromkeys(nodes, 4096),
     )
@@ -183,7 +183,7 @@ def test_no_gpu_node_on_the_environments_machine_is_refused_naming_gpus():
     run(main())
 
 
-class RefusingSim(SimBackend):
+class RefusingSim(SimCpuBackend):
     gpus_refused = "this test's backend gives a command no GPUs"
 
 
@@ -238,7 +238,7 @@ def test_the_sharded_scheduler_refuses_gpus_naming_it():
 
 def test_a_service_copy_on_the_granted_gpu_is_evicted_before_the_command_and_restored_after():
     async def main():
-        sim = SimGpu(time_scale=0)
+        sim = SimGpuBackend(time_scale=0)
         gpu = gpu_manager(1, backend=sim)
         gate = Gate(on_run=lambda: (list(sim.calls), gpu.residency.entries()))
         async with Tangram(cpu=sim_cpu(gate), gpu=gpu) as tg:
@@ -265,7 +265,7 @@ def test_a_service_copy_on_the_granted_gpu_is_evicted_before_the_command_and_res
 
 def test_a_command_prefers_a_gpu_nothing_is_resident_on():
     async def main():
-        sim = SimGpu(time_scale=0)
+        sim = SimGpuBackend(time_scale=0)
         async with Tangram(cpu=instant_cpu(), gpu=gpu_manager(2, backend=sim)) as tg:
             assert (await tg.invoke("judge", {}, gpus=1)).placement["gpu"].chunk == (0, 1)
             env = await tg.open_env("t", memory_mb=64)
@@ -454,7 +454,7 @@ def test_http_without_a_gpu_pool_answers_4xx_naming_gpus() -> None:
 # -- (e) /run_code's GPU languages ------------------------------------------------------------
 
 
-class UnsimulatedGpu(SimGpu):
+class UnsimulatedGpu(SimGpuBackend):
     """A GPU backend that does not say it is simulated: the server believes it has GPUs."""
 
     name = "test-gpu"

@@ -12,8 +12,8 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'arl-tangram[ray]')")
 
-from tangram.runtime.distributed import local_cluster
 from tangram.runtime.facade import Tangram
+from tangram.runtime.ray import local_cluster
 
 SERVICES = {"judge": {"memory_gb": 30, "dops": [1], "infer_s": {1: 0.01}, "restore_s": 0.01}}
 

@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.gpu import GB, GpuManager, Residency, Service, ServiceRegistry
-from managers.gpu.sim import SimBackend as SimGpu
+from managers.gpu.sim import SimGpuBackend
 from solvers import get_allocator
 from solvers.registry import runtime_policies
 from tangram.actions import Action, Elasticity
@@ -211,7 +211,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.cores = cores
         self.gpus = gpus
         cpu = CpuManager(
-            SimBackend(sim_duration, time_scale=0.2),
+            SimCpuBackend(sim_duration, time_scale=0.2),
             nodes={"n0": CpuNode("n0", {0: tuple(range(cores))})},
             memory_mb={"n0": 1 << 20},
         )
@@ -221,7 +221,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             gpu = GpuManager(
                 ChunkPool("gpu", {"g0": ChunkTree(gpus, "g0")}),
                 Residency.uniform({"g0": gpus}, 80 * GB, registry),
-                SimGpu(time_scale=0.2),
+                SimGpuBackend(time_scale=0.2),
             )
         self.tg = Tangram(cpu=cpu, gpu=gpu)
         self.loop.run_until_complete(self.tg.start())

@@ -26,7 +26,7 @@ from evaluation.runtime_sim import run_on_runtime
 from evaluation.workloads import get_workload
 from evaluation.workloads.base import Step, Trajectory, Workload
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
 from tangram.pools import CorePool
@@ -77,7 +77,7 @@ def cluster(nodes: int, cores: int) -> dict[str, CpuNode]:
 async def on_runtime(trajs, nodes: int, cores: int, policy: str):
     loop = asyncio.get_running_loop()
     cpu = CpuManager(
-        SimBackend(duration, time_scale=1.0),
+        SimCpuBackend(duration, time_scale=1.0),
         nodes=cluster(nodes, cores),
         memory_mb={n: 1 << 20 for n in cluster(nodes, cores)},
     )

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.environments import Environment, EnvironmentTable
 from tangram.bindings import Bindings
 from tangram.errors import Infeasible, InvariantError, ValidationError
@@ -70,7 +70,7 @@ def test_a_binding_that_disagrees_with_the_environment_is_an_invariant_error():
 
 def test_the_runtime_scheduler_reads_the_managers_environments():
     cpu = CpuManager(
-        SimBackend(),
+        SimCpuBackend(),
         nodes={"n0": CpuNode("n0", {0: (0, 1)}), "n1": CpuNode("n1", {0: (0, 1)})},
         memory_mb={"n0": 4096, "n1": 4096},
     )

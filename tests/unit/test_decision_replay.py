@@ -1,6 +1,6 @@
-"""Optimisations keep every grant: replay the seeded cases of `evaluation.decisions` and compare
-each decision (time, action ids, units, nodes, cores, chunks) with the golden recorded before
-the scheduler was optimised (tests/golden/decisions.json). The three closed-loop cases were
+"""Optimisations keep every grant: replay the seeded cases of `evaluation.grant_recording` and
+compare each decision (time, action ids, units, nodes, cores, chunks) with the golden recorded
+before the scheduler was optimised (tests/golden/decisions.json). The three closed-loop cases were
 recorded again after the evaluation switched to learned duration estimates (which changes what
 the scheduler sees, by design); the two open-arrival cases are still the original recording.
 `mopd+search-heuristic` lost one empty decision (47.280573, nothing granted) when a trajectory's
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.decisions import CASES, granting, record_case
+from evaluation.grant_recording import CASES, granting, record_case
 
 GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "decisions.json").read_text())
 

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from solvers import get_allocator, register
 from tangram.actions import Action
 from tangram.allocation import SlowPolicy
@@ -54,7 +54,7 @@ def _reset() -> None:
 
 def _tangram(policy: str) -> Tangram:
     cpu = CpuManager(
-        SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
+        SimCpuBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
     )
     return Tangram(cpu=cpu, policy=policy)
 
@@ -228,7 +228,7 @@ def test_the_exact_policy_decides_off_the_loop_end_to_end():
     """The real CP-SAT policy (`SlowPolicy`) through the runtime: every decision off the loop,
     every action served."""
     cpu = CpuManager(
-        SimBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
+        SimCpuBackend(), nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})}, memory_mb={"n0": 8192}
     )
     tg = Tangram(cpu=cpu, policy="cpsat", policy_options={"time_limit": 1.0})
 

@@ -15,7 +15,7 @@ from managers.gpu import (
     ServiceRegistry,
     create_backend,
 )
-from managers.gpu.sim import SimBackend, SimServiceModel
+from managers.gpu.sim import SimGpuBackend, SimServiceModel
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ValidationError
@@ -86,7 +86,7 @@ def manager(backend: GpuBackend, gpus: int = 1) -> GpuManager:
 
 def test_manager_restores_evicts_and_invokes_through_the_backend() -> None:
     backend = create_backend("sim", time_scale=0.0)
-    assert isinstance(backend, SimBackend)
+    assert isinstance(backend, SimGpuBackend)
     m = manager(backend)
 
     async def go():
@@ -113,7 +113,7 @@ def test_manager_restores_evicts_and_invokes_through_the_backend() -> None:
     assert backend.resident == {("B", "g0", (0, 1))}
 
 
-class FailingRestore(SimBackend):
+class FailingRestore(SimGpuBackend):
     async def restore(self, service, node, chunk):
         raise OSError("link down")
 
@@ -128,7 +128,7 @@ def test_a_failed_restore_is_an_outcome_and_leaves_nothing_resident() -> None:
 
 
 def test_an_action_without_a_service_fails_cleanly() -> None:
-    m = manager(SimBackend(time_scale=0.0))
+    m = manager(SimGpuBackend(time_scale=0.0))
     a = Action("x", {"gpu": 1}, duration=1.0)
     assert asyncio.run(m.run(assign(a, "g0", (0, 1)))).status == "failed"
 

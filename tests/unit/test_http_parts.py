@@ -13,7 +13,7 @@ import pytest
 from pydantic import ValidationError as BodyError
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.errors import LimitReached, ShuttingDown, TangramError
 from tangram.runtime import server
 from tangram.runtime.facade import Tangram
@@ -85,7 +85,7 @@ def test_demand_code_item_and_name_bounds_are_shared(over):
     ],
 )
 def test_each_error_answers_its_code_by_type(exc, code):
-    app = server.create_app(Tangram(cpu=CpuManager(SimBackend())))
+    app = server.create_app(Tangram(cpu=CpuManager(SimCpuBackend())))
 
     @app.get("/raise")
     async def _raise() -> None:

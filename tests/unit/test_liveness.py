@@ -129,7 +129,7 @@ def test_multi_node_instance_binds_actions_and_the_exact_solver_agrees():
 
 
 def test_choose_cores_takes_the_ray_cpu_resource_domain_by_domain():
-    from tangram.runtime.ray_agent import choose_cores
+    from tangram.runtime.ray.agent import choose_cores
 
     numa = {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}
     assert choose_cores(numa, None) == numa
@@ -145,7 +145,7 @@ def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
     import asyncio
 
     from managers.cpu import CpuManager
-    from managers.cpu.backends.sim import SimBackend
+    from managers.cpu.backends.sim import SimCpuBackend
     from tangram.runtime.facade import Tangram
 
     def seconds(command, cores):
@@ -154,7 +154,7 @@ def test_cancelling_or_closing_a_queued_head_re_runs_the_decision(how):
 
     async def main():
         cpu = CpuManager(
-            SimBackend(seconds, time_scale=1.0),
+            SimCpuBackend(seconds, time_scale=1.0),
             nodes={"n0": CpuNode("n0", {0: (0, 1)})},
             memory_mb={"n0": 4096},
         )

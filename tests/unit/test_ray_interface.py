@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import inspect
 
-from tangram.runtime.ray_agent import NodeAgent
-from tangram.runtime.ray_remote import RemoteAgent
+from tangram.runtime.ray.agent import NodeAgent
+from tangram.runtime.ray.remote import RemoteAgent
 
 
 def _methods(cls: type) -> dict[str, list[str]]:

@@ -118,14 +118,14 @@ def test_a_third_party_plugin_is_found_through_its_entry_point(tmp_path):
     (tmp_path / "plugin_demo.py").write_text(
         textwrap.dedent("""
         from dataclasses import dataclass
-        from managers.cpu.backends.sim import SimBackend
+        from managers.cpu.backends.sim import SimCpuBackend
         from solvers.minimal import MinAllocator
 
         @dataclass(frozen=True)
         class Mine(MinAllocator):
             knob: int = 1
 
-        class Null(SimBackend):
+        class Null(SimCpuBackend):
             name = "null"
     """)
     )

@@ -9,7 +9,7 @@ the next elastic exec of the kind gets one core. Replacing the fit by the prior 
 import asyncio
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.profiles import exec_kind
 from tangram.runtime.facade import Tangram
 from topology import CpuNode
@@ -22,7 +22,7 @@ def slower_with_cores(command, cores: int) -> float:
 def test_elastic_exec_follows_the_fitted_curve_not_the_prior():
     async def main():
         cpu = CpuManager(
-            SimBackend(slower_with_cores, time_scale=1.0),
+            SimCpuBackend(slower_with_cores, time_scale=1.0),
             nodes={"n0": CpuNode("n0", {0: (0, 1, 2, 3)})},
             memory_mb={"n0": 4096},
         )

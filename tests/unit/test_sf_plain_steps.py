@@ -70,7 +70,9 @@ def test_a_step_granted_gpus_keeps_its_guard() -> None:
     program: it keeps the staging shell and its guard, where `python` starts without them."""
 
     class Spawned:  # a local CPU manager whose commands start through a spawner
-        backend = type("B", (), {"spawned": staticmethod(lambda env: True)})()
+        @staticmethod
+        def sandbox(env):
+            return type("S", (), {"spawned": True})()
 
     tg = type("Tg", (), {"cpu": Spawned()})()
     for language, shell in (("python", False), ("python_gpu", True)):

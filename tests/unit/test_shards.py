@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from evaluation.baselines.common import NoLifecycle
 from evaluation.closedloop import ClosedLoopSimulator, EnvironmentStart, Policy
-from evaluation.decisions import CASES, Recording, describe, granting
+from evaluation.grant_recording import CASES, Recording, describe, granting
 from evaluation.shardcheck import compare
 from evaluation.workloads import get_workload
 from solvers import get_allocator
@@ -263,14 +263,14 @@ def test_tangram_runs_on_shards_and_closes_them():
     import asyncio
 
     from managers.cpu import CpuManager
-    from managers.cpu.backends.sim import SimBackend
+    from managers.cpu.backends.sim import SimCpuBackend
 
     def duration(command, cores: int) -> float:
         return 0.01
 
     async def main():
         cpu = CpuManager(
-            SimBackend(duration, time_scale=1.0),
+            SimCpuBackend(duration, time_scale=1.0),
             nodes={n: CpuNode.flat(n, 2) for n in ("n0", "n1")},
             memory_mb={"n0": 4096, "n1": 4096},
         )

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import managers.gpu
 from managers.cpu import CpuManager
 from managers.cpu.backends import create, started, unknown_options
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from solvers.exact.backend import SolveStatus
 from solvers.heuristic.backfill import BackfillAllocator, Order
 from tangram.errors import (
@@ -33,7 +33,7 @@ from tangram.pools import Placement
 from tangram.results import Result, Status
 from tangram.runtime.config import build_cpu
 from tangram.runtime.facade import Tangram
-from tangram.runtime.snapshot import PoolStatus, StatusSnapshot
+from tangram.runtime.status import PoolStatus, StatusSnapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("tangram", "managers", "solvers", "topology", "evaluation")
@@ -288,7 +288,7 @@ def test_shutting_down_and_a_lost_node_are_tangram_errors():
 
 def test_a_closing_runtime_refuses_with_shutting_down():
     async def scenario() -> None:
-        tg = await Tangram(cpu=CpuManager(SimBackend())).start()
+        tg = await Tangram(cpu=CpuManager(SimCpuBackend())).start()
         await tg.shutdown()
         with pytest.raises(ShuttingDown):
             await tg.open_env("t")
@@ -324,7 +324,7 @@ def test_a_config_with_a_bad_cpu_option_names_it():
 # -- the status snapshot ---------------------------------------------------------------------------
 def test_the_status_snapshot_is_typed_and_its_json_round_trips():
     async def scenario() -> StatusSnapshot:
-        async with Tangram(cpu=CpuManager(SimBackend())) as tg:
+        async with Tangram(cpu=CpuManager(SimCpuBackend())) as tg:
             return tg.status()
 
     snap = asyncio.run(scenario())

@@ -37,7 +37,7 @@ BACKENDS: Registry[type[Backend]] = Registry(
         "cgroup": "managers.cpu.backends.cgroup:CgroupBackend",
         "docker": "managers.cpu.backends.docker:DockerBackend",
         "affinity": "managers.cpu.backends.affinity:AffinityBackend",
-        "sim": "managers.cpu.backends.sim:SimBackend",
+        "sim": "managers.cpu.backends.sim:SimCpuBackend",
     },
     group="tangram.cpu_backends",
 )

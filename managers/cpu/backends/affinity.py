@@ -15,10 +15,10 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.cpu.backends.base import Backend
+from managers.cpu.backends.base import Backend, Sandbox
 from managers.cpu.backends.process import kill_group, run_local
 from managers.cpu.environments import Environment
-from managers.cpu.request import Command, argv_of
+from managers.cpu.request import ExecSpec
 from tangram.results import Result
 
 
@@ -37,41 +37,37 @@ def _pinned(mask: set[int]) -> Iterator[None]:
 class AffinityBackend(Backend):
     name = "affinity"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._groups: dict[str, set[int]] = {}  # env id -> process groups of its running execs
-
     @classmethod
     def probe(cls) -> str | None:
         if not hasattr(os, "sched_setaffinity"):
             return "sched_setaffinity is not available on this platform: use backend='sim'"
         return None
 
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> AffinitySandbox:
         self._make_workdir(env)
-        self._groups[env.id] = set()
+        return AffinitySandbox(self, env)
 
-    async def _exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
+
+class AffinitySandbox(Sandbox):
+    """A work folder and the process groups of its running commands."""
+
+    def __init__(self, backend: Backend, env: Environment) -> None:
+        super().__init__(backend, env)
+        self.groups: set[int] = set()  # process groups of its running execs
+
+    async def _run(self, spec: ExecSpec) -> Result:
         return await run_local(
-            argv_of(command),
-            cwd=env.workdir,
-            env=self._environ(env, cores, elastic, gpus),
-            timeout=timeout,
-            output_cap=output_cap,
-            spawning=lambda: _pinned(set(cores)),
-            groups=self._groups.setdefault(env.id, set()),
+            spec.argv,
+            cwd=self.env.workdir,
+            env=self.environ(spec),
+            timeout=spec.timeout,
+            output_cap=spec.output_cap,
+            spawning=lambda: _pinned(set(spec.cores)),
+            groups=self.groups,
         )
 
-    async def _close(self, env: Environment) -> None:
-        for group in self._groups.pop(env.id, set()):
+    async def _close(self) -> None:
+        for group in list(self.groups):
             kill_group(group)
-        await self._remove_workdir(env)
+        self.groups.clear()
+        await self.backend._remove_workdir(self.env)

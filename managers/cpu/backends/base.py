@@ -48,7 +48,7 @@ from managers.cpu.grant import command_env, install_plugin
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.mounts import remove_folder
 from managers.cpu.removal import remove_tree_async
-from managers.cpu.request import Command
+from managers.cpu.request import ExecSpec
 from tangram.errors import ActionFailed, BackendUnavailable, TangramError, ValidationError
 from tangram.results import Result, Status
 
@@ -128,7 +128,6 @@ class Backend(ABC):
         self.tag = uuid.uuid4().hex[:10]
         self.support = Path(tempfile.gettempdir()) / owned_name(f"{self.tag}-lib")
         self._started = False
-        self._live: dict[str, object] = {}  # env id -> a token per open (closed: gone)
         self._drop_support: Callable[[], object] | None = None
 
     @classmethod
@@ -183,7 +182,6 @@ class Backend(ABC):
         its support folder. Nothing to do before `start`."""
         if not self._started:
             return
-        self._live.clear()
         try:
             await self._shutdown()
         finally:
@@ -196,144 +194,17 @@ class Backend(ABC):
         """What the backend itself releases at `shutdown`."""
 
     # -- environments --------------------------------------------------------------------------
-    async def open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        """Create the sandbox of `env` (all of `cores` allowed while idle)."""
+    async def open(self, env: Environment, cores: tuple[int, ...]) -> Sandbox:
+        """Create the sandbox of `env` (all of `cores` allowed while idle) and return it: the
+        one object that runs, suspends, resets and closes it."""
         self._require_started("open an environment")
-        await self._open(env, cores)
-        self._live[env.id] = object()
-
-    async def exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool = False,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        """Run one command confined to `cores`, with the environment of `grant.command_env`
-        (never the server's own); `elastic`: let pytest use the cores (see `grant`); `gpus`:
-        the host indices of its GPUs (see `gpu_mode`). See the module docstring for the rules
-        around it."""
-        self._require_started("run a command")
-        if gpus and self.gpus_refused is not None:
-            return Result(Status.FAILED, detail=f"gpus: {self.gpus_refused}")
-        live = self._live.get(env.id)
-        if live is None:
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: it is not open in the {self.name} backend"
-            )
-        before = self._limit_counts(env)
-        try:
-            outcome = await self._exec(env, cores, command, timeout, output_cap, elastic, gpus)
-        except EnvironmentBroken:
-            if self._live.get(env.id) is live:
-                raise
-            outcome = Result(Status.CANCELLED)
-        if self._live.get(env.id) is not live:
-            return dataclasses.replace(
-                outcome,
-                status=Status.CANCELLED,
-                detail=(f"killed: environment {env.id} was closed while the command ran"),
-            )
-        if outcome.status not in (Status.OK, Status.ERROR, Status.TIMEOUT):
-            return outcome  # it did not run to its end: no limit to name
-        return name_limits(outcome, before, self._limit_counts(env), env.memory_mb, self.pids_max)
-
-    async def close(self, env: Environment) -> None:
-        """Kill everything left in the sandbox and remove it. Idempotent; nothing to do
-        before `start`. A command still running in it comes back `cancelled`."""
-        self._live.pop(env.id, None)
-        if self._started:
-            await self._close(env)
-
-    @contextlib.asynccontextmanager
-    async def serving(
-        self, env: Environment, argv: Sequence[str], stdin: int, cap: int
-    ) -> AsyncIterator[asyncio.subprocess.Process]:
-        """A process of the server's own work on `env` (the files API's tar), started where
-        and as the environment's commands are (its cgroup, its sandbox, its uid, its seccomp
-        filter, each as far as this backend confines commands), with `stdin` as descriptor 0
-        and stdout and stderr piped (at most `cap` + 1 bytes of stdout pass a sandbox's
-        output relay). On exit it and everything it started are killed."""
-        self._require_started("serve files")
-        if env.id not in self._live:
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: it is not open in the {self.name} backend"
-            )
-        argv, fds, done = await self._serve_launch(env, list(argv), cap)
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=stdin,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=fds,
-                start_new_session=True,
-                cwd=env.workdir,
-                env=self._environ(env, (0,), False),  # (one core: see `_serve_launch`)
-            )
-        except BaseException:
-            done()
-            raise
-        try:
-            yield proc
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            done()
-
-    async def _serve_launch(
-        self, env: Environment, argv: list[str], cap: int
-    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
-        """(the argv that starts `argv` the way `serving` says, the descriptors it needs
-        passed, what to do once it is over): here, on the host as it is."""
-        return argv, (), lambda: None
+        return await self._open(env, cores)
 
     @abstractmethod
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        """Create the sandbox of `env`."""
-
-    @abstractmethod
-    async def _exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        """Run one command in an open environment (see `exec`)."""
-
-    @abstractmethod
-    async def _close(self, env: Environment) -> None:
-        """Kill and remove the sandbox of `env`; idempotent."""
-
-    def _limit_counts(self, env: Environment) -> LimitCounts:
-        """The environment's limit counters now (none by default: no limit to name)."""
-        return LimitCounts()
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> Sandbox:
+        """Create the sandbox of `env` (its backend's `Sandbox`)."""
 
     # -- helpers the family shares -------------------------------------------------------------
-    def _environ(
-        self, env: Environment, cores: tuple[int, ...], elastic: bool, gpus: tuple[int, ...] = ()
-    ) -> dict[str, str]:
-        """The whole environment of one command: `grant.command_env` with the folders as the
-        command sees them."""
-        return command_env(
-            env.id,
-            len(cores),
-            self.inside_work or env.workdir,
-            elastic=elastic,
-            plugin_dir=self.inside_support or str(self.support),
-            gpus=gpus,
-            gpus_isolated=self.gpu_mode == "devices",
-            python=self.inside_python(env),
-        )
-
     def inside_python(self, env: Environment) -> str | None:
         """The server's own Python as the commands of `env` run it (`TANGRAM_PYTHON`), None
         where it is not there. Here: the server's `sys.executable` (the commands run on the
@@ -360,38 +231,165 @@ class Backend(ABC):
         """Remove the work folder (in a thread: a hostile tree takes long); what is left."""
         return await remove_tree_async(env.workdir)
 
-    async def reset(self, env: Environment) -> str | None:
-        """Bring a used environment back to the state of a never-used one (its processes,
-        files and namespace state gone), for a caller that reuses it for an unrelated user;
-        None when done, else why it cannot be (the caller closes it then). Only a backend
-        that isolates environments can: see `bwrap_reset`."""
-        return f"the {self.name} backend does not reset environments"
-
-    async def suspend(self, env: Environment) -> None:
-        """Kill everything running in the environment (its files are about to be re-stacked:
-        a fork or snapshot); `resume` follows. Nothing to do by default."""
-
-    async def resume(self, env: Environment) -> None:
-        """Make the environment usable again after `suspend` (same id, same paths)."""
-
     def new_owner(self) -> int | None:
         """A uid for an environment about to open (`Environment.uid`: its commands run as it),
         None where this backend runs commands as the server's own user."""
         return None
 
-    def owner(self, env: Environment) -> int | None:
-        """The host uid the environment's commands run as (its files belong to it), None when
-        they run as the server's own user."""
-        return None
-
-    def spawned(self, env_id: str) -> bool:
-        """Whether the environment's commands start through a spawner that answers a program
-        not on the PATH with `spawner.NOT_FOUND` on stderr and exit code 127 (then a caller
-        may start a plain command without a shell to say so)."""
-        return False
-
     def describe(self) -> str:
         return self.name
+
+
+class Sandbox(ABC):
+    """One environment's sandbox in its backend (`Backend.open` makes it): what the backend
+    holds for that environment alone (its cgroups, its namespaces' holder, its uid, its
+    container) lives here, on the object, and nowhere keyed by the environment's id. The
+    public methods are the rules every backend shares (the module docstring); a backend's
+    sandbox implements `_run` and `_close` (and `_limit_counts`, `_serve_launch`, `reset`,
+    `suspend`, `resume` where it has something to do)."""
+
+    uid: int | None = None  # the host uid its commands run as (None: the server's own)
+
+    def __init__(self, backend: Backend, env: Environment) -> None:
+        self.backend = backend
+        self.env = env
+        self.open = True  # False once `close` began: a command still running is cancelled
+
+    # -- the shared rules ----------------------------------------------------------------------
+    async def exec(self, spec: ExecSpec) -> Result:
+        """Run one command confined to `spec.cores`, with the environment of
+        `grant.command_env` (never the server's own). See the module docstring for the rules
+        around it."""
+        b, env = self.backend, self.env
+        b._require_started("run a command")
+        if spec.gpus and b.gpus_refused is not None:
+            return Result(Status.FAILED, detail=f"gpus: {b.gpus_refused}")
+        if not self.open:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: it is not open in the {b.name} backend"
+            )
+        before = self._limit_counts()
+        try:
+            outcome = await self._run(spec)
+        except EnvironmentBroken:
+            if self.open:
+                raise
+            outcome = Result(Status.CANCELLED)
+        if not self.open:
+            return dataclasses.replace(
+                outcome,
+                status=Status.CANCELLED,
+                detail=f"killed: environment {env.id} was closed while the command ran",
+            )
+        if outcome.status not in (Status.OK, Status.ERROR, Status.TIMEOUT):
+            return outcome  # it did not run to its end: no limit to name
+        return name_limits(outcome, before, self._limit_counts(), env.memory_mb, b.pids_max)
+
+    async def close(self) -> None:
+        """Kill everything left in the sandbox and remove it. Idempotent; a command still
+        running in it comes back `cancelled`."""
+        if not self.open:
+            return
+        self.open = False
+        if self.backend.started:
+            await self._close()
+
+    @contextlib.asynccontextmanager
+    async def serving(
+        self, argv: Sequence[str], stdin: int, cap: int
+    ) -> AsyncIterator[asyncio.subprocess.Process]:
+        """A process of the server's own work on the environment (the files API's tar),
+        started where and as its commands are (its cgroup, its sandbox, its uid, its seccomp
+        filter, each as far as this backend confines commands), with `stdin` as descriptor 0
+        and stdout and stderr piped (at most `cap` + 1 bytes of stdout pass a sandbox's
+        output relay). On exit it and everything it started are killed."""
+        self.backend._require_started("serve files")
+        if not self.open:
+            raise EnvironmentBroken(
+                f"environment {self.env.id} is broken: it is not open in the "
+                f"{self.backend.name} backend"
+            )
+        argv, fds, done = await self._serve_launch(list(argv), cap)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=stdin,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=fds,
+                start_new_session=True,
+                cwd=self.env.workdir,
+                env=self.environ(SERVING),  # (one core: see `_serve_launch`)
+            )
+        except BaseException:
+            done()
+            raise
+        try:
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            done()
+
+    def environ(self, spec: ExecSpec) -> dict[str, str]:
+        """The whole environment of one command: `grant.command_env` with the folders as the
+        command sees them."""
+        b = self.backend
+        return command_env(
+            self.env.id,
+            len(spec.cores),
+            b.inside_work or self.env.workdir,
+            elastic=spec.elastic,
+            plugin_dir=b.inside_support or str(b.support),
+            gpus=spec.gpus,
+            gpus_isolated=b.gpu_mode == "devices",
+            python=b.inside_python(self.env),
+        )
+
+    # -- what a backend's sandbox implements ---------------------------------------------------
+    @abstractmethod
+    async def _run(self, spec: ExecSpec) -> Result:
+        """Run one command in the open sandbox (see `exec`)."""
+
+    @abstractmethod
+    async def _close(self) -> None:
+        """Kill and remove the sandbox; idempotent."""
+
+    def _limit_counts(self) -> LimitCounts:
+        """The environment's limit counters now (none by default: no limit to name)."""
+        return LimitCounts()
+
+    async def _serve_launch(
+        self, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """(the argv that starts `argv` the way `serving` says, the descriptors it needs
+        passed, what to do once it is over): here, on the host as it is."""
+        return argv, (), lambda: None
+
+    async def reset(self) -> str | None:
+        """Bring a used environment back to the state of a never-used one (its processes,
+        files and namespace state gone), for a caller that reuses it for an unrelated user;
+        None when done, else why it cannot be (the caller closes it then). Only a backend
+        that isolates environments can: see `bwrap_reset`."""
+        return f"the {self.backend.name} backend does not reset environments"
+
+    async def suspend(self) -> None:
+        """Kill everything running in the environment (its files are about to be re-stacked:
+        a fork or snapshot); `resume` follows. Nothing to do by default."""
+
+    async def resume(self) -> None:
+        """Make the environment usable again after `suspend` (same id, same paths)."""
+
+    @property
+    def spawned(self) -> bool:
+        """Whether its commands start through a spawner that answers a program not on the
+        PATH with `spawner.NOT_FOUND` on stderr and exit code 127 (then a caller may start a
+        plain command without a shell to say so)."""
+        return False
+
+
+SERVING = ExecSpec(("true",), (0,), 1.0, 0)  # the variables of the server's own work (one core)
 
 
 def outcome_of(

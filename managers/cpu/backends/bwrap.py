@@ -118,12 +118,19 @@ from managers.cpu.backends.bwrap_start import (
     sandbox_args,
     spawner_payload,
 )
-from managers.cpu.backends.cgroup import DEFAULT_PIDS_MAX, CgroupBackend, Slot, _Env, joined
+from managers.cpu.backends.cgroup import (
+    DEFAULT_PIDS_MAX,
+    CgroupBackend,
+    CgroupSandbox,
+    EnvCgroups,
+    Slot,
+    joined,
+)
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name
 from managers.cpu.mounts import remove_folder
-from managers.cpu.request import Command, argv_of
+from managers.cpu.request import ExecSpec
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
@@ -172,11 +179,7 @@ class BwrapBackend(CgroupBackend):
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
         self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
-        self._uids: dict[str, int] = {}
-        self._entering: int | None = None  # the /proc/<holder> fd of the exec being launched
-        self._entering_devices: int | None = None  # and its device sandbox's --args fd
-        self._entering_cap = 0  # and its output cap
-        self._holders: dict[str, _Holder] = {}
+        self._sandboxes: set[BwrapSandbox] = set()  # open ones (their holders: `_shutdown`)
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
         self._spawner_installed = False
@@ -184,7 +187,6 @@ class BwrapBackend(CgroupBackend):
         self._python_folder = self.support.with_name(owned_name(f"{self.tag}-python"))
         self._python_view: tuple[str, list[str]] | None = None
         self._drop_python: weakref.finalize | None = None
-        self._own_workdirs: set[str] = set()  # the plain environments' (`bwrap_views`)
         self._unshare: str | None = None  # v1: makes the holder's cgroup namespace
 
     def _start(self) -> None:
@@ -216,25 +218,20 @@ class BwrapBackend(CgroupBackend):
     def inside_python(self, env: Environment) -> str | None:
         return None if env.root is not None else self._python  # an image has its own
 
-    def _make_workdir(self, env: Environment, uid: int | None = None) -> None:
-        """A plain environment's work folder is an overlay of its own (`bwrap_views`), then
-        the cgroup backend's (owner, mode, through it)."""
-        if env.root is None and env.id not in self._own_workdirs:
-            if not os.path.ismount(env.workdir):  # (a disk-bounded one is a layer's overlay)
-                try:
-                    views.own_workdir(env.workdir)
-                except OSError as exc:
-                    raise BackendUnavailable(
-                        f"cannot mount the work folder of environment {env.id} ({exc})"
-                    ) from exc
-                self._own_workdirs.add(env.id)
-        super()._make_workdir(env, uid)
-
-    async def _remove_workdir(self, env: Environment) -> list[str]:
-        if env.id in self._own_workdirs:
-            self._own_workdirs.discard(env.id)
-            views.drop_workdir(env.workdir)  # (then its files, below the mount point, go)
-        return await super()._remove_workdir(env)
+    @staticmethod
+    def _own_view(env: Environment) -> bool:
+        """Give a plain environment's work folder a filesystem of its own (`bwrap_views`);
+        whether it did (a disk-bounded one is a layer's overlay already, an image's is the
+        image's)."""
+        if env.root is not None or os.path.ismount(env.workdir):
+            return False
+        try:
+            views.own_workdir(env.workdir)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot mount the work folder of environment {env.id} ({exc})"
+            ) from exc
+        return True
 
     @classmethod
     def probe(cls) -> str | None:
@@ -246,18 +243,15 @@ class BwrapBackend(CgroupBackend):
         limit = f"{self.pids_max} pids" if self.h.pids else "no pids limit"
         return f"bwrap (a sandbox per environment; {super().describe()}; {limit})"
 
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        await super()._open(env, cores)
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> BwrapSandbox:
+        sandbox = BwrapSandbox(self, env, self._make_cgroups(env, cores))
+        self._workdirs.add(env.workdir)
         try:
             # never an earlier environment's, never another server's (`new_owner`); a fork
             # child's own where layers are idmapped, else its parent's (`Roots.inherited_uid`)
-            uid = env.uid if env.uid is not None else self._uid_source.take()
-            self._make_workdir(env, uid)
-        except BaseException:
-            await super()._close(env)
-            raise
-        self._uids[env.id] = uid
-        try:
+            sandbox.uid = env.uid if env.uid is not None else self._uid_source.take()
+            sandbox.own_workdir = self._own_view(env)
+            self._make_workdir(env, sandbox.uid)
             if env.root is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
@@ -265,45 +259,24 @@ class BwrapBackend(CgroupBackend):
                     fast.install(self.support, INSIDE_SUPPORT, shlex.quote(self._python))
                 )
                 self._spawner_installed = True
-            slot = await asyncio.to_thread(self._holder_slot, env, self._envs[env.id], cores)
-            await self._start_holder(env, slot)
+            slot = await asyncio.to_thread(self._holder_slot, sandbox.cgroups, cores)
+            await sandbox.start_holder(slot)
         except BaseException:
-            await self._close(env)
+            await sandbox._close()
             raise
+        self._sandboxes.add(sandbox)
+        return sandbox
 
-    def _holder_slot(self, env: Environment, e: _Env, cores: tuple[int, ...]) -> Slot:
+    def _holder_slot(self, e: EnvCgroups, cores: tuple[int, ...]) -> Slot:
         """The holder's slot (never freed: the holder lives in it) and one exec slot made
         ahead, so the first exec makes none. Run in a thread: each cgroup mkdir takes
         milliseconds, which the event loop would wait for."""
-        slot = self._slot(env, e)
+        slot = self._slot(e)
         self._confine(slot, cores)
-        ahead = self._slot(env, e)
+        ahead = self._slot(e)
         self._confine(ahead, cores)
         e.free.append(ahead)
         return slot
-
-    async def _start_holder(self, env: Environment, slot: Slot) -> None:
-        """Start the environment's sandbox in its cgroup slot and hold its namespaces open;
-        raises `BackendUnavailable` saying why when it does not come up. Spawned from one
-        thread kept for it (`SPAWNING`), not the loop's (a spawn waits for the child's exec):
-        `--die-with-parent` follows the spawning thread, which lives as long as the server."""
-        spawned = asyncio.get_running_loop().run_in_executor(
-            SPAWNING, self._spawn_holder, env, slot
-        )
-        try:
-            proc, info_r, ours = await asyncio.shield(spawned)
-        except asyncio.CancelledError:
-            spawned.add_done_callback(discard_spawned)  # the sandbox comes up for no one
-            raise
-        try:
-            holder = await asyncio.to_thread(hold_ready, env, slot, proc, info_r)
-        except BaseException:
-            if ours is not None:
-                ours.close()
-            raise
-        holder.spawner = fast.Spawner(ours) if ours is not None else None
-        holder.own = frozenset(fs.pids(slot.folders["cpu"]))
-        self._holders[env.id] = holder
 
     def _ensure_bases(self) -> None:
         fresh = not self._made_bases
@@ -327,40 +300,88 @@ class BwrapBackend(CgroupBackend):
         script.write_text(launcher_script(spawner))
         script.chmod(0o644)
 
-    def spawned(self, env_id: str) -> bool:
-        holder = self._holders.get(env_id)
-        return holder is not None and holder.spawner is not None
+    def new_owner(self) -> int | None:
+        return self._uid_source.take()
 
-    def _spawn_holder(
-        self, env: Environment, slot: Slot
-    ) -> tuple[subprocess.Popen, int, socket.socket | None]:
+    async def _shutdown(self) -> None:
+        holders = [sb.holder for sb in self._sandboxes if sb.holder is not None]
+        for sb in self._sandboxes:
+            sb.holder, sb.open = None, False
+        self._sandboxes.clear()
+        await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
+        try:
+            await super()._shutdown()
+        finally:
+            if self._drop_python is not None:
+                await asyncio.to_thread(self._drop_python)
+                self._drop_python = None
+
+
+class BwrapSandbox(CgroupSandbox):
+    """An environment of the bwrap backend: its cgroups (the cgroup backend's part), the
+    holder that keeps its namespaces open (and its spawner, `holder.spawner`), the uid its
+    commands run as, and whether its work folder is a filesystem of its own
+    (`own_workdir`)."""
+
+    backend: BwrapBackend
+
+    def __init__(self, backend: BwrapBackend, env: Environment, cgroups: EnvCgroups) -> None:
+        super().__init__(backend, env, cgroups)
+        self.holder: _Holder | None = None
+        self.own_workdir = False
+
+    # -- the holder ----------------------------------------------------------------------------
+    async def start_holder(self, slot: Slot) -> None:
+        """Start the environment's sandbox in its cgroup slot and hold its namespaces open;
+        raises `BackendUnavailable` saying why when it does not come up. Spawned from one
+        thread kept for it (`SPAWNING`), not the loop's (a spawn waits for the child's exec):
+        `--die-with-parent` follows the spawning thread, which lives as long as the server."""
+        env = self.env
+        spawned = asyncio.get_running_loop().run_in_executor(SPAWNING, self._spawn_holder, slot)
+        try:
+            proc, info_r, ours = await asyncio.shield(spawned)
+        except asyncio.CancelledError:
+            spawned.add_done_callback(discard_spawned)  # the sandbox comes up for no one
+            raise
+        try:
+            holder = await asyncio.to_thread(hold_ready, env, slot, proc, info_r)
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            raise
+        holder.spawner = fast.Spawner(ours) if ours is not None else None
+        holder.own = frozenset(fs.pids(slot.folders["cpu"]))
+        self.holder = holder
+
+    def _spawn_holder(self, slot: Slot) -> tuple[subprocess.Popen, int, socket.socket | None]:
+        b, env = self.backend, self.env
         fds: list[int] = []
         info_r = -1
         ours = theirs = None
         try:
             info_r, info_w = os.pipe()
             fds += [info_w]
-            filter_fd = hold.data_fd(self._filter.read_bytes())
+            filter_fd = hold.data_fd(b._filter.read_bytes())
             fds.append(filter_fd)
-            if self._spawner and env.root is None and _descriptors_to_spare():
+            if b._spawner and env.root is None and _descriptors_to_spare():
                 # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                payload, caps = spawner_payload(self._uids[env.id], theirs.fileno())
+                assert self.uid is not None
+                payload, caps = spawner_payload(self.uid, theirs.fileno())
             else:
                 payload, caps = tuple(_idle(env)), IDLE_CAPS
-            e = self._envs.get(env.id)
-            unshare = self._unshare if e is not None else None  # v1: rooted at the env's
+            unshare = b._unshare  # v1: rooted at the environment's cgroup
             sandbox = sandbox_args(
-                env, caps, info_w, filter_fd, self._system, self._extra, self.support, bool(unshare)
+                env, caps, info_w, filter_fd, b._system, b._extra, b.support, bool(unshare)
             )
             args = hold.args_fd(sandbox)  # /proc/1/cmdline inside: no host path, no PID
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
-            bwrap = (self._bwrap, "--args", str(args), "--", *payload)
+            bwrap = (b._bwrap, "--args", str(args), "--", *payload)
             argv = (
                 joined(slot.join, bwrap)
-                if unshare is None or e is None
-                else rooted_at_env(e, slot, unshare, bwrap)
+                if unshare is None
+                else rooted_at_env(self.cgroups, slot, unshare, bwrap)
             )
             proc = popen_holder(argv, passed)
         except OSError as exc:
@@ -377,121 +398,88 @@ class BwrapBackend(CgroupBackend):
                 theirs.close()
         return proc, info_r, ours
 
-    async def exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool = False,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        if gpus:
-            _, missing = gpu_device_nodes(self.device_dir, gpus)
+    async def _heal_holder(self) -> None:
+        """Restart the environment's holder (or spawner) where it died."""
+        holder = self.holder
+        if holder is not None and not holder.healthy() and self.open:
+            holder.release()
+            self.holder = None
+            try:
+                await self.start_holder(holder.slot)
+            except BackendUnavailable as exc:
+                raise EnvironmentBroken(f"environment {self.env.id} is broken: {exc}") from exc
+
+    @property
+    def spawned(self) -> bool:
+        return self.holder is not None and self.holder.spawner is not None
+
+    # -- commands ------------------------------------------------------------------------------
+    async def _run(self, spec: ExecSpec) -> Result:
+        b = self.backend
+        if spec.gpus:
+            _, missing = gpu_device_nodes(b.device_dir, spec.gpus)
             if missing:
                 return Result(
                     Status.FAILED,
-                    detail=f"gpus: GPUs {','.join(map(str, gpus))} were granted but "
-                    f"{', '.join(missing)} is not in {self.device_dir} (no such GPU on this "
+                    detail=f"gpus: GPUs {','.join(map(str, spec.gpus))} were granted but "
+                    f"{', '.join(missing)} is not in {b.device_dir} (no such GPU on this "
                     "machine: is the GPU pool simulated?)",
                 )
-        await self._heal_holder(env)
-        self._entering_cap = output_cap  # the loader drops output past it, in the sandbox
-        return await super().exec(env, cores, command, timeout, output_cap, elastic, gpus)
+        await self._heal_holder()
+        return await super()._run(spec)
 
-    async def _heal_holder(self, env: Environment) -> None:
-        """Restart the environment's holder (or spawner) where it died."""
-        holder = self._holders.get(env.id)
-        if holder is not None and not holder.healthy() and env.id in self._envs:
-            holder.release()
-            del self._holders[env.id]
-            try:
-                await self._start_holder(env, holder.slot)
-            except BackendUnavailable as exc:
-                raise EnvironmentBroken(f"environment {env.id} is broken: {exc}") from exc
-
-    async def _serve_launch(
-        self, env: Environment, argv: list[str], cap: int
-    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
-        await self._heal_holder(env)
-        return await super()._serve_launch(env, argv, cap)
-
-    async def _run(
-        self,
-        env: Environment,
-        slot: Slot,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        fds: tuple[int, ...] = (),
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        holder = self._holders.get(env.id)
-        if gpus or holder is None or holder.spawner is None:  # GPUs: the device sandbox
-            return await super()._run(
-                env, slot, cores, command, timeout, output_cap, elastic, fds, gpus
-            )
+    async def _start(self, slot: Slot, spec: ExecSpec, fds: tuple[int, ...]) -> Result:
+        holder = self.holder
+        if spec.gpus or holder is None or holder.spawner is None:  # GPUs: the device sandbox
+            return await super()._start(slot, spec, fds)
         leaf = slot.folders["cpu"]
         # no loader: the command inherits the spawner's filter (bwrap's --seccomp), and the
         # spawner drains what passes the cap inside the sandbox
         return await holder.spawner.run(
-            argv_of(command),
-            env=self._environ(env, cores, elastic),
+            spec,
+            env=self.environ(spec),
             cgroups=slot.procs,
             home=holder.slot.procs,
-            timeout=timeout,
-            output_cap=output_cap,
-            kill_rest=lambda: kill_rest(self._envs.get(env.id), leaf, holder),
+            kill_rest=lambda: kill_rest(self.cgroups, leaf, holder),
         )
 
-    def _fds(self, env: Environment, gpus: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """Open the holder's /proc directory for this exec (closed in `_fds_done`) and, for
-        GPUs, the device sandbox's arguments; `_launch`, called right after with no await
-        between, names them."""
-        holder = self._holders.get(env.id)
-        self._entering_devices = None
-        if holder is not None and holder.spawner is not None and not gpus:  # enters nothing
-            self._entering = None
+    def _entry(self, spec: ExecSpec) -> tuple[int, ...]:
+        """The holder's /proc directory for this exec (closed in `_entry_done`) and, for
+        GPUs, its PID namespace and the device sandbox's arguments: what `_launch` enters
+        through. Nothing where the spawner starts the command."""
+        holder = self.holder
+        if holder is not None and holder.spawner is not None and not spec.gpus:
             return ()
-        self._entering = None if holder is None else hold.open_holder(holder.pid, holder.started)
-        if self._entering is None:
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is None:
             return ()
-        if not gpus:
-            return (self._entering,)
-        pidns = None
+        if not spec.gpus:
+            return (dirfd,)
+        b, pidns = self.backend, None
         try:
-            pidns = os.open("ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=self._entering)
-            devices, _ = gpu_device_nodes(self.device_dir, gpus)
+            pidns = os.open("ns/pid", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+            devices, _ = gpu_device_nodes(b.device_dir, spec.gpus)
             args = device_sandbox_args(
-                env, self._system, self._extra, self.support, self.device_dir, devices, pidns
+                self.env, b._system, b._extra, b.support, b.device_dir, devices, pidns
             )
-            self._entering_devices = hold.args_fd(args)
+            return (dirfd, pidns, hold.args_fd(args))
         except BaseException:
-            for fd in (self._entering, pidns):
+            for fd in (dirfd, pidns):
                 hold.close_quietly(fd)
-            self._entering = None
             raise
-        return (self._entering, pidns, self._entering_devices)
 
-    def _fds_done(self, fds: tuple[int, ...]) -> None:
+    def _entry_done(self, fds: tuple[int, ...]) -> None:
         for fd in fds:
             hold.close_quietly(fd)
 
-    def _launch(
-        self, env: Environment, join: str, command: Command, gpus: tuple[int, ...] = ()
-    ) -> list[str]:
-        dirfd, self._entering = self._entering, None
-        devices, self._entering_devices = self._entering_devices, None
-        if dirfd is None or (gpus and devices is None):
-            raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        return self._entered(env, join, argv_of(command), dirfd, self._entering_cap, gpus, devices)
+    def _launch(self, join: str, spec: ExecSpec, fds: tuple[int, ...]) -> list[str]:
+        if not fds or (spec.gpus and len(fds) < 3):
+            raise EnvironmentBroken(f"environment {self.env.id} is broken: its sandbox is gone")
+        devices = fds[2] if spec.gpus else None
+        return self._entered(join, spec.argv, fds[0], spec.output_cap, spec.gpus, devices)
 
     def _entered(
         self,
-        env: Environment,
         join: str,
         argv: list[str],
         dirfd: int,
@@ -503,18 +491,20 @@ class BwrapBackend(CgroupBackend):
         `dirfd`, its /proc folder; with `gpus`, a device sandbox from the arguments at
         `devices`), drops to the environment's uid and runs `argv` under the seccomp loader,
         which passes `cap` + 1 bytes of each output."""
-        drop = _drop_to(self._uids[env.id])
-        loader = self._loader
+        b, env = self.backend, self.env
+        assert self.uid is not None
+        drop = _drop_to(self.uid)
+        loader = b._loader
         if env.root is not None:  # the image has none of the host's programs: the copies
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
-            loader = image_loader(env, self._loader)
+            loader = image_loader(env, b._loader)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(cap))
         if gpus:  # the device sandbox, in the holder's namespaces but its mounts
             enter = (
                 "nsenter",
                 *hold.nsenter_args(dirfd, DEVICE_NAMESPACES),
                 "--",  # (the loader closes every descriptor above 2 before the command)
-                self._bwrap,
+                b._bwrap,
                 "--args",
                 str(devices),
                 "--",
@@ -529,60 +519,58 @@ class BwrapBackend(CgroupBackend):
         # (the shell's PWD, the host folder it started in, is not the command's to see)
         return joined(f"{join}\nunset PWD", (*enter, *drop, *loader, *argv))
 
+    # -- the server's own work -----------------------------------------------------------------
+    async def _serve_launch(
+        self, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        await self._heal_holder()
+        return await super()._serve_launch(argv, cap)
+
     def _serve_enter(
-        self, env: Environment, join: str, argv: list[str], cap: int
+        self, join: str, argv: list[str], cap: int
     ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
         """Through the reference path (nsenter, setpriv, the loader), never the spawner (whose
         relay keeps output for a result instead of streaming it)."""
-        holder = self._holders.get(env.id)
+        holder = self.holder
         dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
         if dirfd is None:
-            raise EnvironmentBroken(f"environment {env.id} is broken: its sandbox is gone")
-        if env.root is not None:  # the image has no programs of the host's: the copies
+            raise EnvironmentBroken(f"environment {self.env.id} is broken: its sandbox is gone")
+        if self.env.root is not None:  # the image has no programs of the host's: the copies
             argv = [*toolkit.run(INSIDE_SUPPORT, argv[0]), *argv[1:]]
         try:
-            entered = self._entered(env, join, argv, dirfd, cap)
+            entered = self._entered(join, argv, dirfd, cap)
         except BaseException:
             hold.close_quietly(dirfd)
             raise
         return entered, (dirfd,), lambda: hold.close_quietly(dirfd)
 
-    async def _close(self, env: Environment) -> None:
-        holder = self._holders.pop(env.id, None)
+    # -- life ----------------------------------------------------------------------------------
+    async def reset(self) -> str | None:
+        if self.holder is None:
+            return "its sandbox is not running"
+        return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
+
+    async def suspend(self) -> None:
+        if self.holder is not None:
+            await asyncio.to_thread(self.holder.release)
+        await super().suspend()
+
+    async def resume(self) -> None:
+        holder, self.holder = self.holder, None
+        if holder is not None:
+            await self.start_holder(holder.slot)
+
+    async def _remove_workdir(self) -> list[str]:
+        if self.own_workdir:
+            self.own_workdir = False
+            views.drop_workdir(self.env.workdir)  # (then its files, below the mount point, go)
+        return await super()._remove_workdir()
+
+    async def _close(self) -> None:
+        holder, self.holder = self.holder, None
+        self.backend._sandboxes.discard(self)
         try:
-            await super()._close(env)  # kills everything in its cgroups, the holder too
+            await super()._close()  # kills everything in its cgroups, the holder too
         finally:
             if holder is not None:
                 await asyncio.to_thread(holder.release)
-            self._uids.pop(env.id, None)  # never handed out again (see `uids`)
-
-    async def reset(self, env: Environment) -> str | None:
-        return await bwrap_reset.reset_env(self, env)
-
-    def new_owner(self) -> int | None:
-        return self._uid_source.take()
-
-    def owner(self, env: Environment) -> int | None:
-        return self._uids.get(env.id)
-
-    async def suspend(self, env: Environment) -> None:
-        holder = self._holders.get(env.id)
-        if holder is not None:
-            await asyncio.to_thread(holder.release)
-        await super().suspend(env)
-
-    async def resume(self, env: Environment) -> None:
-        holder = self._holders.pop(env.id, None)
-        if holder is not None:
-            await self._start_holder(env, holder.slot)
-
-    async def _shutdown(self) -> None:
-        holders = list(self._holders.values())
-        self._holders.clear()
-        await asyncio.to_thread(lambda: [h.release() for h in holders])  # off the loop
-        try:
-            await super()._shutdown()
-        finally:
-            if self._drop_python is not None:
-                await asyncio.to_thread(self._drop_python)
-                self._drop_python = None

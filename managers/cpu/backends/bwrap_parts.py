@@ -21,7 +21,7 @@ from managers.cpu.backends import holder as hold
 from managers.cpu.backends import spawner as fast
 from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.cgroup import JOIN_FAILED, Slot, _Env, joined
+from managers.cpu.backends.cgroup import JOIN_FAILED, EnvCgroups, Slot, joined
 from managers.cpu.environments import Environment
 from tangram.errors import BackendUnavailable
 
@@ -38,7 +38,7 @@ SYSTEM_LINKS = ("bin", "lib", "lib32", "lib64", "libx32", "sbin")
 LOADER_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else None
 
 
-# the one thread that starts every sandbox (`BwrapBackend._start_holder`): it lives as long as
+# the one thread that starts every sandbox (`BwrapSandbox.start_holder`): it lives as long as
 # the process, so bwrap's --die-with-parent (which follows the spawning thread) holds
 SPAWNING = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tangram-sandbox-spawn")
 
@@ -103,7 +103,7 @@ def _extra_binds(ro_paths: tuple[str, ...]) -> list[str]:
     return args
 
 
-def rooted_at_env(e: _Env, slot: Slot, unshare: str, argv: tuple[str, ...]) -> list[str]:
+def rooted_at_env(e: EnvCgroups, slot: Slot, unshare: str, argv: tuple[str, ...]) -> list[str]:
     """The holder's start on cgroup v1 (`argv`: bwrap, without --unshare-cgroup): its shell
     joins the environment's own cgroups, makes the cgroup namespace there (`unshare`), then
     joins its slot; so the sandbox sees its environment's cgroup as `/` and each exec's slot as
@@ -213,7 +213,7 @@ class _Holder:
             self.proc.wait(5)
 
 
-def kill_rest(e: _Env | None, leaf: Path, holder: _Holder) -> None:
+def kill_rest(e: EnvCgroups | None, leaf: Path, holder: _Holder) -> None:
     """After an exec: kill what is left in its slot `leaf`, unless nothing is left anywhere in
     the environment `e` but the sandbox's own processes (one counter read, not a listing)."""
     if e is None or not fs.alone(e.folders.get("pids"), holder.own):

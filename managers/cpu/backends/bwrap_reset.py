@@ -1,4 +1,4 @@
-"""Resetting a used bwrap sandbox to the state of a never-used one (`BwrapBackend.reset`).
+"""Resetting a used bwrap sandbox to the state of a never-used one (`BwrapSandbox.reset`).
 
 A sandbox's namespaces and cgroups cost ~15 ms of CPU to build and tear down (`tangram bench
 sandboxfusion --latency`), more than the `print(1)` it runs. A caller that serves many short,
@@ -42,17 +42,13 @@ import os
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends import holder as hold
+from managers.cpu.backends.bwrap_parts import _Holder
+from managers.cpu.backends.cgroup import EnvCgroups
+from managers.cpu.environments import Environment
 from managers.cpu.removal import remove_tree
-
-if TYPE_CHECKING:
-    from managers.cpu.backends.bwrap import BwrapBackend
-    from managers.cpu.backends.bwrap_parts import _Holder
-    from managers.cpu.backends.cgroup import _Env
-    from managers.cpu.environments import Environment
 
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0
@@ -76,35 +72,33 @@ SLOW = "slow"  # what `quick_reset` answers when the reset thread must do it
 QUICK_ENTRIES = 16  # a folder with at most this many entries, none a folder, is emptied inline
 
 
-async def reset_env(b: BwrapBackend, env: Environment) -> str | None:
+async def reset_env(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     """Reset `env`'s sandbox: on the loop when what the request left is small and simple
     (`quick_reset`: the common case, ~20 system calls), else in the reset thread (`reset`):
     a thread hop and the lock the two threads then pass back and forth cost more CPU than
     such a reset itself (measured: ~0.8 ms per `/run_code` request on 2 cores)."""
-    why = quick_reset(b, env)
+    why = quick_reset(env, holder, e)
     if why is SLOW:
-        return await asyncio.get_running_loop().run_in_executor(_RESETS, reset, b, env)
+        return await asyncio.get_running_loop().run_in_executor(_RESETS, reset, env, holder, e)
     return why
 
 
-def _unusable(b: BwrapBackend, env: Environment) -> str | None:
-    holder, e = b._holders.get(env.id), b._envs.get(env.id)
-    if holder is None or e is None or holder.spawner is None or not holder.healthy():
+def _unusable(env: Environment, holder: _Holder) -> str | None:
+    if holder.spawner is None or not holder.healthy():
         return "its sandbox is not running"
     if env.root is not None or env.network:
         return "it has an image root or the host's network"
     return None
 
 
-def quick_reset(b: BwrapBackend, env: Environment) -> str | None:
+def quick_reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     """The reset, on the loop, where it is bounded: no process but the sandbox's own is left
     (one counter read), no System V IPC object (listings the reset thread opened inside its
     namespace at the first reset: such a listing reads the namespace it was opened in), and
     each wiped folder holds at most `QUICK_ENTRIES` entries, none a folder. `SLOW` otherwise."""
-    why = _unusable(b, env)
+    why = _unusable(env, holder)
     if why is not None:
         return why
-    holder, e = b._holders[env.id], b._envs[env.id]
     if holder.mounts is None or holder.ipc_lists is None:  # the first reset: the thread's
         return SLOW
     if not fs.alone(e.folders.get("pids"), holder.own) or _has_ipc(holder.ipc_lists):
@@ -168,13 +162,12 @@ def _has_ipc(lists: tuple[int, ...]) -> bool:
         return True
 
 
-def reset(b: BwrapBackend, env: Environment) -> str | None:
+def reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     """Reset `env`'s sandbox (blocking, in the reset thread: `reset_env`); None when done,
     else why not."""
-    why = _unusable(b, env)
+    why = _unusable(env, holder)
     if why is not None:
         return why
-    holder, e = b._holders[env.id], b._envs[env.id]
     why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
     if why is not None:
         return why
@@ -194,7 +187,7 @@ def reset(b: BwrapBackend, env: Environment) -> str | None:
         os.close(dirfd)
 
 
-def _kill_leftovers(e: _Env, holder: _Holder) -> str | None:
+def _kill_leftovers(e: EnvCgroups, holder: _Holder) -> str | None:
     """Kill what the commands left in the exec slots; None when only the sandbox's own
     processes remain, else why not."""
     for slot in e.slots:

@@ -1,5 +1,5 @@
 """Starting a bwrap sandbox: the trial one that `BwrapBackend.probe` runs, the holder's
-argument list, payload and process (`BwrapBackend._spawn_holder`), and the device sandbox of an
+argument list, payload and process (`BwrapSandbox._spawn_holder`), and the device sandbox of an
 exec granted GPUs (`device_sandbox_args`). Split from `bwrap` by job; see it for what the
 sandbox is."""
 

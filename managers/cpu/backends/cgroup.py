@@ -35,13 +35,14 @@ from managers.cpu.backends.base import (
     EnvironmentBroken,
     LimitCounts,
     NotStarted,
+    Sandbox,
     check_pids_max,
 )
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.backends.process import run_local
 from managers.cpu.environments import Environment
 from managers.cpu.mounts import remove_folder
-from managers.cpu.request import Command
+from managers.cpu.request import Command, ExecSpec
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
 
@@ -61,7 +62,10 @@ class Slot:
 
 
 @dataclass(slots=True)
-class _Env:
+class EnvCgroups:
+    """An environment's cgroups: its folder per controller and its exec slots below them
+    (`free`: those no exec holds now)."""
+
     folders: dict[str, Path]
     free: list[Slot] = field(default_factory=list)
     slots: list[Slot] = field(default_factory=list)
@@ -87,7 +91,6 @@ class CgroupBackend(Backend):
         self.pids_max = check_pids_max(pids_max)
         self.parent = parent
         self._h: fs.Hierarchy | None = None
-        self._envs: dict[str, _Env] = {}
         self._made_bases = False
         self._workdirs: set[str] = set()
         self._finalizer: weakref.finalize | None = None
@@ -122,47 +125,6 @@ class CgroupBackend(Backend):
         if not os.access(parent, os.W_OK):
             return f"cannot write to {parent}: run as root with cgroupfs mounted read-write"
         return None
-
-    async def _serve_launch(
-        self, env: Environment, argv: list[str], cap: int
-    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
-        """In a cgroup slot of the environment of its own (so its CPU time, memory and
-        processes are the environment's, within its limits), on one core of the environment's
-        set; the slot's leftovers are killed and the slot freed once it is over."""
-        e = self._envs.get(env.id)
-        if e is None or not e.folders["cpu"].is_dir():
-            raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup is gone")
-        top = e.folders["cpuset" if self.h.version == 1 else "cpu"]
-        try:
-            core = int(fs.read(top / "cpuset.cpus").split(",")[0].split("-")[0])
-            slot = await asyncio.to_thread(self._slot, env, e)
-            self._confine(slot, (core,))
-        except (OSError, ValueError) as exc:
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: cannot make a cgroup slot in {top} ({exc})"
-            ) from exc
-
-        try:
-            argv, fds, entered_done = self._serve_enter(env, slot.join, argv, cap)
-        except BaseException:
-            e.free.append(slot)
-            raise
-
-        def done() -> None:
-            try:
-                entered_done()
-            finally:
-                fs.kill_all(slot.folders["cpu"])
-                e.free.append(slot)
-
-        return argv, fds, done
-
-    def _serve_enter(
-        self, env: Environment, join: str, argv: list[str], cap: int
-    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
-        """The argv that joins the slot (`join`) and runs `argv`; isolating subclasses put
-        their sandbox between the two."""
-        return joined(join, argv), (), lambda: None
 
     def describe(self) -> str:
         if self._h is None:
@@ -206,7 +168,15 @@ class CgroupBackend(Backend):
     def _env_folders(self, env_id: str) -> dict[str, Path]:
         return {c: b / env_id for c, b in self.h.bases.items()}
 
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> CgroupSandbox:
+        cgroups = self._make_cgroups(env, cores)
+        self._workdirs.add(env.workdir)
+        self._make_workdir(env)
+        return CgroupSandbox(self, env, cgroups)
+
+    def _make_cgroups(self, env: Environment, cores: tuple[int, ...]) -> EnvCgroups:
+        """The environment's cgroups, limited to its memory and `pids_max`, all of `cores`
+        allowed; raises `BackendUnavailable` (nothing left behind) where they cannot be made."""
         self._ensure_bases()
         folders = self._env_folders(env.id)
         try:
@@ -233,11 +203,9 @@ class CgroupBackend(Backend):
                 f"cannot create the cgroup of environment {env.id} "
                 f"({exc}); is the cgroup filesystem writable?"
             ) from exc
-        self._envs[env.id] = _Env(folders)
-        self._workdirs.add(env.workdir)
-        self._make_workdir(env)
+        return EnvCgroups(folders)
 
-    def _slot(self, env: Environment, e: _Env) -> Slot:
+    def _slot(self, e: EnvCgroups) -> Slot:
         if e.free:
             return e.free.pop()
         name = f"x{len(e.slots)}"
@@ -271,96 +239,6 @@ class CgroupBackend(Backend):
             self.h.version, slot.folders, cores, (slot.cpus, slot.quota)
         )
 
-    # -- exec ----------------------------------------------------------------------------------
-
-    def _launch(
-        self, env: Environment, join: str, command: Command, gpus: tuple[int, ...] = ()
-    ) -> list[str]:
-        """The argv of one exec: a shell that joins the slot (`join`), then runs `command`.
-        Isolating subclasses put their sandbox between the two (with `gpus`' devices)."""
-        return joined(join, command)
-
-    def _fds(self, env: Environment, gpus: tuple[int, ...] = ()) -> tuple[int, ...]:
-        """File descriptors the exec's launcher needs open (none here), opened per exec."""
-        return ()
-
-    def _fds_done(self, fds: tuple[int, ...]) -> None:
-        """Close what `_fds` opened, once the exec is over."""
-
-    async def _exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        e = self._envs.get(env.id)
-        if e is None or not e.folders["cpu"].is_dir():
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: its cgroup "
-                f"{self._env_folders(env.id)['cpu']} is gone"
-            )
-        try:
-            slot = self._slot(env, e)
-            self._confine(slot, cores)
-        except OSError as exc:
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: cannot set its cgroup "
-                f"to cores {fs.cpulist(cores)} ({exc})"
-            ) from exc
-        leaf = slot.folders["cpu"]
-        fds: tuple[int, ...] = ()
-        try:
-            fds = self._fds(env, gpus)  # before `_run`, whose `_launch` may name them
-            outcome = await self._run(
-                env, slot, cores, command, timeout, output_cap, elastic, fds, gpus
-            )
-        finally:
-            self._fds_done(fds)
-            e.free.append(slot)
-        if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
-            raise EnvironmentBroken(
-                f"environment {env.id} is broken: the command could not join its cgroup {leaf}"
-            )
-        return outcome
-
-    async def _run(
-        self,
-        env: Environment,
-        slot: Slot,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        fds: tuple[int, ...] = (),
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        """Run one command in `slot` (joined before it starts), its leftovers killed; `fds`
-        (from `_fds`) are passed to it."""
-        leaf = slot.folders["cpu"]
-        return await run_local(
-            self._launch(env, slot.join, command, gpus),
-            cwd=env.workdir,
-            env=self._environ(env, cores, elastic, gpus),
-            timeout=timeout,
-            output_cap=output_cap,
-            kill_rest=lambda: fs.kill_all(leaf),
-            pass_fds=fds,
-        )
-
-    def _limit_counts(self, env: Environment) -> LimitCounts:
-        e = self._envs.get(env.id)
-        if e is None:
-            return LimitCounts()
-        return LimitCounts(
-            fs.oom_kills(self.h.version, e.folders["memory"]),
-            fs.pids_refused(e.folders.get("pids")),
-        )
-
     def cpu_seconds(self, env_id: str) -> float:
         """CPU time used by everything that ran in the environment (from the cgroup)."""
         folders = self._env_folders(env_id)
@@ -375,26 +253,6 @@ class CgroupBackend(Backend):
     def folders(self, env_id: str) -> list[Path]:
         """Every cgroup folder of an environment (for leak checks)."""
         return list(dict.fromkeys(self._env_folders(env_id).values()))
-
-    async def suspend(self, env: Environment) -> None:
-        e = self._envs.get(env.id)
-        if e is not None:
-            for slot in e.slots:
-                await asyncio.to_thread(fs.kill_all, slot.folders["cpu"])
-
-    # -- teardown ------------------------------------------------------------------------------
-
-    async def _close(self, env: Environment) -> None:
-        """Kill and remove the cgroups, then the work folder. What cannot be removed is logged
-        and left to the next server's sweep; the rest is released whatever happens."""
-        self._envs.pop(env.id, None)
-        try:
-            await asyncio.to_thread(self._remove, self._env_folders(env.id))
-        finally:
-            left = await self._remove_workdir(env)
-            self._workdirs.discard(env.workdir)
-            if left:
-                log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
     def _remove(self, folders: dict[str, Path]) -> None:
         """Remove each cgroup tree. Walking a tree takes a descriptor: where the server has run
@@ -414,10 +272,151 @@ class CgroupBackend(Backend):
                         time.sleep(0.01)
 
     async def _shutdown(self) -> None:
-        self._envs.clear()
         if self._finalizer is not None:
             await asyncio.to_thread(self._finalizer)
         self._made_bases = False
+
+
+class CgroupSandbox(Sandbox):
+    """An environment of the cgroup backend: its cgroups (`cgroups`) and its work folder.
+    An exec takes a free slot, confines it to its cores and runs the command joined to it
+    (`_launch`, `_start`: the hooks an isolating backend's sandbox fills in)."""
+
+    backend: CgroupBackend
+
+    def __init__(self, backend: CgroupBackend, env: Environment, cgroups: EnvCgroups) -> None:
+        super().__init__(backend, env)
+        self.cgroups = cgroups
+
+    def _gone(self) -> bool:
+        return not self.cgroups.folders["cpu"].is_dir()
+
+    async def _run(self, spec: ExecSpec) -> Result:
+        b, e, env = self.backend, self.cgroups, self.env
+        if self._gone():
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: its cgroup {e.folders['cpu']} is gone"
+            )
+        try:
+            slot = b._slot(e)
+            b._confine(slot, spec.cores)
+        except OSError as exc:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: cannot set its cgroup "
+                f"to cores {fs.cpulist(spec.cores)} ({exc})"
+            ) from exc
+        fds: tuple[int, ...] = ()
+        try:
+            fds = self._entry(spec)  # before `_start`, whose `_launch` names them
+            outcome = await self._start(slot, spec, fds)
+        finally:
+            self._entry_done(fds)
+            e.free.append(slot)
+        if outcome.exit_code == 125 and JOIN_FAILED in outcome.stderr:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: the command could not join its cgroup "
+                f"{slot.folders['cpu']}"
+            )
+        return outcome
+
+    def _entry(self, spec: ExecSpec) -> tuple[int, ...]:
+        """File descriptors the exec's launcher needs open (none here), opened per exec and
+        handed to `_launch`."""
+        return ()
+
+    def _entry_done(self, fds: tuple[int, ...]) -> None:
+        """Close what `_entry` opened, once the exec is over."""
+
+    async def _start(self, slot: Slot, spec: ExecSpec, fds: tuple[int, ...]) -> Result:
+        """Run one command in `slot` (joined before it starts), its leftovers killed; `fds`
+        (from `_entry`) are passed to it."""
+        leaf = slot.folders["cpu"]
+        return await run_local(
+            self._launch(slot.join, spec, fds),
+            cwd=self.env.workdir,
+            env=self.environ(spec),
+            timeout=spec.timeout,
+            output_cap=spec.output_cap,
+            kill_rest=lambda: fs.kill_all(leaf),
+            pass_fds=fds,
+        )
+
+    def _launch(self, join: str, spec: ExecSpec, fds: tuple[int, ...]) -> list[str]:
+        """The argv of one exec: a shell that joins the slot (`join`), then runs the command.
+        An isolating backend's sandbox puts itself between the two (with `spec.gpus`'
+        devices), entering through `fds`."""
+        return joined(join, spec.command)
+
+    def _limit_counts(self) -> LimitCounts:
+        folders = self.cgroups.folders
+        return LimitCounts(
+            fs.oom_kills(self.backend.h.version, folders["memory"]),
+            fs.pids_refused(folders.get("pids")),
+        )
+
+    async def _serve_launch(
+        self, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """In a cgroup slot of the environment of its own (so its CPU time, memory and
+        processes are the environment's, within its limits), on one core of the environment's
+        set; the slot's leftovers are killed and the slot freed once it is over."""
+        b, e, env = self.backend, self.cgroups, self.env
+        if self._gone():
+            raise EnvironmentBroken(f"environment {env.id} is broken: its cgroup is gone")
+        top = e.folders["cpuset" if b.h.version == 1 else "cpu"]
+        try:
+            core = int(fs.read(top / "cpuset.cpus").split(",")[0].split("-")[0])
+            slot = await asyncio.to_thread(b._slot, e)
+            b._confine(slot, (core,))
+        except (OSError, ValueError) as exc:
+            raise EnvironmentBroken(
+                f"environment {env.id} is broken: cannot make a cgroup slot in {top} ({exc})"
+            ) from exc
+
+        try:
+            argv, fds, entered_done = self._serve_enter(slot.join, argv, cap)
+        except BaseException:
+            e.free.append(slot)
+            raise
+
+        def done() -> None:
+            try:
+                entered_done()
+            finally:
+                fs.kill_all(slot.folders["cpu"])
+                e.free.append(slot)
+
+        return argv, fds, done
+
+    def _serve_enter(
+        self, join: str, argv: list[str], cap: int
+    ) -> tuple[list[str], tuple[int, ...], Callable[[], None]]:
+        """The argv that joins the slot (`join`) and runs `argv`; an isolating backend's
+        sandbox puts itself between the two."""
+        return joined(join, argv), (), lambda: None
+
+    def cpu_seconds(self) -> float:
+        return self.backend.cpu_seconds(self.env.id)
+
+    async def _remove_workdir(self) -> list[str]:
+        """Remove the work folder (what is left: `Backend._remove_workdir`)."""
+        return await self.backend._remove_workdir(self.env)
+
+    async def suspend(self) -> None:
+        for slot in self.cgroups.slots:
+            await asyncio.to_thread(fs.kill_all, slot.folders["cpu"])
+
+    async def _close(self) -> None:
+        """Kill and remove the cgroups, then the work folder. What cannot be removed is logged
+        and left to the next server's sweep; the rest is released whatever happens."""
+        b, env = self.backend, self.env
+        try:
+            await asyncio.to_thread(b._remove, self.cgroups.folders)
+        finally:
+            left = await self._remove_workdir()
+            b._workdirs.discard(env.workdir)
+            if left:
+                log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
 
 
 def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:

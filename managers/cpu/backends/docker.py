@@ -28,7 +28,6 @@ import os
 import signal
 import socket
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +38,14 @@ from managers.cpu.backends.base import (
     Backend,
     EnvironmentBroken,
     LimitCounts,
+    Sandbox,
     check_pids_max,
     not_found,
     outcome_of,
 )
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import gone, owned_name
-from managers.cpu.request import Command, argv_of
+from managers.cpu.request import ExecSpec
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result
@@ -57,18 +57,6 @@ LABEL = "tangram.backend"
 OWNER = "tangram.server"  # label: <host name>/<server pid>, for the sweep after a crash
 INSIDE_WORK = "/work"
 INSIDE_SUPPORT = "/opt/tangram"
-
-
-@dataclass(slots=True)
-class _Container:
-    id: str
-    name: str
-    init_pid: int
-    folders: dict[str, Path]  # its cgroup on the host ({} when the engine is not local)
-    version: int  # of that cgroup (`cgroupfs.version`)
-    cpus: str
-    running: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 class DockerBackend(Backend):
@@ -104,14 +92,12 @@ class DockerBackend(Backend):
             raise ValidationError("cpu.user", user, "must be a positive uid (never root)")
         self.user = user
         self._uid_source = UidAllocator(DEFAULT_UID_BASE)
-        self._uids: dict[str, int] = {}
         self.image = image or os.environ.get("TANGRAM_DOCKER_IMAGE", DEFAULT_IMAGE)
         self.base_url = base_url
         self.max_concurrent = max_concurrent
         self.direct = direct
         self.owner_label = f"{socket.gethostname()}/{os.getpid()}"
-        self._envs: dict[str, _Container] = {}
-        self._ids = itertools.count()
+        self._sandboxes: set[DockerSandbox] = set()  # open ones (removed at `shutdown`)
 
     @classmethod
     def probe(cls) -> str | None:
@@ -150,10 +136,7 @@ class DockerBackend(Backend):
                     swept.append(f"container {name} (server pid {pid})")
         return swept
 
-    def owner(self, env: Environment) -> int | None:
-        return self._uids.get(env.id)
-
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> DockerSandbox:
         from docker.errors import DockerException
 
         cpus = fs.cpulist(cores)
@@ -197,102 +180,9 @@ class DockerBackend(Backend):
         version, folders = found if found is not None else (0, {})
         if folders and not os.access(folders["cpuset"] / "cpuset.cpus", os.W_OK):
             folders = {}
-        self._uids[env.id] = uid
-        self._envs[env.id] = _Container(c.id, c.name, pid, folders, version, cpus)
-
-    async def _broken(self, env: Environment, c: _Container, exc: Exception) -> EnvironmentBroken:
-        from docker.errors import NotFound
-
-        try:
-            state = (await self._call(self.api.inspect_container, c.id))["State"]
-            what = (
-                f"is {state.get('Status')} (exit code {state.get('ExitCode')}"
-                f"{', killed for memory' if state.get('OOMKilled') else ''})"
-            )
-        except NotFound:
-            what = "no longer exists"
-        return EnvironmentBroken(
-            f"environment {env.id} is broken: its container {c.name} {what}; "
-            f"close it and open a new one ({exc})"
-        )
-
-    async def _exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        from docker.errors import APIError
-
-        c = self._envs.get(env.id)
-        if c is None:
-            raise EnvironmentBroken(f"environment {env.id} is broken: no container")
-        token = next(self._ids)
-        c.running[token] = cores
-        holder: dict[str, Any] = {}
-        variables = self._environ(env, cores, elastic)
-        try:
-            await self._set_cores(env, c)
-            run = asyncio.ensure_future(
-                self._call(self._exec_sync, c.id, argv_of(command), variables, output_cap, holder)
-            )
-            timed_out = False
-            try:
-                code, out, err, truncated = await asyncio.wait_for(asyncio.shield(run), timeout)
-            except TimeoutError:
-                timed_out = True
-                self._kill_exec(holder)
-                code, out, err, truncated = await asyncio.wait_for(run, KILL_GRACE_S)
-            except asyncio.CancelledError:
-                self._kill_exec(holder)
-                raise
-        except APIError as exc:
-            raise await self._broken(env, c, exc) from exc
-        finally:
-            del c.running[token]
-            if not c.running:
-                await self._call(self._kill_leftovers, c)
-        # no exit code: the container went away (closed meanwhile: `exec` says cancelled)
-        if code is None and self._envs.get(env.id) is c:
-            raise await self._broken(env, c, RuntimeError("exec ended without an exit code"))
-        if code == 126 and b"executable file not found" in out + err:
-            return not_found(
-                argv_of(command)[0],
-                FileNotFoundError(2, "executable file not found in the container"),
-            )
-        return outcome_of(code, out, err, truncated, timed_out, timeout, output_cap)
-
-    def _limit_counts(self, env: Environment) -> LimitCounts:
-        c = self._envs.get(env.id)
-        if c is None or not c.folders:
-            return LimitCounts()
-        return LimitCounts(
-            fs.oom_kills(c.version, c.folders["memory"]), fs.pids_refused(c.folders.get("pids"))
-        )
-
-    async def _set_cores(self, env: Environment, c: _Container) -> None:
-        async with c.lock:
-            union = tuple(sorted(set().union(*c.running.values())))
-            cpus = fs.cpulist(union)
-            if cpus == c.cpus:
-                return
-            if c.folders:
-                try:
-                    fs.set_cores(c.version, c.folders, union)
-                except OSError as exc:
-                    raise await self._broken(env, c, exc) from exc
-            else:
-                await self._call(
-                    self.api.update_container,
-                    c.id,
-                    cpuset_cpus=cpus,
-                    cpu_quota=len(union) * fs.PERIOD_US,
-                )
-            c.cpus = cpus
+        sandbox = DockerSandbox(self, env, c.id, c.name, pid, folders, version, cpus, uid)
+        self._sandboxes.add(sandbox)
+        return sandbox
 
     def _exec_sync(
         self, cid: str, argv: list[str], variables: dict[str, str], cap: int, holder: dict[str, Any]
@@ -322,22 +212,6 @@ class DockerBackend(Backend):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(p, signal.SIGKILL)
 
-    def _kill_leftovers(self, c: _Container) -> None:
-        if c.folders:
-            fs.kill_all(c.folders["cpu"], keep=c.init_pid)
-
-    async def _close(self, env: Environment) -> None:
-        from docker.errors import NotFound
-
-        c = self._envs.pop(env.id, None)
-        self._uids.pop(env.id, None)
-        if c is not None:
-            with contextlib.suppress(NotFound):
-                await self._call(self.api.remove_container, c.id, force=True)
-        left = await self._remove_workdir(env)
-        if left:
-            log.warning("environment %s: could not remove %s", env.id, "; ".join(left))
-
     def containers(self) -> list[str]:
         """Names of the containers this backend has created and not removed (leak checks)."""
         found = self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.tag}"})
@@ -346,12 +220,142 @@ class DockerBackend(Backend):
     async def _shutdown(self) -> None:
         from docker.errors import NotFound
 
-        for env_id in list(self._envs):
-            c = self._envs.pop(env_id)
+        for sandbox in list(self._sandboxes):
+            self._sandboxes.discard(sandbox)
+            sandbox.open = False
             with contextlib.suppress(NotFound):
-                await self._call(self.api.remove_container, c.id, force=True)
+                await self._call(self.api.remove_container, sandbox.id, force=True)
         self._pool.shutdown(wait=False)
         self.client.close()
+
+
+class DockerSandbox(Sandbox):
+    """A container: its id and name, its init's host PID, its cgroup on the host (`folders`,
+    {} when the engine is not local; `version`: of that cgroup), the cores it is allowed now
+    (`cpus`: the union of its running commands'), its commands' uid."""
+
+    backend: DockerBackend
+
+    def __init__(
+        self,
+        backend: DockerBackend,
+        env: Environment,
+        cid: str,
+        name: str,
+        init_pid: int,
+        folders: dict[str, Path],
+        version: int,
+        cpus: str,
+        uid: int,
+    ) -> None:
+        super().__init__(backend, env)
+        self.id, self.name, self.init_pid = cid, name, init_pid
+        self.folders, self.version, self.cpus, self.uid = folders, version, cpus, uid
+        self.running: dict[int, tuple[int, ...]] = {}  # exec token -> its cores
+        self.lock = asyncio.Lock()
+        self._tokens = itertools.count()
+
+    async def _broken(self, exc: Exception) -> EnvironmentBroken:
+        from docker.errors import NotFound
+
+        b = self.backend
+        try:
+            state = (await b._call(b.api.inspect_container, self.id))["State"]
+            what = (
+                f"is {state.get('Status')} (exit code {state.get('ExitCode')}"
+                f"{', killed for memory' if state.get('OOMKilled') else ''})"
+            )
+        except NotFound:
+            what = "no longer exists"
+        return EnvironmentBroken(
+            f"environment {self.env.id} is broken: its container {self.name} {what}; "
+            f"close it and open a new one ({exc})"
+        )
+
+    async def _run(self, spec: ExecSpec) -> Result:
+        from docker.errors import APIError
+
+        b = self.backend
+        token = next(self._tokens)
+        self.running[token] = spec.cores
+        holder: dict[str, Any] = {}
+        variables = self.environ(spec)
+        try:
+            await self._set_cores()
+            run = asyncio.ensure_future(
+                b._call(b._exec_sync, self.id, spec.argv, variables, spec.output_cap, holder)
+            )
+            timed_out = False
+            try:
+                code, out, err, truncated = await asyncio.wait_for(
+                    asyncio.shield(run), spec.timeout
+                )
+            except TimeoutError:
+                timed_out = True
+                b._kill_exec(holder)
+                code, out, err, truncated = await asyncio.wait_for(run, KILL_GRACE_S)
+            except asyncio.CancelledError:
+                b._kill_exec(holder)
+                raise
+        except APIError as exc:
+            raise await self._broken(exc) from exc
+        finally:
+            del self.running[token]
+            if not self.running:
+                await b._call(self._kill_leftovers)
+        # no exit code: the container went away (closed meanwhile: `exec` says cancelled)
+        if code is None and self.open:
+            raise await self._broken(RuntimeError("exec ended without an exit code"))
+        if code == 126 and b"executable file not found" in out + err:
+            return not_found(
+                spec.argv[0], FileNotFoundError(2, "executable file not found in the container")
+            )
+        return outcome_of(code, out, err, truncated, timed_out, spec.timeout, spec.output_cap)
+
+    def _limit_counts(self) -> LimitCounts:
+        if not self.folders:
+            return LimitCounts()
+        return LimitCounts(
+            fs.oom_kills(self.version, self.folders["memory"]),
+            fs.pids_refused(self.folders.get("pids")),
+        )
+
+    async def _set_cores(self) -> None:
+        b = self.backend
+        async with self.lock:
+            union = tuple(sorted(set().union(*self.running.values())))
+            cpus = fs.cpulist(union)
+            if cpus == self.cpus:
+                return
+            if self.folders:
+                try:
+                    fs.set_cores(self.version, self.folders, union)
+                except OSError as exc:
+                    raise await self._broken(exc) from exc
+            else:
+                await b._call(
+                    b.api.update_container,
+                    self.id,
+                    cpuset_cpus=cpus,
+                    cpu_quota=len(union) * fs.PERIOD_US,
+                )
+            self.cpus = cpus
+
+    def _kill_leftovers(self) -> None:
+        if self.folders:
+            fs.kill_all(self.folders["cpu"], keep=self.init_pid)
+
+    async def _close(self) -> None:
+        from docker.errors import NotFound
+
+        b = self.backend
+        if self in b._sandboxes:
+            b._sandboxes.discard(self)
+            with contextlib.suppress(NotFound):
+                await b._call(b.api.remove_container, self.id, force=True)
+        left = await b._remove_workdir(self.env)
+        if left:
+            log.warning("environment %s: could not remove %s", self.env.id, "; ".join(left))
 
 
 def _connect(base_url: str | None, image: str, max_pool: int) -> Any:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from managers.cpu.backends.base import Backend, LimitCounts
+from managers.cpu.backends.base import Backend, LimitCounts, Sandbox
 from managers.cpu.environments import Environment
-from managers.cpu.request import Command, describe
+from managers.cpu.request import Command, ExecSpec, describe
 from tangram.results import Result, Status
 
 
-class SimBackend(Backend):
+class SimCpuBackend(Backend):
     name = "sim"
     local = False
     support_files = False
@@ -38,8 +38,6 @@ class SimBackend(Backend):
         self.time_scale = time_scale
         self.sleep = sleep
         self.peak_mb = peak_mb or (lambda command: 0)
-        self.envs: dict[str, tuple[int, ...]] = {}
-        self.ooms: dict[str, int] = {}  # env id -> commands killed for memory
         self.execs: list[tuple[str, tuple[int, ...], str]] = []  # (env, cores, command) log
         self.gpu_grants: list[tuple[str, tuple[int, ...], str]] = []  # (env, GPUs, command)
 
@@ -47,36 +45,39 @@ class SimBackend(Backend):
     def probe(cls) -> str | None:
         return None
 
-    async def _open(self, env: Environment, cores: tuple[int, ...]) -> None:
-        self.envs[env.id] = cores
-        self.ooms[env.id] = 0
+    async def _open(self, env: Environment, cores: tuple[int, ...]) -> SimSandbox:
+        return SimSandbox(self, env, cores)
 
-    async def _exec(
-        self,
-        env: Environment,
-        cores: tuple[int, ...],
-        command: Command,
-        timeout: float,
-        output_cap: int,
-        elastic: bool,
-        gpus: tuple[int, ...] = (),
-    ) -> Result:
-        self.execs.append((env.id, cores, describe(command)))
-        if gpus:
-            self.gpu_grants.append((env.id, gpus, describe(command)))
-        d = self.duration(command, len(cores))
-        if self.peak_mb(command) > env.memory_mb:  # killed as it reaches the limit
-            self.ooms[env.id] += 1
+
+class SimSandbox(Sandbox):
+    """A record: the cores it was opened with and the commands killed for memory."""
+
+    backend: SimCpuBackend
+
+    def __init__(self, backend: SimCpuBackend, env: Environment, cores: tuple[int, ...]) -> None:
+        super().__init__(backend, env)
+        self.cores = cores
+        self.ooms = 0  # commands killed for memory
+
+    async def _run(self, spec: ExecSpec) -> Result:
+        b, env = self.backend, self.env
+        b.execs.append((env.id, spec.cores, describe(spec.command)))
+        if spec.gpus:
+            b.gpu_grants.append((env.id, spec.gpus, describe(spec.command)))
+        d = b.duration(spec.command, len(spec.cores))
+        if b.peak_mb(spec.command) > env.memory_mb:  # killed as it reaches the limit
+            self.ooms += 1
             return Result(Status.ERROR, -9, detail="killed by signal SIGKILL (simulated)")
-        if d > timeout:
-            await self.sleep(timeout * self.time_scale)
-            return Result(Status.TIMEOUT, detail=f"killed at its {timeout:g} s timeout (simulated)")
-        await self.sleep(d * self.time_scale)
-        return Result(Status.OK, 0, detail=f"simulated {d:g} s on {len(cores)} cores")
+        if d > spec.timeout:
+            await b.sleep(spec.timeout * b.time_scale)
+            return Result(
+                Status.TIMEOUT, detail=f"killed at its {spec.timeout:g} s timeout (simulated)"
+            )
+        await b.sleep(d * b.time_scale)
+        return Result(Status.OK, 0, detail=f"simulated {d:g} s on {len(spec.cores)} cores")
 
-    def _limit_counts(self, env: Environment) -> LimitCounts:
-        return LimitCounts(ooms=self.ooms.get(env.id, 0))
+    def _limit_counts(self) -> LimitCounts:
+        return LimitCounts(ooms=self.ooms)
 
-    async def _close(self, env: Environment) -> None:
-        self.envs.pop(env.id, None)
-        self.ooms.pop(env.id, None)
+    async def _close(self) -> None:
+        pass

@@ -38,6 +38,7 @@ from pathlib import Path
 from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.base import EnvironmentBroken, outcome_of
 from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
+from managers.cpu.request import ExecSpec
 from tangram.results import Result, Status
 
 INSIDE_SOURCE = Path(__file__).with_name("spawner_inside.py")
@@ -130,19 +131,19 @@ class Spawner:
 
     async def run(
         self,
-        argv: Sequence[str],
+        spec: ExecSpec,
         *,
         env: Mapping[str, str],
         cgroups: Sequence[Path],
         home: Sequence[Path],
-        timeout: float,
-        output_cap: int,
         kill_rest: Callable[[], None],
     ) -> Result:
-        """Run `argv` in the sandbox's work directory, in the cgroups whose cgroup.procs are
-        `cgroups` (`home`: those of the holder's own slot, where the spawner returns; a file in
-        both is written neither way). The timeout counts from the command's start, not from
-        the request. Output past `output_cap` is drained by the spawner, inside the sandbox."""
+        """Run `spec`'s command in the sandbox's work directory, with the variables `env`, in
+        the cgroups whose cgroup.procs are `cgroups` (`home`: those of the holder's own slot,
+        where the spawner returns; a file in both is written neither way). Its timeout counts
+        from the command's start, not from the request. Output past its cap is drained by the
+        spawner, inside the sandbox."""
+        argv, timeout, output_cap = spec.argv, spec.timeout, spec.output_cap
         self._attach()
         if self.dead is not None:
             raise EnvironmentBroken(f"the sandbox is gone ({self.dead})")

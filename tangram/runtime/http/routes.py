@@ -129,7 +129,7 @@ async def call_api(name: str, body: CallApi, request: Request) -> Response:
 
 @router.get("/v1/status")
 async def status(request: Request) -> dict[str, Any]:
-    """`Tangram.status()`'s snapshot (`tangram.runtime.snapshot.StatusSnapshot.to_dict`)."""
+    """`Tangram.status()`'s snapshot (`tangram.runtime.status.StatusSnapshot.to_dict`)."""
     return request.app.state.tangram.status().to_dict()
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tangram.runtime import envs_http, sandboxfusion
+from tangram.runtime import sandboxfusion
+from tangram.runtime.http import env_routes
 from tangram.runtime.http.limits import (
     MAX_ARGV,
     MAX_COMMAND,
@@ -82,7 +83,7 @@ class CallApi(_Body):
 FIELDS = (
     {f for m in (OpenEnv, Exec, Invoke, CallApi, UnitRange) for f in m.model_fields}
     | sandboxfusion.FIELDS
-    | envs_http.FIELDS
+    | env_routes.FIELDS
 )
 
 

@@ -253,10 +253,11 @@ def _argv(
 
 
 def _spawned(tg: Any, env: str) -> bool:
-    """Whether `env`'s commands start through a spawner that names a missing program
-    (`Backend.spawned`; a local CPU manager)."""
-    spawned = getattr(getattr(getattr(tg, "cpu", None), "backend", None), "spawned", None)
-    return spawned is not None and spawned(env)
+    """Whether the environment's commands start through a spawner that names a missing
+    program (`Sandbox.spawned`; a local CPU manager)."""
+    find = getattr(getattr(tg, "cpu", None), "sandbox", None)
+    sandbox = find(env) if find is not None else None
+    return sandbox is not None and sandbox.spawned
 
 
 async def _steps(tg: Any, env: str, plan: Plan, req: RunCodeRequest) -> RunCodeResponse:

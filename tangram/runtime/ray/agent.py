@@ -1,6 +1,6 @@
 """The node agent: one Ray actor per machine that owns that machine's CPU and GPU backends.
 
-The central scheduler (`tangram.runtime.ray_cpu.RayCpuManager`) decides how many cores and which
+The central scheduler (`tangram.runtime.ray.cpu.RayCpuManager`) decides how many cores and which
 ones; the agent only enforces that grant through an ordinary `managers.cpu.CpuManager` whose one
 node is this machine. Ray carries the RPC and pins the agent to its node
 (`NodeAffinitySchedulingStrategy(node_id, soft=False)`, `num_cpus=0`); Ray's own CPU resources are

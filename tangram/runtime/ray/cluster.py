@@ -11,10 +11,10 @@ from typing import Any
 
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.runtime.config import DEFAULT_POLICY, Components, build_apis, build_gpu, check_policy
-from tangram.runtime.ray_agent import sleep_seconds
-from tangram.runtime.ray_cpu import RayCpuManager
-from tangram.runtime.ray_gpu import build_ray_gpu
-from tangram.runtime.ray_remote import MiB, import_ray
+from tangram.runtime.ray.agent import sleep_seconds
+from tangram.runtime.ray.cpu import RayCpuManager
+from tangram.runtime.ray.gpu import build_ray_gpu
+from tangram.runtime.ray.remote import MiB, import_ray
 from tangram.validation import pos_num
 
 

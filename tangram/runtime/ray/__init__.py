@@ -8,23 +8,23 @@ async with tg:
     r.placement["cpu"].node                                 # e.g. "n-77f33c71"
 ```
 
-The Ray layer, one job per module (this one re-exports their public names):
+The Ray layer, one job per module (this package re-exports their public names):
 
-- `ray_agent`: `NodeAgent`, the actor on each machine that owns its CPU and GPU backends.
-- `ray_remote`: `RemoteAgent`, the typed client the central managers call an agent through
+- `agent`: `NodeAgent`, the actor on each machine that owns its CPU and GPU backends.
+- `remote`: `RemoteAgent`, the typed client the central managers call an agent through
   (a dead agent is `NodeLost`), and starting an agent pinned to its node.
-- `ray_nodes`: membership and faults (the watcher; a lost node and what it takes with it).
-- `ray_cpu`: `RayCpuManager`, the `cpu` pool over the agents, its environments in the same
+- `nodes`: membership and faults (the watcher; a lost node and what it takes with it).
+- `cpu`: `RayCpuManager`, the `cpu` pool over the agents, its environments in the same
   `EnvironmentTable` (and node choice) as a machine's `CpuManager`.
-- `ray_gpu`: `RayGpuBackend` and `build_ray_gpu` (the one GPU pool builder over the agents).
-- `ray_cluster`: `build_ray` (`Tangram.ray`), `local_cluster` and `ray_session` (`local:N`).
+- `gpu`: `RayGpuBackend` and `build_ray_gpu` (the one GPU pool builder over the agents).
+- `cluster`: `build_ray` (`Tangram.ray`), `local_cluster` and `ray_session` (`local:N`).
 """
 
-from tangram.runtime.ray_cluster import build_ray, local_cluster, ray_session
-from tangram.runtime.ray_cpu import RayCpuManager
-from tangram.runtime.ray_gpu import RayGpuBackend, build_ray_gpu
-from tangram.runtime.ray_nodes import RayNode, RayNodes
-from tangram.runtime.ray_remote import (
+from tangram.runtime.ray.cluster import build_ray, local_cluster, ray_session
+from tangram.runtime.ray.cpu import RayCpuManager
+from tangram.runtime.ray.gpu import RayGpuBackend, build_ray_gpu
+from tangram.runtime.ray.nodes import RayNode, RayNodes
+from tangram.runtime.ray.remote import (
     INSTALL_HINT,
     MiB,
     RemoteAgent,

@@ -18,7 +18,7 @@ from managers.gpu import NodeLost, Service
 from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable
 from tangram.results import Result
-from tangram.runtime.ray_agent import NodeAgent, NodeInfo
+from tangram.runtime.ray.agent import NodeAgent, NodeInfo
 
 MiB = 1 << 20
 INSTALL_HINT = "Ray is not installed: pip install 'arl-tangram[ray]'"

@@ -17,7 +17,7 @@ import time
 import httpx
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.sim import SimBackend
+from managers.cpu.backends.sim import SimCpuBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.server import create_app
 from topology import CpuNode
@@ -39,7 +39,7 @@ class _Timed:
 
 def _tangram(policy: str, **options) -> Tangram:
     cpu = CpuManager(
-        SimBackend(), nodes={"n0": CpuNode("n0", {0: tuple(range(8))})}, memory_mb={"n0": 65536}
+        SimCpuBackend(), nodes={"n0": CpuNode("n0", {0: tuple(range(8))})}, memory_mb={"n0": 65536}
     )
     return Tangram(cpu=cpu, policy=policy, policy_options=options)
 

@@ -5,8 +5,8 @@ and keeps one line per decision (`now` and every assignment's action id, units, 
 chunk, in the policy's order); `record_cases` runs the fixed seeded cases that
 `tests/golden/decisions.json` was recorded from, so a test can replay them and compare.
 
-    python -m evaluation.decisions tests/golden/decisions.json   # re-record (only on purpose)
-    python -m evaluation.decisions --scoped-vs-global coding 512  # scoped vs global grants
+    python -m evaluation.grant_recording tests/golden/decisions.json   # re-record (only on purpose)
+    python -m evaluation.grant_recording --scoped-vs-global coding 512  # scoped vs global grants
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The GPU pool over Ray: `RayGpuBackend` sends each restore, evict and invoke to the agent of
-the chunk's node (through its typed client, `ray_remote.RemoteAgent`), which runs them with
+the chunk's node (through its typed client, `remote.RemoteAgent`), which runs them with
 the GPU backend of its own machine; chunk choice, residency and LRU stay with the central
 `GpuManager`, built by the one GPU pool builder (`config.gpu_manager`)."""
 
@@ -12,8 +12,8 @@ from typing import Any
 from managers.gpu import GB, GpuBackend, GpuManager, NodeLost, Service
 from tangram.runtime.config import build_services, gpu_manager, uniform_gpus
 from tangram.runtime.config_schema import GpuSpec, parse
-from tangram.runtime.ray_cpu import RayCpuManager
-from tangram.runtime.ray_remote import RemoteAgent
+from tangram.runtime.ray.cpu import RayCpuManager
+from tangram.runtime.ray.remote import RemoteAgent
 
 
 class RayGpuBackend(GpuBackend):

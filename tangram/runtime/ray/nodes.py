@@ -20,8 +20,8 @@ from typing import Any
 
 from managers.cpu.environments import EnvironmentTable
 from tangram.pools import CorePool
-from tangram.runtime.ray_agent import NodeInfo
-from tangram.runtime.ray_remote import RemoteAgent, import_ray
+from tangram.runtime.ray.agent import NodeInfo
+from tangram.runtime.ray.remote import RemoteAgent, import_ray
 from topology import CpuNode
 
 log = logging.getLogger("tangram.ray")

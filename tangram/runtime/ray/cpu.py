@@ -5,7 +5,7 @@ It is a `Manager` like `managers.cpu.CpuManager` and keeps its environments the 
 node and the memory reserved per node, and whose `choose_node` is the one node-choice rule),
 so `Tangram(cpu=...)` runs the same scheduler, policy and invariant checks over it. Its
 `CorePool` has one node per agent (`n-<first 8 hex of the Ray node id>`); `run` sends each
-assignment to the agent of the placement's node. Membership and faults: `ray_nodes`.
+assignment to the agent of the placement's node. Membership and faults: `nodes`.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from tangram.allocation import Assignment
 from tangram.errors import BackendUnavailable, Infeasible, NotFound, ValidationError
 from tangram.pools import CorePool
 from tangram.results import Result, Status
-from tangram.runtime.ray_agent import NodeInfo
-from tangram.runtime.ray_nodes import RayNode, RayNodes, alive_nodes
-from tangram.runtime.ray_remote import RemoteAgent, import_ray, spawn_agent, start_now
+from tangram.runtime.ray.agent import NodeInfo
+from tangram.runtime.ray.nodes import RayNode, RayNodes, alive_nodes
+from tangram.runtime.ray.remote import RemoteAgent, import_ray, spawn_agent, start_now
 
 log = logging.getLogger("tangram.ray")
 T = TypeVar("T")
@@ -106,7 +106,7 @@ class RayCpuManager(EnvironmentManager):
         backend, options, gpu = self._agent_spec
         return spawn_agent(ray_node_id, resources, backend, options, gpu)
 
-    # -- membership (ray_nodes) ----------------------------------------------------------------
+    # -- membership (nodes) --------------------------------------------------------------------
     @property
     def nodes(self) -> dict[str, RayNode]:
         return self.members.nodes
