@@ -1,7 +1,7 @@
 """How long moving a process into a cgroup takes after the machine was idle for a moment, the
 step every exec makes (`tangram bench exec` prints it): the kernel takes a lock shared by every
 hierarchy, which without the `favordynmods` cgroup option waits for an RCU grace period when
-no move happened recently (`managers.cpu.backends.cgroupfs.favor_dynmods`). Needs root and a
+no move happened recently (`managers.cpu.backends.cgroup.fs.favor_dynmods`). Needs root and a
 cpu cgroup hierarchy; moves this process between two folders of its own, then back."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from managers.cpu.backends import cgroupfs
+from managers.cpu.backends.cgroup.backend import fs as cgroupfs
 
 GAP_S = 0.05
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 
 FILE = 64 << 20  # bytes of one file (`files.MAX_FILE`: the most one path may return)
 SERVE = (

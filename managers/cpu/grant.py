@@ -14,7 +14,7 @@ which may hold its bearer token):
     PYTEST_XDIST_AUTO_NUM_WORKERS     the granted cores, what `pytest -n auto` uses
     TANGRAM_PYTHON                    the server's own Python as the command runs it (its
                                       `sys.executable` on the host; in a bwrap sandbox, a
-                                      place under /opt/tangram, `bwrap_views`), where the
+                                      place under /opt/tangram, `bwrap.views`), where the
                                       command can run it (not in a container, not in an
                                       image's root)
 

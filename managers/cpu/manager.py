@@ -353,7 +353,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
                 await asyncio.to_thread(self._discard, env.node, rooted, record.pin)
 
     async def reset_env(self, env_id: str) -> str | None:
-        """Reset a used environment for an unrelated next user (`Backend.reset`): None when
+        """Reset a used environment for an unrelated next user (`Sandbox.reset`): None when
         done, else why not (the caller closes it then)."""
         record = self.envs.record(env_id)
         if record is None:

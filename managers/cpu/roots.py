@@ -4,7 +4,7 @@
 snapshots and what they hold, and the disk they take on the node; each environment's own tree
 (its `layers.Rooted`, the image pin) is on its record (`environments.EnvRecord`). It does
 the host-side work only (mount, freeze, unmount, files); the manager stops and restarts the
-sandbox around it (`Backend.suspend` / `resume`).
+sandbox around it (`Sandbox.suspend` / `resume`).
 
 Paths of the files API: with an image, an absolute path is the environment's own root (`/etc/x`
 is the image's `/etc/x` as the environment sees it) and a relative one is under its work folder

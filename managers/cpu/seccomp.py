@@ -15,7 +15,7 @@ Why each group is refused:
 - keyrings (`add_key`, `keyctl`, `request_key`): the kernel's keyrings are per uid and global to
   the host, a channel between environments and servers outside every namespace;
 - `mq_open`: POSIX message queues outlive their processes in the sandbox's IPC namespace, which
-  a reset sandbox keeps (`backends.bwrap_reset`), and cannot be listed without a mount of
+  a reset sandbox keeps (`backends.bwrap.reset`), and cannot be listed without a mount of
   their own to remove them (System V IPC objects can: the reset removes those);
 - `io_uring_*`: a second system call interface that seccomp cannot see into, and a large
   share of recent kernel privilege escalations;

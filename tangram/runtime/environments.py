@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from managers.base import EnvironmentManager
 from managers.cpu.environments import EnvRecord, EnvState
 from tangram.errors import NotFound, TangramError, ValidationError
+from tangram.results import Status
 from tangram.runtime.entries import UNKNOWN_ENV
 from tangram.scheduling import SchedulerInterface
 from tangram.validation import boolean, pos_int
@@ -27,6 +28,16 @@ class Environments:
     idle_env_s: float | None
     _clock: Callable[[], float]
     _closed: bool
+
+    if TYPE_CHECKING:  # the loop's, `Tangram`'s own
+
+        def _admitting(self) -> None: ...
+
+        def _kick(self) -> None: ...
+
+        def _finish_cancelled(
+            self, action_id: str, why: str, status: Status = Status.CANCELLED
+        ) -> None: ...
 
     async def open_env(
         self,
@@ -151,7 +162,7 @@ class Environments:
     async def reset_env(self, env_id: str) -> str | None:
         """Bring an idle environment back to the state of a never-used one, for an unrelated
         next user (the `/run_code` warm pool): its processes, files and IPC objects gone
-        (`managers.cpu.backends.bwrap_reset`). None when done, else why not: the caller
+        (`managers.cpu.backends.bwrap.reset`). None when done, else why not: the caller
         closes it then."""
         env = self._env(env_id)
         if env.actions:

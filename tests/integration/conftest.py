@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.backends.cgroup.backend import CgroupBackend
 
 
 def host_procs_with(marker: str) -> list[int]:

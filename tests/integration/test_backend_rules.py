@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create
-from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import SIGKILLED, LimitCounts, name_limits
+from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name

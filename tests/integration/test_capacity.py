@@ -19,7 +19,7 @@ from contextlib import contextmanager
 import httpx
 import pytest
 
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 
 pytestmark = [pytest.mark.cgroup]
 ENVS = 1_000
@@ -143,7 +143,7 @@ def test_out_of_descriptors_is_a_503_naming_the_limit(bwrap_or_skip, tmp_path):
             ]
         alive = httpx.get(f"{url}/healthz", timeout=10).status_code
     codes = {c for c, _ in answers}
-    assert codes <= {200, 503}, answers
+    assert codes <= {200, 503}, [a for a in answers if a[0] not in (200, 503)]
     assert 503 in codes
     assert all("RLIMIT_NOFILE 16" in t for c, t in answers if c == 503)
     assert alive == 200

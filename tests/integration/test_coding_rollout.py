@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.layers import LayerStore, mounts_below
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,7 +12,7 @@ import pytest
 
 from managers.cpu import CpuManager, EnvironmentTable, ExecRequest
 from managers.cpu.backends import started
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.backends.sim import SimCpuBackend
 from tangram.errors import BackendUnavailable, Infeasible, ValidationError
 from tangram.pools import CorePool
@@ -74,7 +74,9 @@ def test_cgroup_without_root_names_the_fix():
     """A real unprivileged process asks for the cgroup backend."""
     if os.geteuid() != 0:
         pytest.skip("needs root to drop privileges for the check")
-    from managers.cpu.backends.cgroup import CgroupBackend  # imported before privileges drop
+    from managers.cpu.backends.cgroup.backend import (
+        CgroupBackend,  # imported before privileges drop
+    )
 
     read, write = os.pipe()
     pid = os.fork()

@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.backends.cgroup import fs
+from managers.cpu.backends.cgroup.backend import CgroupBackend
 from managers.cpu.environments import EnvState
 from tangram.actions import Action
 from tangram.allocation import Assignment

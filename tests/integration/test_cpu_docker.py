@@ -12,7 +12,7 @@ import uuid
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends import cgroupfs as fs
+from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.docker import DockerBackend
 from managers.cpu.environments import EnvState
 from tangram.errors import BackendUnavailable

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.bwrap import BwrapBackend
-from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
+from managers.cpu.backends.cgroup import fs
+from managers.cpu.backends.cgroup.backend import CgroupBackend
 from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.leftovers import dead_owner, owned_name, server_tag, sweep_workdirs
 from topology import CpuNode

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.layers import LayerStore, unmount_below
 from managers.cpu.request import ExecRequest
 from tangram.errors import ValidationError

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.build import build
 from managers.cpu.idmap import LAYER_OWNER, id_map
 from managers.cpu.images import ImageStore

@@ -14,7 +14,7 @@ import pytest
 
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends.affinity import AffinityBackend
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.leftovers import sweep_workdirs
 from managers.cpu.removal import remove_tree
 from tangram.errors import ValidationError

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
 from managers.cpu.layers import LayerStore, mounts_below, unmount_below

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest, seccomp
-from managers.cpu.backends.bwrap import BwrapBackend
-from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
+from managers.cpu.backends.cgroup.backend import CgroupBackend
 from managers.cpu.uids import UidAllocator
 
 pytestmark = [pytest.mark.cgroup]

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
+from managers.cpu.backends.cgroup import fs
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore
 from managers.cpu.layers import LayerStore, unmount_below

@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.grant import SAFE_PATH, THREAD_VARIABLES
 from tangram.errors import ValidationError
 from tangram.results import Status

@@ -1,4 +1,4 @@
-"""A reset bwrap sandbox keeps nothing of its earlier user (`managers.cpu.backends.bwrap_reset`):
+"""A reset bwrap sandbox keeps nothing of its earlier user (`managers.cpu.backends.bwrap.reset`):
 each thing a command can leave behind is left by a first command, the sandbox is reset, and a
 second command looks for it. Then the same through `/run_code`'s warm pool, which reuses reset
 sandboxes, and whose environments no client may address. Skips where bwrap cannot run."""
@@ -14,10 +14,11 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends import bwrap_reset, cgroupfs
 from managers.cpu.backends.affinity import AffinityBackend
-from managers.cpu.backends.bwrap import BwrapBackend
-from managers.cpu.backends.bwrap_parts import server_python
+from managers.cpu.backends.bwrap import reset as bwrap_reset
+from managers.cpu.backends.bwrap.backend import BwrapBackend
+from managers.cpu.backends.bwrap.layout import server_python
+from managers.cpu.backends.cgroup import fs as cgroupfs
 from tangram.runtime.facade import Tangram
 from tangram.runtime.sandboxfusion import DEFAULT_MEMORY_MB, warm
 from tangram.runtime.sandboxfusion.warm import warm_pool

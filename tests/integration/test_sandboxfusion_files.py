@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from tangram.runtime.facade import Tangram
 from tangram.runtime.sandboxfusion import RunCodeRequest, run_code
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from managers.cpu import CpuManager
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.grant import SAFE_PATH
 from tangram.runtime.facade import Tangram
 from tangram.runtime.sandboxfusion.runners import PLANS

@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager
-from managers.cpu.backends import spawner
-from managers.cpu.backends import spawner_native as native
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap import spawner
+from managers.cpu.backends.bwrap import spawner_native as native
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.environments import EnvState
 from managers.cpu.request import ExecRequest
 

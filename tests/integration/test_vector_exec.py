@@ -26,7 +26,7 @@ import pytest
 from managers.cpu import CpuManager, seccomp
 from managers.cpu.actions import exec_action
 from managers.cpu.backends.affinity import AffinityBackend
-from managers.cpu.backends.bwrap import BwrapBackend
+from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.build import build
 from managers.cpu.images import ImageStore

@@ -1,16 +1,19 @@
 """The executor backend behind the CPU manager: how an environment exists and how one exec runs.
 
-A backend does the side effects only; the manager owns the pool logic. Contract of `exec`: the
-command runs confined to exactly `cores` (cpuset and, where the backend can, a CPU quota of
+A backend does the side effects only; the manager owns the pool logic and each environment's
+record. `Backend.open` returns the environment's `Sandbox`, the one object that holds what the
+backend keeps for it and runs its commands. Contract of `Sandbox.exec(ExecSpec)`: the
+command runs confined to exactly `spec.cores` (cpuset and, where the backend can, a CPU quota of
 len(cores) cores); when it returns, no process of that exec is left running (leftovers are
 killed, so the cores really come back); the action's own failures come back as an `Result`.
 A lost environment raises `EnvironmentBroken`.
 
 Life: constructing a backend only checks its options (it starts no process and creates no
 cgroup or file: `test_backend_rules`); `start()` probes (a trial sandbox, an engine ping) and
-prepares (the support folder), raising `BackendUnavailable` with the fix; `open`/`exec`
-before it raise `NotStarted`. The rules every backend shares live here, in `Backend`'s
-template methods (`open`, `exec`, `close`) and helpers, so no backend words them its own way:
+prepares (the support folder), raising `BackendUnavailable` with the fix; `open` before it
+raises `NotStarted` (and without a sandbox no command runs). The rules every backend shares
+live here, in the template methods (`Backend.open`, `Sandbox.exec`, `Sandbox.close`,
+`Sandbox.serving`) and helpers, which no backend overrides, so none words them its own way:
 
 - an exec in an environment that is not open fails `EnvironmentBroken`; one whose
   environment was closed while it ran comes back `cancelled`, saying so;
@@ -158,7 +161,7 @@ class Backend(ABC):
         if self.support_files and self._drop_support is None:
             install_plugin(self.support)
             # a backend never shut down still leaves no folder when the interpreter exits
-            # (and unmounts what it holds: `bwrap_views`)
+            # (and unmounts what it holds: `bwrap.views`)
             self._drop_support = weakref.finalize(self, remove_folder, str(self.support))
 
     def _require_started(self, what: str) -> None:
@@ -371,7 +374,7 @@ class Sandbox(ABC):
         """Bring a used environment back to the state of a never-used one (its processes,
         files and namespace state gone), for a caller that reuses it for an unrelated user;
         None when done, else why it cannot be (the caller closes it then). Only a backend
-        that isolates environments can: see `bwrap_reset`."""
+        that isolates environments can: see `bwrap.reset`."""
         return f"the {self.backend.name} backend does not reset environments"
 
     async def suspend(self) -> None:

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from managers.cpu import seccomp
-from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import (
     DEFAULT_PIDS_MAX,
     Backend,
@@ -43,6 +42,7 @@ from managers.cpu.backends.base import (
     not_found,
     outcome_of,
 )
+from managers.cpu.backends.cgroup import fs
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import gone, owned_name
 from managers.cpu.request import ExecSpec

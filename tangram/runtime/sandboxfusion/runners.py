@@ -28,7 +28,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 
-from managers.cpu.backends.spawner import NOT_FOUND
+from managers.cpu.backends.bwrap.spawner import NOT_FOUND
 
 MISSING = "tangram: toolchain missing in the sandbox:"  # the guard's stderr marker
 MISSING_CODE = 127

@@ -19,7 +19,7 @@ background (a request never fails for the pool).
 
 Reuse (`TANGRAM_SANDBOXFUSION_REUSE`, default `DEFAULT_REUSE` requests per sandbox; 1: each
 used once): where the CPU backend can reset a sandbox (bwrap: `managers.cpu.backends.
-bwrap_reset`, which kills every process the request left, removes every file of its work
+bwrap.reset`, which kills every process the request left, removes every file of its work
 folder, `/tmp` and `/dev/shm` and its System V IPC objects), a used sandbox of the pool's size
 is reset in the background and goes back to the pool instead of being closed and replaced:
 building and tearing down a sandbox costs ~15 ms of CPU, more than the `print(1)` it runs. A

@@ -43,10 +43,10 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends import holder as hold
-from managers.cpu.backends.bwrap_parts import _Holder
-from managers.cpu.backends.cgroup import EnvCgroups
+from managers.cpu.backends.bwrap import holder as hold
+from managers.cpu.backends.bwrap.layout import _Holder
+from managers.cpu.backends.cgroup import fs
+from managers.cpu.backends.cgroup.backend import EnvCgroups
 from managers.cpu.environments import Environment
 from managers.cpu.removal import remove_tree
 

@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 from managers.cpu import seccomp
-from managers.cpu.backends import spawner as fast
-from managers.cpu.backends.bwrap_parts import (
+from managers.cpu.backends.bwrap import spawner as fast
+from managers.cpu.backends.bwrap.layout import (
     HOLDER_LAUNCHER,
     INSIDE_SUPPORT,
     INSIDE_WORK,
@@ -20,7 +20,7 @@ from managers.cpu.backends.bwrap_parts import (
     _drop_to,
     _system_binds,
 )
-from managers.cpu.backends.cgroup import CgroupBackend
+from managers.cpu.backends.cgroup.backend import CgroupBackend
 from managers.cpu.environments import Environment
 from managers.cpu.grant import SAFE_PATH
 from managers.cpu.uids import DEFAULT_UID_BASE

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from managers.cpu.backends import cgroupfs as fs
 from managers.cpu.backends.base import (
     DEFAULT_PIDS_MAX,
     Backend,
@@ -38,6 +37,7 @@ from managers.cpu.backends.base import (
     Sandbox,
     check_pids_max,
 )
+from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.backends.process import run_local
 from managers.cpu.environments import Environment
@@ -421,7 +421,7 @@ class CgroupSandbox(Sandbox):
 
 def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
     """Kill what is left under Tangram's folders and remove them, deepest first; remove the
-    environments' working directories (and what is mounted there: `bwrap_views`)."""
+    environments' working directories (and what is mounted there: `bwrap.views`)."""
     for base in bases:
         if base.is_dir():
             fs.remove_tree(base)

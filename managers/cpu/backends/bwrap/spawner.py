@@ -35,8 +35,8 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from managers.cpu.backends import spawner_native as native
 from managers.cpu.backends.base import EnvironmentBroken, outcome_of
+from managers.cpu.backends.bwrap import spawner_native as native
 from managers.cpu.backends.process import DRAIN_GRACE_S, _Capture
 from managers.cpu.request import ExecSpec
 from tangram.results import Result, Status

@@ -26,14 +26,14 @@ Inside:
   `/dev`, a private `/tmp` (tmpfs, one per environment) and the environment's work directory,
   writable, at `/sandbox` (HOME). No `/sys`, no cgroup files, no other environment's folders.
   Its mount table names no host folder and no server PID: the work folder, the support
-  folder and the Python are filesystems of their own on the host (`bwrap_views`);
+  folder and the Python are filesystems of their own on the host (`bwrap.views`);
 - with an image (`Environment.root`, see `managers.cpu.layers`): that tree is `/` instead (the
   host's system files, the server's Python and the tmpfs `/tmp` are not there; `/tmp` and
   `/sandbox` are the image's, in the environment's writable layer), and the sandbox starts and
   is entered with the host's `setpriv`, `sh` and `sleep` run through the host's loader from
   `/opt/tangram/host` (`toolkit`), so an image needs none of them;
 - new PID, IPC, UTS and cgroup namespaces (on cgroup v1 the latter is rooted at the
-  environment's cgroup, `bwrap_parts.rooted_at_env`: each exec's slot shows as `/x<i>`; on v2,
+  environment's cgroup, `bwrap.layout.rooted_at_env`: each exec's slot shows as `/x<i>`; on v2,
   where no process may sit in a cgroup with slots below it, at the holder's slot, so an exec's
   shows as `/../x<i>`); a new network namespace (loopback only) unless the environment was
   opened with `network=True`;
@@ -52,7 +52,7 @@ is the namespace setup per exec (`tangram bench exec` measures it beside raw sub
 
 An exec granted GPUs (a vector exec) does not go through the spawner: its cgroup-joining shell
 runs `nsenter` into the holder's network, IPC, UTS and cgroup namespaces (not its mounts),
-which runs a one-off bwrap (`bwrap_start.device_sandbox_args`) in the holder's PID namespace
+which runs a one-off bwrap (`bwrap.start.device_sandbox_args`) in the holder's PID namespace
 (`--pidns`, so its /proc is the environment's) that mounts the environment's files exactly as
 the holder does plus, in its own /dev, the granted GPUs' `/dev/nvidia<i>` and the driver's
 control nodes that exist (`--dev-bind`, from `device_dir`, default /dev), and no other GPU's
@@ -77,23 +77,18 @@ import weakref
 from collections.abc import Callable
 
 from managers.cpu import seccomp
-from managers.cpu.backends import bwrap_reset, toolkit
-from managers.cpu.backends import bwrap_views as views
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends import holder as hold
-from managers.cpu.backends import spawner as fast
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modules import)
+from managers.cpu.backends.bwrap import holder as hold
+from managers.cpu.backends.bwrap import reset as bwrap_reset
+from managers.cpu.backends.bwrap import spawner as fast
+from managers.cpu.backends.bwrap import toolkit, views
+from managers.cpu.backends.bwrap.layout import (
     HOLDER_LAUNCHER,
-    HOLDER_SCRIPT,
-    HOLDER_START_S,
     INSIDE_SUPPORT,
     INSIDE_WORK,
-    ISOLATE,
     LOADER_PYTHON,
     NAMESPACES,
     SPAWNING,
-    SYSTEM_LINKS,
     _descriptors_to_spare,
     _drop_to,
     _extra_binds,
@@ -108,7 +103,7 @@ from managers.cpu.backends.bwrap_parts import (  # noqa: F401  (names other modu
     rooted_at_env,
     server_python,
 )
-from managers.cpu.backends.bwrap_start import (
+from managers.cpu.backends.bwrap.start import (
     DEVICE_NAMESPACES,
     IDLE_CAPS,
     device_sandbox_args,
@@ -118,7 +113,8 @@ from managers.cpu.backends.bwrap_start import (
     sandbox_args,
     spawner_payload,
 )
-from managers.cpu.backends.cgroup import (
+from managers.cpu.backends.cgroup import fs
+from managers.cpu.backends.cgroup.backend import (
     DEFAULT_PIDS_MAX,
     CgroupBackend,
     CgroupSandbox,
@@ -156,7 +152,7 @@ class BwrapBackend(CgroupBackend):
         """`uid_base`: environments run as uid_base, uid_base + 1, ... on the host (must not
         be anyone's uid); `ro_paths`: host paths each sandbox sees read-only at their own
         paths besides the system's and the server's own Python (which it sees under
-        /opt/tangram, `TANGRAM_PYTHON`: `bwrap_views`), such as a toolchain under /opt;
+        /opt/tangram, `TANGRAM_PYTHON`: `bwrap.views`), such as a toolchain under /opt;
         default none; `spawner`: start commands through a resident spawner in each sandbox
         (`spawner.py`) instead of entering the sandbox per exec; `favor_dynmods`: the cgroup
         backend's; `device_dir`: where the GPUs' device nodes are (`nvidia<i>`, `nvidiactl`,
@@ -183,7 +179,7 @@ class BwrapBackend(CgroupBackend):
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
         self._spawner_installed = False
-        self._python = sys.executable  # the server's Python inside (`bwrap_views`): at `start`
+        self._python = sys.executable  # the server's Python inside (`bwrap.views`): at `start`
         self._python_folder = self.support.with_name(owned_name(f"{self.tag}-python"))
         self._python_view: tuple[str, list[str]] | None = None
         self._drop_python: weakref.finalize | None = None
@@ -207,7 +203,7 @@ class BwrapBackend(CgroupBackend):
         self._spawner = self._want_spawner  # its Python (where it is not native) is there
 
     def _install_support(self) -> None:
-        """The support folder is a tmpfs of its own (`bwrap_views`)."""
+        """The support folder is a tmpfs of its own (`bwrap.views`)."""
         if self._drop_support is None:
             try:
                 views.own_support(self.support)
@@ -220,7 +216,7 @@ class BwrapBackend(CgroupBackend):
 
     @staticmethod
     def _own_view(env: Environment) -> bool:
-        """Give a plain environment's work folder a filesystem of its own (`bwrap_views`);
+        """Give a plain environment's work folder a filesystem of its own (`bwrap.views`);
         whether it did (a disk-bounded one is a layer's overlay already, an image's is the
         image's)."""
         if env.root is not None or os.path.ismount(env.workdir):
@@ -228,6 +224,7 @@ class BwrapBackend(CgroupBackend):
         try:
             views.own_workdir(env.workdir)
         except OSError as exc:
+            raise_if_out_of_files(exc)  # a host limit (503), not a broken mount
             raise BackendUnavailable(
                 f"cannot mount the work folder of environment {env.id} ({exc})"
             ) from exc

@@ -16,12 +16,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from managers.cpu.backends import cgroupfs as fs
-from managers.cpu.backends import holder as hold
-from managers.cpu.backends import spawner as fast
-from managers.cpu.backends import toolkit
 from managers.cpu.backends.base import EnvironmentBroken
-from managers.cpu.backends.cgroup import JOIN_FAILED, EnvCgroups, Slot, joined
+from managers.cpu.backends.bwrap import holder as hold
+from managers.cpu.backends.bwrap import spawner as fast
+from managers.cpu.backends.bwrap import toolkit
+from managers.cpu.backends.cgroup import fs
+from managers.cpu.backends.cgroup.backend import JOIN_FAILED, EnvCgroups, Slot, joined
 from managers.cpu.environments import Environment
 from tangram.errors import BackendUnavailable
 
@@ -61,7 +61,7 @@ def discard_spawned(done: Future) -> None:
 def server_python() -> tuple[str, ...]:
     """The folders of the server's own Python (its virtual environment and base installation),
     outside /usr: bound read-only at their own paths where the kernel refuses the views that
-    hide them (`bwrap_views`), so that commands can run `sys.executable`."""
+    hide them (`bwrap.views`), so that commands can run `sys.executable`."""
     found: list[str] = []
     for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix):
         real = os.path.realpath(p)
@@ -191,7 +191,7 @@ class _Holder:
     # its mount points as it names them, read at its first reset: they never change after its
     # set-up (its commands can mount nothing: the seccomp filter refuses every mount call)
     mounts: frozenset[str] | None = None
-    # /proc/sysvipc listings opened inside its IPC namespace (`bwrap_reset`), read from outside
+    # /proc/sysvipc listings opened inside its IPC namespace (`bwrap.reset`), read from outside
     ipc_lists: tuple[int, ...] | None = None
 
     def alive(self) -> bool:
