@@ -89,7 +89,8 @@ class EnvRecord:
     running (`actions`, the facade's), when it was last used (the idle reaper's clock), whom
     it serves (`owner`: its trajectory, or the `/run_code` warm pool, which counts the
     requests it served, `uses`, and whether one holds it now, `lent`), why it broke, its tree
-    (`rooted`, `pin`: see `roots`) and its backend's sandbox (`sandbox`)."""
+    (`rooted`, `pin`: see `roots`), its backend's sandbox (`sandbox`) and its shell sessions
+    (`sessions`, by name)."""
 
     env: Environment
     state: EnvState = EnvState.OPENING
@@ -103,6 +104,8 @@ class EnvRecord:
     rooted: Any = None  # a `layers.Rooted` where it has layers
     pin: int | None = None  # its image's pin in the store
     sandbox: Any = None  # its backend's `Sandbox` (None while it opens)
+    sessions: dict[str, Any] = field(default_factory=dict)  # name -> its `ShellSession`
+    background: Any = None  # the node's background cores its sessions share (`shells`)
     _settled: asyncio.Event | None = None
 
     @property

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from typing import TYPE_CHECKING
 
 from managers.cpu.backends.base import Backend, EnvironmentBroken
 from managers.cpu.environments import EnvironmentTable, EnvRecord, EnvState
@@ -26,6 +27,12 @@ class EnvExecs:
     pool: CorePool
     envs: EnvironmentTable
     backend: Backend
+
+    if TYPE_CHECKING:  # the manager's own (`shells.EnvShells`)
+
+        async def run_in_session(
+            self, record: EnvRecord, req: ExecRequest, cores: tuple[int, ...]
+        ) -> Result: ...
 
     async def run(self, assignment: Assignment) -> Result:
         target = exec_target(assignment, self.envs)
@@ -52,7 +59,10 @@ class EnvExecs:
         record.command_started()
         full_before = self._disk_full(record)
         try:
-            outcome = await record.sandbox.exec(req.spec(placement.cores, gpus))
+            if req.session is not None:
+                outcome = await self.run_in_session(record, req, placement.cores)
+            else:
+                outcome = await record.sandbox.exec(req.spec(placement.cores, gpus))
         except EnvironmentBroken as exc:
             if record.state is EnvState.RUNNING:
                 record.to(EnvState.BROKEN, str(exc))

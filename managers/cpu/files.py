@@ -33,9 +33,9 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def openat2(dirfd: int, path: str, flags: int, mode: int = 0) -> int:
-    """`openat2(dirfd, path, {flags, mode, RESOLVE})`; raises OSError."""
-    how = _OpenHow(flags | os.O_CLOEXEC, mode, RESOLVE)
+def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = RESOLVE) -> int:
+    """`openat2(dirfd, path, {flags, mode, resolve})`; raises OSError."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
     fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         err = ctypes.get_errno()

@@ -29,6 +29,8 @@ class EnvForks:
 
         async def _open(self, proto: Environment, stack=None) -> str: ...
 
+        async def end_sessions(self, record: EnvRecord) -> None: ...
+
         async def close_env(self, env_id: str) -> None: ...
 
         def _check_room(self, node: str, n: int, memory_mb: int, disk_mb: int) -> None: ...
@@ -63,6 +65,7 @@ class EnvForks:
         env = record.env
         record.to(EnvState.FREEZING)
         try:
+            await self.end_sessions(record)  # files carry over, sessions do not
             await record.sandbox.suspend()
             try:
                 frozen = await asyncio.to_thread(roots.freeze, record.rooted, env.disk_mb)

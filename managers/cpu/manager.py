@@ -33,6 +33,12 @@ from managers.cpu.layers import DEFAULT_DISK_MB, Rooted
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.node import default_state_dir, local_disk_mb, local_memory_mb
 from managers.cpu.roots import Prepared, Roots
+from managers.cpu.shells import (
+    DEFAULT_BACKGROUND,
+    BackgroundCores,
+    EnvShells,
+    check_background,
+)
 from tangram.errors import Infeasible, TangramError, ValidationError
 from tangram.pools import CorePool
 from topology import CpuNode
@@ -42,7 +48,7 @@ LOCAL = "local"
 log = logging.getLogger(__name__)
 
 
-class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
+class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvShells, EnvironmentManager):
     """Owns the `cpu` pool (cores by NUMA domain per node) and the trajectories' environments.
 
     `backend`: a name ("bwrap", "cgroup", "docker", "affinity", "sim"; "auto" picks the best
@@ -58,7 +64,8 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
     `disk_mb`: the disk bound of an environment opened with an image or snapshot and no
     `disk_mb` of its own (default `layers.DEFAULT_DISK_MB`); `disk_capacity_mb`: the node's
     disk for environments (default: what is free under `state_dir` at start); `tar_max_mb`:
-    the bound of one `tar_files` stream (default `envfiles.TAR_MAX_MB`).
+    the bound of one `tar_files` stream (default `envfiles.TAR_MAX_MB`); `background`: the
+    share of one core an environment's shell sessions get between their commands (`shells`).
     """
 
     name = "cpu"
@@ -76,6 +83,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         disk_mb: int = DEFAULT_DISK_MB,
         disk_capacity_mb: int | None = None,
         tar_max_mb: int = TAR_MAX_MB,
+        background: float = DEFAULT_BACKGROUND,
     ) -> None:
         options = dict(backend_options or {})
         if isinstance(backend, Backend) and options:
@@ -103,6 +111,8 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         self.roots: Roots | None = None
         Roots.check_disk_mb(disk_mb)  # a bad value fails here, not at start
         self.tar_max = check_tar_max_mb(tar_max_mb) << 20
+        self.background = check_background(background)  # a session's share of a core, idle
+        self._background: dict[str, BackgroundCores] = {}  # node -> (see `shells`)
         self._layers = (state_dir, disk_mb, disk_capacity_mb)
         self.envs = EnvironmentTable(
             memory_mb, None if disk_capacity_mb is None else dict.fromkeys(nodes, disk_capacity_mb)
@@ -341,6 +351,7 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvironmentManager):
         record.to(EnvState.CLOSING)
         env, rooted = record.env, record.rooted
         try:
+            await self.end_sessions(record)
             if rooted is not None:  # the tree first (lazily: the sandbox lets go when killed)
                 assert self.roots is not None
                 await asyncio.to_thread(self.roots.layers.unmount, rooted.target)

@@ -41,6 +41,9 @@ class ExecRequest:
     output_cap: int = DEFAULT_OUTPUT_CAP
     gpu_resource: str | None = None
     gpu_node: str | None = None
+    session: str | None = None  # run in this shell session of the environment (`sessions`)
+    interactive: bool = False  # typed into the program that holds the session's terminal
+    expect: tuple[str, ...] = ()  # prompts that end an interactive request
 
     def __post_init__(self) -> None:
         if not isinstance(self.env_id, str) or not self.env_id:
@@ -61,6 +64,14 @@ class ExecRequest:
         cap = self.output_cap
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
             raise ValidationError("exec.output_cap", cap, "must be a non-negative integer (bytes)")
+        if self.session is None and (self.interactive or self.expect):
+            raise ValidationError("session", None, "interactive and expect need a session")
+        if self.session is not None and self.gpu_resource is not None:
+            raise ValidationError("gpus", self.gpu_node, "a session's command takes no GPUs")
+        if not isinstance(self.expect, tuple) or not all(
+            isinstance(e, str) and e and "\0" not in e for e in self.expect
+        ):
+            raise ValidationError("expect", self.expect, "must be a list of non-empty strings")
         if (self.gpu_resource is None) != (self.gpu_node is None):
             raise ValidationError(
                 "gpus", self.gpu_node, "a GPU grant names both its pool and its node"

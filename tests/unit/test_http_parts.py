@@ -27,9 +27,10 @@ PARTS = [ROOT / "tangram/runtime/server.py", *sorted((ROOT / "tangram/runtime/ht
 
 
 @pytest.mark.parametrize("path", PARTS, ids=lambda p: p.name)
-def test_each_part_is_small_and_its_functions_fit_a_screen(path):
+def test_each_parts_functions_fit_a_screen(path):
+    """Parts are split by job (docs/architecture.md), not by a line count; a function stays
+    short enough to read at once."""
     source = path.read_text()
-    assert len(source.splitlines()) <= 400
     long = [
         (n.name, n.end_lineno - n.lineno + 1)
         for n in ast.walk(ast.parse(source))

@@ -52,6 +52,7 @@ from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.mounts import remove_folder
 from managers.cpu.removal import remove_tree_async
 from managers.cpu.request import ExecSpec
+from managers.cpu.sessions.shell import ShellSession
 from tangram.errors import ActionFailed, BackendUnavailable, TangramError, ValidationError
 from tangram.results import Result, Status
 
@@ -383,6 +384,28 @@ class Sandbox(ABC):
 
     async def resume(self) -> None:
         """Make the environment usable again after `suspend` (same id, same paths)."""
+
+    # -- shell sessions (`managers.cpu.sessions`) ----------------------------------------------
+    async def start_session_host(
+        self, name: str, cores: tuple[int, ...], share: float
+    ) -> ShellSession:
+        """Start the host of session `name` (a shell on a terminal) in a cgroup slot of its
+        own, confined to `cores` with a quota of `share` of one core (the background
+        allowance), and return once it answers. Only a backend that sandboxes can."""
+        raise ValidationError(
+            "session",
+            name,
+            f"the {self.backend.name} backend has no shell sessions (the bwrap backend has)",
+        )
+
+    def session_cores(
+        self, session: ShellSession, cores: tuple[int, ...], share: float | None = None
+    ) -> None:
+        """Give the session's processes `cores` (a command's grant), or with `share` the
+        background allowance on them."""
+
+    async def end_session(self, session: ShellSession) -> None:
+        """Kill everything of the session (its shell, its background jobs) and free its slot."""
 
     @property
     def spawned(self) -> bool:

@@ -127,6 +127,7 @@ from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name
 from managers.cpu.mounts import remove_folder
 from managers.cpu.request import ExecSpec
+from managers.cpu.sessions.shell import HOST_NAME, ShellSession, host_key, install_host
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
@@ -179,6 +180,7 @@ class BwrapBackend(CgroupBackend):
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
         self._spawner_installed = False
+        self._session_host_installed = False
         self._python = sys.executable  # the server's Python inside (`bwrap.views`): at `start`
         self._python_folder = self.support.with_name(owned_name(f"{self.tag}-python"))
         self._python_view: tuple[str, list[str]] | None = None
@@ -483,11 +485,12 @@ class BwrapSandbox(CgroupSandbox):
         cap: int,
         gpus: tuple[int, ...] = (),
         devices: int | None = None,
+        detached: bool = False,
     ) -> list[str]:
         """The argv that joins the slot (`join`), enters the holder's namespaces (through
         `dirfd`, its /proc folder; with `gpus`, a device sandbox from the arguments at
         `devices`), drops to the environment's uid and runs `argv` under the seccomp loader,
-        which passes `cap` + 1 bytes of each output."""
+        which passes `cap` + 1 bytes of each output (`detached`: see `joined`)."""
         b, env = self.backend, self.env
         assert self.uid is not None
         drop = _drop_to(self.uid)
@@ -514,7 +517,7 @@ class BwrapSandbox(CgroupSandbox):
                 "--",
             )
         # (the shell's PWD, the host folder it started in, is not the command's to see)
-        return joined(f"{join}\nunset PWD", (*enter, *drop, *loader, *argv))
+        return joined(f"{join}\nunset PWD", (*enter, *drop, *loader, *argv), detached)
 
     # -- the server's own work -----------------------------------------------------------------
     async def _serve_launch(
@@ -540,6 +543,92 @@ class BwrapSandbox(CgroupSandbox):
             hold.close_quietly(dirfd)
             raise
         return entered, (dirfd,), lambda: hold.close_quietly(dirfd)
+
+    # -- shell sessions --------------------------------------------------------------------
+    async def start_session_host(
+        self, name: str, cores: tuple[int, ...], share: float
+    ) -> ShellSession:
+        b, env = self.backend, self.env
+        python = self._session_python()
+        if python is None:
+            raise ValidationError(
+                "session",
+                name,
+                f"environment {env.id}'s image has no python3 (/usr/bin/python3), which "
+                "the session's host runs on",
+            )
+        if not b._session_host_installed:
+            install_host(b.support)
+            b._session_host_installed = True
+        await self._heal_holder()
+        session = ShellSession(name, host_key(name), None, self._root_fd)
+        session.slot = slot = await asyncio.to_thread(b._slot, self.cgroups)
+        try:
+            b._confine(slot, cores, share)
+            await self._launch_host(slot, python, session.key, cores)
+            await session.wait_ready()
+        except BaseException:
+            await self.end_session(session)
+            raise
+        return session
+
+    def _session_python(self) -> str | None:
+        if self.env.root is None:
+            return self.backend._python
+        found = os.path.join(self.env.root, "usr/bin/python3")
+        return "/usr/bin/python3" if os.path.lexists(found) else None
+
+    async def _launch_host(self, slot: Slot, python: str, key: str, cores: tuple[int, ...]) -> None:
+        """Start the host detached in `slot`, entered as a command is (namespaces, uid,
+        seccomp loader): the shell that starts it exits at once, so it is no child of the
+        server's and the server holds nothing of it."""
+        holder = self.holder
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is None:
+            raise EnvironmentBroken(f"environment {self.env.id} is broken: its sandbox is gone")
+        try:
+            argv = [python, "-I", "-S", f"{INSIDE_SUPPORT}/{HOST_NAME}", key]
+            entered = self._entered(slot.join, argv, dirfd, 1 << 16, detached=True)
+            spec = ExecSpec(("bash",), cores, 1.0, 0)
+            proc = await asyncio.create_subprocess_exec(
+                *entered,
+                pass_fds=(dirfd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self.env.workdir,
+                env=self.environ(spec),
+                start_new_session=True,
+            )
+            await proc.wait()
+        finally:
+            hold.close_quietly(dirfd)
+
+    def _root_fd(self) -> int | None:
+        """A descriptor of the sandbox's root (its init's), None when it is not running."""
+        holder = self.holder
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is None:
+            return None
+        try:
+            return os.open("root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dirfd)
+        except OSError:
+            return None
+        finally:
+            os.close(dirfd)
+
+    def session_cores(
+        self, session: ShellSession, cores: tuple[int, ...], share: float | None = None
+    ) -> None:
+        self.backend._confine(session.slot, cores, share)
+
+    async def end_session(self, session: ShellSession) -> None:
+        slot = session.slot
+        if slot is None:
+            return
+        session.slot = None
+        await asyncio.to_thread(fs.kill_all, slot.folders["cpu"])
+        self.cgroups.free.append(slot)
 
     # -- life ----------------------------------------------------------------------------------
     async def reset(self) -> str | None:

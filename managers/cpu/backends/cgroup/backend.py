@@ -234,9 +234,10 @@ class CgroupBackend(Backend):
         e.slots.append(slot)
         return slot
 
-    def _confine(self, slot: Slot, cores: tuple[int, ...]) -> None:
+    def _confine(self, slot: Slot, cores: tuple[int, ...], share: float | None = None) -> None:
+        """Confine the slot to `cores` (a quota of all of them, or of `share` of one core)."""
         slot.cpus, slot.quota = fs.set_cores(
-            self.h.version, slot.folders, cores, (slot.cpus, slot.quota)
+            self.h.version, slot.folders, cores, (slot.cpus, slot.quota), share
         )
 
     def cpu_seconds(self, env_id: str) -> float:
@@ -431,9 +432,13 @@ def _remove_bases(bases: list[Path], workdirs: set[str]) -> None:
             log.warning("could not remove %s", "; ".join(left))
 
 
-def joined(join: str, command: Command) -> list[str]:
+def joined(join: str, command: Command, detached: bool = False) -> list[str]:
     """The shell joins the slot first, so the command and all its descendants start confined
-    (a shell string runs in that same shell; an argv is exec'd by it)."""
+    (a shell string runs in that same shell; an argv is exec'd by it). `detached`: the argv
+    runs in the background with no standard streams and the shell exits at once (the command
+    is then no child of the caller's: it lives in its slot until the slot is killed)."""
     if isinstance(command, str):
         return ["/bin/sh", "-c", f"{join}\n{command}"]
+    if detached:
+        return ["/bin/sh", "-c", f'{join}\n"$@" </dev/null >/dev/null 2>&1 &', "sh", *command]
     return ["/bin/sh", "-c", f'{join}\nexec "$@"', "sh", *command]

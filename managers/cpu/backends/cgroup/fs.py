@@ -352,15 +352,21 @@ def folders_of(pid: int) -> tuple[int, dict[str, Path]] | None:
 
 
 def set_cores(
-    version: int, folders: dict[str, Path], cores: tuple[int, ...], now: tuple[str, str] = ("", "")
+    version: int,
+    folders: dict[str, Path],
+    cores: tuple[int, ...],
+    now: tuple[str, str] = ("", ""),
+    share: float | None = None,
 ) -> tuple[str, str]:
     """Write the cpuset and CPU quota of exactly `cores` into a cgroup (v1 or v2), each skipped
-    when `now` (what the last call returned) already holds it; returns what the cgroup holds."""
+    when `now` (what the last call returned) already holds it; returns what the cgroup holds.
+    `share`: a quota of that many cores instead (a fraction of one: a background allowance)."""
     cpus = cpulist(cores)
+    us = len(cores) * PERIOD_US if share is None else max(1000, round(share * PERIOD_US))
     if version == 1:
-        name, quota = "cpu.cfs_quota_us", str(len(cores) * PERIOD_US)
+        name, quota = "cpu.cfs_quota_us", str(us)
     else:
-        name, quota = "cpu.max", f"{len(cores) * PERIOD_US} {PERIOD_US}"
+        name, quota = "cpu.max", f"{us} {PERIOD_US}"
     if cpus != now[0]:
         write(folders["cpuset"] / "cpuset.cpus", cpus)
     if quota != now[1]:
