@@ -22,6 +22,7 @@ import base64
 import binascii
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -107,15 +108,40 @@ async def write_files(env_id: str, body: WriteFiles, request: Request) -> dict[s
     responses={200: {"content": {"application/json": {}}}},
 )
 async def read_files(env_id: str, body: ReadFiles, request: Request) -> Response:
-    """`{"files": {path: base64 | null}}`, encoded in a worker thread: a large answer (up to
-    the 256 MiB bound of a call) never holds the event loop, so other clients are served."""
+    """`{"files": {path: base64 | null}}`, streamed: each file's base64 is made in pieces of
+    `PIECE` bytes, a large piece in a worker thread, and sent as it is made, so a large answer
+    (up to the 256 MiB bound of a call) never holds the event loop (nor the interpreter's
+    lock) for longer than one piece, and other clients are served meanwhile."""
     got = await request.app.state.tangram.read_files(env_id, body.paths)
-    return Response(await asyncio.to_thread(_encoded, got), media_type="application/json")
+    return StreamingResponse(_answer(got), media_type="application/json")
 
 
-def _encoded(got: dict[str, bytes | None]) -> bytes:
-    files = {p: None if d is None else base64.b64encode(d).decode() for p, d in got.items()}
-    return json.dumps({"files": files}).encode()
+PIECE = 3 << 20  # bytes of a file encoded at once (a multiple of 3: the pieces concatenate)
+INLINE = 64 << 10  # a piece at most this large is encoded on the loop (a thread hop costs more)
+
+
+async def _answer(got: dict[str, bytes | None]) -> AsyncIterator[bytes]:
+    yield b'{"files": {'
+    for i, (path, data) in enumerate(got.items()):
+        yield (b", " if i else b"") + json.dumps(path).encode() + b": "
+        if data is None:
+            yield b"null"
+            continue
+        view = memoryview(data)
+        yield b'"'
+        for at in range(0, len(view), PIECE):
+            piece = view[at : at + PIECE]
+            yield (
+                _encoded(piece)
+                if len(piece) <= INLINE
+                else await asyncio.to_thread(_encoded, piece)
+            )
+        yield b'"'
+    yield b"}}"
+
+
+def _encoded(piece: memoryview) -> bytes:
+    return base64.b64encode(piece)
 
 
 @router.get(
