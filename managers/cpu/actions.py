@@ -58,11 +58,16 @@ def exec_action(
     gpus: Any = None,
     gpu_resource: str | None = None,
     gpu_node: str | None = None,
+    session: str | None = None,
+    interactive: bool = False,
+    expect: Any = (),
 ) -> Action:
     """The action of one command in environment `env_id` of `trajectory`, submitted at `now`.
     `kind`: the trusted caller's name for what it is (shared estimates), else the
     trajectory's own (`profiles.exec_kind`). `gpus` (None: no GPU): a chunk of the pool
-    `gpu_resource` too, on its node `gpu_node` (the environment's machine)."""
+    `gpu_resource` too, on its node `gpu_node` (the environment's machine). `session`: run it
+    in that shell session of the environment (`interactive`: typed into the program holding
+    its terminal, ended by one of the `expect` prompts)."""
     boolean("elastic", elastic)
     demand = Demand.parse(cpu, "cpu")
     demands = {resource: demand}
@@ -72,14 +77,14 @@ def exec_action(
         demands[gpu_resource] = gpu_demand(gpus)
     else:
         gpu_resource = gpu_node = None
-    req = ExecRequest(
+    req = _request(
         env_id,
-        command if isinstance(command, str) else tuple(command),
+        command,
         timeout,
         elastic,
-        DEFAULT_OUTPUT_CAP if output_cap is None else output_cap,
-        gpu_resource,
-        gpu_node,
+        output_cap,
+        (gpu_resource, gpu_node),
+        (session, interactive, expect),
     )
     key = exec_kind(trajectory, command, kind)
     elasticity = None
@@ -94,4 +99,32 @@ def exec_action(
         payload=req,
         submit_time=now,
         timeout=timeout,
+    )
+
+
+def _request(
+    env_id: str,
+    command: Command | list[str],
+    timeout: float,
+    elastic: bool,
+    output_cap: int | None,
+    gpu: tuple[str | None, str | None],
+    session: tuple[str | None, bool, Any],
+) -> ExecRequest:
+    """The action's payload: the command, and where it runs (a GPU chunk, a session)."""
+    name, interactive, expect = session
+    boolean("interactive", interactive)
+    if isinstance(expect, str) or not isinstance(expect, list | tuple):
+        raise ValidationError("expect", expect, "must be a list of strings")
+    return ExecRequest(
+        env_id,
+        command if isinstance(command, str) else tuple(command),
+        timeout,
+        elastic,
+        DEFAULT_OUTPUT_CAP if output_cap is None else output_cap,
+        gpu[0],
+        gpu[1],
+        name,
+        interactive,
+        tuple(expect),
     )

@@ -8,7 +8,10 @@ commands the session's processes (a server it started, a watcher) run on the nod
 *background cores* with a quota of `background` of one core per environment (default 0.1).
 The background cores are taken from the pool (so the scheduler counts them as held and grants
 them to no action) while any session is open on the node: ceil(environments with a session x
-`background`) of them. Not frozen between commands: a background server must answer.
+`background`) of them, at most a quarter of the node's cores (at least one): past that the
+environments' allowances share those cores (each still capped at its quota), so nothing runs
+outside the accounting. Not frozen between commands: a background server must answer. An
+action that demands every core of a node waits while a session is open there.
 
 A mixin of `CpuManager` (its one job: sessions); it needs the manager's table, pool and
 `background`.
@@ -37,6 +40,7 @@ from tangram.results import Result, Status
 DEFAULT_BACKGROUND = 0.1  # of one core, per environment with a session open
 BACKGROUND_WAIT_S = 30.0  # how long an open waits for a free core to become a background one
 OPEN_STATES = (EnvState.IDLE, EnvState.RUNNING)
+BACKGROUND_SHARE_OF_NODE = 4  # background cores: at most 1/4 of a node's (at least one)
 
 
 def check_background(value: object) -> float:
@@ -174,7 +178,7 @@ class EnvShells:
             return record.background
         node = record.env.node
         bg = self._background.setdefault(node, BackgroundCores(node))
-        need = math.ceil((bg.users + 1) * self.background - 1e-9)
+        need = self._background_need(node, bg.users + 1)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + BACKGROUND_WAIT_S
         while len(bg.held) < need:
@@ -192,6 +196,11 @@ class EnvShells:
         record.background = bg
         return bg
 
+    def _background_need(self, node: str, users: int) -> int:
+        """The background cores `users` environments with sessions on `node` hold."""
+        cap = max(1, self.pool.capacity(node) // BACKGROUND_SHARE_OF_NODE)
+        return min(cap, math.ceil(users * self.background - 1e-9))
+
     def _leave_background(self, record: EnvRecord) -> None:
         """The environment's last session closed: give back what its allowance no longer
         needs."""
@@ -200,7 +209,7 @@ class EnvShells:
             return
         record.background = None
         bg.users -= 1
-        need = math.ceil(bg.users * self.background - 1e-9)
+        need = self._background_need(bg.node, bg.users) if bg.users else 0
         while len(bg.held) > need:
             self.pool.release(bg.held.pop(), 1)
         if not bg.users:

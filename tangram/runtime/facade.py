@@ -41,6 +41,7 @@ from tangram.runtime.entries import Pending
 from tangram.runtime.environments import Environments
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.ray import build_ray
+from tangram.runtime.sessions import Sessions
 from tangram.runtime.shards import ShardedScheduler
 from tangram.runtime.status import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
@@ -49,7 +50,7 @@ from tangram.scheduling import SchedulerInterface
 log = logging.getLogger("tangram")
 
 
-class Tangram(Environments):
+class Tangram(Environments, Sessions):
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
     def __init__(

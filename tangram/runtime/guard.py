@@ -281,12 +281,16 @@ def backlog(limits: Limits) -> int:
 
 def presented_token(scope: Scope) -> str:
     """The token a request presents: `Authorization: Bearer <token>`, or on SandboxFusion's
-    paths only, a `token` query parameter (its name and value decoded as the server would)."""
+    paths only, a `token` query parameter (its name and value decoded as the server would),
+    or on SWE-ReX's (`/swerex/...`) only, an `X-API-Key` header (its client's)."""
+    swerex = str(scope.get("path", "")).startswith("/swerex/")
     for name, value in scope.get("headers") or ():
         if name == b"authorization":
             scheme, _, given = value.decode("latin-1").partition(" ")
             if scheme.lower() == "bearer":
                 return given
+        if swerex and name == b"x-api-key":
+            return value.decode("latin-1")
     if scope.get("path") in QUERY_TOKEN_PATHS:
         for pair in scope.get("query_string", b"").decode("latin-1").split("&"):
             key, _, value = pair.partition("=")

@@ -5,6 +5,8 @@ Endpoints (field names are the Python API's):
     POST   /v1/envs                    {"trajectory", "memory_mb", "network",
                                         "image", "disk_mb", "snapshot"}          -> {"env_id"}
     .../fork, .../snapshot, .../files  see tangram.runtime.http.env_routes
+    .../sessions                       see tangram.runtime.http.session_routes
+    /swerex/{env_id}/...               SWE-ReX's remote runtime: tangram.runtime.http.swerex
     POST   /v1/envs/{env_id}/exec      {"command", "cpu", "elastic", "timeout"}  -> Result
     DELETE /v1/envs/{env_id}                                                     -> {"env_id"}
     POST   /v1/services/{name}/invoke  {"payload", "gpus"}                       -> Result
@@ -64,7 +66,7 @@ from fastapi import Depends, FastAPI, Request
 from tangram.errors import TangramError
 from tangram.runtime import guard, sandboxfusion
 from tangram.runtime.facade import Tangram
-from tangram.runtime.http import env_routes, routes
+from tangram.runtime.http import env_routes, routes, session_routes, swerex
 from tangram.runtime.http.body import BodyLimit
 from tangram.runtime.http.errors import Unauthorized, error, install_handlers, unauthorized
 from tangram.runtime.http.limits import (
@@ -174,7 +176,7 @@ def create_app(
     app.state.stop = stop
     install_handlers(app)
     guarded = [Depends(authorized)]
-    for router in (sandboxfusion.router, env_routes.router):
+    for router in (sandboxfusion.router, env_routes.router, session_routes.router, swerex.router):
         app.include_router(router, dependencies=guarded, responses=ERRORS)
     app.include_router(routes.health)
     app.include_router(routes.router, dependencies=guarded, responses=ERRORS)

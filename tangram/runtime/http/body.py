@@ -18,6 +18,9 @@ from tangram.runtime.http.limits import (
     MAX_BODY,
 )
 
+FILE_BODY = 64 << 20  # bytes of a SWE-ReX upload or file write (`files.MAX_FILE`)
+FILE_PATHS = ("/upload", "/write_file")
+
 
 class BodyLimit:
     """Reject a body over `limit` bytes with 413 before the app sees it, whether the client
@@ -46,12 +49,21 @@ class BodyLimit:
         self.linger_body = linger_body
         self.linger_s = linger_s
 
+    def limit_of(self, scope: Scope) -> int:
+        """The body bound of a request: `limit`, or `FILE_BODY` for SWE-ReX's file uploads
+        and writes (its client sends a file in one body)."""
+        path = str(scope.get("path", ""))
+        if path.startswith("/swerex/") and path.endswith(FILE_PATHS):
+            return max(self.limit, FILE_BODY)
+        return self.limit
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.limit_of(scope)
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        too_large = declared is not None and (not declared.isdigit() or int(declared) > self.limit)
+        too_large = declared is not None and (not declared.isdigit() or int(declared) > limit)
         chunks: list[bytes] = []
         size = 0
         more = True
@@ -75,7 +87,7 @@ class BodyLimit:
             body = message.get("body", b"")
             size += len(body)
             more = message.get("more_body", False)
-            if size > self.limit:
+            if size > limit:
                 too_large = True
             if too_large:
                 if size > self.drain:  # enough read and dropped: answer and close
@@ -114,11 +126,12 @@ class BodyLimit:
         open: what the client still sends is read and dropped (`_linger`) before the last,
         empty message lets the server close, so (within the linger's bounds) the close finds
         nothing unread and the kernel sends the client no reset ahead of the answer."""
+        limit = self.limit_of(scope)
         response = error(
             413,
-            f"request body over {self.limit} bytes",
+            f"request body over {limit} bytes",
             "body",
-            problem=f"at most {self.limit} bytes",
+            problem=f"at most {limit} bytes",
         )
         response.headers["connection"] = "close"
 

@@ -39,7 +39,7 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[Result]) -> Response:
+async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Response:
     """Await `work` while listening for the client going away; if it does, cancel the work (a
     queued action is dropped by the runtime) and answer nobody."""
     action = asyncio.ensure_future(work)
@@ -99,7 +99,7 @@ async def close_env(env_id: str, request: Request) -> EnvOut:
 @router.post("/v1/envs/{env_id}/exec", response_model=None, responses=RESULT)
 async def exec_(env_id: str, body: Exec, request: Request) -> Response:
     command = body.command if isinstance(body.command, str) else list(body.command)
-    return await _unless_disconnected(
+    return await unless_disconnected(
         request,
         request.app.state.tangram.exec(
             env_id,
@@ -115,14 +115,14 @@ async def exec_(env_id: str, body: Exec, request: Request) -> Response:
 
 @router.post("/v1/services/{name}/invoke", response_model=None, responses=RESULT)
 async def invoke(name: str, body: Invoke, request: Request) -> Response:
-    return await _unless_disconnected(
+    return await unless_disconnected(
         request, request.app.state.tangram.invoke(name, body.payload, gpus=demand_arg(body.gpus))
     )
 
 
 @router.post("/v1/apis/{name}/call", response_model=None, responses=RESULT)
 async def call_api(name: str, body: CallApi, request: Request) -> Response:
-    return await _unless_disconnected(
+    return await unless_disconnected(
         request, request.app.state.tangram.call_api(name, body.payload)
     )
 
