@@ -113,6 +113,21 @@ class EnvShells:
             await record.sandbox.end_session(session)
         self._leave_background(record)
 
+    def kernel_command(self, env_id: str) -> str:
+        """The command that turns a session of the environment into a persistent kernel (its
+        driver, with the server's Python, which has ipykernel); ValidationError where the
+        sandbox has neither."""
+        record = self._session_env(env_id, opening=False)
+        driver = record.sandbox.kernel_driver()
+        if driver is None:
+            raise ValidationError(
+                "env_id",
+                env_id,
+                "a persistent kernel needs the server's Python inside the sandbox (an "
+                "environment without an image, on the bwrap backend)",
+            )
+        return f'"$TANGRAM_PYTHON" -I {driver}'
+
     def sessions_of(self, env_id: str) -> list[str]:
         record = self.envs.record(env_id)
         return [] if record is None else sorted(n for n, s in record.sessions.items() if s)

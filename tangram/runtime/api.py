@@ -51,3 +51,34 @@ class TangramApi(Protocol):
 
     async def close_env(self, env_id: str) -> None:
         """Close the environment: its queued actions are cancelled, its sandbox removed."""
+
+    async def open_session(self, env: str, name: str = "default") -> str:
+        """Start shell session `name` in environment `env` (state persists across `run`)."""
+
+    async def run(
+        self,
+        env: str,
+        name: str,
+        command: str,
+        cpu: Any = 1,
+        elastic: bool = False,
+        timeout: float = 60.0,
+        output_cap: int | None = None,
+        *,
+        interactive: bool = False,
+        expect: list[str] | tuple[str, ...] = (),
+        kind: str | None = None,
+    ) -> Result:
+        """Run one command in session `name` as one action (its `cpu` for it alone)."""
+
+    async def close_session(self, env: str, name: str) -> None:
+        """End session `name`: its shell and what it started are killed."""
+
+    async def open_kernel(self, env: str) -> str:
+        """Start an IPython kernel in `env`; returns its handle."""
+
+    async def run_cell(self, kernel: str, code: str, cpu: Any = 1, timeout: float = 60.0) -> Any:
+        """Execute one cell as one action; variables persist."""
+
+    async def close_kernel(self, kernel: str) -> None:
+        """End the kernel."""

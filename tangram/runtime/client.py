@@ -33,6 +33,7 @@ from tangram.errors import (
 )
 from tangram.results import Result
 from tangram.runtime.http.errors import SHUTTING_DOWN
+from tangram.runtime.kernels import Cell
 from tangram.runtime.status import StatusSnapshot
 
 
@@ -162,6 +163,64 @@ class TangramClient:
         return _result(
             await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/exec", body)
         )
+
+    async def open_session(self, env: str, name: str = "default") -> str:
+        """`Tangram.open_session` over HTTP."""
+        path = f"/v1/envs/{_segment(env, 'env_id')}/sessions"
+        return str((await self._request("POST", path, {"name": name}))["session"])
+
+    async def run(
+        self,
+        env: str,
+        name: str,
+        command: str,
+        cpu: Any = 1,
+        elastic: bool = False,
+        timeout: float = 60.0,
+        output_cap: int | None = None,
+        *,
+        interactive: bool = False,
+        expect: list[str] | tuple[str, ...] = (),
+        kind: str | None = None,
+    ) -> Result:
+        """`Tangram.run` over HTTP: one command of a shell session, as one action."""
+        body = {
+            "command": command,
+            "cpu": demand_json(cpu),
+            "elastic": elastic,
+            "timeout": timeout,
+            "interactive": interactive,
+            "expect": list(expect),
+            **({"output_cap": output_cap} if output_cap is not None else {}),
+            **({"kind": kind} if kind is not None else {}),
+        }
+        path = f"/v1/envs/{_segment(env, 'env_id')}/sessions/{_segment(name, 'session')}/run"
+        return _result(await self._request("POST", path, body))
+
+    async def close_session(self, env: str, name: str) -> None:
+        path = f"/v1/envs/{_segment(env, 'env_id')}/sessions/{_segment(name, 'session')}"
+        await self._request("DELETE", path)
+
+    async def sessions(self, env: str) -> list[str]:
+        path = f"/v1/envs/{_segment(env, 'env_id')}/sessions"
+        return list((await self._request("GET", path))["sessions"])
+
+    async def open_kernel(self, env: str) -> str:
+        """`Tangram.open_kernel` over HTTP: the kernel's handle `env_id/name`."""
+        doc = await self._request("POST", f"/v1/envs/{_segment(env, 'env_id')}/kernels")
+        return f"{env}/{doc['kernel']}"
+
+    async def run_cell(self, kernel: str, code: str, cpu: Any = 1, timeout: float = 60.0) -> Cell:
+        """`Tangram.run_cell` over HTTP: the cell's outcome."""
+        env, _, name = kernel.partition("/")
+        path = f"/v1/envs/{_segment(env, 'env_id')}/kernels/{_segment(name, 'kernel')}/cells"
+        body = {"code": code, "cpu": demand_json(cpu), "timeout": timeout}
+        return Cell(**(await self._request("POST", path, body)))
+
+    async def close_kernel(self, kernel: str) -> None:
+        env, _, name = kernel.partition("/")
+        path = f"/v1/envs/{_segment(env, 'env_id')}/kernels/{_segment(name, 'kernel')}"
+        await self._request("DELETE", path)
 
     async def invoke(self, service: str, payload: Any = None, gpus: Any = 1) -> Result:
         body = {"payload": payload, "gpus": demand_json(gpus)}

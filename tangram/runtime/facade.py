@@ -39,6 +39,7 @@ from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_conf
 from tangram.runtime.decisions import Decisions
 from tangram.runtime.entries import Pending
 from tangram.runtime.environments import Environments
+from tangram.runtime.kernels import Kernels
 from tangram.runtime.metrics import Metrics
 from tangram.runtime.ray import build_ray
 from tangram.runtime.sessions import Sessions
@@ -50,7 +51,7 @@ from tangram.scheduling import SchedulerInterface
 log = logging.getLogger("tangram")
 
 
-class Tangram(Environments, Sessions):
+class Tangram(Environments, Sessions, Kernels):
     """One scheduler, its managers and the environments of the trajectories it serves."""
 
     def __init__(

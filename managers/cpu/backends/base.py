@@ -398,6 +398,10 @@ class Sandbox(ABC):
             f"the {self.backend.name} backend has no shell sessions (the bwrap backend has)",
         )
 
+    def kernel_driver(self) -> str | None:
+        """Where a persistent kernel's driver is inside the sandbox (None: nowhere)."""
+        return None
+
     def session_cores(
         self, session: ShellSession, cores: tuple[int, ...], share: float | None = None
     ) -> None:

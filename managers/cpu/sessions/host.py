@@ -41,6 +41,7 @@ import time
 SOCKET_DIR = "/tmp/.tangram-sessions"
 GRACE_S = 1.0  # after SIGINT, before SIGKILL of the foreground group
 RESYNC_S = 5.0  # how long a resynchronising marker may take
+PROGRAM_GRACE_S = 10.0  # an interrupted interactive program's way back to its prompt
 POLL_S = 0.1  # how often a wait with no output looks whether the shell exited
 MAX_REQUEST = 16 << 20  # bytes of one request line
 # the shell prints a marker: the session's token, the request's number and `$?`
@@ -172,10 +173,14 @@ class Shell:
             text = req["command"]
             self._send(text.encode() + (b"" if text.endswith("\n") else b"\n"))
             r = self._wait(None, timeout, cap, expect, back=True)
+            if r["timed_out"]:  # Ctrl-C for the program: it may recover to its own prompt
+                r = self._interrupt_program(r, cap, expect)
             if r["matched"] == "prompt" and not r["closed"]:  # back in the shell: its status
                 code = self._wait(self._sync(), RESYNC_S, cap)
                 r["code"] = code["code"]
                 self._settle()
+            if r.get("recovered"):
+                return self._answer(r, r["out"])
         else:
             with open(self.script, "w") as f:
                 for key, value in (req.get("variables") or {}).items():  # this command's grant
@@ -196,6 +201,9 @@ class Shell:
             out += self._interrupt(cap)
             if self.dead is not None:
                 return {"ok": False, "dead": self.dead, "output": _text(out)}
+        return self._answer(r, out)
+
+    def _answer(self, r, out):
         return {
             "ok": True,
             "output": _text(out),
@@ -204,6 +212,22 @@ class Shell:
             "truncated": r["truncated"],
             "matched": r["matched"],
         }
+
+    def _interrupt_program(self, r, cap, expect):
+        """An interactive request past its timeout: SIGINT to the program holding the
+        terminal; where it comes back to one of its prompts (or exits to the shell) within
+        `PROGRAM_GRACE_S`, the request ends there, timed out, the program alive; else the
+        shell's interrupt follows (`_interrupt`)."""
+        group = _foreground(self.fd)
+        if group is None or group <= 0 or group == os.getpgid(self.pid):
+            return r
+        _signal_group(group, signal.SIGINT)
+        more = self._wait(None, PROGRAM_GRACE_S, cap, expect, back=True)
+        if more["timed_out"] or more["closed"]:
+            more["out"] = r["out"] + more["out"]
+            return more
+        more.update(out=r["out"] + more["out"], timed_out=True, recovered=True)
+        return more
 
     def _settle(self):
         """Read through the prompt the shell prints after a marker, so the next request

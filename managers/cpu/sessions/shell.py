@@ -28,6 +28,8 @@ from tangram.results import Result, Status
 
 HOST_SOURCE = Path(__file__).with_name("host.py")
 HOST_NAME = "tangram_session_host.py"  # in the support folder, seen inside the sandbox
+KERNEL_SOURCE = Path(__file__).with_name("kernel.py")
+KERNEL_NAME = "tangram_kernel_driver.py"  # beside it: a persistent kernel's driver
 SOCKET_DIR = "tmp/.tangram-sessions"  # from the sandbox's root (`host.SOCKET_DIR`)
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
 MAX_SESSIONS = 64  # per environment
@@ -56,10 +58,12 @@ def host_key(name: str) -> str:
 
 
 def install_host(folder: Path) -> None:
-    """Put the host's source into the support folder (world-readable)."""
-    target = folder / HOST_NAME
-    target.write_bytes(HOST_SOURCE.read_bytes())
-    target.chmod(0o644)
+    """Put the host's and the kernel driver's sources into the support folder
+    (world-readable)."""
+    for source, name in ((HOST_SOURCE, HOST_NAME), (KERNEL_SOURCE, KERNEL_NAME)):
+        target = folder / name
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o644)
 
 
 @dataclass(eq=False, slots=True)

@@ -19,6 +19,7 @@ DRAIN_BODY = 16 << 20  # bytes of an over-limit body read and dropped before the
 LINGER_BODY = 64 << 20  # bytes of an over-limit body read in all, before and after the 413
 LINGER_S = 5.0  # s the server reads on after the 413, at most
 MAX_COMMAND = 1 << 16  # characters of one command (or of one argv element)
+MAX_OUTPUT_CAP = 16 << 20  # bytes of a command's stdout (and of its stderr) kept, at most
 MAX_ARGV = 4096  # elements of an argv command
 MAX_CODE = 1 << 20  # characters of one program or notebook cell (SandboxFusion's `code`)
 MAX_TIMEOUT = 24 * 3600.0  # s, an exec's (or a run's, a cell's) timeout

@@ -107,6 +107,7 @@ async def exec_(env_id: str, body: Exec, request: Request) -> Response:
             cpu=demand_arg(body.cpu),
             elastic=body.elastic,
             timeout=body.timeout,
+            output_cap=body.output_cap,
             kind=body.kind,
             gpus=None if body.gpus is None else demand_arg(body.gpus),
         ),

@@ -12,6 +12,7 @@ from tangram.runtime.http import env_routes
 from tangram.runtime.http.limits import (
     MAX_ARGV,
     MAX_COMMAND,
+    MAX_OUTPUT_CAP,
     Choices,
     MemoryMb,
     Name,
@@ -60,6 +61,7 @@ class Exec(_Body):
     gpus: Demand | None = None  # a GPU chunk too, in the same action (`Tangram.exec`)
     elastic: bool = False
     timeout: Seconds = 60.0
+    output_cap: Annotated[int, Field(ge=0, le=MAX_OUTPUT_CAP)] | None = None  # bytes kept
     kind: Name | None = None  # the caller's name for the action (keys shared estimates)
 
     @field_validator("command")

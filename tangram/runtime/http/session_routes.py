@@ -7,6 +7,10 @@
                                                                              -> Result
     DELETE /v1/envs/{env_id}/sessions/{name}                                 -> {"session"}
 
+    POST   /v1/envs/{env_id}/kernels                                         -> {"kernel"}
+    POST   /v1/envs/{env_id}/kernels/{name}/cells  {"code", "cpu", "timeout"} -> Cell
+    DELETE /v1/envs/{env_id}/kernels/{name}                                  -> {"kernel"}
+
 A command that ran answers 200 with its Result (a timeout is `timeout`, the session alive; a
 shell that is gone is `failed`, naming how it went); a bad name, an unknown session or
 environment is the usual 4xx (`tangram.runtime.http.errors`).
@@ -20,13 +24,19 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tangram.runtime.http.limits import MAX_COMMAND, MAX_ITEMS, Name, Seconds
+from tangram.runtime.http.limits import (
+    MAX_CODE,
+    MAX_COMMAND,
+    MAX_ITEMS,
+    MAX_OUTPUT_CAP,
+    Name,
+    Seconds,
+)
 from tangram.runtime.http.owned import not_pooled
 from tangram.runtime.http.routes import RESULT, unless_disconnected
 from tangram.runtime.http.schemas import Demand, demand_arg
 
 router = APIRouter(tags=["sessions"], dependencies=[Depends(not_pooled)])
-MAX_OUTPUT = 16 << 20  # bytes of a command's output kept (per request)
 
 
 class _Body(BaseModel):
@@ -42,7 +52,7 @@ class Run(_Body):
     cpu: Demand = 1
     elastic: bool = False
     timeout: Seconds = 60.0
-    output_cap: Annotated[int, Field(ge=0, le=MAX_OUTPUT)] | None = None
+    output_cap: Annotated[int, Field(ge=0, le=MAX_OUTPUT_CAP)] | None = None
     interactive: bool = False
     expect: Annotated[
         list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=MAX_ITEMS)
@@ -99,3 +109,33 @@ async def run(env_id: str, name: str, body: Run, request: Request) -> Response:
 async def close_session(env_id: str, name: str, request: Request) -> dict:
     await request.app.state.tangram.close_session(env_id, name)
     return {"session": name}
+
+
+class RunCell(_Body):
+    code: Annotated[str, Field(max_length=MAX_CODE)]
+    cpu: Demand = 1
+    timeout: Seconds = 60.0
+
+
+class KernelOut(BaseModel):
+    kernel: str
+
+
+@router.post("/v1/envs/{env_id}/kernels", response_model=KernelOut)
+async def open_kernel(env_id: str, request: Request) -> dict:
+    handle = await request.app.state.tangram.open_kernel(env_id)
+    return {"kernel": handle.split("/", 1)[1]}
+
+
+@router.post("/v1/envs/{env_id}/kernels/{name}/cells")
+async def run_cell(env_id: str, name: str, body: RunCell, request: Request) -> dict:
+    cell = await request.app.state.tangram.run_cell(
+        f"{env_id}/{name}", body.code, demand_arg(body.cpu), body.timeout
+    )
+    return cell.to_dict()
+
+
+@router.delete("/v1/envs/{env_id}/kernels/{name}", response_model=KernelOut)
+async def close_kernel(env_id: str, name: str, request: Request) -> dict:
+    await request.app.state.tangram.close_kernel(f"{env_id}/{name}")
+    return {"kernel": name}

@@ -127,7 +127,13 @@ from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name
 from managers.cpu.mounts import remove_folder
 from managers.cpu.request import ExecSpec
-from managers.cpu.sessions.shell import HOST_NAME, ShellSession, host_key, install_host
+from managers.cpu.sessions.shell import (
+    HOST_NAME,
+    KERNEL_NAME,
+    ShellSession,
+    host_key,
+    install_host,
+)
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
@@ -571,6 +577,9 @@ class BwrapSandbox(CgroupSandbox):
             await self.end_session(session)
             raise
         return session
+
+    def kernel_driver(self) -> str | None:
+        return None if self.env.root is not None else f"{INSIDE_SUPPORT}/{KERNEL_NAME}"
 
     def _session_python(self) -> str | None:
         if self.env.root is None:

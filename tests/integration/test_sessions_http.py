@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from managers.cpu.backends.bwrap.backend import BwrapBackend
+from tangram.runtime.client import TangramClient
 
 swerex = pytest.importorskip("swerex.runtime.remote", reason="swe-rex is not installed")
 from swerex.exceptions import (
@@ -230,3 +231,69 @@ def test_many_sessions_at_once(served):
         return await asyncio.gather(*(one(e) for e in envs))
 
     assert run(go()) == [[e] for e in envs]
+
+
+def _client(url: str) -> TangramClient:
+    return TangramClient(url, token=TOKEN)
+
+
+def test_the_native_session_and_kernel_api_over_http(served):
+    async def go():
+        async with _client(served) as c:
+            env = await c.open_env("native", 1024)
+            assert await c.open_session(env, "sh") == "sh"
+            await c.run(env, "sh", "cd /tmp; export N=3")
+            r = await c.run(env, "sh", "echo $N $(pwd)", cpu=1)
+            timed = await c.run(env, "sh", "sleep 30", timeout=0.5)
+            after = await c.run(env, "sh", "echo ok")
+            listed = await c.sessions(env)
+            k = await c.open_kernel(env)
+            a = await c.run_cell(k, "v = [1, 2, 3]\nprint(sum(v))")
+            b = await c.run_cell(k, "import time\nwhile True: time.sleep(0.05)", timeout=1)
+            d = await c.run_cell(k, "len(v)")
+            e = await c.run_cell(k, "raise ValueError('boom')")
+            await c.close_kernel(k)
+            await c.close_session(env, "sh")
+            return r, timed, after, listed, a, b, d, e, await c.sessions(env)
+
+    r, timed, after, listed, a, b, d, e, left = run(go())
+    assert r.status == "ok" and r.stdout == "3 /tmp\n" and r.units == {"cpu": 1}
+    assert timed.status == "timeout" and after.stdout == "ok\n"
+    assert listed == ["sh"] and left == []
+    assert a.status == "ok" and a.stdout == "6\n"
+    assert b.status == "timeout" and b.error and b.error[0]["ename"] == "KeyboardInterrupt"
+    assert d.status == "ok" and d.display == [{"text/plain": "3"}]
+    assert e.status == "ok" and e.error[0]["ename"] == "ValueError"
+
+
+def test_bad_session_input_is_a_clear_4xx_or_a_result_naming_it(served):
+    env = _env(served, "bad-input")
+    h = {"authorization": f"Bearer {TOKEN}"}
+    base = f"{served}/v1/envs/{env}/sessions"
+    assert httpx.post(base, json={"name": "s"}, headers=h).status_code == 200
+    again = httpx.post(base, json={"name": "s"}, headers=h)
+    assert again.status_code == 422 and "already open" in again.text
+    bad = httpx.post(base, json={"name": "../x"}, headers=h)
+    assert bad.status_code == 422 and "Traceback" not in bad.text
+    unknown = httpx.post(f"{base}/nope/run", json={"command": "true"}, headers=h)
+    assert unknown.status_code == 422 and "no open session" in unknown.text
+    nul = httpx.post(f"{base}/s/run", json={"command": "echo \u0000"}, headers=h)
+    assert nul.status_code == 422
+    lone = httpx.post(
+        f"{base}/s/run",
+        content=b'{"command": "echo \\ud800"}',
+        headers={**h, "content-type": "application/json"},
+    )
+    assert lone.status_code in (200, 422) and "Traceback" not in lone.text
+    if lone.status_code == 200:
+        assert lone.json()["status"] in ("ok", "failed", "error")
+    flood = httpx.post(
+        f"{base}/s/run",
+        json={"command": "yes | head -c 5000000", "output_cap": 1000},
+        headers=h,
+        timeout=60,
+    )
+    assert flood.status_code == 200 and flood.json()["truncated"] is True
+    assert len(flood.json()["stdout"]) <= 1000
+    ok = httpx.post(f"{base}/s/run", json={"command": "echo fine"}, headers=h, timeout=60)
+    assert ok.json()["stdout"] == "fine\n"
