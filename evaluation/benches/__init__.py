@@ -28,6 +28,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "a client's wait while a slow policy decides: off the loop vs inline",
     ),
     "ray": ("evaluation.benches.ray_cluster:main", "multi-node Ray throughput"),
+    "sessions": (
+        "evaluation.benches.sessions:main",
+        "a shell session's command latency and 100 sessions' throughput vs swerex-remote",
+    ),
     "emfit": ("evaluation.benches.emfit:main", "E(m) learned online on a real elastic pytest"),
     "env": (
         "evaluation.benches.env_layers:main",
