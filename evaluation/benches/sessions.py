@@ -166,6 +166,105 @@ async def throughput(host_of: list[str], seconds: float) -> tuple[int, int]:
     return done, failed
 
 
+def idle(n: int, state: str) -> None:
+    """Open `n` sessions (at most `PER_ENV` per environment) on `tangram serve` under
+    RLIMIT_NOFILE 1024, then print the server's descriptors and the memory of the sessions'
+    processes (PSS: their shared pages split among them), per idle session."""
+    port = _port()
+    config = os.path.join(state, "idle.yaml")
+    with open(config, "w") as f:
+        f.write("cpu: {backend: bwrap}\n")
+    argv = ["prlimit", "--nofile=1024:1024", *SERVE, "--config", config, "--port", str(port)]
+    argv += ["--token", TOKEN, "--log-level", "warning"]
+    url = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "TMPDIR": state}
+    with _process(argv, f"{url}/healthz", env):
+        server = _server_pid(port)
+        before = len(os.listdir(f"/proc/{server}/fd"))
+        t0 = time.monotonic()
+        opened, failed = asyncio.run(_open_idle(url, n))
+        took = time.monotonic() - t0
+        fds = len(os.listdir(f"/proc/{server}/fd"))
+        pss, procs = _session_pss()
+        ok = asyncio.run(_touch(url, opened[:: max(1, len(opened) // 50)]))
+    print(
+        f"{len(opened)} idle sessions opened in {took:.1f} s ({failed} failed), "
+        f"server under RLIMIT_NOFILE 1024:"
+    )
+    print(f"  server descriptors: {before} before, {fds} with every session open")
+    print(
+        f"  session processes: {procs} (host + bash each), PSS {pss / 2**20:.0f} MiB in all, "
+        f"{pss / max(1, len(opened)) / 2**20:.2f} MiB per idle session"
+    )
+    print(f"  a command in {ok[1]} of them afterwards: {ok[0]} answered")
+
+
+PER_ENV = 60  # sessions per environment in the idle measurement (the limit is 64)
+
+
+def _server_pid(port: int) -> int:
+    out = subprocess.run(["ss", "-Hltnp", f"sport = :{port}"], capture_output=True, text=True)
+    return int(out.stdout.split("pid=")[1].split(",")[0])
+
+
+async def _open_idle(url: str, n: int) -> tuple[list[tuple[str, str]], int]:
+    h = {"authorization": f"Bearer {TOKEN}"}
+    opened: list[tuple[str, str]] = []
+    failed = 0
+    async with httpx.AsyncClient(base_url=url, headers=h, timeout=300) as c:
+        for e in range((n + PER_ENV - 1) // PER_ENV):
+            r = await c.post("/v1/envs", json={"trajectory": f"idle-{e}", "memory_mb": 1024})
+            r.raise_for_status()
+            env = r.json()["env_id"]
+            names = [f"s{i}" for i in range(min(PER_ENV, n - len(opened) - failed))]
+            for k in range(0, len(names), 8):  # 8 at a time
+                rs = await asyncio.gather(
+                    *(
+                        c.post(f"/v1/envs/{env}/sessions", json={"name": s})
+                        for s in names[k : k + 8]
+                    )
+                )
+                for s, r in zip(names[k : k + 8], rs):
+                    if r.status_code == 200:
+                        opened.append((env, s))
+                    else:
+                        failed += 1
+    return opened, failed
+
+
+async def _touch(url: str, sessions: list[tuple[str, str]]) -> tuple[int, int]:
+    h = {"authorization": f"Bearer {TOKEN}"}
+    async with httpx.AsyncClient(base_url=url, headers=h, timeout=120) as c:
+        rs = await asyncio.gather(
+            *(c.post(f"/v1/envs/{e}/sessions/{s}/run", json={"command": "echo hi"})
+              for e, s in sessions)
+        )  # fmt: skip
+    return sum(r.status_code == 200 and r.json()["stdout"] == "hi\n" for r in rs), len(rs)
+
+
+def _session_pss() -> tuple[int, int]:
+    """(bytes of PSS, processes) of every session host and its shell."""
+    total = count = 0
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            host = b"tangram_session_host.py" in cmd
+            shell = cmd.startswith(b"bash\0--noprofile\0--norc\0--noediting")
+            if not (host or shell):
+                continue
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) * 1024
+            count += 1
+        except OSError:
+            continue
+    return total, count
+
+
 def _ms(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return 1000 * xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -176,12 +275,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--requests", type=int, default=200, help="sequential, per server")
     p.add_argument("--sessions", type=int, default=100, help="concurrent sessions (100)")
     p.add_argument("--seconds", type=float, default=10.0, help="throughput phase (10 s)")
+    p.add_argument(
+        "--idle",
+        type=int,
+        default=0,
+        help="instead: open N idle sessions under RLIMIT_NOFILE 1024; descriptors, memory",
+    )
     args = p.parse_args(argv)
     why = unavailable()
     if why is not None:
         print(f"tangram bench sessions: cannot run here: {why}")
         return 1
     state = tempfile.mkdtemp(prefix="tangram-bench-sessions-")
+    if args.idle:
+        idle(args.idle, state)
+        return 0
     print(f"load average before: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     with servers(state) as (ours, theirs):
         times = asyncio.run(latency(ours, theirs, args.requests))

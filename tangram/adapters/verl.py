@@ -2,8 +2,9 @@
 
 verl creates one tool instance per trajectory and calls `create`, `execute` (per tool call),
 `calc_reward` and `release`. `TangramTool` maps these onto Tangram: `create` opens the
-trajectory's environment (its node is chosen then and kept), `execute` runs the call's command
-as an action with the demand from the tool config, `calc_reward` runs the reward command as an
+trajectory's environment (its node is chosen then and kept; with `session: true` a shell
+session in it too), `execute` runs the call's command as an action with the demand from the
+tool config (in that session, where there is one), `calc_reward` runs the reward command as an
 elastic action (`pytest -n <granted cores>`), `release` closes the environment.
 
 The verl tool config (`actor_rollout_ref.rollout.multi_turn.tool_config_path=tools.yaml`):
@@ -21,6 +22,8 @@ tools:
       image: swe-task             # optional: the environment's root is this image (a
       disk_mb: 1024               # sample's create_kwargs `image`/`snapshot` override it)
       max_output: 4000            # characters of output returned to the model
+      session: true               # optional: one shell session per trajectory (cwd, variables
+                                  # and background jobs persist from call to call)
       reward_command: "pytest -q tests"   # optional: calc_reward runs it, elastic, on (1, 8)
       reward_cpu: [1, 8]
     tool_schema:
@@ -64,6 +67,7 @@ from tangram.runtime.client import TangramClient
 from tangram.runtime.facade import Tangram
 
 T = TypeVar("T")
+SESSION = "verl"  # the trajectory's shell session, where `session: true`
 
 try:  # verl's own base class where verl imports; the same interface without it
     from verl.tools.base_tool import BaseTool as _Base
@@ -211,6 +215,9 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
         self.max_output = int(config.get("max_output", 4000))
         self.command_param = str(config.get("command_param", "command"))
         self.reward_command = config.get("reward_command")
+        self.session = config.get("session", False)
+        if not isinstance(self.session, bool):
+            raise ValidationError("tool.config.session", self.session, "must be true or false")
         self._runner = runner
         self.envs: dict[str, str] = {}  # instance id -> environment id
 
@@ -231,7 +238,10 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
         if tree["snapshot"] is not None:
             tree["image"] = None
         tree = {k: v for k, v in tree.items() if v is not None}
-        self.envs[iid] = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb, **tree))
+        env = await self.runner.call(tg.open_env(iid, memory_mb=self.memory_mb, **tree))
+        self.envs[iid] = env
+        if self.session:  # one shell for the trajectory: each call one command in it
+            await self.runner.call(tg.open_session(env, SESSION))
         if HAVE_VERL and _VerlResponse is None:
             return iid
         return iid, _respond("")
@@ -248,9 +258,12 @@ class TangramTool(_Base):  # type: ignore[misc,valid-type]
                 {"status": "invalid"},
             )
         tg = self.runner.tangram
-        r = await self.runner.call(
-            tg.exec(env, command, cpu=self.cpu, timeout=self.timeout, kind=f"tool:{self.name}")
-        )
+        kind = f"tool:{self.name}"
+        if self.session:
+            call = tg.run(env, SESSION, command, cpu=self.cpu, timeout=self.timeout, kind=kind)
+        else:
+            call = tg.exec(env, command, cpu=self.cpu, timeout=self.timeout, kind=kind)
+        r = await self.runner.call(call)
         return _respond(self._text(r)), 0.0, _metrics(r)
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:

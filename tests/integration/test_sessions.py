@@ -15,8 +15,10 @@ import pytest
 from managers.cpu import CpuManager, ExecRequest
 from managers.cpu.backends.bwrap.backend import BwrapBackend
 from managers.cpu.backends.cgroup import fs
+from tangram.adapters import verl as adapter
 from tangram.errors import ValidationError
 from tangram.results import Status
+from tangram.runtime.facade import Tangram
 from topology import CpuNode
 
 pytestmark = [pytest.mark.cgroup]
@@ -187,3 +189,28 @@ def test_a_fork_carries_files_not_sessions(tmp_path):
     parent_sessions, child_sessions, got = asyncio.run(main())
     assert parent_sessions == [] and child_sessions == []
     assert got["/sandbox/f"] == b"kept\n"
+
+
+def test_the_verl_tool_keeps_one_session_per_trajectory():
+    """`session: true`: each tool call is one command of the trajectory's shell session, so
+    its working folder and variables carry to the next call; release ends it."""
+    runner = adapter.TangramRunner(lambda: Tangram.local(cpu_backend="bwrap"))
+    schema = {"type": "function", "function": {"name": "bash", "parameters": {}}}
+    tool = adapter.TangramTool({"session": True, "memory_mb": 256}, schema, runner=runner)
+
+    async def main():
+        created = await tool.create("traj-s")
+        iid = created if isinstance(created, str) else created[0]
+        await tool.execute(iid, {"command": "cd /tmp && export K=v"})
+        resp, _, metrics = await tool.execute(iid, {"command": "echo $K $(pwd)"})
+        sessions = runner.tangram.sessions(tool.envs[iid])
+        await tool.release(iid)
+        return resp, metrics, sessions
+
+    try:
+        resp, metrics, sessions = asyncio.run(main())
+    finally:
+        runner.close()
+    text = resp if isinstance(resp, str) else resp.text
+    assert "v /tmp" in text and metrics["status"] == "ok"
+    assert sessions == [adapter.SESSION]
