@@ -113,7 +113,7 @@ class EnvShells:
             await record.sandbox.end_session(session)
         self._leave_background(record)
 
-    def kernel_command(self, env_id: str) -> str:
+    async def kernel_command(self, env_id: str) -> str:
         """The command that turns a session of the environment into a persistent kernel (its
         driver, with the server's Python, which has ipykernel); ValidationError where the
         sandbox has neither."""

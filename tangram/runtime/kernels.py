@@ -114,7 +114,7 @@ class Kernels:
         """Start an IPython kernel in environment `env`'s sandbox; returns its handle for
         `run_cell` and `close_kernel`."""
         name = f"kernel-{uuid.uuid4().hex[:8]}"
-        command = self._shells(env, name).kernel_command(env)
+        command = await self._shells(env, name).kernel_command(env)
         await self.open_session(env, name)
         started = await self.run(
             env, name, command, timeout=START_S, interactive=True, expect=[READY]

@@ -86,9 +86,14 @@ def test_schema_is_served_and_names_the_python_fields(http: httpx.Client) -> Non
         "/v1/apis/{name}/call",
         "/v1/status",
         "/metrics",
+        "/v1/envs/{env_id}/sessions",
+        "/v1/envs/{env_id}/sessions/{name}/run",
+        "/v1/envs/{env_id}/kernels/{name}/cells",
+        "/swerex/{env_id}/run_in_session",
     } <= set(paths)
     exec_body = schema["components"]["schemas"]["Exec"]["properties"]
-    assert set(exec_body) == {"command", "cpu", "gpus", "elastic", "timeout", "kind"}
+    # Tangram.exec's parameters, every one (the client's too: tests/unit/test_interfaces.py)
+    assert set(exec_body) == {"command", "cpu", "gpus", "elastic", "timeout", "output_cap", "kind"}
     # the served result model is tangram.results.Result itself, field for field
     result_out = schema["components"]["schemas"]["Result"]["properties"]
     assert set(result_out) == {f.name for f in dataclasses.fields(Result)}

@@ -19,6 +19,7 @@ from tangram.adapters import verl as adapter
 from tangram.errors import ValidationError
 from tangram.results import Status
 from tangram.runtime.facade import Tangram
+from tangram.runtime.ray import local_cluster
 from topology import CpuNode
 
 pytestmark = [pytest.mark.cgroup]
@@ -214,3 +215,24 @@ def test_the_verl_tool_keeps_one_session_per_trajectory():
     text = resp if isinstance(resp, str) else resp.text
     assert "v /tmp" in text and metrics["status"] == "ok"
     assert sessions == [adapter.SESSION]
+
+
+def test_on_ray_a_session_lives_on_its_environments_node():
+    """`Tangram.ray`: the session is opened by the node agent of the environment's machine,
+    and each command, an action of the central scheduler, runs there in it."""
+    pytest.importorskip("ray", reason="Ray is not installed")
+
+    async def go(address: str):
+        async with Tangram.ray(address, cpu_backend="bwrap", poll_s=0.2) as tg:
+            env = await tg.open_env("ray-s", 128)
+            await tg.open_session(env, "sh")
+            await tg.run(env, "sh", "cd /tmp && export R=ray")
+            r = await tg.run(env, "sh", "echo $R $(pwd)")
+            listed = tg.sessions(env)
+            await tg.close_session(env, "sh")
+            return r, listed, tg.sessions(env)
+
+    with local_cluster(nodes=1, cpus_per_node=2) as cluster:
+        r, listed, after = asyncio.run(go(cluster.address))
+    assert r.status is Status.OK and r.stdout == "ray /tmp\n", r
+    assert listed == ["sh"] and after == []

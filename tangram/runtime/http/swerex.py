@@ -119,6 +119,8 @@ async def _answer(work: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
         return _transferred("builtins.ValueError", str(exc))
     except TangramError as exc:
         return _transferred(EXC + "SwerexException", str(exc))
+    except ValueError as exc:  # a value no command can be made of (a lone surrogate, ...)
+        return _transferred("builtins.ValueError", f"{type(exc).__name__}: {exc}")
 
 
 def _timeout(value: float | None) -> float:
@@ -263,7 +265,10 @@ def _command_line(body: Command) -> str:
     with `shell`, else the argv as it is; `env` replaces the environment's variables (PATH
     kept where not given), `cwd` is entered first, stderr merged where asked."""
     if isinstance(body.command, str):
-        line = body.command if body.shell else shlex.join(shlex.split(body.command))
+        try:
+            line = body.command if body.shell else shlex.join(shlex.split(body.command))
+        except ValueError as exc:
+            raise ValidationError("command", body.command, f"cannot be split ({exc})") from None
     else:
         line = shlex.join(body.command)
     if body.env is not None:

@@ -170,6 +170,16 @@ class NodeAgent:
     async def close_env(self, env_id: str) -> None:
         await self.manager.close_env(env_id)
 
+    # -- shell sessions (managers.cpu.shells): their commands come as actions (`run`) -------
+    async def open_session(self, env_id: str, name: str) -> None:
+        await self.manager.open_session(env_id, name)
+
+    async def close_session(self, env_id: str, name: str) -> None:
+        await self.manager.close_session(env_id, name)
+
+    async def kernel_command(self, env_id: str) -> str:
+        return await self.manager.kernel_command(env_id)
+
     async def run(self, assignment: Assignment) -> Result:
         """Run one action on exactly the cores the central scheduler granted on this node."""
         return await self.manager.run(assignment)

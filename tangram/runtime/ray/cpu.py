@@ -256,6 +256,31 @@ class RayCpuManager(EnvironmentManager):
         env, node = self._remote(env_id)
         return await self._on(env.node, node.agent.read_files(env_id, paths), f"files of {env_id}")
 
+    # -- shell sessions: on the environment's node (its agent's CPU manager hosts them) ------
+    async def open_session(self, env_id: str, name: str) -> None:
+        env, node = self._remote(env_id)
+        what = f"session {name} of {env_id}"
+        await self._on(env.node, node.agent.open_session(env_id, name), what)
+        record = self.envs.record(env_id)
+        if record is not None:
+            record.sessions[name] = True  # (the node holds it: here, its name)
+
+    async def close_session(self, env_id: str, name: str) -> None:
+        env, node = self._remote(env_id)
+        what = f"session {name} of {env_id}"
+        await self._on(env.node, node.agent.close_session(env_id, name), what)
+        record = self.envs.record(env_id)
+        if record is not None:
+            record.sessions.pop(name, None)
+
+    def sessions_of(self, env_id: str) -> list[str]:
+        record = self.envs.record(env_id) if isinstance(env_id, str) else None
+        return [] if record is None else sorted(record.sessions)
+
+    async def kernel_command(self, env_id: str) -> str:
+        env, node = self._remote(env_id)
+        return await self._on(env.node, node.agent.kernel_command(env_id), f"kernel in {env_id}")
+
     async def close_env(self, env_id: str) -> None:
         env = self.envs.get(env_id) if isinstance(env_id, str) else None
         if env is None:

@@ -99,6 +99,15 @@ class RemoteAgent:
     async def close_env(self, env_id: str) -> None:
         await self._rpc(self.handle.close_env.remote(env_id))
 
+    async def open_session(self, env_id: str, name: str) -> None:
+        await self._rpc(self.handle.open_session.remote(env_id, name))
+
+    async def close_session(self, env_id: str, name: str) -> None:
+        await self._rpc(self.handle.close_session.remote(env_id, name))
+
+    async def kernel_command(self, env_id: str) -> str:
+        return await self._rpc(self.handle.kernel_command.remote(env_id))
+
     async def run(self, assignment: Assignment) -> Result:
         return await self._rpc(self.handle.run.remote(assignment))
 
