@@ -55,6 +55,12 @@ _SCHED = [
     "tests/property/test_conservation.py",
 ]
 TESTS: dict[str, list[str]] = {
+    "managers/cpu/environments.py": [
+        "tests/unit/test_environment_owner.py",
+        "tests/unit/test_env_disk.py",
+        "tests/unit/test_bindings.py",
+        "tests/unit/test_mutation_kills_environments.py",
+    ],
     "tangram/liveness.py": [
         "tests/unit/test_liveness.py",
         "tests/property/test_liveness_stateful.py",
