@@ -297,3 +297,26 @@ def test_bad_session_input_is_a_clear_4xx_or_a_result_naming_it(served):
     assert len(flood.json()["stdout"]) <= 1000
     ok = httpx.post(f"{base}/s/run", json={"command": "echo fine"}, headers=h, timeout=60)
     assert ok.json()["stdout"] == "fine\n"
+
+
+def test_run_jupyter_with_a_session_keeps_its_kernel_across_requests(served):
+    """Our `/run_jupyter` extension: `session` keeps the kernel between requests; without it,
+    SandboxFusion's semantics (a kernel of the request's own: the variable is gone)."""
+    h = {"authorization": f"Bearer {TOKEN}"}
+
+    def call(body):
+        r = httpx.post(f"{served}/run_jupyter", json=body, headers=h, timeout=120)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = call({"cells": ["z = 20", "z + 1"], "session": "nb"})
+    again = call({"cells": ["print(z * 2)"], "session": "nb"})
+    stop = call({"cells": ["import time\nwhile True: time.sleep(0.05)"], "session": "nb",
+                 "cell_timeout": 1})  # fmt: skip
+    after = call({"cells": ["z"], "session": "nb"})
+    fresh = call({"cells": ["z"]})
+    assert first["status"] == "Success" and first["cells"][1]["display"] == [{"text/plain": "21"}]
+    assert again["cells"][0]["stdout"] == "40\n"
+    assert stop["status"] == "Failed" and stop["driver"]["status"] == "TimeLimitExceeded"
+    assert after["status"] == "Success" and after["cells"][0]["display"] == [{"text/plain": "20"}]
+    assert fresh["cells"][0]["error"][0]["ename"] == "NameError"

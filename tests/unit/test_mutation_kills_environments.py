@@ -13,8 +13,11 @@ from managers.cpu.environments import (
     EnvironmentTable,
     EnvRecord,
     EnvState,
+    pick_node,
 )
 from tangram.errors import Infeasible, ValidationError
+from tangram.pools import CorePool
+from topology import CpuNode
 
 
 def _env(i: int = 0, node: str = "n0", memory: int = 100, disk: int = 0) -> Environment:
@@ -108,3 +111,103 @@ def test_nodes_join_and_leave():
             table.add_node("n2", bad)
     with pytest.raises(ValidationError):
         EnvironmentTable({"n0": 0})
+
+
+def _refused(call, field: str, value: object, problem: str) -> None:
+    with pytest.raises(ValidationError) as got:
+        call()
+    assert (got.value.field, got.value.value, got.value.problem) == (field, value, problem)
+
+
+POSITIVE = "must be a positive integer (MiB)"
+
+
+def test_every_refusal_names_its_field_value_and_problem():
+    _refused(lambda: EnvironmentTable({"n0": 0}), "memory_mb[n0]", 0, POSITIVE)
+    _refused(lambda: EnvironmentTable({"n0": True}), "memory_mb[n0]", True, POSITIVE)
+    EnvironmentTable({"n0": 1})  # the smallest size is one
+    table = EnvironmentTable({"n0": 100})
+    _refused(lambda: table.add_node("n1", 0), "memory_mb[n1]", 0, POSITIVE)
+    _refused(lambda: table.add_node("n1", 2.0), "memory_mb[n1]", 2.0, POSITIVE)
+    table.add_node("n1", 1)
+    cores = CorePool("cpu", {"n0": CpuNode.flat("n0", 2), "n1": CpuNode.flat("n1", 2)})
+    for bad in (0, -5, True, 1.5):
+        _refused(lambda b=bad: table.choose_node(cores, b), "env.memory_mb", bad, POSITIVE)
+    table.add(_env(0, "n0", 10))
+    _refused(
+        lambda: table.add(Environment("env-x", "t0", "n0", 1, "/w")),
+        "env.trajectory",
+        "t0",
+        "already has environment env-0",
+    )
+    _refused(lambda: table.remove_node("n0"), "node", "n0", "still holds environments")
+
+
+def test_lookups_of_a_value_that_is_no_id_answer_none():
+    table = EnvironmentTable({"n0": 100})
+    assert table.get(["env-0"]) is None and table.record({"a": 1}) is None  # (unhashable)
+
+
+def test_the_default_disk_is_a_pebibyte_per_node():
+    table = EnvironmentTable({"n0": 100})
+    table.add_node("n1", 100)
+    assert table.disk_free("n0") == table.disk_free("n1") == 1 << 40
+
+
+def test_reservations_add_up_and_a_node_fits_exactly_its_free_memory():
+    table = EnvironmentTable({"n0": 100}, {"n0": 10})
+    table.add(_env(0, "n0", 60, 4))
+    table.add(_env(1, "n0", 40, 6))  # exactly what is left
+    assert table.memory_free("n0") == 0 and table.disk_free("n0") == 0
+    assert table.record("env-1").state is EnvState.IDLE  # the default state of an added one
+
+
+def test_settled_can_be_waited_for_again_after_it_woke():
+    async def main():
+        record = EnvRecord(_env(), EnvState.IDLE)
+        for _ in range(2):
+            record.to(EnvState.FREEZING)
+            waiter = asyncio.ensure_future(record.settled())
+            await asyncio.sleep(0.01)
+            record.to(EnvState.IDLE)
+            await asyncio.wait_for(waiter, 1)
+        table = EnvironmentTable({"n0": 100})
+        r = table.add(_env(1), EnvState.OPENING)
+        first = asyncio.ensure_future(r.settled())
+        await asyncio.sleep(0.01)
+        table.remove("env-1")
+        await asyncio.wait_for(first, 1)
+        assert r._settled is None
+
+    asyncio.run(main())
+
+
+def test_pick_node_rules():
+    free_mem = {"a": 100, "b": 100, "c": 50}.__getitem__
+    load = {"a": 0.5, "b": 0.5, "c": 0.1}.__getitem__
+    cores = {"a": 1, "b": 3, "c": 0}.__getitem__
+    nodes = ["a", "b", "c"]
+    # c has the memory exactly and the least load, but no free core: a ready node wins
+    assert pick_node(nodes, free_mem, load, cores, 50) == "b"  # equal load: more free cores
+    assert pick_node(["a", "c"], free_mem, load, cores, 50) == "a"  # one free core is enough
+    assert pick_node(["c"], free_mem, load, cores, 50) == "c"  # none ready: any with memory
+    assert pick_node(nodes, free_mem, load, cores, 100) == "b"  # exactly the free memory fits
+    assert pick_node(nodes, free_mem, load, cores, 101) is None
+
+
+def test_choose_node_names_the_best_it_had_when_nothing_fits():
+    table = EnvironmentTable({"n0": 100, "n1": 300}, {"n0": 20, "n1": 10})
+    cores = CorePool("cpu", {"n0": CpuNode.flat("n0", 2), "n1": CpuNode.flat("n1", 2)})
+    assert table.choose_node(cores, 100, disk_mb=20) == "n0"  # exactly the free disk fits
+    with pytest.raises(
+        Infeasible, match=r"env.disk_mb: 21 MiB fits on no node \(most free: 20 MiB on n0\)"
+    ):
+        table.choose_node(cores, 1, disk_mb=21)
+    with pytest.raises(
+        Infeasible, match=r"env.memory_mb: 301 MiB fits on no node \(most free: 300 MiB on n1\)"
+    ):
+        table.choose_node(cores, 301)
+    with pytest.raises(Infeasible, match="none of the 2 takes new environments"):
+        table.choose_node(cores, 1, exclude=("n0", "n1"))
+    assert table.choose_node(cores, 1, exclude=("n1",)) == "n0"
+    assert table.choose_node(cores, 250) == "n1"

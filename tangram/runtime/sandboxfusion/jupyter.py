@@ -27,7 +27,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tangram.results import Result, Status
-from tangram.runtime.http.limits import MAX_CODE, MAX_ITEMS, MAX_MEMORY_MB, MAX_TIMEOUT, Seconds
+from tangram.runtime.http.limits import (
+    MAX_CODE,
+    MAX_ITEMS,
+    MAX_MEMORY_MB,
+    MAX_TIMEOUT,
+    Name,
+    Seconds,
+)
 from tangram.runtime.sandboxfusion.paths import check_fetch, check_files
 
 DRIVER = Path(__file__).with_name("jupyter_driver.py")
@@ -50,6 +57,9 @@ class RunJupyterRequest(BaseModel):
     kernel: Literal["python3"] = "python3"
     files: dict[str, str | None] = Field(default_factory=dict, max_length=MAX_ITEMS)
     fetch_files: list[str] = Field(default_factory=list, max_length=MAX_ITEMS)
+    # our extension: the cells run in a kernel kept under this name across requests
+    # (`jupyter_sessions`); None: SandboxFusion's semantics, a kernel of the request's own
+    session: Name | None = None
 
     @field_validator("memory_limit_MB")
     @classmethod

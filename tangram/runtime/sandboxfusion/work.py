@@ -17,7 +17,7 @@ from typing import Any
 
 from tangram.errors import TangramError, ValidationError
 from tangram.results import Result, placement_json
-from tangram.runtime.sandboxfusion import jupyter
+from tangram.runtime.sandboxfusion import jupyter, jupyter_sessions
 from tangram.runtime.sandboxfusion.jupyter import RunJupyterRequest
 from tangram.runtime.sandboxfusion.models import (
     ARG_CHUNK,
@@ -315,6 +315,16 @@ async def run_jupyter(tg: Any, req: RunJupyterRequest) -> RunJupyterResponse:
                 "absolute paths are served only by the isolating backends",
             )
     memory = DEFAULT_MEMORY_MB if req.memory_limit_MB == -1 else req.memory_limit_MB
+    if req.session is not None:  # our extension: a kernel kept across requests
+        files = {
+            _sandbox_path(p): base64.b64decode(c)
+            for p, c in req.files.items()
+            if c is not None and IGNORED_FILE not in p
+        }
+        resp, env = await jupyter_sessions.run_in_session(tg, req, memory, files)
+        if req.fetch_files:
+            resp.files = await _fetch(tg, env, req, "run_jupyter:fetch")
+        return resp
     pool = warm_pool(tg, DEFAULT_MEMORY_MB)
     env = await (pool.take(memory) if pool is not None else tg.open_env(fresh_trajectory(), memory))
     try:
