@@ -211,3 +211,19 @@ def test_choose_node_names_the_best_it_had_when_nothing_fits():
         table.choose_node(cores, 1, exclude=("n0", "n1"))
     assert table.choose_node(cores, 1, exclude=("n1",)) == "n0"
     assert table.choose_node(cores, 250) == "n1"
+
+
+def test_choose_node_min_cores_and_disk_defaults():
+    table = EnvironmentTable({"a": 1000, "b": 1000}, {"a": 0, "b": 0})
+    pool = CorePool("cpu", {"a": CpuNode.flat("a", 2), "b": CpuNode.flat("b", 2)})
+    pool.place(1, node="a")  # a: one core free
+    table.add(_env(9, "b", 500))  # b: more memory loaded, both cores free
+    assert table.choose_node(pool, 10) == "a"  # one free core is enough by default; no disk
+    assert table.choose_node(pool, 10, min_cores=2) == "b"  # two asked: the node with two
+
+
+def test_the_most_free_is_named_by_its_memory_not_its_name():
+    table = EnvironmentTable({"a": 300, "b": 100})
+    pool = CorePool("cpu", {"a": CpuNode.flat("a", 1), "b": CpuNode.flat("b", 1)})
+    with pytest.raises(Infeasible, match=r"most free: 300 MiB on a\)"):
+        table.choose_node(pool, 301)
