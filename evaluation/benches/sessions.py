@@ -59,13 +59,16 @@ def _port() -> int:
 
 @contextmanager
 def _process(argv: list[str], url: str, env: dict[str, str]) -> Iterator[None]:
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    """Run a server until the block ends; its output goes to a file (a pipe nobody read would
+    fill and stop it), whose tail is printed where the server failed."""
+    log = tempfile.NamedTemporaryFile(prefix="bench-sessions-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
     try:
         deadline = time.monotonic() + 120
         while True:
             if proc.poll() is not None:
-                err = proc.stderr.read().decode() if proc.stderr else ""
-                raise RuntimeError(f"{argv[0]} exited: {err[-2000:]}")
+                with open(log.name, errors="replace") as f:
+                    raise RuntimeError(f"{argv[0]} exited: {f.read()[-2000:]}")
             try:
                 httpx.get(url, timeout=2)
                 break
@@ -81,6 +84,13 @@ def _process(argv: list[str], url: str, env: dict[str, str]) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
+        with open(log.name, errors="replace") as f:
+            text = f.read()
+        if "Traceback" in text:
+            print(f"{argv[0]}'s log ({log.name}) holds a traceback:\n{text[-3000:]}")
+        else:
+            os.unlink(log.name)
 
 
 @contextmanager

@@ -236,3 +236,24 @@ def test_on_ray_a_session_lives_on_its_environments_node():
         r, listed, after = asyncio.run(go(cluster.address))
     assert r.status is Status.OK and r.stdout == "ray /tmp\n", r
     assert listed == ["sh"] and after == []
+
+
+def test_sessions_opened_at_once_in_one_environment_each_get_a_slot():
+    """Eight opened together (each makes a cgroup slot, some in worker threads): none is
+    refused for a slot another took (found by `tangram bench sessions --idle`: a 500)."""
+
+    async def main():
+        m = _manager()
+        await m.start()
+        try:
+            env = await m.open_env("many", 512)
+            await asyncio.gather(*(m.open_session(env, f"s{i}") for i in range(8)))
+            outs = await asyncio.gather(
+                *(_run(m, env, f"echo {i}", session=f"s{i}") for i in range(8))
+            )
+            return [o.stdout for o in outs], m.sessions_of(env)
+        finally:
+            await m.close()
+
+    outs, names = asyncio.run(main())
+    assert outs == [f"{i}\n" for i in range(8)] and names == [f"s{i}" for i in range(8)]

@@ -568,7 +568,8 @@ class BwrapSandbox(CgroupSandbox):
             b._session_host_installed = True
         await self._heal_holder()
         session = ShellSession(name, host_key(name), None, self._root_fd)
-        session.slot = slot = await asyncio.to_thread(b._slot, self.cgroups)
+        # on the loop, as an exec's: two threads would name the same new slot
+        session.slot = slot = b._slot(self.cgroups)
         try:
             b._confine(slot, cores, share)
             await self._launch_host(slot, python, session.key, cores)

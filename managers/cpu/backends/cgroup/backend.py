@@ -22,6 +22,7 @@ import asyncio
 import logging
 import os
 import shlex
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -69,6 +70,9 @@ class EnvCgroups:
     folders: dict[str, Path]
     free: list[Slot] = field(default_factory=list)
     slots: list[Slot] = field(default_factory=list)
+    # a new slot is made on the loop (an exec's) and in threads (the holder's, a tar's, a
+    # session's): one at a time, so no two are given the same name
+    making: threading.Lock = field(default_factory=threading.Lock)
 
 
 class CgroupBackend(Backend):
@@ -206,9 +210,14 @@ class CgroupBackend(Backend):
         return EnvCgroups(folders)
 
     def _slot(self, e: EnvCgroups) -> Slot:
-        if e.free:
-            return e.free.pop()
-        name = f"x{len(e.slots)}"
+        with e.making:
+            if e.free:
+                return e.free.pop()
+            slot = self._new_slot(e, f"x{len(e.slots)}")
+            e.slots.append(slot)
+            return slot
+
+    def _new_slot(self, e: EnvCgroups, name: str) -> Slot:
         if self.h.version == 1:
             folders = {c: e.folders[c] / name for c in SLOT_CONTROLLERS}
             for f in dict.fromkeys(folders.values()):
@@ -226,13 +235,11 @@ class CgroupBackend(Backend):
             folders = {c: f for c in SLOT_CONTROLLERS}
             joins = [f]
         writes = " && ".join(f"echo 0 >{shlex.quote(str(j / 'cgroup.procs'))}" for j in joins)
-        slot = Slot(
+        return Slot(
             folders,
             f"{{ {writes}; }} 2>/dev/null || {{ echo '{JOIN_FAILED}' >&2; exit 125; }}",
             tuple(j / "cgroup.procs" for j in joins),
         )
-        e.slots.append(slot)
-        return slot
 
     def _confine(self, slot: Slot, cores: tuple[int, ...], share: float | None = None) -> None:
         """Confine the slot to `cores` (a quota of all of them, or of `share` of one core)."""
