@@ -238,12 +238,14 @@ def build_cpu(path: str, spec: Mapping[str, Any] | CpuSpec | None) -> CpuManager
     """`backend` (auto | bwrap | cgroup | docker | affinity | sim) and its `options` (e.g.
     `pids_max`, `uid_base`, `ro_paths` of bwrap; `image` of docker); `state_dir`, `disk_mb`
     (the default disk bound of an environment with an image), `disk_capacity_mb` (the
-    node's disk for environments) and `tar_max_mb` (the bound of one files/tar stream) of the
-    CPU manager."""
+    node's disk for environments), `tar_max_mb` (the bound of one files/tar stream) and
+    `background` (a shell session's share of one core between its commands) of the CPU
+    manager."""
     spec = spec if isinstance(spec, CpuSpec) else parse(CpuSpec, path, spec)
     options = backend_options(f"{path}.options", spec.backend, spec.options)
     layers = spec.model_dump(
-        include={"state_dir", "disk_mb", "disk_capacity_mb", "tar_max_mb"}, exclude_unset=True
+        include={"state_dir", "disk_mb", "disk_capacity_mb", "tar_max_mb", "background"},
+        exclude_unset=True,
     )
     return CpuManager(spec.backend, backend_options=options, **layers)
 

@@ -82,6 +82,8 @@ class CpuSpec(Spec):
     disk_mb: PosInt | None = None
     disk_capacity_mb: PosInt | None = None
     tar_max_mb: PosInt | None = None  # the bound of one files/tar stream
+    # a shell session's share of one core between its commands (managers/cpu/shells.py)
+    background: Annotated[float, Field(ge=0.01, le=1, allow_inf_nan=False)] | None = None
 
 
 class ApiSpec(Spec):

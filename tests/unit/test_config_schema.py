@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import tangram.runtime.config as config
 from tangram.errors import ValidationError
-from tangram.runtime.config import build
+from tangram.runtime.config import build, build_cpu
 from tangram.runtime.config_schema import ConfigSpec, parse
 
 GOOD = {
@@ -155,3 +155,12 @@ def test_the_documented_example_parses():
     text = config.__doc__.split("```yaml", 1)[1].split("```", 1)[0]
     spec = parse(ConfigSpec, "", yaml.safe_load(text))
     assert spec.gpu.services["judge"].dops == [1, 2] and spec.apis["search"].quota == 20
+
+
+def test_the_background_allowance_is_a_config_key_checked_at_load():
+    assert build_cpu("cpu", {"backend": "sim", "background": 0.25}).background == 0.25
+    assert build_cpu("cpu", {"backend": "sim"}).background == 0.1
+    for bad in (0, 2, "x", True):
+        with pytest.raises(ValidationError) as got:
+            build_cpu("cpu", {"backend": "sim", "background": bad})
+        assert got.value.field == "cpu.background"
