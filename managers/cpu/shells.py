@@ -20,6 +20,7 @@ A mixin of `CpuManager` (its one job: sessions); it needs the manager's table, p
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import shlex
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from tangram.errors import LimitReached, ValidationError
 from tangram.pools import CorePool, Placement
 from tangram.results import Result, Status
 
+log = logging.getLogger("managers.cpu")
 DEFAULT_BACKGROUND = 0.1  # of one core, per environment with a session open
 BACKGROUND_WAIT_S = 30.0  # how long an open waits for a free core to become a background one
 OPEN_STATES = (EnvState.IDLE, EnvState.RUNNING)
@@ -137,10 +139,14 @@ class EnvShells:
         kills their processes with everything else): files carry over a fork, sessions do
         not."""
         if record.sessions:
-            for session in [s for s in record.sessions.values() if s is not None]:
-                await record.sandbox.end_session(session)
+            sessions = [s for s in record.sessions.values() if s is not None]
             record.sessions.clear()
             self._leave_background(record)
+            for session in sessions:  # (what is left of them goes with the sandbox anyway)
+                try:
+                    await record.sandbox.end_session(session)
+                except OSError as exc:
+                    log.warning("env %s: session %s: %s", record.id, session.name, exc)
 
     async def run_in_session(
         self, record: EnvRecord, req: ExecRequest, cores: tuple[int, ...]
@@ -154,6 +160,10 @@ class EnvShells:
             )
         sandbox, bg = record.sandbox, record.background
         async with session.lock:
+            if session.slot is None:  # closed while this command waited for the one before
+                return Result(
+                    Status.CANCELLED, detail=f"session {session.name} was closed before it ran"
+                )
             ask = {
                 "op": "run",
                 "command": req.command if isinstance(req.command, str) else _joined(req),
