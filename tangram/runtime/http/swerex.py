@@ -123,6 +123,12 @@ async def _answer(work: Callable[[], Awaitable[dict[str, Any]]]) -> Any:
         return _transferred("builtins.ValueError", f"{type(exc).__name__}: {exc}")
 
 
+def _existing(tg: Any, env_id: str, session: str) -> None:
+    """SWE-ReX's `SessionDoesNotExistError` unless the environment has `session` open."""
+    if session not in tg.sessions(env_id):
+        raise Raised(EXC + "SessionDoesNotExistError", f"session {session!r} does not exist")
+
+
 def _timeout(value: float | None) -> float:
     if value is None:
         return MAX_TIMEOUT
@@ -168,10 +174,7 @@ async def run_in_session(env_id: str, body: BashAction, request: Request) -> Any
     tg = request.app.state.tangram
 
     async def work() -> dict[str, Any]:
-        if body.session not in tg.sessions(env_id):
-            raise Raised(
-                EXC + "SessionDoesNotExistError", f"session {body.session!r} does not exist"
-            )
+        _existing(tg, env_id, body.session)
         if body.action_type == "bash_interrupt":  # a timed-out command was interrupted already
             return {"output": "", "exit_code": 0, "failure_reason": "", "expect_string": ""}
         return _observation(body, await _run(tg, env_id, body))
@@ -226,10 +229,7 @@ async def close_session(env_id: str, body: CloseSession, request: Request) -> An
     tg = request.app.state.tangram
 
     async def work() -> dict[str, Any]:
-        if body.session not in tg.sessions(env_id):
-            raise Raised(
-                EXC + "SessionDoesNotExistError", f"session {body.session!r} does not exist"
-            )
+        _existing(tg, env_id, body.session)
         await tg.close_session(env_id, body.session)
         return {"session_type": "bash"}
 
