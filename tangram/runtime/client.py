@@ -31,7 +31,7 @@ from tangram.errors import (
     TangramError,
     ValidationError,
 )
-from tangram.results import Result
+from tangram.results import Result, parse_status
 from tangram.runtime.http.errors import SHUTTING_DOWN
 from tangram.runtime.kernels import Cell
 from tangram.runtime.status import StatusSnapshot
@@ -215,7 +215,8 @@ class TangramClient:
         env, _, name = kernel.partition("/")
         path = f"/v1/envs/{_segment(env, 'env_id')}/kernels/{_segment(name, 'kernel')}/cells"
         body = {"code": code, "cpu": demand_json(cpu), "timeout": timeout}
-        return Cell(**(await self._request("POST", path, body)))
+        doc = dict(await self._request("POST", path, body))
+        return Cell(**{**doc, "status": parse_status(doc.get("status"))})
 
     async def close_kernel(self, kernel: str) -> None:
         env, _, name = kernel.partition("/")

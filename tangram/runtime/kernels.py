@@ -32,13 +32,13 @@ CELL_CAP = 32 << 20  # bytes of one cell's answer (its outputs, images included)
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """What one cell did: `status` ok (it ran; an exception in it is `error`, as in a
-    notebook), timeout (interrupted at its timeout; the kernel lives on) or failed (the kernel
+    """What one cell did: `status` OK (it ran; an exception in it is `error`, as in a
+    notebook), TIMEOUT (interrupted at its timeout; the kernel lives on) or FAILED (the kernel
     is gone: `detail` says how); its `stdout`, `stderr`, `display` (the mime bundle of each
     display_data and execute_result: `text/plain`, `image/png` as base64, ...) and `error`
     (each `{ename, evalue, traceback}`)."""
 
-    status: str
+    status: Status
     stdout: str = ""
     stderr: str = ""
     display: list[dict[str, Any]] = field(default_factory=list)
@@ -47,7 +47,7 @@ class Cell:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "status": self.status,
+            "status": self.status.value,
             "stdout": self.stdout,
             "stderr": self.stderr,
             "display": self.display,
@@ -79,14 +79,14 @@ def cell_of(result: Result) -> Cell:
         end = len(out.rstrip())
     if at < 0 or end < 0:
         why = result.detail if result.status is not Status.OK else "no answer from the kernel"
-        return Cell("failed", stdout=out[-4000:], detail=why)
+        return Cell(Status.FAILED, stdout=out[-4000:], detail=why)
     try:
         got = json.loads(out[at + len(RESULT) : end])
     except ValueError as exc:
-        return Cell("failed", detail=f"the kernel's answer does not parse ({exc})")
+        return Cell(Status.FAILED, detail=f"the kernel's answer does not parse ({exc})")
     timed_out = got.get("timed_out") or result.status is Status.TIMEOUT
     return Cell(
-        "timeout" if timed_out else "ok",
+        Status.TIMEOUT if timed_out else Status.OK,
         stdout=got.get("stdout", ""),
         stderr=got.get("stderr", ""),
         display=list(got.get("display", [])),

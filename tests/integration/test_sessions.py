@@ -192,12 +192,28 @@ def test_a_fork_carries_files_not_sessions(tmp_path):
     assert got["/sandbox/f"] == b"kept\n"
 
 
+def _tool_schema():
+    """The tool's schema as verl passes it: its own type where verl imports, else a dict."""
+    raw = {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command in the trajectory's session.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+    if adapter.HAVE_VERL:
+        from verl.tools.schemas import OpenAIFunctionToolSchema  # (optional: verl)
+
+        return OpenAIFunctionToolSchema.model_validate(raw)
+    return raw
+
+
 def test_the_verl_tool_keeps_one_session_per_trajectory():
     """`session: true`: each tool call is one command of the trajectory's shell session, so
     its working folder and variables carry to the next call; release ends it."""
     runner = adapter.TangramRunner(lambda: Tangram.local(cpu_backend="bwrap"))
-    schema = {"type": "function", "function": {"name": "bash", "parameters": {}}}
-    tool = adapter.TangramTool({"session": True, "memory_mb": 256}, schema, runner=runner)
+    tool = adapter.TangramTool({"session": True, "memory_mb": 256}, _tool_schema(), runner=runner)
 
     async def main():
         created = await tool.create("traj-s")

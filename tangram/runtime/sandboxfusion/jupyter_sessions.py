@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from tangram.errors import TangramError
+from tangram.results import Status
 from tangram.runtime.sandboxfusion.jupyter import CellRunResult, RunJupyterRequest
 from tangram.runtime.sandboxfusion.models import (
     CommandRunResult,
@@ -57,10 +58,10 @@ async def run_in_session(
                     stdout=cell.stdout, stderr=cell.stderr, display=cell.display, error=cell.error
                 )
             )
-            if cell.status == "timeout":
+            if cell.status is Status.TIMEOUT:
                 timed_out = True
                 break
-            if cell.status != "ok":  # the kernel is gone: the session ends with it
+            if cell.status is not Status.OK:  # the kernel is gone: the session ends with it
                 failed = True
                 resp.message = cell.detail
                 tg.adapters[KERNELS].pop(req.session, None)
