@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -15,13 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from managers.cpu import CpuManager, ExecRequest
-from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create
+from managers.cpu.backends import BACKENDS, PREFERENCE, NotStarted, create, started
 from managers.cpu.backends.base import SIGKILLED, LimitCounts, name_limits
 from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.sim import SimCpuBackend
 from managers.cpu.environments import Environment
 from managers.cpu.leftovers import owned_name
-from tangram.errors import ValidationError
+from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
 from topology import CpuNode
 
@@ -264,3 +265,21 @@ def test_set_cores_writes_exactly_the_grant_and_skips_what_it_holds(version, cor
         (cpuset / "cpuset.cpus").unlink()  # a write now would fail: nothing may be written
         quota_file.unlink()
         assert fs.set_cores(version, folders, tuple(cores), now) == now
+
+
+@pytest.mark.parametrize("name", BACKENDS.builtin_names())
+def test_a_backend_that_does_not_isolate_says_so_at_warning(name, caplog):
+    """Commands that will run on the host as the server's user are said at WARNING when the
+    backend starts (requested or chosen), never only at INFO; an isolating one says nothing."""
+    backend = create(name)
+    if backend.probe() is not None:
+        pytest.skip(f"{name}: {backend.probe()}")
+    caplog.set_level(logging.WARNING, logger="managers.cpu")
+    try:
+        started_one = asyncio.run(started(name))
+    except BackendUnavailable as exc:
+        pytest.skip(f"{name}: {exc}")
+    asyncio.run(started_one.shutdown())
+    said = [r for r in caplog.records if "does not isolate" in r.getMessage()]
+    assert bool(said) == (not started_one.isolates and name != "sim"), (name, said)
+    assert {"bwrap", "docker"} >= {n for n in [name] if create(n).isolates}

@@ -96,6 +96,7 @@ async def started(preferred: str | None = None, **options) -> Backend:
         backend = create(preferred, **options)
         await backend.start()
         log.info("cpu backend: %s (requested)", backend.describe())
+        _say_if_unisolated(backend)
         return backend
     skipped = []
     for name in PREFERENCE:
@@ -114,8 +115,24 @@ async def started(preferred: str | None = None, **options) -> Backend:
             backend.describe(),
             "; skipped " + " | ".join(skipped) if skipped else "",
         )
+        _say_if_unisolated(backend, skipped)
         return backend
     raise BackendUnavailable("no CPU backend can run: " + " | ".join(skipped))
+
+
+def _say_if_unisolated(backend: Backend, skipped: list[str] | None = None) -> None:
+    """A WARNING where commands will run unisolated (on the host, as the server's user),
+    naming why no isolating backend was chosen: a user must not learn it from INFO logs."""
+    if backend.isolates or backend.name == "sim":  # (sim runs nothing)
+        return
+    why = f"; not chosen: {' | '.join(skipped)}" if skipped else ""
+    log.warning(
+        "cpu backend %s does not isolate: commands run on the host as the server's user, "
+        "they can read its files and reach each other (the bwrap backend isolates: root and "
+        "bubblewrap)%s",
+        backend.name,
+        why,
+    )
 
 
 __all__ = [

@@ -127,6 +127,7 @@ class Backend(ABC):
     pids_max: int | None = None  # processes per environment, where the backend limits them
     gpu_mode: str = "variables"  # how an exec gets its granted GPUs: a key of `GPU_MODES`
     gpus_refused: str | None = None  # why this backend gives a command no GPU, where it cannot
+    isolates: bool = False  # a command cannot see or reach the host or another environment
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:10]

@@ -62,6 +62,7 @@ INSIDE_SUPPORT = "/opt/tangram"
 class DockerBackend(Backend):
     name = "docker"
     engine_images = True  # `open_env(image=...)` names an image of the engine
+    isolates = True
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
     gpus_refused = (

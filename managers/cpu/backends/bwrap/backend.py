@@ -143,6 +143,7 @@ class BwrapBackend(CgroupBackend):
     name = "bwrap"
     roots = True
     gpu_mode = "devices"
+    isolates = True
     inside_work = INSIDE_WORK
     inside_support = INSIDE_SUPPORT
 
