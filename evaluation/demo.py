@@ -266,6 +266,7 @@ def _runtime(
         services=services,
         apis=apis,
         gpu={"backend": "sim"},
+        trace=ns.trace,
     )
 
 
@@ -323,7 +324,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cpu-backend",
         default="auto",
-        help="auto | cgroup | docker | affinity (default: best available)",
+        help="auto | bwrap | cgroup | docker | affinity (default: the best available, "
+        "bwrap where it runs)",
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="write Tangram's run as a trace (Chrome's trace-event JSON: open it in "
+        "ui.perfetto.dev): each action on the cores, GPUs and API slots it held, and each "
+        "trajectory's waits",
     )
     p.add_argument("--only", choices=["tangram", "static"], help="run one of the two")
     p.add_argument(

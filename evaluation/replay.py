@@ -18,6 +18,7 @@ from evaluation.simulator import SimResult, simulate
 from solvers import available, get_allocator
 from tangram.conservation import ConservationReport, check_schedule
 from tangram.instance import Instance, load_instance
+from tangram.trace import write_trace
 
 
 def check_result(instance: Instance, result: SimResult) -> ConservationReport:
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="without the scheduler's work-conservation rule (the policy alone)",
     )
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="also write the schedule as a trace (Chrome's trace-event JSON, which "
+        "ui.perfetto.dev opens): each action on the units it held, each trajectory's waits",
+    )
     return p
 
 
@@ -61,6 +68,8 @@ def main(argv: list[str]) -> int:
     result = simulate(instance, allocator, conserve=not ns.alone)
     report = check_result(instance, result) if ns.check else None
     status = 1 if report else 0
+    if ns.trace:
+        write_trace(result.records.values(), ns.trace)
     if ns.json:
         doc = result.to_json()
         if report is not None:

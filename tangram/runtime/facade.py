@@ -34,7 +34,7 @@ from solvers import get_allocator
 from tangram.actions import Action
 from tangram.allocation import Assignment
 from tangram.errors import ActionFailed, NotFound, ShuttingDown, ValidationError
-from tangram.results import Result, Status
+from tangram.results import Result, ScheduledAction, Status
 from tangram.runtime.config import DEFAULT_POLICY, build, build_local, load_config
 from tangram.runtime.decisions import Decisions
 from tangram.runtime.entries import Pending
@@ -47,6 +47,7 @@ from tangram.runtime.shards import ShardedScheduler
 from tangram.runtime.status import NodeUnits, PoolStatus, StatusSnapshot
 from tangram.scheduler import Scheduler
 from tangram.scheduling import SchedulerInterface
+from tangram.trace import write_trace
 
 log = logging.getLogger("tangram")
 
@@ -65,9 +66,12 @@ class Tangram(Environments, Sessions, Kernels):
         idle_env_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         shards: int = 0,
+        trace: str | None = None,
     ) -> None:
         """`clock`: the time source of every timing and decision (a virtual-time loop's
         `loop.time` runs the runtime on the simulator's clock, `evaluation.vclock`).
+        `trace`: a file the run's trace is written to at shutdown (Chrome's trace-event
+        format, which Perfetto opens: `tangram.trace`): each action on the units it held.
         `shards` > 0: the scheduler split into that many node shards plus the global shard
         here (`tangram.runtime.shards`, docs/scale.md): each a process, or a Ray actor when
         this process is connected to Ray."""
@@ -98,6 +102,8 @@ class Tangram(Environments, Sessions, Kernels):
         self._closed = False
         self._clock = clock
         self._t0 = clock()
+        self.trace_path = trace
+        self.traced: list[ScheduledAction] = []  # every action that ran, where tracing
         self._reaper: asyncio.Task | None = None
         # a slow policy decides in a worker thread; never on a virtual clock (module docstring)
         self._decisions = Decisions(
@@ -109,7 +115,8 @@ class Tangram(Environments, Sessions, Kernels):
     def local(cls, **options: Any) -> Tangram:
         """This machine: its cores with the best CPU backend, a simulated GPU pool when there
         is no GPU (saying so), no APIs unless given. See `tangram.runtime.config.build_local`."""
-        return cls(**build_local(**options).kwargs())
+        trace = options.pop("trace", None)  # (the facade's own, not a component's)
+        return cls(**build_local(**options).kwargs(), trace=trace)
 
     @classmethod
     def ray(cls, address: str | None = None, *, shards: int = 0, **options: Any) -> Tangram:
@@ -332,6 +339,12 @@ class Tangram(Environments, Sessions, Kernels):
             status=outcome.status,
         )
         self._pending.pop(a.action.id, None)
+        if self.trace_path is not None:
+            self.traced.append(
+                ScheduledAction(
+                    a.action, p.submitted, p.started, end, a.units, a.placement, outcome.status
+                )
+            )
         result = outcome.granted(
             a.action.id, a.units, a.placement, p.started - p.submitted, end - p.started
         )
@@ -413,6 +426,9 @@ class Tangram(Environments, Sessions, Kernels):
                 )
                 await asyncio.gather(*late, return_exceptions=True)
         self._closed = True
+        if self.trace_path is not None:
+            write_trace(self.traced, self.trace_path)
+            log.warning("trace of %d actions written to %s", len(self.traced), self.trace_path)
         for env_id in [] if self.cpu is None else [r.id for r in self.cpu.envs.records()]:
             try:
                 await self.close_env(env_id)
