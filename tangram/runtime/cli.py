@@ -19,7 +19,11 @@ GROUP = "tangram.commands"
 
 COMMANDS: Registry[Callable[[list[str]], int]] = Registry(
     "command",
-    {"serve": "tangram.runtime.server:main", "image": "tangram.runtime.image_cli:main"},
+    {
+        "serve": "tangram.runtime.server:main",
+        "image": "tangram.runtime.image_cli:main",
+        "top": "tangram.runtime.top:main",
+    },
     group=GROUP,
 )
 
