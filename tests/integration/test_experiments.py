@@ -21,7 +21,7 @@ def test_quick_mode_writes_files(name, tmp_path):
     doc = json.loads(paths[1].read_text())
     assert doc["rows"] and doc["compare"]
     assert paths[0].read_text().count("\n") == len(outcome.rows) + 1
-    # the bounds the README states for the quick runs
+    # the bounds docs/figures.md states for the quick runs
     checks = {
         # the paper's ACT (queue + run per action): Kubernetes' dedicated pods are faster per
         # action; with the pods' admission wait counted, Tangram is faster per trajectory
