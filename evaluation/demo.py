@@ -243,7 +243,7 @@ def summarise(name: str, s: Stats, cores: int) -> dict:
 
 
 def _runtime(
-    ns: argparse.Namespace, services: dict, apis: dict
+    ns: argparse.Namespace, services: dict, apis: dict, traced: bool = False
 ) -> tuple[contextlib.AbstractContextManager | None, Tangram]:
     """One run's runtime: over Ray (`--ray`; with the entered Ray session, for the caller to
     exit after) or local (no session)."""
@@ -257,6 +257,7 @@ def _runtime(
             apis=apis,
             gpu_backend="sim",
             gpus_per_node=2,
+            trace=ns.trace if traced else None,
             **{"cpu_backend": ns.cpu_backend, **opts},
         )
     # the judge is a modelled stand-in (no weights): simulated, also on a
@@ -266,7 +267,7 @@ def _runtime(
         services=services,
         apis=apis,
         gpu={"backend": "sim"},
-        trace=ns.trace,
+        trace=ns.trace if traced else None,  # Tangram's run, not the static baseline's
     )
 
 
@@ -295,7 +296,7 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
             for name in runs:
                 if ns.only and name != ns.only:
                     continue
-                session, tg = _runtime(ns, services, apis)
+                session, tg = _runtime(ns, services, apis, traced=name == "tangram")
                 try:
                     async with tg:
                         cores = tg.cpu.pool.capacity()

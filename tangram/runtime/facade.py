@@ -123,7 +123,8 @@ class Tangram(Environments, Sessions, Kernels):
         """The same API over a Ray cluster: a node agent per machine enforces its cores, the
         scheduler here keeps the global state (`shards` > 0: split into node shards, each a Ray
         actor). See `tangram.runtime.ray.build_ray`."""
-        return cls(**{**build_ray(address, **options).kwargs(), "shards": shards})
+        trace = options.pop("trace", None)  # (the facade's own, not a component's)
+        return cls(**{**build_ray(address, **options).kwargs(), "shards": shards}, trace=trace)
 
     @classmethod
     def from_config(cls, path: str) -> Tangram:
