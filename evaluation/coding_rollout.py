@@ -197,4 +197,9 @@ def render(out: dict[str, Any]) -> str:
             f"{s['not_passed']:>8}{s['cores'] or '-':>7}{s['queued_s']:>10.2f}"
             f"{s['run_s']:>8.2f}"
         )
+    lines.append(
+        "left behind: the task image 'coding-six' and its build steps' caches in the node's "
+        "image store (reused by the next run); `tangram image ls` lists them, "
+        "`tangram image rm coding-six` removes the image. Environments are all closed."
+    )
     return "\n".join(lines)

@@ -300,13 +300,21 @@ async def _main(ns: argparse.Namespace) -> list[dict]:
                 try:
                     async with tg:
                         cores = tg.cpu.pool.capacity()
+                        backend = getattr(tg.cpu, "backend", None)
+                        isolated = bool(getattr(backend, "isolates", False))
                         task = progress.add_task(f"{name}: trajectories", total=len(plans))
                         runner = run_tangram if name == "tangram" else run_static
                         stats = await runner(tg, plans, py, progress, task)
                 finally:
                     if session is not None:
                         session.__exit__(None, None, None)
-                rows.append(summarise(name, stats, cores))
+                rows.append(
+                    {
+                        **summarise(name, stats, cores),
+                        "cpu_backend": tg.cpu.backend_name,
+                        "isolated": isolated,
+                    }
+                )
                 for f in stats.failures[:5]:
                     console.print(f"[yellow]{name}: {f}[/yellow]")
     finally:
@@ -393,6 +401,18 @@ def main(argv: list[str]) -> int:
             str(r["failures"]),
         )
     Console().print(t)
+    first = rows[0]
+    Console().print(
+        f"Commands ran on the {first['cpu_backend']} CPU backend: "
+        + (
+            "each trajectory in a sandbox of its own."
+            if first["isolated"]
+            else "on the host as this user, NOT isolated (root and bubblewrap give the bwrap "
+            "backend's sandboxes)."
+        )
+        + " Nothing is left behind: every environment, cgroup and work folder is removed at "
+        "the end."
+    )
     if len(rows) == 2:
         a, b = rows
         Console().print(

@@ -89,8 +89,14 @@ def main(argv: list[str]) -> int:
         images = store.ls()
         if ns.json:
             print(json.dumps([i.to_dict() for i in images]))
-        for i in images if not ns.json else ():
-            print(f"{i.digest[:19]}  {i.bytes >> 20:>6} MiB  {', '.join(i.names) or '-'}")
+        else:
+            print(f"images in {store.root} (the node's store: every server of this machine)")
+            print(f"{'DIGEST':<19}  {'SIZE':>10}  NAMES")
+            for i in images:  # an unnamed one is a build step's cache
+                names = ", ".join(i.names) or "(a build step's cache, unnamed)"
+                print(f"{i.digest[:19]}  {i.bytes >> 20:>6} MiB  {names}")
+            if not images:
+                print("(none)")
     elif ns.cmd == "rm":
         print("removed " + ", ".join(store.rm(ns.ref)))
     else:

@@ -692,6 +692,13 @@ def test_image_cli_import_ls_build_rm(tmp_path: Path, capsys) -> None:
     assert set(named) == {"mine", "tiny"}
     tiny = Path(next(i["rootfs"] for i in listed if "tiny" in i["names"]))
     assert (tiny / "etc" / "marker").read_text() == "m\n" and (tiny / "usr" / "bin").is_dir()
+    assert tangram([*state, "ls"]) == 0  # for a person: where the store is, a header, names
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0].startswith(f"images in {tmp_path / 'state'}/images")
+    assert shown[1].split() == ["DIGEST", "SIZE", "NAMES"]
+    assert any(line.endswith("mine") for line in shown) and "(a build step's cache" in "".join(
+        shown
+    )
     assert tangram([*state, "rm", "mine"]) == 0
     with pytest.raises(NotFound, match="no such image"):  # `tangram` prints it, exit 2
         tangram([*state, "rm", "mine"])
