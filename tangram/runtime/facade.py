@@ -28,6 +28,7 @@ from typing import Any
 from managers.api import ApiManager, api_action
 from managers.base import EnvironmentManager, Manager
 from managers.cpu.actions import exec_action
+from managers.cpu.environments import EnvRecord
 from managers.gpu import GpuManager
 from managers.gpu.actions import invoke_action
 from solvers import get_allocator
@@ -195,12 +196,19 @@ class Tangram(Environments, Sessions, Kernels):
             gpu_resource=gpu_resource,
             gpu_node=gpu_node,
         )
-        e.actions.add(action.id)
+        return await self._submit_in(e, action, self.cpu, "exec")
+
+    async def _submit_in(
+        self, record: EnvRecord, action: Action, manager: Manager, metric_kind: str
+    ) -> Result:
+        """Submit an action of an environment's (an exec, a session's command): counted on its
+        record while queued or running (a fork waits for none), its last use the end."""
+        record.actions.add(action.id)
         try:
-            return await self._submit(action, self.cpu, "exec")
+            return await self._submit(action, manager, metric_kind)
         finally:
-            e.actions.discard(action.id)
-            e.last_used = self._clock()
+            record.actions.discard(action.id)
+            record.last_used = self._clock()
 
     def _gpu_for(self, trajectory: str, gpus: Any) -> tuple[str, str]:
         """The GPU pool and its node on the machine of `trajectory`'s environment, for a vector

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tangram.actions import Action
 
 log = logging.getLogger("tangram")
+MAX_TYPED_LINE = 4000  # characters of one line of interactive text (a terminal's line: 4,095)
 
 
 class Sessions:
@@ -39,7 +40,9 @@ class Sessions:
 
         def _now(self) -> float: ...
 
-        async def _submit(self, action: Action, manager: Manager, metric_kind: str) -> Result: ...
+        async def _submit_in(
+            self, record: EnvRecord, action: Action, manager: Manager, metric_kind: str
+        ) -> Result: ...
 
     def _shells(self, env_id: str, name: object) -> Any:
         """The CPU manager, where it has sessions; ValidationError naming why not."""
@@ -89,6 +92,13 @@ class Sessions:
             raise ValidationError("session", name, f"no open session in environment {env}")
         if not isinstance(command, str) or "\0" in command:
             raise ValidationError("command", command, "must be a string without NUL bytes")
+        if interactive and max(map(len, command.split("\n"))) > MAX_TYPED_LINE:
+            raise ValidationError(
+                "command",
+                command[:80],
+                f"an interactive line is typed at a terminal: at most {MAX_TYPED_LINE} "
+                "characters a line (a terminal holds 4,095); send longer text as a file",
+            )
         action = exec_action(
             shells.resource,
             env,
@@ -105,12 +115,7 @@ class Sessions:
             interactive=interactive,
             expect=list(expect),
         )
-        record.actions.add(action.id)
-        try:
-            return await self._submit(action, shells, "session")
-        finally:
-            record.actions.discard(action.id)
-            record.last_used = self._clock()
+        return await self._submit_in(record, action, shells, "session")
 
     async def close_session(self, env: str, name: str) -> None:
         """End session `name`: its shell and everything it started are killed."""

@@ -256,18 +256,23 @@ def test_on_ray_a_session_lives_on_its_environments_node():
 
 def test_sessions_opened_at_once_in_one_environment_each_get_a_slot():
     """Eight opened together (each makes a cgroup slot, some in worker threads): none is
-    refused for a slot another took (found by `tangram bench sessions --idle`: a 500)."""
+    refused for a slot another took (found by `tangram bench sessions --idle`: a 500); and
+    once they are idle the server holds no more descriptors than before them."""
 
     async def main():
         m = _manager()
         await m.start()
         try:
             env = await m.open_env("many", 512)
+            await m.open_session(env, "first")  # (the first makes what every session shares)
+            held = len(os.listdir("/proc/self/fd"))
             await asyncio.gather(*(m.open_session(env, f"s{i}") for i in range(8)))
             outs = await asyncio.gather(
                 *(_run(m, env, f"echo {i}", session=f"s{i}") for i in range(8))
             )
-            return [o.stdout for o in outs], m.sessions_of(env)
+            idle = len(os.listdir("/proc/self/fd"))  # 8 more sessions, idle again
+            assert idle <= held, (held, idle)  # the server holds no descriptor per session
+            return [o.stdout for o in outs], [n for n in m.sessions_of(env) if n != "first"]
         finally:
             await m.close()
 

@@ -295,6 +295,10 @@ def test_bad_session_input_is_a_clear_4xx_or_a_result_naming_it(served):
     )
     assert flood.status_code == 200 and flood.json()["truncated"] is True
     assert len(flood.json()["stdout"]) <= 1000
+    long_line = httpx.post(
+        f"{base}/s/run", json={"command": "x" * 5000, "interactive": True}, headers=h
+    )
+    assert long_line.status_code == 422 and "at most 4000 characters a line" in long_line.text
     ok = httpx.post(f"{base}/s/run", json={"command": "echo fine"}, headers=h, timeout=60)
     assert ok.json()["stdout"] == "fine\n"
 

@@ -4,11 +4,14 @@ what the line does for each of `shell`, `env`, `cwd`, `merge_output_streams`."""
 
 from __future__ import annotations
 
+import io
 import subprocess
+import zipfile
 
 import pytest
 
 from tangram.errors import ValidationError
+from tangram.runtime.http import swerex
 from tangram.runtime.http.swerex import Command, _command_line
 
 
@@ -32,3 +35,24 @@ def test_the_line_runs_as_subprocess_run_would(kw, out):
     line = _command_line(Command(**kw))
     got = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True)
     assert got.stdout == out, (line, got)
+
+
+def test_an_upload_is_bounded_in_files_and_bytes_before_anything_unpacks(monkeypatch):
+    def zipped(n: int, size: int) -> bytes:
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as z:
+            for i in range(n):
+                z.writestr(f"d/f{i}", b"x" * size)
+        return out.getvalue()
+
+    assert set(swerex._unzipped(zipped(3, 2), "/sandbox/t")) == {
+        f"/sandbox/t/d/f{i}" for i in range(3)
+    }
+    monkeypatch.setattr(swerex, "UPLOAD_FILES", 2)
+    with pytest.raises(ValidationError, match="holds 3 files, over 2"):
+        swerex._unzipped(zipped(3, 2), "/t")
+    monkeypatch.setattr(swerex, "UPLOAD_MAX", 5)
+    with pytest.raises(ValidationError, match="unpacks past 5 bytes"):
+        swerex._unzipped(zipped(2, 3), "/t")
+    with pytest.raises(ValidationError, match="not a zip archive"):
+        swerex._unzipped(b"not a zip", "/t")

@@ -42,6 +42,7 @@ router = APIRouter(prefix="/swerex/{env_id}", tags=["swe-rex"], dependencies=[De
 MATCHED = re.compile(r"matched ('.*'|\".*\")")  # the detail of a run its prompt ended
 EXC = "swerex.exceptions."
 UPLOAD_MAX = files.MAX_TOTAL  # bytes of one upload's files, unpacked
+UPLOAD_FILES = 1 << 16  # files of one upload (a folder sent as a zip)
 
 
 class _Body(BaseModel):
@@ -335,14 +336,17 @@ async def upload(
 def _unzipped(data: bytes, target: str) -> dict[str, bytes]:
     """The files of a zip archive under `target` (a folder's upload); members are paths of
     the environment's as any written file's (`..` and links never leave it), at most
-    `UPLOAD_MAX` bytes in all."""
+    `UPLOAD_FILES` of them and `UPLOAD_MAX` bytes in all, counted before any is unpacked."""
     out: dict[str, bytes] = {}
     total = 0
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as z:
-            for info in z.infolist():
-                if info.is_dir():
-                    continue
+            members = [i for i in z.infolist() if not i.is_dir()]
+            if len(members) > UPLOAD_FILES:
+                raise ValidationError(
+                    "file", "upload", f"holds {len(members)} files, over {UPLOAD_FILES}"
+                )
+            for info in members:
                 total += info.file_size
                 if total > UPLOAD_MAX:
                     raise ValidationError("file", info.filename, f"unpacks past {UPLOAD_MAX} bytes")
