@@ -55,6 +55,11 @@ _SCHED = [
     "tests/property/test_conservation.py",
 ]
 TESTS: dict[str, list[str]] = {
+    "tangram/trace.py": [
+        "tests/unit/test_trace.py",
+        "tests/property/test_trace_grammar.py",
+        "tests/unit/test_mutation_kills_trace.py",
+    ],
     "managers/cpu/environments.py": [
         "tests/unit/test_environment_owner.py",
         "tests/unit/test_env_disk.py",

@@ -57,7 +57,7 @@ def chrome_trace(records: Iterable[ScheduledAction]) -> dict[str, Any]:
             "status": str(r.status.value),
             "queued_ms": round((r.start - r.arrival) * 1e3, 3),
         }
-        label = r.action.kind or r.action_id
+        label = r.action.kind
         for resource, units in r.units.items():
             for process, thread in _units_held(r, resource, units, flat):
                 pid, tid = track(process, thread)
@@ -118,12 +118,18 @@ def check_trace(doc: dict[str, Any]) -> list[str]:
             problems.append(f"bad event {e}")
             continue
         if e["ph"] == "X":
-            if not isinstance(e.get("name"), str) or e.get("dur", -1) < 0 or e.get("ts", -1) < 0:
+            if (
+                not isinstance(e.get("name"), str)
+                or not isinstance(e.get("tid"), int)
+                or not e.get("dur", -1) >= 0
+                or not e.get("ts", -1) >= 0
+            ):
                 problems.append(f"bad slice {e}")
+                continue
             if e["pid"] not in named:
                 problems.append(f"slice on an unnamed process {e}")
             spans.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
-    units = {e["pid"] for e in doc["traceEvents"] if e.get("name") == "process_name"
+    units = {e["pid"] for e in doc.get("traceEvents", []) if e.get("name") == "process_name"
              and e["args"]["name"] != TRAJECTORIES}  # fmt: skip
     for (pid, tid), xs in spans.items():
         if pid not in units:
