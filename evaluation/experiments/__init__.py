@@ -1,10 +1,10 @@
 """`tangram experiment NAME [--quick] [--out DIR] [--json] [--oracle] [--no-range]
 [--engine engine|runtime]`: the paper's experiments, and `sensitivity`.
 
-Each writes NAME.csv, NAME.json and NAME.png under --out and prints our ratios beside the
-paper's, each with its range over the one-at-a-time sweep of every parameter that has a range
-(`evaluation.experiments.sweep`). `--quick` runs small sizes (CI); `--oracle` hands the
-scheduler each action's sampled duration instead of learned means; `--engine runtime` runs
+The paper's experiments print our ratios beside the paper's, each with its range over the
+one-at-a-time sweep of every parameter that has a range (`evaluation.experiments.sweep`), and
+write the files WRITES names under --out (listed by `--help`). `--quick` runs small sizes
+(CI); `--oracle` hands the scheduler each action's sampled duration instead of learned means; `--engine runtime` runs
 Tangram's CPU workloads through the runtime's own facade on virtual time
 (`evaluation.experiments.common._run`); `bench` is the simulator benchmark.
 """
@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import sys
 from pathlib import Path
 
 from evaluation.bench import main as bench
 from evaluation.experiments.common import (
+    RUNNING,
+    _set,
     engine,
     oracle_estimates,
     print_table,
@@ -42,13 +43,31 @@ EXPERIMENTS: dict[str, tuple[str, str]] = {
 }
 
 
+# the files each writes under --out (NAME.<suffix>); `tests/integration/test_experiments.py`
+# runs each and compares what it wrote with this, and `--help` is built from it
+WRITES: dict[str, tuple[str, ...]] = {
+    **{name: ("csv", "json", "png") for name in EXPERIMENTS},
+    "sensitivity": ("json",),
+    "twin": (),
+    "bench": (),
+}
+
+
+def _writes_help() -> str:
+    said = []
+    for name, suffixes in WRITES.items():
+        files = ", ".join(f"{name}.{s}" for s in suffixes) or "no file (it prints; --json)"
+        said.append(f"{name}: {files}")
+    return "files under --out: " + "; ".join(said) + "."
+
+
 def run_experiment(
     name: str, quick: bool = True, quiet: bool = True, ranges: bool = False, oracle: bool = False
 ):
     mod = importlib.import_module(EXPERIMENTS[name][0])
 
     def go():
-        with oracle_estimates(oracle):
+        with oracle_estimates(oracle), _set(RUNNING, name):
             o = mod.main(quick, quiet)
             if ranges:
                 attach_ranges(o, lambda: mod.measure(quick), mod.TARGETS)
@@ -72,7 +91,9 @@ def _parser() -> argparse.ArgumentParser:
         "Tangram.local(); all: every experiment",
     )
     p.add_argument("--quick", action="store_true", help="small sizes (CI)")
-    p.add_argument("--out", default="results", help="output folder (default: results)")
+    p.add_argument(
+        "--out", default="results", help="output folder (default: results); " + _writes_help()
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument(
         "--oracle",
@@ -125,7 +146,7 @@ def main(argv: list[str]) -> int:
             outcome = run_experiment(
                 name,
                 ns.quick,
-                quiet=ns.json or not sys.stderr.isatty(),
+                quiet=ns.json,
                 ranges=not ns.no_range,
                 oracle=ns.oracle,
             )

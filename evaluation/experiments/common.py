@@ -19,6 +19,7 @@ from evaluation.baselines import ByResource, Kubernetes, Lifecycles, StaticServi
 from evaluation.baselines.api import ApiRetry
 from evaluation.baselines.batching import batched_static
 from evaluation.closedloop import EnvironmentStart, LoopResult, Policy, run
+from evaluation.output import Steps, show_table
 from evaluation.runtime_sim import run_on_runtime, runs_on_runtime
 from evaluation.workloads import Workload, get_workload
 from solvers import get_allocator
@@ -124,47 +125,29 @@ def search_baseline(
 
 
 class Runner:
-    """Runs simulations under one rich progress bar (or silently)."""
+    """Runs simulations under one progress display (`evaluation.output.Steps`) or silently."""
 
     def __init__(self, total_runs: int, quiet: bool = False) -> None:
         self.quiet = quiet
         self.total = total_runs
-        self._progress: Any = None
-        self._task: Any = None
+        self._steps = Steps(total_runs, RUNNING.get(), quiet=quiet)
 
     def __enter__(self) -> Runner:
-        if not self.quiet:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
-            self._progress = Progress(
-                TextColumn("{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                transient=True,
-            )
-            self._progress.start()
-            self._task = self._progress.add_task("runs", total=self.total)
+        self._steps.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        self._steps.__exit__(*exc)
 
     def run(self, label: str, workload: Workload, policy: Policy) -> LoopResult:
-        if self._progress is not None:
-            self._progress.update(self._task, description=f"{label}: {policy.name}")
+        what = f"{label}: {policy.name}"
+        self._steps.describe(what)
         res = cached_run(workload, policy)
-        if self._progress is not None:
-            self._progress.advance(self._task)
+        self._steps.advance(what)
         return res
 
+
+RUNNING: ContextVar[str] = ContextVar("running", default="runs")  # the experiment's name
 
 _CACHE: dict[tuple, LoopResult] = {}
 
@@ -424,20 +407,18 @@ def to_json(outcome: Outcome) -> dict[str, Any]:
 
 
 def print_table(outcome: Outcome) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title=f"{outcome.name}: ours vs the paper ({outcome.wall_s:.1f} s)")
-    for c in ("figure", "ours", "range (sweep)", "paper", "note"):
-        t.add_column(c)
     fmt = lambda v, u: "-" if v is None else f"{v:.2f}{u}"
+    rows = []
     for c in outcome.compares:
         rng = "-" if c.range is None else f"{c.range[0]:.2f}-{c.range[1]:.2f}{c.unit}"
-        t.add_row(c.metric, fmt(c.ours, c.unit), rng, fmt(c.paper, c.unit), c.note)
-    con = Console()
-    con.print(t)
+        rows.append((c.metric, fmt(c.ours, c.unit), rng, fmt(c.paper, c.unit), c.note))
+    show_table(
+        f"{outcome.name}: ours vs the paper ({outcome.wall_s:.1f} s)",
+        ("figure", "ours", "range (sweep)", "paper", "note"),
+        rows,
+    )
     for n in outcome.notes:
-        con.print(f"- {n}")
+        print(f"- {n}")
 
 
 def timed(fn: Callable[[], Outcome]) -> Outcome:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from evaluation.experiments import EXPERIMENTS, common, main, run_experiment
+from evaluation.experiments import EXPERIMENTS, WRITES, _parser, common, main, run_experiment
 from evaluation.experiments.common import write
 
 
@@ -49,6 +49,20 @@ def test_quick_mode_writes_files(name, tmp_path):
         ),
     }
     assert checks[name](outcome), [(c.metric, c.ours) for c in outcome.compares]
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS) + ["bench"])
+def test_help_names_the_files_each_writes(name, tmp_path, capsys):
+    """`tangram experiment --help` says what each writes under --out; through the command line,
+    each writes exactly those files (the sweep's and the twin's are checked in
+    test_sensitivity.py and test_twin.py, which run them)."""
+    helps = _parser().format_help()
+    said = ", ".join(f"{name}.{s}" for s in WRITES[name]) or "no file"
+    assert f"{name}: {said}" in " ".join(helps.split())
+    extra = ["--batch", "64", "--nodes", "1"] if name == "bench" else ["--no-range"]
+    assert main([name, "--quick", "--out", str(tmp_path), *extra]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"{name}.{s}" for s in WRITES[name])
 
 
 def test_cli_json(tmp_path, capsys):

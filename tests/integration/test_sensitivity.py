@@ -3,7 +3,7 @@ ratio with a paper value carries a range holding ours."""
 
 import json
 
-from evaluation.experiments import main, run_experiment
+from evaluation.experiments import WRITES, main, run_experiment
 from evaluation.experiments.sensitivity import _paper
 from evaluation.experiments.sweep import TARGETS, assumed_knobs
 from evaluation.params import ASSUMED, sources
@@ -12,6 +12,10 @@ from evaluation.params import ASSUMED, sources
 def test_sensitivity_quick_sweeps_every_assumed_parameter(tmp_path, capsys):
     assert main(["sensitivity", "--quick", "--json", "--out", str(tmp_path)]) == 0
     doc = json.loads(capsys.readouterr().out)
+    # what `tangram experiment --help` says it writes (WRITES), and nothing else
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f"sensitivity.{s}" for s in WRITES["sensitivity"]
+    ]
     rows = [c for e in doc["experiments"] for c in e["compare"] if c["paper"] is not None]
     assert len(rows) >= 12
     for c in rows:
