@@ -4,8 +4,9 @@
 The paper's experiments print our ratios beside the paper's, each with its range over the
 one-at-a-time sweep of every parameter that has a range (`evaluation.experiments.sweep`), and
 write the files WRITES names under --out (listed by `--help`). `--quick` runs small sizes
-(CI); `--oracle` hands the scheduler each action's sampled duration instead of learned means; `--engine runtime` runs
-Tangram's CPU workloads through the runtime's own facade on virtual time
+(CI); `--oracle` hands the scheduler each action's sampled duration instead of learned
+means; `--engine runtime` runs Tangram's CPU workloads through the runtime's own facade on
+virtual time
 (`evaluation.experiments.common._run`); `bench` is the simulator benchmark.
 """
 
