@@ -28,10 +28,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from rich.console import Console
-from rich.progress import Progress
-from rich.table import Table
-
+from evaluation.output import Steps, show_table
 from evaluation.simulator import simulate
 from solvers import get_allocator
 from solvers.exact.backend import SolveStatus
@@ -175,15 +172,12 @@ def summary(rows: list[GapRow], labels: list[str]) -> list[dict]:
     return out
 
 
-def _table(summ: list[dict], labels: list[str]) -> Table:
-    t = Table(
-        title="gap to the exact optimum, % of total ACT: mean / worst (seed)"
-        + ("; [vs cpsat policy]" if RH in labels else "")
+def _table(summ: list[dict], labels: list[str]) -> tuple[str, list[str], list[list[str]]]:
+    title = "gap to the exact optimum, % of total ACT: mean / worst (seed)" + (
+        "; [vs cpsat policy]" if RH in labels else ""
     )
-    for col in ["class", "cause", "proved", "order (fcfs opt)"]:
-        t.add_column(col, justify="left" if col in ("class", "cause") else "right")
-    for lb in labels:
-        t.add_column(lb, justify="right")
+    columns = ["class", "cause", "proved", "order (fcfs opt)", *labels]
+    rows = []
     for e in summ:
         cause = "approximation" if e["class"].endswith("/batch") else "information"
         cells = []
@@ -193,14 +187,16 @@ def _table(summ: list[dict], labels: list[str]) -> Table:
             if "vs_rh_mean" in p:
                 cell += f" [{p['vs_rh_mean']:+.1f}]"
             cells.append(cell)
-        t.add_row(
-            e["class"],
-            cause,
-            f"{e['proved']}/{e['instances']}",
-            f"{e['order_mean']:+.1f} / {e['order_worst']:+.1f}",
-            *cells,
+        rows.append(
+            [
+                e["class"],
+                cause,
+                f"{e['proved']}/{e['instances']}",
+                f"{e['order_mean']:+.1f} / {e['order_worst']:+.1f}",
+                *cells,
+            ]
         )
-    return t
+    return title, columns, rows
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -241,12 +237,11 @@ def main(argv: list[str]) -> int:
         for i in range(ns.instances)
     ]
     rows = []
-    console = Console(stderr=ns.json, width=max(150, Console().width))
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task("solving", total=len(jobs))
+    with Steps(len(jobs), "gap") as steps:
         for cls, seed in jobs:
+            steps.describe(f"{cls.name} seed {seed}")
             rows.append(run_one(cls, seed, policies, ns.time_limit))
-            bar.advance(task)
+            steps.advance(f"{cls.name} seed {seed}")
     labels = list(policies)
     summ = summary(rows, labels)
     if ns.json:
@@ -270,9 +265,7 @@ def main(argv: list[str]) -> int:
             ]
         print(json.dumps(doc))
     else:
-        console.print(_table(summ, labels))
+        show_table(*_table(summ, labels))
         ms = {lb: statistics.mean(e["policies"][lb]["decision_ms"] for e in summ) for lb in labels}
-        console.print(
-            "mean decision time (ms): " + ", ".join(f"{lb} {v:.3f}" for lb, v in ms.items())
-        )
+        print("mean decision time (ms): " + ", ".join(f"{lb} {v:.3f}" for lb, v in ms.items()))
     return 0

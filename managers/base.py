@@ -73,6 +73,12 @@ class EnvironmentManager(Manager):
     def backend_name(self) -> str | None:
         return self.backend.name
 
+    @property
+    def isolates(self) -> bool | None:
+        """Whether a command cannot see or reach the host or another environment (the
+        backend's `isolates`); None where the backend does not say (Ray's stand-in)."""
+        return getattr(self.backend, "isolates", None)
+
     def pools(self) -> Mapping[str, Pool]:
         return {self.resource: self.pool}
 

@@ -16,7 +16,8 @@ from typing import Any
 
 from evaluation.baselines import ApiRetry, Kubernetes
 from evaluation.baselines.batching import BatchingParams
-from evaluation.experiments.common import Compare, Outcome, overriding
+from evaluation.experiments.common import RUNNING, Compare, Outcome, overriding
+from evaluation.output import Steps
 from evaluation.params import ASSUMED, sources
 from evaluation.workloads.coding import CodingParams
 from evaluation.workloads.gpu import MopdParams, SearchParams
@@ -90,20 +91,24 @@ def sweep(
     """(the figures at the defaults, one entry per knob end with the figures there)."""
     base = dict(measure())
     effects = []
-    for k, v in points(knobs(targets)):
-        with overriding({k.target: {k.name: v}}):
-            got = dict(measure())
-        effects.append(
-            {
-                "knob": k.label,
-                "kind": k.kind,
-                "default": _js(k.default),
-                "value": _js(v),
-                "range": [_js(k.lo), _js(k.hi)],
-                "source": k.source,
-                "figures": got,
-            }
-        )
+    todo = list(points(knobs(targets)))
+    with Steps(len(todo), f"{RUNNING.get()}: sweep") as steps:
+        for k, v in todo:
+            steps.describe(f"{k.label}={v}")
+            with overriding({k.target: {k.name: v}}):
+                got = dict(measure())
+            steps.advance(f"{k.label}={_js(v)}")
+            effects.append(
+                {
+                    "knob": k.label,
+                    "kind": k.kind,
+                    "default": _js(k.default),
+                    "value": _js(v),
+                    "range": [_js(k.lo), _js(k.hi)],
+                    "source": k.source,
+                    "figures": got,
+                }
+            )
     return base, effects
 
 

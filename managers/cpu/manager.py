@@ -134,6 +134,11 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvShells, EnvironmentManager):
     def backend_name(self) -> str | None:
         return AUTO if self._backend is None else self._backend.name
 
+    @property
+    def isolates(self) -> bool | None:
+        """None until the backend is chosen (`auto` chooses at the first use)."""
+        return None if self._backend is None else self._backend.isolates
+
     @staticmethod
     def _check_nodes(backend: Backend, nodes: Mapping[str, CpuNode]) -> None:
         if backend.local and len(nodes) != 1:

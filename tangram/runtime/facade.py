@@ -401,6 +401,7 @@ class Tangram(Environments, Sessions, Kernels):
             len(self.scheduler.running),
             0 if self.cpu is None else len(self.cpu.envs.records()),
             None if self.cpu is None else self.cpu.backend_name,
+            None if self.cpu is None else self.cpu.isolates,
             None if gpu is None else gpu.backend_name,
             None if gpu is None else gpu.simulated,
             None if gpu is None else gpu.origin,

@@ -57,6 +57,7 @@ class StatusSnapshot:
     running: int
     envs: int
     cpu_backend: str | None = None
+    cpu_isolates: bool | None = None  # False: commands share the host (cgroup, affinity)
     gpu_backend: str | None = None
     gpu_simulated: bool | None = None
     gpu_pool: str | None = None
@@ -73,6 +74,7 @@ class StatusSnapshot:
             "running": self.running,
             "envs": self.envs,
             "cpu_backend": self.cpu_backend,
+            "cpu_isolates": self.cpu_isolates,
             "gpu_backend": self.gpu_backend,
             "gpu_simulated": self.gpu_simulated,
             "gpu_pool": self.gpu_pool,
@@ -109,6 +111,7 @@ class StatusSnapshot:
             int(doc["running"]),
             int(doc["envs"]),
             doc.get("cpu_backend"),
+            doc.get("cpu_isolates"),
             doc.get("gpu_backend"),
             doc.get("gpu_simulated"),
             doc.get("gpu_pool"),

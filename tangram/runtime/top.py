@@ -65,7 +65,8 @@ def frame(
 ) -> Group:
     """One frame of the view."""
     head = Text(
-        f"tangram top  {url}  policy {status.policy}  cpu {status.cpu_backend or '-'}  "
+        f"tangram top  {url}  policy {status.policy}  cpu {status.cpu_backend or '-'}"
+        f"{' (not isolated)' if status.cpu_isolates is False else ''}  "
         f"gpu {status.gpu_backend or '-'}{' (simulated)' if status.gpu_simulated else ''}  "
         f"queue {status.queue}  running {status.running}  environments {status.envs}"
         f"{'  CLOSING' if status.closing else ''}",

@@ -34,6 +34,10 @@ def test_exec_invoke_and_status():
             assert again.ok and again.restore_s == 0  # resident now: no restore
             st = tg.status()
             assert st.pools["cpu"].free == n and st.queue == 0 and st.envs == 1
+            # what runs says whether it isolates (bwrap, docker) or not (cgroup, affinity)
+            assert st.cpu_isolates is (st.cpu_backend in ("bwrap", "docker"))
+            assert st.to_dict()["cpu_isolates"] is st.cpu_isolates
+            assert type(st).from_dict(st.to_dict()) == st
             assert b"tangram_act_seconds" in tg.metrics.render()
             await tg.close_env(env)
 
