@@ -108,3 +108,36 @@ def show_table(
     w = csv.writer(out, lineterminator="\n")
     w.writerow(columns)
     w.writerows([[str(v) for v in r] for r in rows])
+
+
+class Heartbeat:
+    """`with Heartbeat("bench sessions"):` a line on stderr every `every_s` seconds while the
+    body runs, `[bench sessions] running, 45 s`: a long command that has no steps to count
+    (one bench, one real run) still says it is alive, on a terminal and in a log alike."""
+
+    def __init__(self, label: str, every_s: float = 15.0, stream: TextIO | None = None) -> None:
+        import threading
+
+        self.label, self.every_s = label, every_s
+        self.stream = stream if stream is not None else sys.stderr
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
+        self.beats = 0
+
+    def _beat(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.wait(self.every_s):
+            self.beats += 1
+            print(
+                f"[{self.label}] running, {time.perf_counter() - t0:.0f} s",
+                file=self.stream,
+                flush=True,
+            )
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import importlib
 
+from evaluation.output import Heartbeat
+
 BENCHES: dict[str, tuple[str, str]] = {
     "dparrange": (
         "evaluation.benches.heuristic:dparrange",
@@ -53,4 +55,5 @@ def main(argv: list[str]) -> int:
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     module, func = BENCHES[ns.name][0].split(":")
-    return int(getattr(importlib.import_module(module), func)(ns.args) or 0)
+    with Heartbeat(f"bench {ns.name}"):
+        return int(getattr(importlib.import_module(module), func)(ns.args) or 0)

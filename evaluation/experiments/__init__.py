@@ -31,6 +31,7 @@ from evaluation.experiments.common import (
 )
 from evaluation.experiments.sensitivity import main as sensitivity
 from evaluation.experiments.sweep import attach_ranges
+from evaluation.output import Heartbeat
 from evaluation.twin import main as twin
 from solvers import available
 
@@ -124,9 +125,11 @@ def main(argv: list[str]) -> int:
     if ns.policy not in available():
         p.error(f"--policy {ns.policy!r}: unknown (known: {available()})")
     if ns.name == "bench":
-        return bench(rest + (["--json"] if ns.json else []))
+        with Heartbeat("experiment bench"):
+            return bench(rest + (["--json"] if ns.json else []))
     if ns.name == "twin":
-        return twin(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json)) if on])
+        with Heartbeat("experiment twin"):
+            return twin(rest + [a for a, on in (("--quick", ns.quick), ("--json", ns.json)) if on])
     if ns.name == "sensitivity":
         return sensitivity(
             rest

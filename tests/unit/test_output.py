@@ -4,8 +4,9 @@ cuts (CSV off a terminal, folded cells on one)."""
 import csv
 import io
 import re
+import time
 
-from evaluation.output import Steps, show_table
+from evaluation.output import Heartbeat, Steps, show_table
 
 
 class Tty(io.StringIO):
@@ -60,3 +61,16 @@ def test_table_on_a_terminal_fits_its_width(monkeypatch):
     text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())  # colours are not width
     assert "figure" in text and "1.5" in text and text.count("word") == 60
     assert max(len(line) for line in text.splitlines()) <= 60
+
+
+def test_heartbeat_says_it_is_alive_until_the_body_ends():
+    out = io.StringIO()
+    with Heartbeat("bench x", every_s=0.02, stream=out) as hb:
+        deadline = time.monotonic() + 10
+        while hb.beats < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    n = hb.beats
+    time.sleep(0.06)
+    lines = out.getvalue().splitlines()
+    assert n >= 2 and hb.beats == n == len(lines)  # none after the body ended
+    assert all(line.startswith("[bench x] running, ") for line in lines)
