@@ -90,7 +90,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("env", "Environments from images, fork and snapshot", ("bench", "env"), 60),
     Entry("twin", "The digital twin against a real run", ("experiment", "twin", "--quick"), 240),
 )
-README_EXPERIMENTS = {"fig6": ("coding:", "mopd:")}  # figures quoted in the README
+README_EXPERIMENTS = {"fig6": ("coding:", "mopd: ACT (")}  # figures quoted in the README
 
 
 # -- running ------------------------------------------------------------------------------------

@@ -205,8 +205,8 @@ def main(argv: list[str]) -> int:
         except BackendUnavailable as exc:
             print(f"{label} backend unavailable: {exc}")
             continue
-        print(f"{label + ' action, same grant':44s} {same:8.2f} ms  (+{same - raw:.2f} ms)")
-        print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  (+{alt - raw:.2f} ms)")
+        print(f"{label + ' action, same grant':44s} {same:8.2f} ms  ({same - raw:+.2f} ms)")
+        print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  ({alt - raw:+.2f} ms)")
         rows.append(
             (
                 f"{label} <= raw + 2 ms",
