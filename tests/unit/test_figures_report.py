@@ -61,3 +61,12 @@ def test_every_entry_is_a_command_of_the_report_and_ran():
         assert d["command"].startswith("tangram ")
         if d.get("image"):
             assert (ROOT / "docs" / d["image"]).is_file(), d["image"]
+
+
+def test_every_picture_the_docs_show_is_in_the_tree():
+    """A fresh clone has every image README.md and docs/*.md embed (a `*.png` ignore rule
+    once kept the README's picture out of the repository)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for page in pages:
+        for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
+            assert (page.parent / target).is_file(), (page.name, target)
