@@ -1,4 +1,4 @@
-"""Mutation testing of the core mechanisms (issue 35): `mutmut` (3.x) over one module at a time,
+"""Mutation testing of the core mechanisms: `mutmut` (3.x) over one module at a time,
 against the fast tests that exercise it, with a table of scores per module (docs/mutation.md).
 
     python -m evaluation.mutation                          # every module below, in turn
@@ -55,6 +55,11 @@ _SCHED = [
     "tests/property/test_conservation.py",
 ]
 TESTS: dict[str, list[str]] = {
+    "evaluation/output.py": ["tests/unit/test_output.py"],
+    "evaluation/report.py": [
+        "tests/unit/test_figures_report.py",
+        "tests/integration/test_report.py",
+    ],
     "tangram/trace.py": [
         "tests/unit/test_trace.py",
         "tests/property/test_trace_grammar.py",
@@ -212,6 +217,7 @@ def pyproject(module: str, tests: list[str]) -> str:
         "only_mutate": [module],
         "pytest_add_cli_args_test_selection": tests,
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "also_copy": ["docs", "README.md"],  # what tests read besides code (the report's)
         "use_git_change_detection": False,  # the work folder is a snapshot, not a checkout
         "timeout_multiplier": 2.5,  # mutmut allows 2x this times the tests' time, in CPU s
     }
@@ -231,6 +237,8 @@ def prepare(module: str, tests: list[str]) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis", ".pytest_cache")
     for name in COPIED:
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    shutil.copytree(ROOT / "docs", work / "docs")
+    shutil.copyfile(ROOT / "README.md", work / "README.md")
     (work / "pyproject.toml").write_text(pyproject(module, tests))
     return work
 

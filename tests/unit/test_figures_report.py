@@ -70,3 +70,52 @@ def test_every_picture_the_docs_show_is_in_the_tree():
     for page in pages:
         for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text()):
             assert (page.parent / target).is_file(), (page.name, target)
+
+
+def _entry(name="fig6", rc=0, output="", **kw):
+    return {
+        "name": name,
+        "title": "T",
+        "command": f"tangram {name}",
+        "date": "d",
+        "wall_s": 1.0,
+        "load_1min": 0.5,
+        "rc": rc,
+        "output": output,
+        "error_tail": kw.pop("error_tail", ""),
+        **kw,
+    }
+
+
+def _report(*entries, skipped=()):
+    machine = {"cpu": "c", "cores": 2, "memory_gib": 1.0, "kernel": "k", "python": "3"}
+    return {
+        "machine": {**machine, "root": False},
+        "commit": "abc",
+        "generated": "g",
+        "skipped": list(skipped),
+        "entries": list(entries),
+    }
+
+
+def test_rendering_says_what_failed_what_was_skipped_and_empty_output():
+    failed = _entry("exec", rc=2, error_tail="boom")
+    empty = _entry("dparrange", output="")
+    cells = {"metric": "a|b", "ours": 1.0, "paper": None, "unit": "x", "note": "n|m"}
+    fig = _entry("fig6", output=json.dumps({"compare": [cells], "notes": []}))
+    md = render_markdown(_report(fig, failed, empty, skipped=["twin", "env"]))
+    assert "Not run by the last report (its budget): twin, env.\n" in md
+    assert "`tangram exec` - d, 1.0 s, load 0.5, **exit 2**\n\n```text\nboom\n```\n" in md
+    assert "`tangram dparrange` - d, 1.0 s, load 0.5\n\n```text\n(no output)\n```\n" in md
+    assert "| a/b | 1.00x | - | n/m |" in md
+    assert "Not run by" not in render_markdown(_report(fig))
+    no_compare = _entry("fig6", output=json.dumps({"rows": []}))
+    assert "| fig6" not in render_readme(_report(no_compare))
+
+
+def test_the_readme_block_needs_both_marks():
+    begin, end = "<!-- figures: tangram report -->", "<!-- /figures -->"
+    assert readme_block(f"{begin}\nx\n{end}") == f"{begin}\nx\n{end}"
+    assert readme_block(f"a\n{begin}\nx\n{end}\nb") == f"{begin}\nx\n{end}"
+    assert readme_block(f"{begin}\nx\n") is None
+    assert readme_block(f"x\n{end}") is None
