@@ -25,6 +25,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,12 +136,7 @@ def run_entry(e: Entry, timeout_s: float, images: Path) -> dict[str, Any]:
         cmd = [sys.executable, "-m", "tangram.runtime.cli", *argv]
         load = os.getloadavg()[0]
         t0 = time.perf_counter()
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
-            rc, stdout, stderr = p.returncode, p.stdout, p.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, stdout = 124, _text(exc.stdout)
-            stderr = _text(exc.stderr) + f"\n(stopped after {timeout_s:.0f} s: the budget)"
+        rc, stdout, stderr = _run(cmd, env, timeout_s)
         doc: dict[str, Any] = {
             "name": e.name,
             "title": e.title,
@@ -160,8 +156,28 @@ def run_entry(e: Entry, timeout_s: float, images: Path) -> dict[str, Any]:
     return doc
 
 
-def _text(b: bytes | str | None) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+def _run(cmd: list[str], env: dict[str, str], timeout_s: float) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr); past `timeout_s` its whole process group is killed
+    (a bench's servers and sandboxes too, not only the child) and the status is 124."""
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = p.communicate(timeout=timeout_s)
+        return p.returncode, stdout, stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        stdout, stderr = p.communicate()
+        return 124, stdout, stderr + f"\n(stopped after {timeout_s:.0f} s: the budget)"
+    finally:
+        if p.poll() is None:  # interrupted (Ctrl-C): nothing of it stays
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def run_report(

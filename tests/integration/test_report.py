@@ -3,6 +3,7 @@ README's block; an entry past the budget is not started and the last figures are
 command that fails is kept with its status, and the report exits 1."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -51,3 +52,18 @@ def test_bad_budget_names_the_value(capsys):
     with pytest.raises(SystemExit):
         main(["--budget-min", "0"])
     assert "--budget-min 0.0: must be above 0" in capsys.readouterr().err
+
+
+def test_a_command_past_the_budget_is_stopped_and_says_so(tmp_path, monkeypatch, capsys):
+    slow = Entry("sessions", "slow", ("bench", "sessions"), 1)  # about 100 s here
+    monkeypatch.setattr(report, "ENTRIES", (slow,))
+    argv = ["--budget-min", "0.05", "--docs", str(tmp_path), "--readme", str(tmp_path / "x")]
+    assert main(argv) == 1
+    (d,) = json.loads((tmp_path / "figures.json").read_text())["entries"]
+    assert d["rc"] == 124 and d["error_tail"].endswith("(stopped after 3 s: the budget)")
+    assert d["wall_s"] < 30
+    # nothing of it left: no process of the bench's group runs on
+    left = subprocess.run(
+        ["pgrep", "-f", "tangram.runtime.cli bench sessions"], capture_output=True
+    )
+    assert left.stdout == b"", left.stdout

@@ -3,10 +3,19 @@ rendering of docs/figures.json (a hand edit to either fails here), every picture
 there, and the report's entries are the commands the report runs."""
 
 import json
+import os
 import re
+import subprocess
 from pathlib import Path
 
-from evaluation.report import ENTRIES, readme_block, render_markdown, render_readme
+from evaluation.report import (
+    ENTRIES,
+    commit,
+    machine,
+    readme_block,
+    render_markdown,
+    render_readme,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 REPORT = json.loads((ROOT / "docs" / "figures.json").read_text())
@@ -119,3 +128,13 @@ def test_the_readme_block_needs_both_marks():
     assert readme_block(f"a\n{begin}\nx\n{end}\nb") == f"{begin}\nx\n{end}"
     assert readme_block(f"{begin}\nx\n") is None
     assert readme_block(f"x\n{end}") is None
+
+
+def test_the_machine_and_commit_are_described_as_they_are():
+    m = machine()
+    assert "model name" not in m["cpu"] and ":" not in m["cpu"] and m["cpu"]
+    total_kib = int(Path("/proc/meminfo").read_text().split()[1])  # MemTotal first
+    assert abs(m["memory_gib"] - total_kib / 2**20) < 0.2
+    assert m["root"] is (os.geteuid() == 0) and m["cores"] == os.cpu_count()
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    assert commit() == (head.stdout.strip() or "unknown")
