@@ -44,6 +44,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from managers.cpu.environments import Environment
@@ -260,6 +261,17 @@ class Sandbox(ABC):
         self.env = env
         self.open = True  # False once `close` began: a command still running is cancelled
 
+    @property
+    def launch_cwd(self) -> str:
+        """The folder the server starts the environment's processes in (its work folder;
+        one the server's user may enter, where that folder is not)."""
+        return self.env.workdir
+
+    def owner_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` with the authority the server holds over the environment's files
+        (its own, where it may reach them: a rootless sandbox's are another uid's)."""
+        return fn(*args)
+
     # -- the shared rules ----------------------------------------------------------------------
     async def exec(self, spec: ExecSpec) -> Result:
         """Run one command confined to `spec.cores`, with the environment of
@@ -323,7 +335,7 @@ class Sandbox(ABC):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=fds,
                 start_new_session=True,
-                cwd=self.env.workdir,
+                cwd=self.launch_cwd,
                 env=self.environ(SERVING),  # (one core: see `_serve_launch`)
             )
         except BaseException:

@@ -75,12 +75,14 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-from managers.cpu import seccomp
+from managers.cpu import seccomp, subids
 from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.bwrap import holder as hold
 from managers.cpu.backends.bwrap import reset as bwrap_reset
 from managers.cpu.backends.bwrap import spawner as fast
+from managers.cpu.backends.bwrap import rootless as rl
 from managers.cpu.backends.bwrap import toolkit, views
 from managers.cpu.backends.bwrap.layout import (
     HOLDER_LAUNCHER,
@@ -182,7 +184,11 @@ class BwrapBackend(CgroupBackend):
         self.device_dir = device_dir
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
-        self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
+        self.rootless = rl.rootless()  # no root: a user namespace per environment (`rootless`)
+        # a host-wide range of this server's own; without root, the user's subordinate range
+        self._uid_source: UidAllocator | subids.SubUidAllocator | None = (
+            None if self.rootless else UidAllocator(uid_base)
+        )
         self._sandboxes: set[BwrapSandbox] = set()  # open ones (their holders: `_shutdown`)
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
@@ -195,8 +201,10 @@ class BwrapBackend(CgroupBackend):
         self._unshare: str | None = None  # v1: makes the holder's cgroup namespace
 
     def _start(self) -> None:
+        if self.rootless and self._uid_source is None:
+            self._uid_source = subids.SubUidAllocator(subids.subids())
         super()._start()  # the probe: a trial sandbox; the support folder
-        if self._drop_python is None:
+        if self._drop_python is None and not self.rootless:
             self._drop_python = weakref.finalize(self, remove_folder, str(self._python_folder))
             self._python_view = views.install_python(
                 self._python_folder, self.support, INSIDE_SUPPORT
@@ -208,12 +216,13 @@ class BwrapBackend(CgroupBackend):
         self._python = sys.executable if self._python_view is None else self._python_view[0]
         self._system = _system_binds(())
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        self._unshare = shutil.which("unshare") if self.h.version == 1 else None
+        v1 = self.h.version == 1 and not self.rootless  # (rootless: bwrap makes it)
+        self._unshare = shutil.which("unshare") if v1 else None
         self._spawner = self._want_spawner  # its Python (where it is not native) is there
 
     def _install_support(self) -> None:
         """The support folder is a tmpfs of its own (`bwrap.views`)."""
-        if self._drop_support is None:
+        if self._drop_support is None and not self.rootless:  # (a mount: root's)
             try:
                 views.own_support(self.support)
             except OSError as exc:
@@ -223,12 +232,11 @@ class BwrapBackend(CgroupBackend):
     def inside_python(self, env: Environment) -> str | None:
         return None if env.root is not None else self._python  # an image has its own
 
-    @staticmethod
-    def _own_view(env: Environment) -> bool:
+    def _own_view(self, env: Environment) -> bool:
         """Give a plain environment's work folder a filesystem of its own (`bwrap.views`);
         whether it did (a disk-bounded one is a layer's overlay already, an image's is the
         image's)."""
-        if env.root is not None or os.path.ismount(env.workdir):
+        if env.root is not None or os.path.ismount(env.workdir) or self.rootless:
             return False
         try:
             views.own_workdir(env.workdir)
@@ -241,13 +249,14 @@ class BwrapBackend(CgroupBackend):
 
     @classmethod
     def probe(cls) -> str | None:
-        return probe_sandbox()
+        return rl.probe() if rl.rootless() else probe_sandbox()
 
     def describe(self) -> str:
         if self._h is None:
             return f"{self.name} (not started)"
         limit = f"{self.pids_max} pids" if self.h.pids else "no pids limit"
-        return f"bwrap (a sandbox per environment; {super().describe()}; {limit})"
+        mode = "; rootless: subordinate uids, delegated cgroups" if self.rootless else ""
+        return f"bwrap (a sandbox per environment; {super().describe()}; {limit}{mode})"
 
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> BwrapSandbox:
         sandbox = BwrapSandbox(self, env, self._make_cgroups(env, cores))
@@ -255,9 +264,12 @@ class BwrapBackend(CgroupBackend):
         try:
             # never an earlier environment's, never another server's (`new_owner`); a fork
             # child's own where layers are idmapped, else its parent's (`Roots.inherited_uid`)
-            sandbox.uid = env.uid if env.uid is not None else self._uid_source.take()
+            sandbox.uid = env.uid if env.uid is not None else self.new_owner()
             sandbox.own_workdir = self._own_view(env)
-            self._make_workdir(env, sandbox.uid)
+            if self.rootless:
+                await asyncio.to_thread(sandbox.enter_userns)
+            else:
+                self._make_workdir(env, sandbox.uid)
             if env.root is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
@@ -307,7 +319,15 @@ class BwrapBackend(CgroupBackend):
         script.chmod(0o644)
 
     def new_owner(self) -> int | None:
+        if self._uid_source is None:  # (rootless, before start: the range is read at start)
+            self._uid_source = subids.SubUidAllocator(subids.subids())
         return self._uid_source.take()
+
+    def _new_slot(self, e: EnvCgroups, name: str) -> Slot:
+        slot = super()._new_slot(e, name)
+        if self.rootless:  # the spawner reopens them as the environment's uid
+            rl.open_to_uid(slot.procs)
+        return slot
 
     async def _shutdown(self) -> None:
         holders = [sb.holder for sb in self._sandboxes if sb.holder is not None]
@@ -335,6 +355,31 @@ class BwrapSandbox(CgroupSandbox):
         super().__init__(backend, env, cgroups)
         self.holder: _Holder | None = None
         self.own_workdir = False
+        self.userns: int | None = None  # rootless: its user namespace (`rootless`)
+
+    def enter_userns(self) -> None:
+        """(Rootless) make the environment's user namespace and its work folder, handed to its
+        uid from inside it; raises `BackendUnavailable` naming what was refused."""
+        b, env = self.backend, self.env
+        assert self.uid is not None and isinstance(b._uid_source, subids.SubUidAllocator)
+        self.userns = subids.make_userns(self.uid, b._uid_source.gid_of(self.uid))
+        try:
+            os.makedirs(env.workdir, mode=0o700, exist_ok=True)
+            subids.in_userns(self.userns, rl.make_workdir, env.workdir, self.uid)
+        except OSError as exc:
+            raise BackendUnavailable(
+                f"cannot hand the work directory {env.workdir} of environment {env.id} to "
+                f"uid {self.uid} in its user namespace ({exc})"
+            ) from exc
+
+    @property
+    def launch_cwd(self) -> str:
+        return "/" if self.userns is not None else self.env.workdir  # (nsenter sets its own)
+
+    def owner_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        if self.userns is None:
+            return fn(*args)
+        return subids.in_userns(self.userns, fn, *args)
 
     # -- the holder ----------------------------------------------------------------------------
     async def start_holder(self, slot: Slot) -> None:
@@ -355,7 +400,7 @@ class BwrapSandbox(CgroupSandbox):
             if ours is not None:
                 ours.close()
             raise
-        holder.spawner = fast.Spawner(ours) if ours is not None else None
+        holder.spawner = fast.Spawner(ours, self.backend.rootless) if ours is not None else None
         holder.own = frozenset(fs.pids(slot.folders["cpu"]))
         self.holder = holder
 
@@ -377,6 +422,9 @@ class BwrapSandbox(CgroupSandbox):
             else:
                 payload, caps = tuple(_idle(env)), IDLE_CAPS
             unshare = b._unshare  # v1: rooted at the environment's cgroup
+            ns = None if self.userns is None else os.dup(self.userns)
+            if ns is not None:  # rootless: bwrap as its user namespace's root
+                fds.append(ns)
             sandbox = sandbox_args(
                 env, caps, info_w, filter_fd, b._system, b._extra, b.support, bool(unshare)
             )
@@ -384,6 +432,8 @@ class BwrapSandbox(CgroupSandbox):
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
             bwrap = (b._bwrap, "--args", str(args), "--", *payload)
+            if ns is not None:
+                bwrap = (*rl.holder_prefix(ns), *bwrap)
             argv = (
                 joined(slot.join, bwrap)
                 if unshare is None
@@ -519,7 +569,7 @@ class BwrapSandbox(CgroupSandbox):
         else:
             enter = (
                 "nsenter",
-                *hold.nsenter_args(dirfd, NAMESPACES),
+                *hold.nsenter_args(dirfd, rl.NAMESPACES if b.rootless else NAMESPACES),
                 f"--wdns={INSIDE_WORK}",
                 "--",
             )
@@ -607,7 +657,7 @@ class BwrapSandbox(CgroupSandbox):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                cwd=self.env.workdir,
+                cwd=self.launch_cwd,
                 env=self.environ(spec),
                 start_new_session=True,
             )
@@ -661,6 +711,11 @@ class BwrapSandbox(CgroupSandbox):
         if self.own_workdir:
             self.own_workdir = False
             views.drop_workdir(self.env.workdir)  # (then its files, below the mount point, go)
+        if self.userns is not None:  # its files are its uid's: removed from its namespace
+            try:
+                await asyncio.to_thread(self.owner_call, rl.remove_workdir, self.env.workdir)
+            except OSError as exc:
+                return [f"{self.env.workdir}: {exc}"]
         return await super()._remove_workdir()
 
     async def _close(self) -> None:
@@ -671,3 +726,13 @@ class BwrapSandbox(CgroupSandbox):
         finally:
             if holder is not None:
                 await asyncio.to_thread(holder.release)
+            self._release_userns()
+
+    def _release_userns(self) -> None:
+        """(Rootless) give back the user namespace and the uid (its files are gone)."""
+        source = self.backend._uid_source
+        if self.userns is not None:
+            hold.close_quietly(self.userns)
+            self.userns = None
+        if isinstance(source, subids.SubUidAllocator) and self.uid is not None:
+            source.release(self.uid)

@@ -1,0 +1,278 @@
+"""Sandbox uids without root: each environment runs as a uid of the server user's subordinate
+range (`/etc/subuid`, `/etc/subgid`), mapped into a user namespace of its own by `newuidmap` and
+`newgidmap` (the setuid helpers of shadow's `uidmap` package, which map only what those files
+grant the user).
+
+An environment's user namespace (`make_userns`) maps two ids: its uid (and gid) `u` to the host
+uid `u` itself (the subordinate range's, so the number is the same inside and out: the root
+backend's uid drop, spawner and files API are unchanged) and its root (0) to the server's own
+user, who owns the namespace: so the sandbox's setup (bwrap, run as that root) may mount and
+drop to `u`, and no command can become anything the host knows but `u`.
+
+Each uid is held by one environment at a time, and never by two servers of the same user at
+once: `SubUidAllocator` takes a lock (`flock`) on a file per uid in the user's runtime folder,
+held while the environment lives; a cursor file makes every server of the user go round the
+range, so a uid comes back only after every other one was handed out.
+
+`in_userns` runs a function in a child process that joined an environment's user namespace:
+there the server's user holds every capability over the environment's files (its uid and the
+server's are the namespace's), which on the host it lacks (the environment's work folder is
+mode 0700, owned by its uid): the files API, the work folder's set-up, removal and reset run
+through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import pickle
+import pwd
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tangram.errors import BackendUnavailable
+
+CLONE_NEWUSER = 0x10000000
+SETUP = "docs/rootless.md"  # where the set-up of subordinate ids and cgroups is explained
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True, slots=True)
+class SubIds:
+    """The server user's subordinate ranges: uids [uid, uid + count), gids [gid, gid + count)."""
+
+    user: str
+    uid: int
+    gid: int
+    count: int
+
+
+def _range(file: str, user: str, uid: int) -> tuple[int, int] | None:
+    """The first range `file` grants `user` (by name or uid): (first, count)."""
+    try:
+        lines = Path(file).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] in (user, str(uid)):
+            with contextlib.suppress(ValueError):
+                first, count = int(parts[1]), int(parts[2])
+                if first > 0 and count > 0:
+                    return first, count
+    return None
+
+
+def subids(subuid: str = "/etc/subuid", subgid: str = "/etc/subgid") -> SubIds:
+    """This user's subordinate ranges; raises `BackendUnavailable` naming what is missing."""
+    uid = os.getuid()
+    try:
+        user = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        user = str(uid)
+    uids, gids = _range(subuid, user, uid), _range(subgid, user, uid)
+    missing = [f for f, r in ((subuid, uids), (subgid, gids)) if r is None]
+    if missing:
+        raise BackendUnavailable(
+            f"user {user} (uid {uid}) has no subordinate id range in {' and '.join(missing)}: "
+            f"without one every environment would run as {user}; an administrator adds one "
+            f"(`usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`, "
+            f"see {SETUP})"
+        )
+    assert uids is not None and gids is not None
+    for tool in ("newuidmap", "newgidmap"):
+        if shutil.which(tool) is None:
+            raise BackendUnavailable(
+                f"{tool} not found: it maps the subordinate ids into a user namespace "
+                f"(Debian: `apt-get install uidmap`)"
+            )
+    return SubIds(user, uids[0], gids[0], min(uids[1], gids[1]))
+
+
+def runtime_dir() -> Path:
+    """The user's own runtime folder ($XDG_RUNTIME_DIR, else /run/user/<uid>, else /tmp)."""
+    for d in (os.environ.get("XDG_RUNTIME_DIR"), f"/run/user/{os.getuid()}"):
+        if d and os.path.isdir(d) and os.access(d, os.W_OK | os.X_OK):
+            return Path(d)
+    return Path(f"/tmp/tangram-{os.getuid()}")
+
+
+class SubUidAllocator:
+    """Hands out the uids of `ids`' range, each held (locked) by one environment at a time."""
+
+    def __init__(self, ids: SubIds, folder: Path | None = None) -> None:
+        self.ids = ids
+        self.folder = (folder or runtime_dir()) / "tangram-uids"
+        self._held: dict[int, int] = {}  # uid -> its lock file's descriptor
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        """A uid no other environment of this user holds now; raises `BackendUnavailable`."""
+        with self._lock:
+            try:
+                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                return self._take()
+            except OSError as exc:
+                raise BackendUnavailable(
+                    f"cannot lock a subordinate uid in {self.folder} ({exc})"
+                ) from exc
+
+    def _take(self) -> int:
+        cursor = os.open(self.folder / "next", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(cursor, fcntl.LOCK_EX)
+            raw = os.pread(cursor, 32, 0).decode().strip()
+            start = int(raw) if raw.isdigit() else 0
+            # 0 of the range stays unused: the first uid of a range is often someone's root
+            for step in range(self.ids.count - 1):
+                k = 1 + (start + step) % (self.ids.count - 1)
+                fd = os.open(self.folder / str(k), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    continue
+                os.ftruncate(cursor, 0)
+                os.pwrite(cursor, str(k).encode(), 0)
+                self._held[self.ids.uid + k] = fd
+                return self.ids.uid + k
+        finally:
+            os.close(cursor)
+        raise BackendUnavailable(
+            f"every uid of {self.ids.user}'s subordinate range ({self.ids.count}) is held by "
+            "an open environment: close some, or grant a larger range"
+        )
+
+    def gid_of(self, uid: int) -> int:
+        return self.ids.gid + (uid - self.ids.uid)
+
+    def release(self, uid: int) -> None:
+        with self._lock:
+            fd = self._held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)
+
+    def holds(self, uid: int) -> bool:
+        return uid in self._held
+
+
+def id_maps(uid: int, host_gid: int) -> tuple[list[str], list[str]]:
+    """newuidmap's and newgidmap's arguments (after the PID): inside 0 is the server's user,
+    inside `uid` is host `uid` (gid: host `host_gid`)."""
+    return (
+        ["0", str(os.getuid()), "1", str(uid), str(uid), "1"],
+        ["0", str(os.getgid()), "1", str(uid), str(host_gid), "1"],
+    )
+
+
+def make_userns(uid: int, host_gid: int) -> int:
+    """A descriptor of a new user namespace mapped by `id_maps`; raises `BackendUnavailable`
+    naming the refusal (no range, a kernel without unprivileged user namespaces)."""
+    child = subprocess.Popen(
+        ["unshare", "--user", "--", "sleep", "60"],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        ours = os.readlink("/proc/self/ns/user")
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{child.pid}/ns/user") == ours:
+            if child.poll() is not None or time.monotonic() > deadline:
+                err = child.stderr.read().decode().strip() if child.stderr else ""
+                raise BackendUnavailable(
+                    f"cannot create a user namespace ({err or 'unshare --user failed'}): "
+                    "the kernel must allow unprivileged user namespaces "
+                    "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1)"
+                )
+            time.sleep(0.0002)
+        for tool, args in zip(("newuidmap", "newgidmap"), id_maps(uid, host_gid), strict=True):
+            done = subprocess.run([tool, str(child.pid), *args], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise BackendUnavailable(
+                    f"{tool} refused to map id {args[3]} ({done.stderr.strip()}): "
+                    f"is it in this user's range in /etc/sub{tool[3]}id? (see {SETUP})"
+                )
+        return os.open(f"/proc/{child.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        child.kill()
+        child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+
+
+class PassFd(int):
+    """A descriptor that `in_userns` sends back (as a new descriptor of the caller's)."""
+
+
+def in_userns(ns: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` run in a child process that joined the user namespace `ns` (with every
+    capability there); its result (or exception) comes back pickled, a `PassFd` as a
+    descriptor of this process."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child: reported through the socket)
+        ours.close()
+        _child(theirs, ns, fn, args)
+    theirs.close()
+    try:
+        return _result(ours, pid)
+    finally:
+        ours.close()
+
+
+def _child(sock: socket.socket, ns: int, fn: Callable[..., Any], args: tuple) -> None:
+    code = 0
+    try:
+        fds: list[int] = []
+        try:
+            if _libc.setns(ns, CLONE_NEWUSER) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into the environment's user namespace: {os.strerror(err)}")
+            value = fn(*args)
+            if isinstance(value, PassFd):
+                fds, value = [int(value)], PassFd(-1)
+            out = pickle.dumps((True, value))
+        except BaseException as exc:  # noqa: BLE001 (the parent re-raises it)
+            try:
+                out = pickle.dumps((False, exc))
+                pickle.loads(out)  # (one that cannot come back whole comes back as its text)
+            except Exception:  # noqa: BLE001
+                out = pickle.dumps((False, OSError(f"{type(exc).__name__}: {exc}")))
+        socket.send_fds(sock, [len(out).to_bytes(8, "little")], fds)
+        sock.sendall(out)
+    except BaseException:  # noqa: BLE001
+        code = 1
+    finally:
+        os._exit(code)
+
+
+def _result(sock: socket.socket, pid: int) -> Any:
+    try:
+        head, fds, _, _ = socket.recv_fds(sock, 8, 1)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        chunks, got = [], 0
+        while 0 <= got < size:
+            chunk = sock.recv(min(size - got, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.waitpid(pid, 0)
+    if size < 0 or got != size:
+        for fd in fds:
+            os.close(fd)
+        raise OSError("the helper in the environment's user namespace died")
+    ok, value = pickle.loads(b"".join(chunks))
+    if not ok:
+        raise value
+    return PassFd(fds[0]) if isinstance(value, PassFd) and fds else value
