@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from managers.cpu import files
-from managers.cpu.subids import PassFd
 from managers.cpu.backends.base import Backend, Sandbox
 from managers.cpu.environments import Environment, EnvironmentTable, EnvRecord
 from managers.cpu.roots import Roots
+from managers.cpu.subids import PassFd
 from tangram.errors import ValidationError
 
 INLINE_FILES, INLINE_BYTES = 8, 64 << 10  # written on the event loop (else in a thread)

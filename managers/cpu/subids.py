@@ -236,20 +236,22 @@ def _child(sock: socket.socket, ns: int, fn: Callable[..., Any], args: tuple) ->
         try:
             if _libc.setns(ns, CLONE_NEWUSER) != 0:
                 err = ctypes.get_errno()
-                raise OSError(err, f"setns into the environment's user namespace: {os.strerror(err)}")
+                raise OSError(
+                    err, f"setns into the environment's user namespace: {os.strerror(err)}"
+                )
             value = fn(*args)
             if isinstance(value, PassFd):
                 fds, value = [int(value)], PassFd(-1)
             out = pickle.dumps((True, value))
-        except BaseException as exc:  # noqa: BLE001 (the parent re-raises it)
+        except BaseException as exc:
             try:
                 out = pickle.dumps((False, exc))
                 pickle.loads(out)  # (one that cannot come back whole comes back as its text)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 out = pickle.dumps((False, OSError(f"{type(exc).__name__}: {exc}")))
         socket.send_fds(sock, [len(out).to_bytes(8, "little")], fds)
         sock.sendall(out)
-    except BaseException:  # noqa: BLE001
+    except BaseException:
         code = 1
     finally:
         os._exit(code)

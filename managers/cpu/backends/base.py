@@ -44,8 +44,8 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from managers.cpu.environments import Environment
 from managers.cpu.grant import command_env, install_plugin

@@ -81,8 +81,8 @@ from managers.cpu import seccomp, subids
 from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.bwrap import holder as hold
 from managers.cpu.backends.bwrap import reset as bwrap_reset
-from managers.cpu.backends.bwrap import spawner as fast
 from managers.cpu.backends.bwrap import rootless as rl
+from managers.cpu.backends.bwrap import spawner as fast
 from managers.cpu.backends.bwrap import toolkit, views
 from managers.cpu.backends.bwrap.layout import (
     HOLDER_LAUNCHER,

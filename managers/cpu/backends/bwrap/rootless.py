@@ -100,7 +100,15 @@ def _trial(ns: int, uid: int) -> str | None:
 def holder_prefix(ns: int) -> tuple[str, ...]:
     """What runs bwrap as the root of the environment's user namespace (the descriptor `ns`,
     passed to it, then closed: the sandbox holds no descriptor of its namespace)."""
-    return ("nsenter", f"--user=/proc/self/fd/{ns}", "--", "/bin/sh", "-c", f'exec "$@" {ns}<&-', "sh")
+    return (
+        "nsenter",
+        f"--user=/proc/self/fd/{ns}",
+        "--",
+        "/bin/sh",
+        "-c",
+        f'exec "$@" {ns}<&-',
+        "sh",
+    )
 
 
 def make_workdir(path: str, uid: int) -> None:
