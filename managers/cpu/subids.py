@@ -10,9 +10,11 @@ user, who owns the namespace: so the sandbox's setup (bwrap, run as that root) m
 drop to `u`, and no command can become anything the host knows but `u`.
 
 Each uid is held by one environment at a time, and never by two servers of the same user at
-once: `SubUidAllocator` takes a lock (`flock`) on a file per uid in the user's runtime folder,
-held while the environment lives; a cursor file makes every server of the user go round the
-range, so a uid comes back only after every other one was handed out.
+once: `SubUidAllocator` claims it with a file per uid in the user's runtime folder (naming the
+server; a dead server's claims are taken over), removed when the environment closes; a cursor
+file makes every server of the user go round the range, so a uid comes back only after every
+other one was handed out. The server keeps no descriptor per environment (its open-file limit
+bounds how many environments it holds otherwise).
 
 `in_userns` runs a function in a child process that joined an environment's user namespace:
 there the server's user holds every capability over the environment's files (its uid and the
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import pickle
@@ -107,13 +110,16 @@ def runtime_dir() -> Path:
 
 
 class SubUidAllocator:
-    """Hands out the uids of `ids`' range, each held (locked) by one environment at a time."""
+    """Hands out the uids of `ids`' range, each held by one environment at a time: a claim is
+    a file per uid in `folder` naming its server (PID and start time), made with O_EXCL under
+    the cursor's lock; a dead server's claims are taken over. No descriptor stays open."""
 
     def __init__(self, ids: SubIds, folder: Path | None = None) -> None:
         self.ids = ids
         self.folder = (folder or runtime_dir()) / "tangram-uids"
-        self._held: dict[int, int] = {}  # uid -> its lock file's descriptor
+        self._held: set[int] = set()
         self._lock = threading.Lock()
+        self._me = f"{os.getpid()} {_start_time(os.getpid())}"
 
     def take(self) -> int:
         """A uid no other environment of this user holds now; raises `BackendUnavailable`."""
@@ -122,8 +128,10 @@ class SubUidAllocator:
                 self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 return self._take()
             except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    raise  # a limit of this host's: the caller names it
                 raise BackendUnavailable(
-                    f"cannot lock a subordinate uid in {self.folder} ({exc})"
+                    f"cannot claim a subordinate uid in {self.folder} ({exc})"
                 ) from exc
 
     def _take(self) -> int:
@@ -135,16 +143,11 @@ class SubUidAllocator:
             # 0 of the range stays unused: the first uid of a range is often someone's root
             for step in range(self.ids.count - 1):
                 k = 1 + (start + step) % (self.ids.count - 1)
-                fd = os.open(self.folder / str(k), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    os.close(fd)
-                    continue
-                os.ftruncate(cursor, 0)
-                os.pwrite(cursor, str(k).encode(), 0)
-                self._held[self.ids.uid + k] = fd
-                return self.ids.uid + k
+                if self._claim(self.folder / str(k)):
+                    os.ftruncate(cursor, 0)
+                    os.pwrite(cursor, str(k).encode(), 0)
+                    self._held.add(self.ids.uid + k)
+                    return self.ids.uid + k
         finally:
             os.close(cursor)
         raise BackendUnavailable(
@@ -152,17 +155,47 @@ class SubUidAllocator:
             "an open environment: close some, or grant a larger range"
         )
 
+    def _claim(self, path: Path) -> bool:
+        try:
+            owner = path.read_text().split()
+        except FileNotFoundError:
+            owner = None
+        if owner is not None:
+            pid = int(owner[0]) if owner and owner[0].isdigit() else 0
+            if pid > 0 and " ".join(owner[:2]) == f"{pid} {_start_time(pid)}":
+                return False  # a live server's (its PID, not a recycled one)
+            path.unlink(missing_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, self._me.encode())
+        finally:
+            os.close(fd)
+        return True
+
     def gid_of(self, uid: int) -> int:
         return self.ids.gid + (uid - self.ids.uid)
 
     def release(self, uid: int) -> None:
         with self._lock:
-            fd = self._held.pop(uid, None)
-        if fd is not None:
-            os.close(fd)
+            if uid not in self._held:
+                return
+            self._held.discard(uid)
+        (self.folder / str(uid - self.ids.uid)).unlink(missing_ok=True)
 
     def holds(self, uid: int) -> bool:
         return uid in self._held
+
+
+def _start_time(pid: int) -> str:
+    """The process's start time (field 22 of /proc/PID/stat), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return ""
 
 
 def id_maps(uid: int, host_gid: int) -> tuple[list[str], list[str]]:

@@ -321,7 +321,11 @@ class BwrapBackend(CgroupBackend):
     def new_owner(self) -> int | None:
         if self._uid_source is None:  # (rootless, before start: the range is read at start)
             self._uid_source = subids.SubUidAllocator(subids.subids())
-        return self._uid_source.take()
+        try:
+            return self._uid_source.take()
+        except OSError as exc:
+            raise_if_out_of_files(exc)  # a host limit (503)
+            raise
 
     def _new_slot(self, e: EnvCgroups, name: str) -> Slot:
         slot = super()._new_slot(e, name)
@@ -355,31 +359,56 @@ class BwrapSandbox(CgroupSandbox):
         super().__init__(backend, env, cgroups)
         self.holder: _Holder | None = None
         self.own_workdir = False
-        self.userns: int | None = None  # rootless: its user namespace (`rootless`)
+        self.rootless = backend.rootless  # a user namespace of its own (`rootless`)
+        self._fresh_ns: int | None = None  # (rootless) one made at open, for its first holder
 
     def enter_userns(self) -> None:
         """(Rootless) make the environment's user namespace and its work folder, handed to its
         uid from inside it; raises `BackendUnavailable` naming what was refused."""
-        b, env = self.backend, self.env
-        assert self.uid is not None and isinstance(b._uid_source, subids.SubUidAllocator)
-        self.userns = subids.make_userns(self.uid, b._uid_source.gid_of(self.uid))
+        env = self.env
         try:
+            ns = self._fresh_ns = self._new_userns()
             os.makedirs(env.workdir, mode=0o700, exist_ok=True)
-            subids.in_userns(self.userns, rl.make_workdir, env.workdir, self.uid)
+            subids.in_userns(ns, rl.make_workdir, env.workdir, self.uid)
         except OSError as exc:
+            raise_if_out_of_files(exc)  # a host limit (503)
             raise BackendUnavailable(
                 f"cannot hand the work directory {env.workdir} of environment {env.id} to "
                 f"uid {self.uid} in its user namespace ({exc})"
             ) from exc
 
+    def _new_userns(self) -> int:
+        source = self.backend._uid_source
+        assert self.uid is not None and isinstance(source, subids.SubUidAllocator)
+        return subids.make_userns(self.uid, source.gid_of(self.uid))
+
+    def _user_ns(self) -> int:
+        """(Rootless) a descriptor of the environment's user namespace, the caller's to close:
+        its holder's, or a new one mapped alike where the holder is gone (the same uid: the
+        same authority over its files). The server keeps none between calls."""
+        holder = self.holder
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is not None:
+            try:
+                return os.open("ns/user", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+            except OSError:
+                pass
+            finally:
+                os.close(dirfd)
+        return self._new_userns()
+
     @property
     def launch_cwd(self) -> str:
-        return "/" if self.userns is not None else self.env.workdir  # (nsenter sets its own)
+        return "/" if self.rootless else self.env.workdir  # (nsenter sets its own)
 
     def owner_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        if self.userns is None:
+        if not self.rootless:
             return fn(*args)
-        return subids.in_userns(self.userns, fn, *args)
+        ns = self._user_ns()
+        try:
+            return subids.in_userns(ns, fn, *args)
+        finally:
+            os.close(ns)
 
     # -- the holder ----------------------------------------------------------------------------
     async def start_holder(self, slot: Slot) -> None:
@@ -422,7 +451,9 @@ class BwrapSandbox(CgroupSandbox):
             else:
                 payload, caps = tuple(_idle(env)), IDLE_CAPS
             unshare = b._unshare  # v1: rooted at the environment's cgroup
-            ns = None if self.userns is None else os.dup(self.userns)
+            ns = None
+            if self.rootless:  # (the one made at open, then a new one per restart)
+                ns, self._fresh_ns = self._fresh_ns or self._new_userns(), None
             if ns is not None:  # rootless: bwrap as its user namespace's root
                 fds.append(ns)
             sandbox = sandbox_args(
@@ -695,7 +726,13 @@ class BwrapSandbox(CgroupSandbox):
     async def reset(self) -> str | None:
         if self.holder is None:
             return "its sandbox is not running"
-        return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
+        if not self.rootless:
+            return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
+        ns = self._user_ns()
+        try:
+            return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups, ns)
+        finally:
+            os.close(ns)
 
     async def suspend(self) -> None:
         if self.holder is not None:
@@ -711,10 +748,10 @@ class BwrapSandbox(CgroupSandbox):
         if self.own_workdir:
             self.own_workdir = False
             views.drop_workdir(self.env.workdir)  # (then its files, below the mount point, go)
-        if self.userns is not None:  # its files are its uid's: removed from its namespace
+        if self.rootless and self.uid is not None:  # its uid's files: from its namespace
             try:
                 await asyncio.to_thread(self.owner_call, rl.remove_workdir, self.env.workdir)
-            except OSError as exc:
+            except (OSError, BackendUnavailable) as exc:
                 return [f"{self.env.workdir}: {exc}"]
         return await super()._remove_workdir()
 
@@ -731,8 +768,7 @@ class BwrapSandbox(CgroupSandbox):
     def _release_userns(self) -> None:
         """(Rootless) give back the user namespace and the uid (its files are gone)."""
         source = self.backend._uid_source
-        if self.userns is not None:
-            hold.close_quietly(self.userns)
-            self.userns = None
+        hold.close_quietly(self._fresh_ns)
+        self._fresh_ns = None
         if isinstance(source, subids.SubUidAllocator) and self.uid is not None:
             source.release(self.uid)

@@ -49,6 +49,7 @@ from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.cgroup.backend import EnvCgroups
 from managers.cpu.environments import Environment
 from managers.cpu.removal import remove_tree
+from managers.cpu.subids import in_userns
 
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0
@@ -72,11 +73,20 @@ SLOW = "slow"  # what `quick_reset` answers when the reset thread must do it
 QUICK_ENTRIES = 16  # a folder with at most this many entries, none a folder, is emptied inline
 
 
-async def reset_env(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
+async def reset_env(
+    env: Environment, holder: _Holder, e: EnvCgroups, userns: int | None = None
+) -> str | None:
     """Reset `env`'s sandbox: on the loop when what the request left is small and simple
     (`quick_reset`: the common case, ~20 system calls), else in the reset thread (`reset`):
     a thread hop and the lock the two threads then pass back and forth cost more CPU than
-    such a reset itself (measured: ~0.8 ms per `/run_code` request on 2 cores)."""
+    such a reset itself (measured: ~0.8 ms per `/run_code` request on 2 cores). Rootless
+    (`userns`, the environment's user namespace): all of it in a child that joined it, which
+    alone may reach the files of the environment's uid and join its IPC namespace."""
+    if userns is not None:
+        why = _unusable(env, holder)  # (here: the child is not the holder's parent)
+        if why is not None:
+            return why
+        return await asyncio.to_thread(in_userns, userns, reset_owned, env, holder, e)
     why = quick_reset(env, holder, e)
     if why is SLOW:
         return await asyncio.get_running_loop().run_in_executor(_RESETS, reset, env, holder, e)
@@ -166,8 +176,10 @@ def reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     """Reset `env`'s sandbox (blocking, in the reset thread: `reset_env`); None when done,
     else why not."""
     why = _unusable(env, holder)
-    if why is not None:
-        return why
+    return why if why is not None else _reset_usable(env, holder, e)
+
+
+def _reset_usable(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
     if why is not None:
         return why
@@ -185,6 +197,14 @@ def reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
         return _clear_ipc(dirfd, holder)
     finally:
         os.close(dirfd)
+
+
+def reset_owned(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
+    """`reset`, in a child process of the server's that joined the environment's user
+    namespace (`subids.in_userns`): it may join the IPC namespace (the process is thrown away
+    after), and what it learns of the holder is not kept."""
+    _HERE.resets = True
+    return _reset_usable(env, holder, e)
 
 
 def _kill_leftovers(e: EnvCgroups, holder: _Holder) -> str | None:
