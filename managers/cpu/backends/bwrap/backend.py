@@ -650,6 +650,7 @@ class BwrapSandbox(CgroupSandbox):
             b._session_host_installed = True
         await self._heal_holder()
         session = ShellSession(name, host_key(name), None, self._root_fd)
+        session.owner_call = self.owner_call if self.rootless else None
         # on the loop, as an exec's: two threads would name the same new slot
         session.slot = slot = b._slot(self.cgroups)
         try:
