@@ -9,20 +9,25 @@ the `docker` backend; with the grant unchanged between runs and alternating betw
 machine state.
 Goals: cgroup and bwrap <= raw + 2 ms; docker <= 1.2 x raw exec_run. A backend that cannot run
 here is reported with its reason.
+Run as root, it also measures the bwrap backend rootless in the same run (as the unprivileged
+user of `.ci/rootless.sh`: subordinate uids, a delegated cgroup subtree; `as_user`), beside
+root's bwrap; goal: rootless <= 1.2 x root.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from evaluation.benches import cgroup_move
+from evaluation.benches import as_user, cgroup_move
 from managers.cpu.backends import create
 from managers.cpu.backends.docker import DockerBackend
 from managers.cpu.manager import CpuManager
@@ -162,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
     parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
+    parser.add_argument("--measure", choices=("bwrap",), help=argparse.SUPPRESS)
+    parser.add_argument("--alternate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--rounds",
         type=int,
@@ -171,6 +178,22 @@ def _parser() -> argparse.ArgumentParser:
         "per round",
     )
     return parser
+
+
+def _rootless_rows(n: int, same: float, alt: float) -> list[tuple[str, str]]:
+    """The bwrap backend as the unprivileged user, beside root's figures (`same`, `alt`)."""
+    try:
+        argv = ["-m", "evaluation.benches.cpu_exec", "-n", str(n), "--measure", "bwrap"]
+        r_same = float(as_user.run_json(argv))  # type: ignore[arg-type]
+        r_alt = float(as_user.run_json([*argv, "--alternate"]))  # type: ignore[arg-type]
+    except (RuntimeError, ValueError) as exc:
+        print(f"bwrap rootless unavailable: {exc}")
+        return []
+    for what, ours, root in (("same grant", r_same, same), ("alternating grants", r_alt, alt)):
+        label = f"bwrap rootless action, {what}"
+        print(f"{label:44s} {ours:8.2f} ms  ({ours / root:.2f}x root's bwrap)")
+    worst = max(r_same / same, r_alt / alt)
+    return [("bwrap rootless <= 1.2 x root", "met" if worst <= 1.2 else f"MISSED ({worst:.2f}x)")]
 
 
 def _print_move() -> None:
@@ -187,6 +210,9 @@ def main(argv: list[str]) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     n = ns.runs
+    if ns.measure:  # (the rootless child: one figure, as JSON)
+        print(json.dumps(asyncio.run(_action_ms(ns.measure, n, alternate=ns.alternate))))
+        return 0
     if ns.rounds:
         return _interleaved(n, ns.rounds)
 
@@ -207,6 +233,8 @@ def main(argv: list[str]) -> int:
             continue
         print(f"{label + ' action, same grant':44s} {same:8.2f} ms  (+{same - raw:.2f} ms)")
         print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  (+{alt - raw:.2f} ms)")
+        if label == "bwrap":
+            rows += _rootless_rows(n, same, alt)
         rows.append(
             (
                 f"{label} <= raw + 2 ms",
@@ -242,3 +270,7 @@ def main(argv: list[str]) -> int:
     for goal, verdict in rows:
         print(f"goal {goal}: {verdict}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

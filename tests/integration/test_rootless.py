@@ -95,7 +95,11 @@ def setup() -> dict:
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_the_suite_passes_as_the_unprivileged_user(setup, suite):
-    deselect = ["-k", SUITES[suite]] if SUITES[suite] else []
+    skip = [SUITES[suite]] if SUITES[suite] else []
+    if setup["python"][0] != sys.executable and suite == "test_sandboxfusion.py":
+        # the sandbox sees the server's Python without the packages put on its path
+        skip.append("not jupyter")
+    deselect = ["-k", " and ".join(skip)] if skip else []
     argv = ["-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist"]
     done = as_user(setup, [*argv, *deselect, f"tests/integration/{suite}"], 900)
     out = done.stdout + done.stderr
