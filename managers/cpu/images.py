@@ -18,9 +18,10 @@ pass over it and no copy. Sources: a root-filesystem folder, a tarball (what `do
 writes; gzip, bzip2 and xz are read by GNU tar) or an OCI image layout (`index.json` ->
 manifest -> layer tarballs applied in order, with `.wh.` whiteouts and `.wh..wh..opq` opaque
 folders), or an Apptainer/Singularity `.sif` file (its squashfs root partition, found by our
-own reading of the SIF header: `sif`, unpacked by unsquashfs). Extraction is GNU tar's, as root, with ownership and modes kept and members outside the
-tree refused (`--no-same-permissions` is not used: modes matter). Whatever the source (folder,
-tarball, OCI layout, build), setuid/setgid bits and device nodes are dropped before the tree is
+own reading of the SIF header: `sif`, unpacked by unsquashfs). Extraction is GNU tar's, as
+root, with ownership and modes kept and members outside the tree refused
+(`--no-same-permissions` is not used: modes matter). Whatever the source (folder, tarball, OCI
+layout, SIF, build), setuid/setgid bits and device nodes are dropped before the tree is
 stored, logged and listed in `meta.json` (`sanitize`; the sandbox's `no_new_privs`, nosuid and
 nodev made them inert inside, but on the host they are a risk to its local users).
 """
