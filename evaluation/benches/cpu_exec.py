@@ -206,6 +206,35 @@ def _print_move() -> None:
         )
 
 
+def _docker_rows(n: int, image: str | None) -> list[tuple[str, str]]:
+    """The docker backend beside a raw exec_run through the SDK."""
+    rows: list[tuple[str, str]] = []
+    try:
+        exec_run = _raw_exec_run_ms(n, image)
+        print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
+        opts = {"image": image}
+        same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
+        alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
+        api = asyncio.run(
+            _action_ms("docker", max(n // 4, 10), alternate=True, direct=False, **opts)
+        )
+        print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
+        print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
+        print(
+            f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
+            f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)"
+        )
+        rows.append(
+            (
+                "docker <= 1.2 x raw exec_run",
+                "met" if max(same, alt) <= 1.2 * exec_run else "MISSED",
+            )
+        )
+    except BackendUnavailable as exc:
+        print(f"docker backend unavailable: {exc}")
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
@@ -243,29 +272,7 @@ def main(argv: list[str]) -> int:
                 else f"MISSED by {max(same, alt) - raw - 2:.2f} ms",
             )
         )
-    try:
-        exec_run = _raw_exec_run_ms(n, ns.image)
-        print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
-        opts = {"image": ns.image}
-        same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
-        alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
-        api = asyncio.run(
-            _action_ms("docker", max(n // 4, 10), alternate=True, direct=False, **opts)
-        )
-        print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
-        print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
-        print(
-            f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
-            f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)"
-        )
-        rows.append(
-            (
-                "docker <= 1.2 x raw exec_run",
-                "met" if max(same, alt) <= 1.2 * exec_run else "MISSED",
-            )
-        )
-    except BackendUnavailable as exc:
-        print(f"docker backend unavailable: {exc}")
+    rows += _docker_rows(n, ns.image)
     _print_move()
     for goal, verdict in rows:
         print(f"goal {goal}: {verdict}")

@@ -67,6 +67,7 @@ folder that maps them.)
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import shlex
 import shutil
@@ -139,6 +140,8 @@ from managers.cpu.sessions.shell import (
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
+
+log = logging.getLogger(__name__)
 
 
 class BwrapBackend(CgroupBackend):
@@ -219,6 +222,23 @@ class BwrapBackend(CgroupBackend):
         v1 = self.h.version == 1 and not self.rootless  # (rootless: bwrap makes it)
         self._unshare = shutil.which("unshare") if v1 else None
         self._spawner = self._want_spawner  # its Python (where it is not native) is there
+        if self.rootless:
+            self._say_rootless()
+
+    def _say_rootless(self) -> None:
+        """What the rootless sandbox runs as and under, and what it lacks beside root's."""
+        source = self._uid_source
+        assert isinstance(source, subids.SubUidAllocator)
+        ids = source.ids
+        log.warning(
+            "bwrap without root: environments run as %s's subordinate uids (%d-%d), in user "
+            "namespaces of their own, under the delegated cgroups %s; lost beside root: %s",
+            ids.user,
+            ids.uid + 1,
+            ids.uid + ids.count - 1,
+            self.h.base("cpu").parent,
+            rl.LOST,
+        )
 
     def _install_support(self) -> None:
         """The support folder is a tmpfs of its own (`bwrap.views`)."""

@@ -39,6 +39,16 @@ from tangram.errors import BackendUnavailable
 NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 
 
+# what a rootless sandbox lacks beside root's, said at start (WARNING) and in docs/rootless.md
+LOST = (
+    "its mount table names the host folders it binds (the views that hide them are mounts on "
+    "the host); images, disk_mb bounds, forks and snapshots need root (overlayfs on loop "
+    "devices, idmapped layers) and are refused naming it; its uids are the user's "
+    "subordinate range, reused once the range went round (root's are never reused before a "
+    "reboot)"
+)
+
+
 def rootless() -> bool:
     return os.geteuid() != 0
 
