@@ -35,6 +35,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -246,10 +247,17 @@ class PassFd(int):
     """A descriptor that `in_userns` sends back (as a new descriptor of the caller's)."""
 
 
-def in_userns(ns: int, fn: Callable[..., Any], *args: Any) -> Any:
+def in_userns(ns: int, fn: Callable[..., Any], *args: Any, here: bool = False) -> Any:
     """`fn(*args)` run in a child process that joined the user namespace `ns` (with every
     capability there); its result (or exception) comes back pickled, a `PassFd` as a
-    descriptor of this process."""
+    descriptor of this process. The child is the helper's (`OwnerHelper`: `fn` a module-level
+    function, `args` picklable values) or, with `here` (arguments that are this process's
+    descriptors or objects), this process's own."""
+    if not here and fn.__module__ != "__main__" and "<" not in fn.__qualname__:
+        try:
+            return HELPER.call(ns, fn, *args)
+        except _HelperGone:
+            pass  # (it died mid-call: once more, by a fork of this process)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     pid = os.fork()
     if pid == 0:  # pragma: no cover (the child: reported through the socket)
@@ -262,35 +270,49 @@ def in_userns(ns: int, fn: Callable[..., Any], *args: Any) -> Any:
         ours.close()
 
 
+def _join(ns: int) -> None:
+    if _libc.setns(ns, CLONE_NEWUSER) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns into the environment's user namespace: {os.strerror(err)}")
+
+
+def _answer(sock: socket.socket, call: Callable[[], Any]) -> None:
+    """Run `call` and send its result (or exception; a `PassFd` as a descriptor) on `sock`."""
+    fds: list[int] = []
+    try:
+        value = call()
+        if isinstance(value, PassFd):
+            fds, value = [int(value)], PassFd(-1)
+        out = pickle.dumps((True, value))
+    except BaseException as exc:
+        try:
+            out = pickle.dumps((False, exc))
+            pickle.loads(out)  # (one that cannot come back whole comes back as its text)
+        except Exception:
+            out = pickle.dumps((False, OSError(f"{type(exc).__name__}: {exc}")))
+    try:
+        socket.send_fds(sock, [len(out).to_bytes(8, "little")], fds)
+        sock.sendall(out)
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _child(sock: socket.socket, ns: int, fn: Callable[..., Any], args: tuple) -> None:
     code = 0
     try:
-        fds: list[int] = []
-        try:
-            if _libc.setns(ns, CLONE_NEWUSER) != 0:
-                err = ctypes.get_errno()
-                raise OSError(
-                    err, f"setns into the environment's user namespace: {os.strerror(err)}"
-                )
-            value = fn(*args)
-            if isinstance(value, PassFd):
-                fds, value = [int(value)], PassFd(-1)
-            out = pickle.dumps((True, value))
-        except BaseException as exc:
-            try:
-                out = pickle.dumps((False, exc))
-                pickle.loads(out)  # (one that cannot come back whole comes back as its text)
-            except Exception:
-                out = pickle.dumps((False, OSError(f"{type(exc).__name__}: {exc}")))
-        socket.send_fds(sock, [len(out).to_bytes(8, "little")], fds)
-        sock.sendall(out)
+        _answer(sock, lambda: (_join(ns), fn(*args))[1])
     except BaseException:
         code = 1
     finally:
         os._exit(code)
 
 
-def _result(sock: socket.socket, pid: int) -> Any:
+class _HelperGone(OSError):
+    """The helper (or its child) died before it answered."""
+
+
+def _result(sock: socket.socket, pid: int | None) -> Any:
     try:
         head, fds, _, _ = socket.recv_fds(sock, 8, 1)
         size = int.from_bytes(head, "little") if len(head) == 8 else -1
@@ -302,12 +324,176 @@ def _result(sock: socket.socket, pid: int) -> Any:
             chunks.append(chunk)
             got += len(chunk)
     finally:
-        os.waitpid(pid, 0)
+        if pid is not None:
+            os.waitpid(pid, 0)
     if size < 0 or got != size:
         for fd in fds:
             os.close(fd)
-        raise OSError("the helper in the environment's user namespace died")
+        raise _HelperGone("the helper in the environment's user namespace died")
     ok, value = pickle.loads(b"".join(chunks))
     if not ok:
         raise value
     return PassFd(fds[0]) if isinstance(value, PassFd) and fds else value
+
+
+class OwnerHelper:
+    """A small process of the server's, started once, that runs `in_userns`'s work for it:
+    per call it forks (its memory is small, so a fork costs a fraction of the server's) a
+    child that joins the environment's user namespace, runs the function (named by module and
+    name: a module-level one) and answers on a socket pair of that call's. Calls from any
+    thread run at once, each in its own child. Restarted if it died."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._sock: socket.socket | None = None
+
+    def _start(self) -> socket.socket:
+        if self._proc is not None and self._proc.poll() is None and self._sock is not None:
+            return self._sock
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        code = f"from managers.cpu.subids import helper_main; helper_main({theirs.fileno()})"
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        theirs.close()
+        self._sock = ours
+        return ours
+
+    def call(self, ns: int, fn: Callable[..., Any], *args: Any) -> Any:
+        request = pickle.dumps((fn.__module__, fn.__qualname__, args))
+        mine, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with self._lock:
+                sock = self._start()
+                socket.send_fds(sock, [request], [ns, child.fileno()])
+            child.close()
+            return _result(mine, None)
+        finally:
+            child.close()
+            mine.close()
+
+    def drop(self, key: tuple[int, int]) -> None:
+        """End the worker of the user namespace `key` (its device and inode), if any."""
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.send(f"drop {key[0]} {key[1]}".encode())
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+
+
+def helper_main(fd: int) -> None:  # pragma: no cover (a process of its own: OwnerHelper)
+    """The helper's loop: a request is (module, name, args) with two descriptors, the user
+    namespace and the call's answering socket. A worker per user namespace (a forked child
+    that joined it, `_worker`) runs the calls for it, kept for the next ones (the last
+    `WORKERS` namespaces used); b"drop <dev> <ino>" ends the worker of a closed environment."""
+    import importlib
+    import signal
+    from collections import OrderedDict
+
+    for module in PRELOAD:  # once, here: each child would import them again
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reaped by the kernel
+    sock = socket.socket(fileno=fd)
+    workers: OrderedDict[tuple[int, int], socket.socket] = OrderedDict()
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+        except OSError:
+            return
+        if not data:
+            return
+        if data.startswith(b"drop ") or len(fds) != 2:
+            key = tuple(int(x) for x in data.split()[1:3]) if data.startswith(b"drop ") else None
+            w = workers.pop(key, None) if key else None  # type: ignore[arg-type]
+            if w is not None:
+                w.close()
+        else:
+            st = os.fstat(fds[0])
+            _dispatch(workers, (st.st_dev, st.st_ino), data, fds, sock)
+        for f in fds:
+            os.close(f)
+
+
+def _dispatch(workers, key, data: bytes, fds: list[int], sock: socket.socket) -> None:
+    w = workers.get(key)
+    if w is not None:
+        try:
+            socket.send_fds(w, [data], [fds[1]])
+            workers.move_to_end(key)
+            return
+        except OSError:
+            workers.pop(key).close()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    if os.fork() == 0:
+        sock.close()
+        ours.close()
+        for other in workers.values():
+            other.close()
+        _worker(theirs, fds[0])
+    theirs.close()
+    socket.send_fds(ours, [data], [fds[1]])
+    workers[key] = ours
+    while len(workers) > WORKERS:
+        workers.popitem(last=False)[1].close()
+
+
+def _worker(sock: socket.socket, ns: int) -> None:  # pragma: no cover (a process of its own)
+    """Join the user namespace, then run each call sent on `sock` until it closes."""
+    import importlib
+
+    code = 0
+    try:
+        try:
+            _join(ns)
+            joined: OSError | None = None
+        except OSError as exc:
+            joined = exc
+        os.close(ns)
+        while True:
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+            if not data or not fds:
+                break
+            answer = socket.socket(fileno=fds[0])
+            module, name, args = pickle.loads(data)
+
+            def call(module=module, name=name, args=args):
+                if joined is not None:
+                    raise joined
+                fn: Any = importlib.import_module(module)
+                for part in name.split("."):
+                    fn = getattr(fn, part)
+                return fn(*args)
+
+            with contextlib.suppress(OSError):
+                _answer(answer, call)
+            answer.close()
+    except BaseException:
+        code = 1
+    finally:
+        os._exit(code)
+
+
+HELPER = OwnerHelper()  # (started on first use)
+WORKERS = 64  # user namespaces whose worker the helper keeps
+# what the helper's calls run (imported before its first fork)
+PRELOAD = (
+    "managers.cpu.files",
+    "managers.cpu.envfiles",
+    "managers.cpu.backends.bwrap.rootless",
+    "managers.cpu.backends.bwrap.reset",
+)

@@ -67,6 +67,8 @@ folder that maps them.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -381,6 +383,7 @@ class BwrapSandbox(CgroupSandbox):
         self.own_workdir = False
         self.rootless = backend.rootless  # a user namespace of its own (`rootless`)
         self._fresh_ns: int | None = None  # (rootless) one made at open, for its first holder
+        self._ns_keys: set[tuple[int, int]] = set()  # (rootless) the namespaces it was reached in
 
     def enter_userns(self) -> None:
         """(Rootless) make the environment's user namespace and its work folder, handed to its
@@ -405,7 +408,10 @@ class BwrapSandbox(CgroupSandbox):
     def _user_ns(self) -> int:
         """(Rootless) a descriptor of the environment's user namespace, the caller's to close:
         its holder's, or a new one mapped alike where the holder is gone (the same uid: the
-        same authority over its files). The server keeps none between calls."""
+        same authority over its files). The server keeps none between calls (but one while
+        the environment closes: `_close`)."""
+        if self._fresh_ns is not None:
+            return os.dup(self._fresh_ns)
         holder = self.holder
         dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
         if dirfd is not None:
@@ -421,12 +427,15 @@ class BwrapSandbox(CgroupSandbox):
     def launch_cwd(self) -> str:
         return "/" if self.rootless else self.env.workdir  # (nsenter sets its own)
 
-    def owner_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def owner_call(self, fn: Callable[..., Any], *args: Any, here: bool = False) -> Any:
+        """(`here`: `args` hold this process's descriptors: `subids.in_userns`.)"""
         if not self.rootless:
             return fn(*args)
         ns = self._user_ns()
         try:
-            return subids.in_userns(ns, fn, *args)
+            st = os.fstat(ns)
+            self._ns_keys.add((st.st_dev, st.st_ino))  # (its helper's worker: ended at close)
+            return subids.in_userns(ns, fn, *args, here=here)
         finally:
             os.close(ns)
 
@@ -670,7 +679,8 @@ class BwrapSandbox(CgroupSandbox):
             b._session_host_installed = True
         await self._heal_holder()
         session = ShellSession(name, host_key(name), None, self._root_fd)
-        session.owner_call = self.owner_call if self.rootless else None
+        if self.rootless:  # (its argument is a descriptor of this process's)
+            session.owner_call = functools.partial(self.owner_call, here=True)
         # on the loop, as an exec's: two threads would name the same new slot
         session.slot = slot = b._slot(self.cgroups)
         try:
@@ -751,6 +761,8 @@ class BwrapSandbox(CgroupSandbox):
             return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
         ns = self._user_ns()
         try:
+            st = os.fstat(ns)
+            self._ns_keys.add((st.st_dev, st.st_ino))
             return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups, ns)
         finally:
             os.close(ns)
@@ -777,6 +789,9 @@ class BwrapSandbox(CgroupSandbox):
         return await super()._remove_workdir()
 
     async def _close(self) -> None:
+        if self.rootless and self._fresh_ns is None and self.uid is not None:
+            with contextlib.suppress(OSError, BackendUnavailable):  # (its files' removal)
+                self._fresh_ns = self._user_ns()
         holder, self.holder = self.holder, None
         self.backend._sandboxes.discard(self)
         try:
@@ -791,5 +806,8 @@ class BwrapSandbox(CgroupSandbox):
         source = self.backend._uid_source
         hold.close_quietly(self._fresh_ns)
         self._fresh_ns = None
+        for key in self._ns_keys:
+            subids.HELPER.drop(key)
+        self._ns_keys.clear()
         if isinstance(source, subids.SubUidAllocator) and self.uid is not None:
             source.release(self.uid)

@@ -86,7 +86,7 @@ async def reset_env(
         why = _unusable(env, holder)  # (here: the child is not the holder's parent)
         if why is not None:
             return why
-        return await asyncio.to_thread(in_userns, userns, reset_owned, env, holder, e)
+        return await asyncio.to_thread(_reset_rootless, env, holder, e, userns)
     why = quick_reset(env, holder, e)
     if why is SLOW:
         return await asyncio.get_running_loop().run_in_executor(_RESETS, reset, env, holder, e)
@@ -199,12 +199,38 @@ def _reset_usable(env: Environment, holder: _Holder, e: EnvCgroups) -> str | Non
         os.close(dirfd)
 
 
-def reset_owned(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
-    """`reset`, in a child process of the server's that joined the environment's user
-    namespace (`subids.in_userns`): it may join the IPC namespace (the process is thrown away
-    after), and what it learns of the holder is not kept."""
-    _HERE.resets = True
-    return _reset_usable(env, holder, e)
+def _reset_rootless(env: Environment, holder: _Holder, e: EnvCgroups, userns: int) -> str | None:
+    """A rootless reset: the leftover processes killed here (the server may signal the
+    environment's uid: it owns its user namespace), the files and IPC objects wiped by a
+    helper that joined that namespace (`wipe_owned`)."""
+    why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
+    if why is not None:
+        return why
+    return in_userns(userns, wipe_owned, env, holder.pid, holder.started)
+
+
+def wipe_owned(env: Environment, pid: int, started: int) -> str | None:
+    """(In the environment's user namespace: `subids.in_userns`) empty the folders a reset
+    empties and remove its System V IPC objects, joining its IPC namespace: the process is
+    the namespace's helper, which serves this environment only."""
+    dirfd = hold.open_holder(pid, started)
+    if dirfd is None:
+        return "its sandbox's init is gone"
+    try:
+        mounts = _mount_points(dirfd)
+        left = [p for f, inside, m in _wiped(env, dirfd, mounts) for p in _empty(f, inside, m)]
+        if left:
+            return f"could not remove {'; '.join(left[:3])}"
+        _HERE.resets = True
+        return _clear_ipc(dirfd, _NoListings())
+    finally:
+        os.close(dirfd)
+
+
+class _NoListings:
+    """(A holder's stand-in for `_clear_ipc` in a helper: it keeps no listings.)"""
+
+    ipc_lists = ()
 
 
 def _kill_leftovers(e: EnvCgroups, holder: _Holder) -> str | None:
