@@ -110,6 +110,7 @@ async def main() -> dict:
         return {
             "mark": MARK,
             "backend": m.backend.describe(),
+            "lost": m.backend.guarantees_lost,
             "server_uid": os.getuid(),
             "a": planted,
             "b": seen,

@@ -123,6 +123,7 @@ def test_environments_have_their_own_uids_and_no_channel_between_them(setup):
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     a, b, mark = seen["a"], seen["b"], seen["mark"]
     assert "rootless" in seen["backend"], seen["backend"]
+    assert "need root" in seen["lost"] and "mount table" in seen["lost"]  # (/v1/status too)
     # uids: two, neither the server's, both mapped from the user's subordinate range
     assert a["uid"] != b["uid"] and seen["server_uid"] not in (int(a["uid"]), int(b["uid"]))
     assert seen["a_workdir_owner"] == int(a["uid"]) and seen["a_workdir_mode"] == "0o700"

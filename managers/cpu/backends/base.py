@@ -129,6 +129,9 @@ class Backend(ABC):
     gpu_mode: str = "variables"  # how an exec gets its granted GPUs: a key of `GPU_MODES`
     gpus_refused: str | None = None  # why this backend gives a command no GPU, where it cannot
     isolates: bool = False  # a command cannot see or reach the host or another environment
+    # what this backend does not guarantee here that the root bwrap backend does (None: no
+    # loss worth saying); in /v1/status as `cpu_lost`
+    guarantees_lost: str | None = None
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:10]

@@ -225,6 +225,7 @@ class BwrapBackend(CgroupBackend):
         self._unshare = shutil.which("unshare") if v1 else None
         self._spawner = self._want_spawner  # its Python (where it is not native) is there
         if self.rootless:
+            self.guarantees_lost = rl.LOST
             self._say_rootless()
 
     def _say_rootless(self) -> None:
