@@ -197,9 +197,10 @@ def delegated(
     found, why = delegation(parent, v1, v2, own)
     if found is None:
         raise BackendUnavailable(
-            f"no cgroup subtree is delegated to this user (uid {os.geteuid()}): {why}; "
-            f"without one there is no per-exec cpuset and quota and no memory or pids limit "
-            f"(root, or an administrator delegating a subtree: docs/rootless.md), {FIX}"
+            f"the cgroup backend needs root or a cgroup subtree delegated to this user (uid "
+            f"{os.geteuid()}), and none is: {why}; without one there is no per-exec cpuset "
+            f"and quota and no memory or pids limit (an administrator delegates one: "
+            f"docs/rootless.md), {FIX}"
         )
     return Hierarchy(found.version, {c: p / base_name(tag) for c, p in found.bases.items()})
 
