@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,25 @@ def test_environments_have_their_own_uids_and_no_channel_between_them(setup):
     assert b["kill"].count("refused") == len(seen["a_host_pids"])
     assert seen["a_alive_after"] == seen["a_host_pids"]
     assert int(b["pids"]) < 10  # its own few: its init, spawner, the command
+
+
+def test_a_sif_opens_as_an_environments_root_as_the_unprivileged_user(setup):
+    if shutil.which("mksquashfs") is None or shutil.which("unsquashfs") is None:
+        pytest.skip("needs squashfs-tools (mksquashfs, unsquashfs)")
+    state = Path(tempfile.mkdtemp(prefix="tangram-rootless-state."))  # (the user's to enter)
+    shutil.chown(state, setup["user"])
+    s = {**setup, "env": [*setup["env"], f"TANGRAM_STATE_DIR={state}"]}
+    try:
+        done = as_user(s, [str(REPO / "tests/integration/rootless_image.py")], 300)
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["import"][0] == 0 and "from-sif sha256:" in seen["import"][1], seen["import"]
+    status, out, err = seen["a"]
+    assert status == "ok" and out.split()[:1] == ["from-a-sif"], (out, err)
+    uid_a, note, made = out.split()[1:4]
+    assert note == "hello" and made == "made"
+    status, out, err = seen["b"]
+    assert status != "ok" or "No such file" in out  # B sees neither A's file nor its /tmp
+    assert out.split()[0] != uid_a and "own" not in out.split()[1:]

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -103,6 +104,7 @@ from managers.cpu.backends.bwrap.layout import (
     discard_spawned,
     hold_ready,
     image_loader,
+    image_root,
     kill_rest,
     launcher_script,
     rooted_at_env,
@@ -129,8 +131,10 @@ from managers.cpu.backends.cgroup.backend import (
 )
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.environments import Environment
+from managers.cpu.images import ImageStore
 from managers.cpu.leftovers import owned_name
 from managers.cpu.mounts import remove_folder
+from managers.cpu.node import default_state_dir
 from managers.cpu.request import ExecSpec
 from managers.cpu.sessions.shell import (
     HOST_NAME,
@@ -190,6 +194,8 @@ class BwrapBackend(CgroupBackend):
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
         self.rootless = rl.rootless()  # no root: a user namespace per environment (`rootless`)
+        # rootless, `open_env(image=...)` comes here: the overlay is mounted inside the sandbox
+        self.engine_images = self.rootless
         # a host-wide range of this server's own; without root, the user's subordinate range
         self._uid_source: UidAllocator | subids.SubUidAllocator | None = (
             None if self.rootless else UidAllocator(uid_base)
@@ -253,7 +259,7 @@ class BwrapBackend(CgroupBackend):
         super()._install_support()
 
     def inside_python(self, env: Environment) -> str | None:
-        return None if env.root is not None else self._python  # an image has its own
+        return None if image_root(env) is not None else self._python  # an image has its own
 
     def _own_view(self, env: Environment) -> bool:
         """Give a plain environment's work folder a filesystem of its own (`bwrap.views`);
@@ -282,6 +288,8 @@ class BwrapBackend(CgroupBackend):
         return f"bwrap (a sandbox per environment; {super().describe()}; {limit}{mode})"
 
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> BwrapSandbox:
+        if env.image is not None:
+            env = await asyncio.to_thread(self._with_image, env)
         sandbox = BwrapSandbox(self, env, self._make_cgroups(env, cores))
         self._workdirs.add(env.workdir)
         try:
@@ -293,7 +301,7 @@ class BwrapBackend(CgroupBackend):
                 await asyncio.to_thread(sandbox.enter_userns)
             else:
                 self._make_workdir(env, sandbox.uid)
-            if env.root is not None:
+            if image_root(env) is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
                 self._install_launcher(
@@ -307,6 +315,17 @@ class BwrapBackend(CgroupBackend):
             raise
         self._sandboxes.add(sandbox)
         return sandbox
+
+    def _with_image(self, env: Environment) -> Environment:
+        """(Rootless) `env` with its image's tree as the lower layer of the overlay its sandbox
+        mounts as / (`rootless.overlay_prefix`); the image is the node's store's, by name or
+        digest (`tangram image import`, this user's state folder)."""
+        if not self.rootless:
+            raise ValidationError("env.image", env.image, "the bwrap backend takes it as root")
+        store = ImageStore(f"{default_state_dir()}/images")
+        image = store.resolve(env.image or "", "env.image")  # NotFound naming it
+        rl.make_image_dirs(env.workdir, image.rootfs)
+        return dataclasses.replace(env, lower=image.rootfs)
 
     def _holder_slot(self, e: EnvCgroups, cores: tuple[int, ...]) -> Slot:
         """The holder's slot (never freed: the holder lives in it) and one exec slot made
@@ -473,7 +492,7 @@ class BwrapSandbox(CgroupSandbox):
             fds += [info_w]
             filter_fd = hold.data_fd(b._filter.read_bytes())
             fds.append(filter_fd)
-            if b._spawner and env.root is None and _descriptors_to_spare():
+            if b._spawner and image_root(env) is None and _descriptors_to_spare():
                 # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 assert self.uid is not None
@@ -493,6 +512,8 @@ class BwrapSandbox(CgroupSandbox):
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
             bwrap = (b._bwrap, "--args", str(args), "--", *payload)
+            if env.lower is not None:  # (rootless) the image's overlay, mounted inside
+                bwrap = (*rl.overlay_prefix(env.lower, env.workdir), *bwrap)
             if ns is not None:
                 bwrap = (*rl.holder_prefix(ns), *bwrap)
             argv = (
@@ -613,7 +634,7 @@ class BwrapSandbox(CgroupSandbox):
         assert self.uid is not None
         drop = _drop_to(self.uid)
         loader = b._loader
-        if env.root is not None:  # the image has none of the host's programs: the copies
+        if image_root(env) is not None:  # the image has none of the host's programs: the copies
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
             loader = image_loader(env, b._loader)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(cap))
@@ -653,7 +674,7 @@ class BwrapSandbox(CgroupSandbox):
         dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
         if dirfd is None:
             raise EnvironmentBroken(f"environment {self.env.id} is broken: its sandbox is gone")
-        if self.env.root is not None:  # the image has no programs of the host's: the copies
+        if image_root(self.env) is not None:  # the image has no programs of the host's: the copies
             argv = [*toolkit.run(INSIDE_SUPPORT, argv[0]), *argv[1:]]
         try:
             entered = self._entered(join, argv, dirfd, cap)
@@ -694,12 +715,13 @@ class BwrapSandbox(CgroupSandbox):
         return session
 
     def kernel_driver(self) -> str | None:
-        return None if self.env.root is not None else f"{INSIDE_SUPPORT}/{KERNEL_NAME}"
+        return None if image_root(self.env) is not None else f"{INSIDE_SUPPORT}/{KERNEL_NAME}"
 
     def _session_python(self) -> str | None:
-        if self.env.root is None:
+        root = image_root(self.env)
+        if root is None:
             return self.backend._python
-        found = os.path.join(self.env.root, "usr/bin/python3")
+        found = os.path.join(root, "usr/bin/python3")
         return "/usr/bin/python3" if os.path.lexists(found) else None
 
     async def _launch_host(self, slot: Slot, python: str, key: str, cores: tuple[int, ...]) -> None:
@@ -785,6 +807,9 @@ class BwrapSandbox(CgroupSandbox):
         if self.rootless and self.uid is not None:  # its uid's files: from its namespace
             try:
                 await asyncio.to_thread(self.owner_call, rl.remove_workdir, self.env.workdir)
+                if self.env.lower is not None:  # its overlay's layers (its uid's files)
+                    top = rl.image_dirs(self.env.workdir)["top"]
+                    await asyncio.to_thread(self.owner_call, rl.remove_workdir, top)
             except (OSError, BackendUnavailable) as exc:
                 return [f"{self.env.workdir}: {exc}"]
         return await super()._remove_workdir()

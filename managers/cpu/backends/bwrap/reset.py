@@ -96,7 +96,7 @@ async def reset_env(
 def _unusable(env: Environment, holder: _Holder) -> str | None:
     if holder.spawner is None or not holder.healthy():
         return "its sandbox is not running"
-    if env.root is not None or env.network:
+    if env.root is not None or env.lower is not None or env.network:
         return "it has an image root or the host's network"
     return None
 

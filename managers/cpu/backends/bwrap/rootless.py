@@ -42,8 +42,9 @@ NAMESPACES = ("user", "mnt", "pid", "net", "ipc", "uts", "cgroup")
 # what a rootless sandbox lacks beside root's, said at start (WARNING) and in docs/rootless.md
 LOST = (
     "its mount table names the host folders it binds (the views that hide them are mounts on "
-    "the host); images, disk_mb bounds, forks and snapshots need root (overlayfs on loop "
-    "devices, idmapped layers) and are refused naming it; its uids are the user's "
+    "the host); an image's overlay is mounted inside the sandbox, so the files API reaches "
+    "its work folder only, and disk_mb bounds, forks and snapshots need root (overlayfs on "
+    "loop devices, idmapped layers) and are refused naming it; its uids are the user's "
     "subordinate range, reused once the range went round (root's are never reused before a "
     "reboot)"
 )
@@ -119,6 +120,38 @@ def holder_prefix(ns: int) -> tuple[str, ...]:
         f'exec "$@" {ns}<&-',
         "sh",
     )
+
+
+def image_dirs(workdir: str) -> dict[str, str]:
+    """(Rootless, with an image) the folders of the environment's overlay, beside its work
+    folder: the writable layer, overlayfs's work folder, the mount point."""
+    top = f"{workdir}-image"
+    return {"top": top, **{n: os.path.join(top, n) for n in ("upper", "work", "merged")}}
+
+
+def make_image_dirs(workdir: str, lower: str) -> None:
+    """Make `image_dirs`; the writable layer's top is the sandbox's `/`, which its users must
+    be able to enter (mode 0755, owned by the namespace's root: the server's user)."""
+    for c in (",", ":", "\n"):
+        if c in lower or c in workdir:
+            raise BackendUnavailable(f"an overlay cannot name {lower!r} or {workdir!r} ({c!r})")
+    dirs = image_dirs(workdir)
+    for name in ("top", "upper", "work", "merged"):
+        os.makedirs(dirs[name], mode=0o700, exist_ok=True)
+    os.chmod(dirs["upper"], 0o755)
+    os.chmod(dirs["top"], 0o711)
+
+
+def overlay_prefix(lower: str, workdir: str) -> tuple[str, ...]:
+    """What mounts the image's overlay (in a mount namespace of its own, as the root of the
+    environment's user namespace) before bwrap starts (`sandbox_mounts` binds it as /)."""
+    d = image_dirs(workdir)
+    mount = 'mount -t overlay overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" "$4" && shift 4'
+    return (
+        "unshare", "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", f'{mount} && exec "$@"', "sh",
+        lower, d["upper"], d["work"], d["merged"],
+    )  # fmt: skip
 
 
 def make_workdir(path: str, uid: int) -> None:
