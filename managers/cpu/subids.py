@@ -369,8 +369,12 @@ class OwnerHelper:
         mine, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with self._lock:
-                sock = self._start()
-                socket.send_fds(sock, [request], [ns, child.fileno()])
+                try:
+                    sock = self._start()
+                    socket.send_fds(sock, [request], [ns, child.fileno()])
+                except OSError as exc:  # (it could not start, or died): the caller forks
+                    self.close()
+                    raise _HelperGone(f"the helper is gone ({exc})") from exc
             child.close()
             return _result(mine, None)
         finally:
