@@ -211,6 +211,20 @@ def id_maps(uid: int, host_gid: int) -> tuple[list[str], list[str]]:
 def make_userns(uid: int, host_gid: int) -> int:
     """A descriptor of a new user namespace mapped by `id_maps`; raises `BackendUnavailable`
     naming the refusal (no range, a kernel without unprivileged user namespaces)."""
+    return _mapped(*id_maps(uid, host_gid))
+
+
+def make_range_userns(ids: SubIds) -> int:
+    """A user namespace that maps the whole subordinate range to itself (and 0 to the server's
+    user): its root may remove any file of any of the user's environments (a dead server's
+    leftovers: `BwrapBackend.sweep`)."""
+    return _mapped(
+        ["0", str(os.getuid()), "1", str(ids.uid), str(ids.uid), str(ids.count)],
+        ["0", str(os.getgid()), "1", str(ids.gid), str(ids.gid), str(ids.count)],
+    )
+
+
+def _mapped(uid_args: list[str], gid_args: list[str]) -> int:
     child = subprocess.Popen(
         ["unshare", "--user", "--", "sleep", "60"],
         stdin=subprocess.DEVNULL,
@@ -228,7 +242,7 @@ def make_userns(uid: int, host_gid: int) -> int:
                     "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1)"
                 )
             time.sleep(0.0002)
-        for tool, args in zip(("newuidmap", "newgidmap"), id_maps(uid, host_gid), strict=True):
+        for tool, args in zip(("newuidmap", "newgidmap"), (uid_args, gid_args), strict=True):
             done = subprocess.run([tool, str(child.pid), *args], capture_output=True, text=True)
             if done.returncode != 0:
                 raise BackendUnavailable(

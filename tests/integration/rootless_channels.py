@@ -8,11 +8,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import uuid
 
-from managers.cpu import CpuManager, ExecRequest
+from managers.cpu import CpuManager, ExecRequest, subids
 from managers.cpu.backends.bwrap.backend import BwrapBackend
+from managers.cpu.leftovers import owned_name
 
 MARK = f"tangram-mark-{uuid.uuid4().hex[:8]}"
 ABSTRACT = f"tangram-abstract-{uuid.uuid4().hex[:8]}"
@@ -91,9 +94,37 @@ async def probe(m: CpuManager, b: str, a_workdir: str, a_pids: list[int]) -> dic
     }
 
 
+def _plant(folder: str, uid: int) -> None:
+    """(In a user namespace mapping `uid`) what a dead server's environment left: a work
+    folder of its uid's, mode 0700, with files below."""
+    os.makedirs(f"{folder}/deep")
+    with open(f"{folder}/deep/file", "w") as f:
+        f.write("left")
+    for p in (f"{folder}/deep/file", f"{folder}/deep", folder):
+        os.chown(p, uid, uid)
+        os.chmod(p, 0o700)
+
+
+def plant_dead_servers_folder() -> str:
+    ids = subids.subids()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    folder = os.path.join(tempfile.gettempdir(), owned_name("env-left", pid=dead.pid))
+    uid = ids.uid + ids.count - 2
+    ns = subids.make_userns(uid, ids.gid + ids.count - 2)
+    try:
+        subids.in_userns(ns, _plant, folder, uid, here=True)
+    finally:
+        os.close(ns)
+    return folder
+
+
 async def main() -> dict:
+    left = plant_dead_servers_folder()
+    planted = os.path.isdir(left)
     m = CpuManager(BwrapBackend())
-    await m.start()
+    await m.start()  # (its sweep removes the dead server's folder)
+    swept = planted and not os.path.exists(left)
     try:
         a = await m.open_env("a", 256)
         b = await m.open_env("b", 256)
@@ -118,6 +149,7 @@ async def main() -> dict:
             "a_alive_after": alive,
             "a_workdir_owner": st.st_uid,
             "a_workdir_mode": oct(st.st_mode & 0o777),
+            "dead_servers_folder_swept": swept,
         }
     finally:
         await m.close()

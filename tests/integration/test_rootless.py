@@ -140,6 +140,8 @@ def test_environments_have_their_own_uids_and_no_channel_between_them(setup):
     assert b["kill"].count("refused") == len(seen["a_host_pids"])
     assert seen["a_alive_after"] == seen["a_host_pids"]
     assert int(b["pids"]) < 10  # its own few: its init, spawner, the command
+    # a dead server's work folder (its environment's uid's files) is swept at start
+    assert seen["dead_servers_folder_swept"]
 
 
 def test_a_sif_opens_as_an_environments_root_as_the_unprivileged_user(setup):

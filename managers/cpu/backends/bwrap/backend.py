@@ -132,7 +132,7 @@ from managers.cpu.backends.cgroup.backend import (
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.environments import Environment
 from managers.cpu.images import ImageStore
-from managers.cpu.leftovers import owned_name
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.mounts import remove_folder
 from managers.cpu.node import default_state_dir
 from managers.cpu.request import ExecSpec
@@ -368,6 +368,25 @@ class BwrapBackend(CgroupBackend):
         except OSError as exc:
             raise_if_out_of_files(exc)  # a host limit (503)
             raise
+
+    def sweep(self) -> list[str]:
+        """Rootless, a dead server's work folders hold its environments' files (their uids'):
+        they are swept from a user namespace that maps the whole subordinate range."""
+        if not self.rootless:
+            return super().sweep()
+        self._require_started("sweep")
+        swept = self._sweep()
+        source = self._uid_source
+        assert isinstance(source, subids.SubUidAllocator)
+        try:
+            ns = subids.make_range_userns(source.ids)
+        except BackendUnavailable as exc:
+            return [*swept, f"the work folders of dead servers were not swept ({exc})"]
+        try:
+            parent = str(self.support.parent)
+            return [*swept, *subids.in_userns(ns, sweep_workdirs, parent, here=True)]
+        finally:
+            os.close(ns)
 
     def _new_slot(self, e: EnvCgroups, name: str) -> Slot:
         slot = super()._new_slot(e, name)
