@@ -31,7 +31,7 @@ for file in /etc/subuid /etc/subgid; do
 done
 
 name="tangram-user-$user"
-if [ -f /sys/fs/cgroup/cgroup.controllers ] && ! grep -qw cgroup /proc/self/mounts; then
+if [ -f /sys/fs/cgroup/cgroup.controllers ] && ! awk '$3 == "cgroup" { found = 1 } END { exit !found }' /proc/self/mounts; then
   top=/sys/fs/cgroup/$name  # cgroup v2
   mkdir -p "$top"
   for c in cpu cpuset memory pids; do
@@ -39,6 +39,11 @@ if [ -f /sys/fs/cgroup/cgroup.controllers ] && ! grep -qw cgroup /proc/self/moun
     echo "+$c" >"$top/cgroup.subtree_control" 2>/dev/null || true
   done
   chown "$user:" "$top" "$top/cgroup.procs" "$top/cgroup.subtree_control" "$top/cgroup.threads"
+  # v2 moves a process only between cgroups whose common ancestor the mover may write: the
+  # user's server runs in this leaf (as root: echo PID > $top/server/cgroup.procs, then drop),
+  # Tangram's cgroups go beside it (TANGRAM_CGROUP_PARENT=$top)
+  mkdir -p "$top/server"
+  chown "$user:" "$top/server" "$top/server/cgroup.procs" "$top/server/cgroup.threads"
 else
   for c in cpu cpuacct cpuset memory pids; do
     mount=$(awk -v c="$c" '$3 == "cgroup" { n = split($4, o, ","); for (i = 1; i <= n; i++)

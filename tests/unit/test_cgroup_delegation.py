@@ -55,4 +55,6 @@ def test_v2_uses_its_own_cgroup_or_the_parent(tmp_path):
     assert found is not None and found.version == 2 and found.bases["cpu"] == mine, why
     assert found.pids
     found, why = fs.delegation(str(v2 / "nowhere"), {}, v2, {"unified": "/user.slice/job"})
-    assert found is None and "nowhere is not writable" in why
+    assert found is None and "nowhere is writable" in why
+    found, why = fs.delegation(None, {}, v2, {"unified": "/gone"})
+    assert found is None and str(v2 / fs.user_folder()) in why  # the delegated folder, tried

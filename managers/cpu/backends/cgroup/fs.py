@@ -215,11 +215,13 @@ def delegation(
     cgroup), `tangram-user-<name>` (`.ci/rootless.sh`)."""
     if _version(v1, v2) == 2:
         assert v2 is not None
-        where = Path(parent) if parent else v2 / own.get("unified", "/").lstrip("/")
-        if not os.access(where, os.W_OK) or not os.access(where / "cgroup.procs", os.W_OK):
-            return None, f"cgroup v2: {where} is not writable by this user"
+        mine = v2 / own.get("unified", "/").lstrip("/")
+        tries = [Path(parent)] if parent else [mine, v2 / user_folder()]
+        ok = [p for p in tries if os.access(p, os.W_OK) and os.access(p / "cgroup.procs", os.W_OK)]
+        if not ok:
+            return None, f"cgroup v2: none of {', '.join(map(str, tries))} is writable by this user"
         names = [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in _v2_available(v2) else [])]
-        return Hierarchy(2, {c: where for c in names}), f"cgroup v2: {where}"
+        return Hierarchy(2, {c: ok[0] for c in names}), f"cgroup v2: {ok[0]}"
     bases: dict[str, Path] = {}
     tried: list[str] = []
     for c in [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in v1 else [])]:
