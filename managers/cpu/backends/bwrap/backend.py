@@ -341,6 +341,9 @@ class BwrapBackend(CgroupBackend):
     def _ensure_bases(self) -> None:
         fresh = not self._made_bases
         super()._ensure_bases()
+        if fresh and self.rootless:  # (its slots' cgroup.procs are the uids' to write: no
+            for base in self.h.distinct():  # other user may list the folders to find them)
+                base.chmod(0o711)
         if fresh:
             self._filter, native = seccomp.install(self.support)
             self._loader = (
