@@ -19,6 +19,9 @@ class ValidationError(TangramError, ValueError):
         self.problem = problem
         super().__init__(f"{field}: {problem} (got {value!r})")
 
+    def __reduce__(self):  # pickled whole (it crosses into a helper process and back)
+        return (type(self), (self.field, self.value, self.problem))
+
 
 class NotFound(ValidationError):
     """A request names an environment, service or API that does not exist (HTTP 404)."""

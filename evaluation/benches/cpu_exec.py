@@ -9,20 +9,25 @@ the `docker` backend; with the grant unchanged between runs and alternating betw
 machine state.
 Goals: cgroup and bwrap <= raw + 2 ms; docker <= 1.2 x raw exec_run. A backend that cannot run
 here is reported with its reason.
+Run as root, it also measures the bwrap backend rootless in the same run (as the unprivileged
+user of `.ci/rootless.sh`: subordinate uids, a delegated cgroup subtree; `as_user`), beside
+root's bwrap; goal: rootless <= 1.2 x root.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 
-from evaluation.benches import cgroup_move
+from evaluation.benches import as_user, cgroup_move
 from managers.cpu.backends import create
 from managers.cpu.backends.docker import DockerBackend
 from managers.cpu.manager import CpuManager
@@ -162,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-n", "--runs", type=int, default=200, help="runs per figure (200)")
     parser.add_argument("--image", default=None, help="docker image (TANGRAM_DOCKER_IMAGE)")
+    parser.add_argument("--measure", choices=("bwrap",), help=argparse.SUPPRESS)
+    parser.add_argument("--alternate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument(
         "--rounds",
         type=int,
@@ -171,6 +178,22 @@ def _parser() -> argparse.ArgumentParser:
         "per round",
     )
     return parser
+
+
+def _rootless_rows(n: int, same: float, alt: float) -> list[tuple[str, str]]:
+    """The bwrap backend as the unprivileged user, beside root's figures (`same`, `alt`)."""
+    try:
+        argv = ["-m", "evaluation.benches.cpu_exec", "-n", str(n), "--measure", "bwrap"]
+        r_same = float(as_user.run_json(argv))  # type: ignore[arg-type]
+        r_alt = float(as_user.run_json([*argv, "--alternate"]))  # type: ignore[arg-type]
+    except (RuntimeError, ValueError) as exc:
+        print(f"bwrap rootless unavailable: {exc}")
+        return []
+    for what, ours, root in (("same grant", r_same, same), ("alternating grants", r_alt, alt)):
+        label = f"bwrap rootless action, {what}"
+        print(f"{label:44s} {ours:8.2f} ms  ({ours / root:.2f}x root's bwrap)")
+    worst = max(r_same / same, r_alt / alt)
+    return [("bwrap rootless <= 1.2 x root", "met" if worst <= 1.2 else f"MISSED ({worst:.2f}x)")]
 
 
 def _print_move() -> None:
@@ -183,10 +206,42 @@ def _print_move() -> None:
         )
 
 
+def _docker_rows(n: int, image: str | None) -> list[tuple[str, str]]:
+    """The docker backend beside a raw exec_run through the SDK."""
+    rows: list[tuple[str, str]] = []
+    try:
+        exec_run = _raw_exec_run_ms(n, image)
+        print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
+        opts = {"image": image}
+        same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
+        alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
+        api = asyncio.run(
+            _action_ms("docker", max(n // 4, 10), alternate=True, direct=False, **opts)
+        )
+        print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
+        print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
+        print(
+            f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
+            f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)"
+        )
+        rows.append(
+            (
+                "docker <= 1.2 x raw exec_run",
+                "met" if max(same, alt) <= 1.2 * exec_run else "MISSED",
+            )
+        )
+    except BackendUnavailable as exc:
+        print(f"docker backend unavailable: {exc}")
+    return rows
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     n = ns.runs
+    if ns.measure:  # (the rootless child: one figure, as JSON)
+        print(json.dumps(asyncio.run(_action_ms(ns.measure, n, alternate=ns.alternate))))
+        return 0
     if ns.rounds:
         return _interleaved(n, ns.rounds)
 
@@ -207,6 +262,8 @@ def main(argv: list[str]) -> int:
             continue
         print(f"{label + ' action, same grant':44s} {same:8.2f} ms  ({same - raw:+.2f} ms)")
         print(f"{label + ' action, alternating grants':44s} {alt:8.2f} ms  ({alt - raw:+.2f} ms)")
+        if label == "bwrap":
+            rows += _rootless_rows(n, same, alt)
         rows.append(
             (
                 f"{label} <= raw + 2 ms",
@@ -215,30 +272,12 @@ def main(argv: list[str]) -> int:
                 else f"MISSED by {max(same, alt) - raw - 2:.2f} ms",
             )
         )
-    try:
-        exec_run = _raw_exec_run_ms(n, ns.image)
-        print(f"{'raw exec_run (docker SDK)':44s} {exec_run:8.2f} ms")
-        opts = {"image": ns.image}
-        same = asyncio.run(_action_ms("docker", n, alternate=False, **opts))
-        alt = asyncio.run(_action_ms("docker", n, alternate=True, **opts))
-        api = asyncio.run(
-            _action_ms("docker", max(n // 4, 10), alternate=True, direct=False, **opts)
-        )
-        print(f"{'docker action, same grant':44s} {same:8.2f} ms  ({same / exec_run:.2f}x)")
-        print(f"{'docker action, alternating grants':44s} {alt:8.2f} ms  ({alt / exec_run:.2f}x)")
-        print(
-            f"{'docker action, alternating, container.update':44s} {api:8.2f} ms  "
-            f"({api / exec_run:.2f}x, {max(n // 4, 10)} runs)"
-        )
-        rows.append(
-            (
-                "docker <= 1.2 x raw exec_run",
-                "met" if max(same, alt) <= 1.2 * exec_run else "MISSED",
-            )
-        )
-    except BackendUnavailable as exc:
-        print(f"docker backend unavailable: {exc}")
+    rows += _docker_rows(n, ns.image)
     _print_move()
     for goal, verdict in rows:
         print(f"goal {goal}: {verdict}")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -16,7 +16,10 @@ to day here, falls on every server alike), their throughputs one after another i
 - `tangram`: `tangram serve` (this machine's best CPU backend: bwrap where it runs) with its
   warm pool of never-used sandboxes;
 - `tangram, no warm pool`: the same with `TANGRAM_SANDBOXFUSION_WARM=0` (a sandbox opened per
-  request on its path).
+  request on its path);
+- `tangram, rootless`: `tangram serve` run as root starts it as the unprivileged user of
+  `.ci/rootless.sh` (`as_user`: the bwrap backend with subordinate uids and a delegated cgroup
+  subtree), beside root's; goal: its latency and throughput within 1.2x of root's `tangram`.
 
 Figures: the raw program (`python3 main.py` by `subprocess.run`; the servers and the raw run
 all find `python3` on the sandbox's fixed PATH: one interpreter), each server's median and p90
@@ -47,12 +50,14 @@ from typing import Any
 
 import httpx
 
+from evaluation.benches import as_user
 from managers.cpu.grant import SAFE_PATH
 
 PRINT = {"code": "print(1)", "language": "python"}
 MINIMAL = "minimal (no sandbox)"
 SHAPED = "SandboxFusion-shaped"
 PER_CORE = "SF-shaped, 1 run per core"
+ROOTLESS = "tangram, rootless"
 # `tangram serve`, started from the module (works from a source checkout, whatever entry points
 # the installed metadata lists)
 SERVE = (
@@ -129,7 +134,7 @@ def _server(argv: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{argv} did not start")
             time.sleep(0.2)
-        yield url, proc.pid
+        yield url, _served_by(proc.pid) if argv[0] == "runuser" else proc.pid
     finally:
         proc.terminate()
         try:
@@ -137,6 +142,16 @@ def _server(argv: list[str], env: dict[str, str]) -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def _served_by(pid: int) -> int:
+    """The server `runuser` started (its one child), whose CPU and cgroups are counted."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        return pid
+    return children[0] if children else pid
 
 
 def _raw_ms(n: int) -> list[float]:
@@ -277,6 +292,11 @@ def _servers(no_cold: bool) -> dict[str, tuple[list[str], dict[str, str]]]:
     }
     if no_cold:
         del servers["tangram, no warm pool"]
+    rootless = as_user.command()
+    if isinstance(rootless, str):
+        print(f"tangram, rootless: not measured ({rootless})")
+    else:
+        servers[ROOTLESS] = ([*rootless, *SERVE[1:], "--log-level", "warning"], {})
     return servers
 
 
@@ -322,7 +342,15 @@ def _round(up: dict[str, tuple[str, int]], ns: argparse.Namespace, m: Measured, 
 
 
 def _report(servers: dict, m: Measured, clients: int) -> None:
-    _table(servers, m.lat, m.rps, m.ok, m.done, m.raw, clients)
+    figures = _table(servers, m.lat, m.rps, m.ok, m.done, m.raw, clients)
+    if ROOTLESS in figures and "tangram" in figures:
+        root, rl = figures["tangram"], figures[ROOTLESS]
+        lat, rps = rl["median_ms"] / root["median_ms"], root["rps"] / max(rl["rps"], 1e-9)
+        verdict = "met" if max(lat, rps) <= 1.2 else "MISSED"
+        print(
+            f"rootless vs root (tangram): latency {lat:.2f}x, throughput {1 / rps:.2f}x "
+            f"(goal: within 1.2x: {verdict})"
+        )
     print(
         "CPU per request under load (the server process and what it ran: its programs, or "
         "for tangram its cgroups, every sandbox and command): "

@@ -16,6 +16,7 @@ from managers.cpu import files
 from managers.cpu.backends.base import Backend, Sandbox
 from managers.cpu.environments import Environment, EnvironmentTable, EnvRecord
 from managers.cpu.roots import Roots
+from managers.cpu.subids import PassFd
 from tangram.errors import ValidationError
 
 INLINE_FILES, INLINE_BYTES = 8, 64 << 10  # written on the event loop (else in a thread)
@@ -55,7 +56,7 @@ class EnvFiles:
         """Write files into the environment (see `roots` for what a path means); missing
         folders are made; files and folders made belong to the environment's user."""
         record = self._tree(env_id)
-        env, uid = record.env, record.sandbox.uid
+        env, uid, sandbox = record.env, record.sandbox.uid, record.sandbox
         if not isinstance(contents, Mapping):
             raise ValidationError("files", type(contents).__name__, "must map paths to bytes")
         by_root: dict[str, dict[str, bytes]] = {}
@@ -68,9 +69,9 @@ class EnvFiles:
         small = len(sizes) <= INLINE_FILES and sum(sizes) < INLINE_BYTES
         for root, group in by_root.items():
             if small:  # a few small files (a program and its stdin): a thread hop costs more
-                files.write(root, group, uid)
+                sandbox.owner_call(files.write, root, group, uid)
             else:
-                await asyncio.to_thread(files.write, root, group, uid)
+                await asyncio.to_thread(sandbox.owner_call, files.write, root, group, uid)
 
     async def tar_files(self, env_id: str, path: str) -> AsyncIterator[bytes]:
         """A tar stream of the folder `path` of the environment (links kept as links, never
@@ -85,7 +86,7 @@ class EnvFiles:
         record = self._tree(env_id)
         env, sandbox = record.env, record.sandbox
         root, rel = Roots.inside(env.root, env.workdir, path)
-        fd = await asyncio.to_thread(files.open_tree, root, rel)
+        fd = await asyncio.to_thread(sandbox.owner_call, _open_tree, root, rel)
         try:
             size = await self._tar_size(sandbox, fd, path)
             if size > self.tar_max:
@@ -131,9 +132,13 @@ class EnvFiles:
         """Each path's content, None where it is missing or not a regular file. At most
         `files.MAX_TOTAL` bytes in all, however the paths are spelled (`big`, `./big` and
         `/sandbox/big` count three times); read in one worker thread, off the event loop."""
-        env = self._tree(env_id).env
+        record = self._tree(env_id)
         files.check_paths(paths, "paths")
-        return await asyncio.to_thread(_read_all, env, paths)
+        return await asyncio.to_thread(record.sandbox.owner_call, _read_all, record.env, paths)
+
+
+def _open_tree(root: str, rel: str) -> PassFd:
+    return PassFd(files.open_tree(root, rel))  # (sent back where it runs in a child)
 
 
 def _read_all(env: Environment, paths: Sequence[str]) -> dict[str, bytes | None]:

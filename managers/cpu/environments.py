@@ -28,7 +28,9 @@ class Environment:
     private layer, see `layers`), None for the host's system files; `disk_mb`: its disk
     reservation (0: none, no bound); `uid`: the uid its commands must run as (given by the
     manager where its layers are mapped to it, see `idmap`), None: the backend picks one;
-    `image`: an image of the backend's own engine (docker), None: the backend's default."""
+    `image`: an image of the backend's own engine (docker; the rootless bwrap backend's: of
+    the node's image store), None: the backend's default; `lower`: (rootless bwrap) that
+    image's tree, the read-only lower layer of the overlay its sandbox mounts as its root."""
 
     id: str
     trajectory: str
@@ -40,6 +42,7 @@ class Environment:
     disk_mb: int = 0
     uid: int | None = None
     image: str | None = None
+    lower: str | None = None
 
 
 class EnvState(enum.Enum):

@@ -17,9 +17,11 @@ tarball or an OCI layout gets the same digest, and an import of a tree already s
 pass over it and no copy. Sources: a root-filesystem folder, a tarball (what `docker export`
 writes; gzip, bzip2 and xz are read by GNU tar) or an OCI image layout (`index.json` ->
 manifest -> layer tarballs applied in order, with `.wh.` whiteouts and `.wh..wh..opq` opaque
-folders). Extraction is GNU tar's, as root, with ownership and modes kept and members outside the
-tree refused (`--no-same-permissions` is not used: modes matter). Whatever the source (folder,
-tarball, OCI layout, build), setuid/setgid bits and device nodes are dropped before the tree is
+folders), or an Apptainer/Singularity `.sif` file (its squashfs root partition, found by our
+own reading of the SIF header: `sif`, unpacked by unsquashfs). Extraction is GNU tar's, as
+root, with ownership and modes kept and members outside the tree refused
+(`--no-same-permissions` is not used: modes matter). Whatever the source (folder, tarball, OCI
+layout, SIF, build), setuid/setgid bits and device nodes are dropped before the tree is
 stored, logged and listed in `meta.json` (`sanitize`; the sandbox's `no_new_privs`, nosuid and
 nodev made them inert inside, but on the host they are a risk to its local users).
 """
@@ -43,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from managers.cpu import sif
 from managers.cpu.leftovers import owned_name, sweep_workdirs
 from tangram.errors import NotFound, TangramError, ValidationError
 
@@ -204,8 +207,9 @@ class ImageStore:
 
     # -- import ----------------------------------------------------------------------------------
     def import_(self, name: str, source: str | os.PathLike) -> Image:
-        """Store the tree of `source` (a root-filesystem folder, a tarball, or an OCI image
-        layout folder) and name it `name`; returns the image."""
+        """Store the tree of `source` (a root-filesystem folder, a tarball, an OCI image
+        layout folder or an Apptainer/Singularity `.sif` file) and name it `name`; returns the
+        image."""
         check_name(name)
         src = Path(source)
         if not src.exists():
@@ -220,6 +224,9 @@ class ImageStore:
             elif src.is_dir():
                 kind = "folder"
                 _copy_tree(src, tree)
+            elif sif.is_sif(src):  # Apptainer/Singularity: its squashfs root partition
+                kind = "sif"
+                sif.unpack(src, tree)
             else:
                 kind = "tarball"
                 _untar(src, tree)

@@ -340,11 +340,14 @@ class LayerStore:
 
 def probe(folder: Path) -> str | None:
     """None when overlayfs and loop-mounted ext4 work under `folder`, else why not."""
+    if os.geteuid() != 0:  # (first: a missing tool is not what stops an unprivileged server)
+        return (
+            f"images, disk bounds and forks need root (overlayfs on loop devices; this server "
+            f"runs as uid {os.geteuid()}: docs/rootless.md)"
+        )
     missing = [t for t in ("mount", "umount", MKFS[0]) if shutil.which(t) is None]
     if missing:
         return f"{', '.join(missing)} not found: install util-linux and e2fsprogs"
-    if os.geteuid() != 0:
-        return "images, disk bounds and forks need root (overlayfs and loop devices)"
     trial = folder / owned_name(f"probe-{uuid.uuid4().hex[:6]}")
     try:
         (trial / "lower").mkdir(parents=True)

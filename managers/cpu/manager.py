@@ -321,8 +321,16 @@ class CpuManager(EnvExecs, EnvForks, EnvFiles, EnvShells, EnvironmentManager):
 
     def _roots(self, field: str, value) -> Roots:
         if self.roots is None:
+            why = (
+                "they need root (overlayfs on loop devices; this server runs as uid "
+                f"{os.geteuid()}: docs/rootless.md)"
+                if self.backend.local and os.geteuid() != 0
+                else "it keeps no state folder"
+            )
             raise ValidationError(
-                field, value, f"the {self.backend.name} backend has no images, disk bounds or forks"
+                field,
+                value,
+                f"the {self.backend.name} backend has no images, disk bounds or forks here: {why}",
             )
         return self.roots
 

@@ -405,6 +405,7 @@ class Tangram(Environments, Sessions, Kernels):
             None if gpu is None else gpu.backend_name,
             None if gpu is None else gpu.simulated,
             None if gpu is None else gpu.origin,
+            _lost(self.cpu),
             throttled,
             learned,
             self._closing,
@@ -455,3 +456,9 @@ def require_ok(result: Result) -> Result:
     if not result.ok:
         raise ActionFailed(f"action {result.action_id}: {result.status}: {result.detail}")
     return result
+
+
+def _lost(cpu: object) -> str | None:
+    """What the local CPU backend does not guarantee here (`Backend.guarantees_lost`)."""
+    lost = getattr(getattr(cpu, "backend", None), "guarantees_lost", None)
+    return lost if isinstance(lost, str) else None

@@ -1,7 +1,8 @@
 """`tangram image`: the node's image store (the one `tangram serve` uses on this machine).
 
-    tangram image import NAME SOURCE     a root-filesystem folder, a tarball (`docker export`)
-                                         or an OCI image layout folder
+    tangram image import NAME SOURCE     a root-filesystem folder, a tarball (`docker export`),
+                                         an OCI image layout folder or an Apptainer/Singularity
+                                         .sif file (its squashfs root, read by unsquashfs)
     tangram image ls [--json]
     tangram image rm NAME|DIGEST         refused while an environment or snapshot uses it
     tangram image build NAME [--debian SUITE] [--packages P,...] [--host PROG ...]
@@ -61,7 +62,7 @@ def main(argv: list[str]) -> int:
     )
     p.add_argument("--state-dir", default=None, help="the node's state folder")
     sub = p.add_subparsers(dest="cmd", required=True)
-    imp = sub.add_parser("import", help="import a folder, tarball or OCI layout")
+    imp = sub.add_parser("import", help="import a folder, tarball, OCI layout or .sif file")
     imp.add_argument("name")
     imp.add_argument("source")
     ls = sub.add_parser("ls", help="list the images")

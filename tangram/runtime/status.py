@@ -61,6 +61,7 @@ class StatusSnapshot:
     gpu_backend: str | None = None
     gpu_simulated: bool | None = None
     gpu_pool: str | None = None
+    cpu_lost: str | None = None  # what the CPU backend does not guarantee here (not root...)
     api_throttled: Mapping[str, int] = field(default_factory=dict)
     api_window: Mapping[str, int] = field(default_factory=dict)
     closing: bool = False
@@ -78,6 +79,7 @@ class StatusSnapshot:
             "gpu_backend": self.gpu_backend,
             "gpu_simulated": self.gpu_simulated,
             "gpu_pool": self.gpu_pool,
+            "cpu_lost": self.cpu_lost,
             "api_throttled": dict(self.api_throttled),
             "api_window": dict(self.api_window),
             "closing": self.closing,
@@ -115,6 +117,7 @@ class StatusSnapshot:
             doc.get("gpu_backend"),
             doc.get("gpu_simulated"),
             doc.get("gpu_pool"),
+            doc.get("cpu_lost"),
             dict(doc.get("api_throttled") or {}),
             dict(doc.get("api_window") or {}),
             bool(doc.get("closing", False)),

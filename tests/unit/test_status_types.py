@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 import managers.gpu
 from managers.cpu import CpuManager
 from managers.cpu.backends import create, started, unknown_options
+from managers.cpu.backends.affinity import AffinityBackend
 from managers.cpu.backends.sim import SimCpuBackend
 from solvers.exact.backend import SolveStatus
 from solvers.heuristic.backfill import BackfillAllocator, Order
@@ -334,6 +335,16 @@ def test_the_status_snapshot_is_typed_and_its_json_round_trips():
     assert set(doc) == {f.name for f in dataclasses.fields(StatusSnapshot)}  # the wire keys
     assert doc["pools"]["cpu"]["utilisation"] == 0.0
     assert StatusSnapshot.from_dict(doc) == snap
+
+
+def test_the_status_says_what_an_unisolating_backend_does_not_guarantee():
+    async def scenario() -> StatusSnapshot:
+        async with Tangram(cpu=CpuManager(AffinityBackend())) as tg:
+            return tg.status()
+
+    snap = asyncio.run(scenario())
+    assert snap.cpu_lost is not None and "no sandbox" in snap.cpu_lost
+    assert StatusSnapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
 
 
 def test_a_malformed_status_names_the_field():

@@ -128,8 +128,9 @@ def _say_if_unisolated(backend: Backend, skipped: list[str] | None = None) -> No
     why = f"; not chosen: {' | '.join(skipped)}" if skipped else ""
     log.warning(
         "cpu backend %s does not isolate: commands run on the host as the server's user, "
-        "they can read its files and reach each other (the bwrap backend isolates: root and "
-        "bubblewrap)%s",
+        "they can read its files and reach each other (the bwrap backend isolates: bubblewrap "
+        "with root, or without root a subordinate uid range and a delegated cgroup subtree: "
+        "docs/rootless.md)%s",
         backend.name,
         why,
     )

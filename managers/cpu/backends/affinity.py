@@ -36,6 +36,11 @@ def _pinned(mask: set[int]) -> Iterator[None]:
 
 class AffinityBackend(Backend):
     name = "affinity"
+    guarantees_lost = (
+        "no sandbox (commands run as the server's user on the host), cores by affinity only "
+        "(no memory or pids limit across processes, no accounting of a process that leaves "
+        "the affinity)"
+    )
 
     @classmethod
     def probe(cls) -> str | None:

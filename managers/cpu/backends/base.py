@@ -45,6 +45,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from managers.cpu.environments import Environment
 from managers.cpu.grant import command_env, install_plugin
@@ -128,6 +129,9 @@ class Backend(ABC):
     gpu_mode: str = "variables"  # how an exec gets its granted GPUs: a key of `GPU_MODES`
     gpus_refused: str | None = None  # why this backend gives a command no GPU, where it cannot
     isolates: bool = False  # a command cannot see or reach the host or another environment
+    # what this backend does not guarantee here that the root bwrap backend does (None: no
+    # loss worth saying); in /v1/status as `cpu_lost`
+    guarantees_lost: str | None = None
 
     def __init__(self) -> None:
         self.tag = uuid.uuid4().hex[:10]
@@ -260,6 +264,17 @@ class Sandbox(ABC):
         self.env = env
         self.open = True  # False once `close` began: a command still running is cancelled
 
+    @property
+    def launch_cwd(self) -> str:
+        """The folder the server starts the environment's processes in (its work folder;
+        one the server's user may enter, where that folder is not)."""
+        return self.env.workdir
+
+    def owner_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` with the authority the server holds over the environment's files
+        (its own, where it may reach them: a rootless sandbox's are another uid's)."""
+        return fn(*args)
+
     # -- the shared rules ----------------------------------------------------------------------
     async def exec(self, spec: ExecSpec) -> Result:
         """Run one command confined to `spec.cores`, with the environment of
@@ -323,7 +338,7 @@ class Sandbox(ABC):
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=fds,
                 start_new_session=True,
-                cwd=self.env.workdir,
+                cwd=self.launch_cwd,
                 env=self.environ(SERVING),  # (one core: see `_serve_launch`)
             )
         except BaseException:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from managers.cpu import files
+from managers.cpu.subids import PassFd
 from tangram.errors import ValidationError
 from tangram.results import Result, Status
 
@@ -66,6 +67,33 @@ def install_host(folder: Path) -> None:
         target.chmod(0o644)
 
 
+def _connected(rootfd: int, name: str, key: str) -> PassFd:
+    """A descriptor of a socket connected to the session's host (`ShellSession._connect`)."""
+    fd = -1
+    try:
+        try:
+            fd = files.openat2(
+                rootfd,
+                f"{SOCKET_DIR}/{key}.sock",
+                os.O_PATH | os.O_NOFOLLOW,
+                resolve=RESOLVE_SOCKET,
+            )
+        except OSError as exc:
+            raise SessionGone(f"session {name}: no host socket ({exc.strerror})") from exc
+        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+            raise SessionGone(f"session {name}: its socket was replaced")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(f"/proc/self/fd/{fd}")
+        except OSError as exc:
+            sock.close()
+            raise SessionGone(f"session {name}: its host does not answer ({exc})") from exc
+        return PassFd(sock.detach())
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 @dataclass(eq=False, slots=True)
 class ShellSession:
     """One open session: its `name`, its host's file names (`key`), the backend's cgroup slot
@@ -80,6 +108,9 @@ class ShellSession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     dead: str | None = None  # why its shell is gone, once a request found it so
     n: int = 0
+    # runs the connection with the server's authority over the sandbox's files (a rootless
+    # sandbox's: in a child that joined its user namespace, `Sandbox.owner_call`)
+    owner_call: Callable[..., Any] | None = None
 
     async def request(self, req: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Send one request and read its answer; raises `SessionGone` when the host cannot be
@@ -111,31 +142,13 @@ class ShellSession:
         rootfd = self.root()
         if rootfd is None:
             raise SessionGone(f"session {self.name}: the sandbox is not running")
-        fd = -1
         try:
-            try:
-                fd = files.openat2(
-                    rootfd,
-                    f"{SOCKET_DIR}/{self.key}.sock",
-                    os.O_PATH | os.O_NOFOLLOW,
-                    resolve=RESOLVE_SOCKET,
-                )
-            except OSError as exc:
-                raise SessionGone(f"session {self.name}: no host socket ({exc.strerror})") from exc
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                raise SessionGone(f"session {self.name}: its socket was replaced")
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(f"/proc/self/fd/{fd}")
-            except OSError as exc:
-                sock.close()
-                raise SessionGone(f"session {self.name}: its host does not answer ({exc})") from exc
-            sock.setblocking(False)
-            return sock
+            call = self.owner_call or (lambda fn, *args: fn(*args))
+            sock = socket.socket(fileno=call(_connected, rootfd, self.name, self.key))
         finally:
-            if fd >= 0:
-                os.close(fd)
             os.close(rootfd)
+        sock.setblocking(False)
+        return sock
 
     async def wait_ready(self) -> None:
         """Return once the new host answers a ping; `SessionGone` after `HOST_START_S`."""

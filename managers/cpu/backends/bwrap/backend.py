@@ -67,6 +67,10 @@ folder that maps them.)
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
 import os
 import shlex
 import shutil
@@ -75,11 +79,13 @@ import subprocess
 import sys
 import weakref
 from collections.abc import Callable
+from typing import Any
 
-from managers.cpu import seccomp
+from managers.cpu import seccomp, subids
 from managers.cpu.backends.base import EnvironmentBroken
 from managers.cpu.backends.bwrap import holder as hold
 from managers.cpu.backends.bwrap import reset as bwrap_reset
+from managers.cpu.backends.bwrap import rootless as rl
 from managers.cpu.backends.bwrap import spawner as fast
 from managers.cpu.backends.bwrap import toolkit, views
 from managers.cpu.backends.bwrap.layout import (
@@ -98,6 +104,7 @@ from managers.cpu.backends.bwrap.layout import (
     discard_spawned,
     hold_ready,
     image_loader,
+    image_root,
     kill_rest,
     launcher_script,
     rooted_at_env,
@@ -124,8 +131,10 @@ from managers.cpu.backends.cgroup.backend import (
 )
 from managers.cpu.backends.limits import raise_if_out_of_files
 from managers.cpu.environments import Environment
-from managers.cpu.leftovers import owned_name
+from managers.cpu.images import ImageStore
+from managers.cpu.leftovers import owned_name, sweep_workdirs
 from managers.cpu.mounts import remove_folder
+from managers.cpu.node import default_state_dir
 from managers.cpu.request import ExecSpec
 from managers.cpu.sessions.shell import (
     HOST_NAME,
@@ -137,6 +146,8 @@ from managers.cpu.sessions.shell import (
 from managers.cpu.uids import DEFAULT_UID_BASE, UidAllocator
 from tangram.errors import BackendUnavailable, ValidationError
 from tangram.results import Result, Status
+
+log = logging.getLogger(__name__)
 
 
 class BwrapBackend(CgroupBackend):
@@ -182,7 +193,13 @@ class BwrapBackend(CgroupBackend):
         self.device_dir = device_dir
         self.uid_base = uid_base
         self.ro_paths = tuple(ro_paths)
-        self._uid_source = UidAllocator(uid_base)  # a host-wide range of this server's own
+        self.rootless = rl.rootless()  # no root: a user namespace per environment (`rootless`)
+        # rootless, `open_env(image=...)` comes here: the overlay is mounted inside the sandbox
+        self.engine_images = self.rootless
+        # a host-wide range of this server's own; without root, the user's subordinate range
+        self._uid_source: UidAllocator | subids.SubUidAllocator | None = (
+            None if self.rootless else UidAllocator(uid_base)
+        )
         self._sandboxes: set[BwrapSandbox] = set()  # open ones (their holders: `_shutdown`)
         self._want_spawner = spawner
         self._spawner = False  # decided at `start`
@@ -195,8 +212,10 @@ class BwrapBackend(CgroupBackend):
         self._unshare: str | None = None  # v1: makes the holder's cgroup namespace
 
     def _start(self) -> None:
+        if self.rootless and self._uid_source is None:
+            self._uid_source = subids.SubUidAllocator(subids.subids())
         super()._start()  # the probe: a trial sandbox; the support folder
-        if self._drop_python is None:
+        if self._drop_python is None and not self.rootless:
             self._drop_python = weakref.finalize(self, remove_folder, str(self._python_folder))
             self._python_view = views.install_python(
                 self._python_folder, self.support, INSIDE_SUPPORT
@@ -208,12 +227,31 @@ class BwrapBackend(CgroupBackend):
         self._python = sys.executable if self._python_view is None else self._python_view[0]
         self._system = _system_binds(())
         self._bwrap = shutil.which("bwrap") or "bwrap"
-        self._unshare = shutil.which("unshare") if self.h.version == 1 else None
+        v1 = self.h.version == 1 and not self.rootless  # (rootless: bwrap makes it)
+        self._unshare = shutil.which("unshare") if v1 else None
         self._spawner = self._want_spawner  # its Python (where it is not native) is there
+        if self.rootless:
+            self.guarantees_lost = rl.LOST
+            self._say_rootless()
+
+    def _say_rootless(self) -> None:
+        """What the rootless sandbox runs as and under, and what it lacks beside root's."""
+        source = self._uid_source
+        assert isinstance(source, subids.SubUidAllocator)
+        ids = source.ids
+        log.warning(
+            "bwrap without root: environments run as %s's subordinate uids (%d-%d), in user "
+            "namespaces of their own, under the delegated cgroups %s; lost beside root: %s",
+            ids.user,
+            ids.uid + 1,
+            ids.uid + ids.count - 1,
+            self.h.base("cpu").parent,
+            rl.LOST,
+        )
 
     def _install_support(self) -> None:
         """The support folder is a tmpfs of its own (`bwrap.views`)."""
-        if self._drop_support is None:
+        if self._drop_support is None and not self.rootless:  # (a mount: root's)
             try:
                 views.own_support(self.support)
             except OSError as exc:
@@ -221,14 +259,13 @@ class BwrapBackend(CgroupBackend):
         super()._install_support()
 
     def inside_python(self, env: Environment) -> str | None:
-        return None if env.root is not None else self._python  # an image has its own
+        return None if image_root(env) is not None else self._python  # an image has its own
 
-    @staticmethod
-    def _own_view(env: Environment) -> bool:
+    def _own_view(self, env: Environment) -> bool:
         """Give a plain environment's work folder a filesystem of its own (`bwrap.views`);
         whether it did (a disk-bounded one is a layer's overlay already, an image's is the
         image's)."""
-        if env.root is not None or os.path.ismount(env.workdir):
+        if env.root is not None or os.path.ismount(env.workdir) or self.rootless:
             return False
         try:
             views.own_workdir(env.workdir)
@@ -241,24 +278,30 @@ class BwrapBackend(CgroupBackend):
 
     @classmethod
     def probe(cls) -> str | None:
-        return probe_sandbox()
+        return rl.probe() if rl.rootless() else probe_sandbox()
 
     def describe(self) -> str:
         if self._h is None:
             return f"{self.name} (not started)"
         limit = f"{self.pids_max} pids" if self.h.pids else "no pids limit"
-        return f"bwrap (a sandbox per environment; {super().describe()}; {limit})"
+        mode = "; rootless: subordinate uids, delegated cgroups" if self.rootless else ""
+        return f"bwrap (a sandbox per environment; {super().describe()}; {limit}{mode})"
 
     async def _open(self, env: Environment, cores: tuple[int, ...]) -> BwrapSandbox:
+        if env.image is not None:
+            env = await asyncio.to_thread(self._with_image, env)
         sandbox = BwrapSandbox(self, env, self._make_cgroups(env, cores))
         self._workdirs.add(env.workdir)
         try:
             # never an earlier environment's, never another server's (`new_owner`); a fork
             # child's own where layers are idmapped, else its parent's (`Roots.inherited_uid`)
-            sandbox.uid = env.uid if env.uid is not None else self._uid_source.take()
+            sandbox.uid = env.uid if env.uid is not None else self.new_owner()
             sandbox.own_workdir = self._own_view(env)
-            self._make_workdir(env, sandbox.uid)
-            if env.root is not None:
+            if self.rootless:
+                await asyncio.to_thread(sandbox.enter_userns)
+            else:
+                self._make_workdir(env, sandbox.uid)
+            if image_root(env) is not None:
                 toolkit.install(self.support)
             if self._spawner and not self._spawner_installed:
                 self._install_launcher(
@@ -272,6 +315,17 @@ class BwrapBackend(CgroupBackend):
             raise
         self._sandboxes.add(sandbox)
         return sandbox
+
+    def _with_image(self, env: Environment) -> Environment:
+        """(Rootless) `env` with its image's tree as the lower layer of the overlay its sandbox
+        mounts as / (`rootless.overlay_prefix`); the image is the node's store's, by name or
+        digest (`tangram image import`, this user's state folder)."""
+        if not self.rootless:
+            raise ValidationError("env.image", env.image, "the bwrap backend takes it as root")
+        store = ImageStore(f"{default_state_dir()}/images")
+        image = store.resolve(env.image or "", "env.image")  # NotFound naming it
+        rl.make_image_dirs(env.workdir, image.rootfs)
+        return dataclasses.replace(env, lower=image.rootfs)
 
     def _holder_slot(self, e: EnvCgroups, cores: tuple[int, ...]) -> Slot:
         """The holder's slot (never freed: the holder lives in it) and one exec slot made
@@ -287,6 +341,9 @@ class BwrapBackend(CgroupBackend):
     def _ensure_bases(self) -> None:
         fresh = not self._made_bases
         super()._ensure_bases()
+        if fresh and self.rootless:  # (its slots' cgroup.procs are the uids' to write: no
+            for base in self.h.distinct():  # other user may list the folders to find them)
+                base.chmod(0o711)
         if fresh:
             self._filter, native = seccomp.install(self.support)
             self._loader = (
@@ -307,7 +364,38 @@ class BwrapBackend(CgroupBackend):
         script.chmod(0o644)
 
     def new_owner(self) -> int | None:
-        return self._uid_source.take()
+        if self._uid_source is None:  # (rootless, before start: the range is read at start)
+            self._uid_source = subids.SubUidAllocator(subids.subids())
+        try:
+            return self._uid_source.take()
+        except OSError as exc:
+            raise_if_out_of_files(exc)  # a host limit (503)
+            raise
+
+    def sweep(self) -> list[str]:
+        """Rootless, a dead server's work folders hold its environments' files (their uids'):
+        they are swept from a user namespace that maps the whole subordinate range."""
+        if not self.rootless:
+            return super().sweep()
+        self._require_started("sweep")
+        swept = self._sweep()
+        source = self._uid_source
+        assert isinstance(source, subids.SubUidAllocator)
+        try:
+            ns = subids.make_range_userns(source.ids)
+        except BackendUnavailable as exc:
+            return [*swept, f"the work folders of dead servers were not swept ({exc})"]
+        try:
+            parent = str(self.support.parent)
+            return [*swept, *subids.in_userns(ns, sweep_workdirs, parent, here=True)]
+        finally:
+            os.close(ns)
+
+    def _new_slot(self, e: EnvCgroups, name: str) -> Slot:
+        slot = super()._new_slot(e, name)
+        if self.rootless:  # the spawner reopens them as the environment's uid
+            rl.open_to_uid(slot.procs)
+        return slot
 
     async def _shutdown(self) -> None:
         holders = [sb.holder for sb in self._sandboxes if sb.holder is not None]
@@ -335,6 +423,63 @@ class BwrapSandbox(CgroupSandbox):
         super().__init__(backend, env, cgroups)
         self.holder: _Holder | None = None
         self.own_workdir = False
+        self.rootless = backend.rootless  # a user namespace of its own (`rootless`)
+        self._fresh_ns: int | None = None  # (rootless) one made at open, for its first holder
+        self._ns_keys: set[tuple[int, int]] = set()  # (rootless) the namespaces it was reached in
+
+    def enter_userns(self) -> None:
+        """(Rootless) make the environment's user namespace and its work folder, handed to its
+        uid from inside it; raises `BackendUnavailable` naming what was refused."""
+        env = self.env
+        try:
+            ns = self._fresh_ns = self._new_userns()
+            os.makedirs(env.workdir, mode=0o700, exist_ok=True)
+            subids.in_userns(ns, rl.make_workdir, env.workdir, self.uid)
+        except OSError as exc:
+            raise_if_out_of_files(exc)  # a host limit (503)
+            raise BackendUnavailable(
+                f"cannot hand the work directory {env.workdir} of environment {env.id} to "
+                f"uid {self.uid} in its user namespace ({exc})"
+            ) from exc
+
+    def _new_userns(self) -> int:
+        source = self.backend._uid_source
+        assert self.uid is not None and isinstance(source, subids.SubUidAllocator)
+        return subids.make_userns(self.uid, source.gid_of(self.uid))
+
+    def _user_ns(self) -> int:
+        """(Rootless) a descriptor of the environment's user namespace, the caller's to close:
+        its holder's, or a new one mapped alike where the holder is gone (the same uid: the
+        same authority over its files). The server keeps none between calls (but one while
+        the environment closes: `_close`)."""
+        if self._fresh_ns is not None:
+            return os.dup(self._fresh_ns)
+        holder = self.holder
+        dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
+        if dirfd is not None:
+            try:
+                return os.open("ns/user", os.O_RDONLY | os.O_CLOEXEC, dir_fd=dirfd)
+            except OSError:
+                pass
+            finally:
+                os.close(dirfd)
+        return self._new_userns()
+
+    @property
+    def launch_cwd(self) -> str:
+        return "/" if self.rootless else self.env.workdir  # (nsenter sets its own)
+
+    def owner_call(self, fn: Callable[..., Any], *args: Any, here: bool = False) -> Any:
+        """(`here`: `args` hold this process's descriptors: `subids.in_userns`.)"""
+        if not self.rootless:
+            return fn(*args)
+        ns = self._user_ns()
+        try:
+            st = os.fstat(ns)
+            self._ns_keys.add((st.st_dev, st.st_ino))  # (its helper's worker: ended at close)
+            return subids.in_userns(ns, fn, *args, here=here)
+        finally:
+            os.close(ns)
 
     # -- the holder ----------------------------------------------------------------------------
     async def start_holder(self, slot: Slot) -> None:
@@ -355,7 +500,7 @@ class BwrapSandbox(CgroupSandbox):
             if ours is not None:
                 ours.close()
             raise
-        holder.spawner = fast.Spawner(ours) if ours is not None else None
+        holder.spawner = fast.Spawner(ours, self.backend.rootless) if ours is not None else None
         holder.own = frozenset(fs.pids(slot.folders["cpu"]))
         self.holder = holder
 
@@ -369,7 +514,7 @@ class BwrapSandbox(CgroupSandbox):
             fds += [info_w]
             filter_fd = hold.data_fd(b._filter.read_bytes())
             fds.append(filter_fd)
-            if b._spawner and env.root is None and _descriptors_to_spare():
+            if b._spawner and image_root(env) is None and _descriptors_to_spare():
                 # (it needs the server's Python inside, and holds one descriptor here)
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 assert self.uid is not None
@@ -377,6 +522,11 @@ class BwrapSandbox(CgroupSandbox):
             else:
                 payload, caps = tuple(_idle(env)), IDLE_CAPS
             unshare = b._unshare  # v1: rooted at the environment's cgroup
+            ns = None
+            if self.rootless:  # (the one made at open, then a new one per restart)
+                ns, self._fresh_ns = self._fresh_ns or self._new_userns(), None
+            if ns is not None:  # rootless: bwrap as its user namespace's root
+                fds.append(ns)
             sandbox = sandbox_args(
                 env, caps, info_w, filter_fd, b._system, b._extra, b.support, bool(unshare)
             )
@@ -384,6 +534,10 @@ class BwrapSandbox(CgroupSandbox):
             fds.append(args)
             passed = (*fds, *(() if theirs is None else (theirs.fileno(),)))
             bwrap = (b._bwrap, "--args", str(args), "--", *payload)
+            if env.lower is not None:  # (rootless) the image's overlay, mounted inside
+                bwrap = (*rl.overlay_prefix(env.lower, env.workdir), *bwrap)
+            if ns is not None:
+                bwrap = (*rl.holder_prefix(ns), *bwrap)
             argv = (
                 joined(slot.join, bwrap)
                 if unshare is None
@@ -502,7 +656,7 @@ class BwrapSandbox(CgroupSandbox):
         assert self.uid is not None
         drop = _drop_to(self.uid)
         loader = b._loader
-        if env.root is not None:  # the image has none of the host's programs: the copies
+        if image_root(env) is not None:  # the image has none of the host's programs: the copies
             drop = [*toolkit.run(INSIDE_SUPPORT, "setpriv"), *drop[1:]]
             loader = image_loader(env, b._loader)
         loader = (*loader, f"{INSIDE_SUPPORT}/{seccomp.FILTER_NAME}", str(cap))
@@ -519,7 +673,7 @@ class BwrapSandbox(CgroupSandbox):
         else:
             enter = (
                 "nsenter",
-                *hold.nsenter_args(dirfd, NAMESPACES),
+                *hold.nsenter_args(dirfd, rl.NAMESPACES if b.rootless else NAMESPACES),
                 f"--wdns={INSIDE_WORK}",
                 "--",
             )
@@ -542,7 +696,7 @@ class BwrapSandbox(CgroupSandbox):
         dirfd = None if holder is None else hold.open_holder(holder.pid, holder.started)
         if dirfd is None:
             raise EnvironmentBroken(f"environment {self.env.id} is broken: its sandbox is gone")
-        if self.env.root is not None:  # the image has no programs of the host's: the copies
+        if image_root(self.env) is not None:  # the image has no programs of the host's: the copies
             argv = [*toolkit.run(INSIDE_SUPPORT, argv[0]), *argv[1:]]
         try:
             entered = self._entered(join, argv, dirfd, cap)
@@ -569,6 +723,8 @@ class BwrapSandbox(CgroupSandbox):
             b._session_host_installed = True
         await self._heal_holder()
         session = ShellSession(name, host_key(name), None, self._root_fd)
+        if self.rootless:  # (its argument is a descriptor of this process's)
+            session.owner_call = functools.partial(self.owner_call, here=True)
         # on the loop, as an exec's: two threads would name the same new slot
         session.slot = slot = b._slot(self.cgroups)
         try:
@@ -581,12 +737,13 @@ class BwrapSandbox(CgroupSandbox):
         return session
 
     def kernel_driver(self) -> str | None:
-        return None if self.env.root is not None else f"{INSIDE_SUPPORT}/{KERNEL_NAME}"
+        return None if image_root(self.env) is not None else f"{INSIDE_SUPPORT}/{KERNEL_NAME}"
 
     def _session_python(self) -> str | None:
-        if self.env.root is None:
+        root = image_root(self.env)
+        if root is None:
             return self.backend._python
-        found = os.path.join(self.env.root, "usr/bin/python3")
+        found = os.path.join(root, "usr/bin/python3")
         return "/usr/bin/python3" if os.path.lexists(found) else None
 
     async def _launch_host(self, slot: Slot, python: str, key: str, cores: tuple[int, ...]) -> None:
@@ -607,7 +764,7 @@ class BwrapSandbox(CgroupSandbox):
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
-                cwd=self.env.workdir,
+                cwd=self.launch_cwd,
                 env=self.environ(spec),
                 start_new_session=True,
             )
@@ -645,7 +802,15 @@ class BwrapSandbox(CgroupSandbox):
     async def reset(self) -> str | None:
         if self.holder is None:
             return "its sandbox is not running"
-        return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
+        if not self.rootless:
+            return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups)
+        ns = self._user_ns()
+        try:
+            st = os.fstat(ns)
+            self._ns_keys.add((st.st_dev, st.st_ino))
+            return await bwrap_reset.reset_env(self.env, self.holder, self.cgroups, ns)
+        finally:
+            os.close(ns)
 
     async def suspend(self) -> None:
         if self.holder is not None:
@@ -661,9 +826,20 @@ class BwrapSandbox(CgroupSandbox):
         if self.own_workdir:
             self.own_workdir = False
             views.drop_workdir(self.env.workdir)  # (then its files, below the mount point, go)
+        if self.rootless and self.uid is not None:  # its uid's files: from its namespace
+            try:
+                await asyncio.to_thread(self.owner_call, rl.remove_workdir, self.env.workdir)
+                if self.env.lower is not None:  # its overlay's layers (its uid's files)
+                    top = rl.image_dirs(self.env.workdir)["top"]
+                    await asyncio.to_thread(self.owner_call, rl.remove_workdir, top)
+            except (OSError, BackendUnavailable) as exc:
+                return [f"{self.env.workdir}: {exc}"]
         return await super()._remove_workdir()
 
     async def _close(self) -> None:
+        if self.rootless and self._fresh_ns is None and self.uid is not None:
+            with contextlib.suppress(OSError, BackendUnavailable):  # (its files' removal)
+                self._fresh_ns = self._user_ns()
         holder, self.holder = self.holder, None
         self.backend._sandboxes.discard(self)
         try:
@@ -671,3 +847,15 @@ class BwrapSandbox(CgroupSandbox):
         finally:
             if holder is not None:
                 await asyncio.to_thread(holder.release)
+            self._release_userns()
+
+    def _release_userns(self) -> None:
+        """(Rootless) give back the user namespace and the uid (its files are gone)."""
+        source = self.backend._uid_source
+        hold.close_quietly(self._fresh_ns)
+        self._fresh_ns = None
+        for key in self._ns_keys:
+            subids.HELPER.drop(key)
+        self._ns_keys.clear()
+        if isinstance(source, subids.SubUidAllocator) and self.uid is not None:
+            source.release(self.uid)

@@ -17,6 +17,7 @@ import os
 from managers.cpu.backends.limits import raise_if_out_of_files
 
 NSENTER_FLAG = {
+    "user": "--user",
     "mnt": "--mount",
     "pid": "--pid",
     "net": "--net",

@@ -144,9 +144,15 @@ def _descriptors_to_spare() -> bool:
         return False
 
 
+def image_root(env: Environment) -> str | None:
+    """The image tree that is the sandbox's root (its merged layers as root; rootless, its
+    lower layer: the overlay is mounted inside), None for the host's system files."""
+    return env.root if env.root is not None else env.lower
+
+
 def _idle(env: Environment) -> list[str]:
     """The holder's payload: say ready, then sleep (with the host's programs in an image)."""
-    if env.root is None:
+    if image_root(env) is None:
         return ["sh", "-c", HOLDER_SCRIPT]
     return [
         *toolkit.run(INSIDE_SUPPORT, "sh"),

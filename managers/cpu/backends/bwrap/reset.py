@@ -49,6 +49,7 @@ from managers.cpu.backends.cgroup import fs
 from managers.cpu.backends.cgroup.backend import EnvCgroups
 from managers.cpu.environments import Environment
 from managers.cpu.removal import remove_tree
+from managers.cpu.subids import in_userns
 
 CLONE_NEWIPC = 0x08000000
 IPC_RMID = 0
@@ -72,11 +73,20 @@ SLOW = "slow"  # what `quick_reset` answers when the reset thread must do it
 QUICK_ENTRIES = 16  # a folder with at most this many entries, none a folder, is emptied inline
 
 
-async def reset_env(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
+async def reset_env(
+    env: Environment, holder: _Holder, e: EnvCgroups, userns: int | None = None
+) -> str | None:
     """Reset `env`'s sandbox: on the loop when what the request left is small and simple
     (`quick_reset`: the common case, ~20 system calls), else in the reset thread (`reset`):
     a thread hop and the lock the two threads then pass back and forth cost more CPU than
-    such a reset itself (measured: ~0.8 ms per `/run_code` request on 2 cores)."""
+    such a reset itself (measured: ~0.8 ms per `/run_code` request on 2 cores). Rootless
+    (`userns`, the environment's user namespace): all of it in a child that joined it, which
+    alone may reach the files of the environment's uid and join its IPC namespace."""
+    if userns is not None:
+        why = _unusable(env, holder)  # (here: the child is not the holder's parent)
+        if why is not None:
+            return why
+        return await asyncio.to_thread(_reset_rootless, env, holder, e, userns)
     why = quick_reset(env, holder, e)
     if why is SLOW:
         return await asyncio.get_running_loop().run_in_executor(_RESETS, reset, env, holder, e)
@@ -86,7 +96,7 @@ async def reset_env(env: Environment, holder: _Holder, e: EnvCgroups) -> str | N
 def _unusable(env: Environment, holder: _Holder) -> str | None:
     if holder.spawner is None or not holder.healthy():
         return "its sandbox is not running"
-    if env.root is not None or env.network:
+    if env.root is not None or env.lower is not None or env.network:
         return "it has an image root or the host's network"
     return None
 
@@ -166,8 +176,10 @@ def reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     """Reset `env`'s sandbox (blocking, in the reset thread: `reset_env`); None when done,
     else why not."""
     why = _unusable(env, holder)
-    if why is not None:
-        return why
+    return why if why is not None else _reset_usable(env, holder, e)
+
+
+def _reset_usable(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
     why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
     if why is not None:
         return why
@@ -185,6 +197,40 @@ def reset(env: Environment, holder: _Holder, e: EnvCgroups) -> str | None:
         return _clear_ipc(dirfd, holder)
     finally:
         os.close(dirfd)
+
+
+def _reset_rootless(env: Environment, holder: _Holder, e: EnvCgroups, userns: int) -> str | None:
+    """A rootless reset: the leftover processes killed here (the server may signal the
+    environment's uid: it owns its user namespace), the files and IPC objects wiped by a
+    helper that joined that namespace (`wipe_owned`)."""
+    why = None if fs.alone(e.folders.get("pids"), holder.own) else _kill_leftovers(e, holder)
+    if why is not None:
+        return why
+    return in_userns(userns, wipe_owned, env, holder.pid, holder.started)
+
+
+def wipe_owned(env: Environment, pid: int, started: int) -> str | None:
+    """(In the environment's user namespace: `subids.in_userns`) empty the folders a reset
+    empties and remove its System V IPC objects, joining its IPC namespace: the process is
+    the namespace's helper, which serves this environment only."""
+    dirfd = hold.open_holder(pid, started)
+    if dirfd is None:
+        return "its sandbox's init is gone"
+    try:
+        mounts = _mount_points(dirfd)
+        left = [p for f, inside, m in _wiped(env, dirfd, mounts) for p in _empty(f, inside, m)]
+        if left:
+            return f"could not remove {'; '.join(left[:3])}"
+        _HERE.resets = True
+        return _clear_ipc(dirfd, _NoListings())
+    finally:
+        os.close(dirfd)
+
+
+class _NoListings:
+    """(A holder's stand-in for `_clear_ipc` in a helper: it keeps no listings.)"""
+
+    ipc_lists = ()
 
 
 def _kill_leftovers(e: EnvCgroups, holder: _Holder) -> str | None:

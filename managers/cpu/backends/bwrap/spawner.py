@@ -75,8 +75,11 @@ def request_bytes(argv: Sequence[str], env: Mapping[str, str]) -> bytes:
 class Spawner:
     """The server's end of one sandbox's spawner socket. Runs on the event loop's thread."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, reopen: bool = False) -> None:
+        """`reopen`: pass the cgroup.procs files as O_PATH descriptors, which the spawner
+        reopens as the environment's uid (rootless: cgroup v1 checks the opener's uid)."""
         self.sock = sock
+        self._procs_flags = os.O_PATH if reopen else os.O_WRONLY
         self.sock.setblocking(False)
         self._ids = itertools.count()
         # id -> (started, ended): the command runs; its exit code
@@ -197,7 +200,7 @@ class Spawner:
             passed.insert(0, memfd)
             os.write(memfd, request_bytes(argv, env))
             for procs in (*cgroups, *home):
-                passed.append(os.open(procs, os.O_WRONLY | os.O_CLOEXEC))
+                passed.append(os.open(procs, self._procs_flags | os.O_CLOEXEC))
             self._pending[cid] = futs
             self.sock.sendmsg(
                 [f"run {cid} {len(cgroups)}".encode()],

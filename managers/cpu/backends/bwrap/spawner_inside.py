@@ -33,6 +33,7 @@ import _ctypes  # the C modules only: no enum, no re, no ctypes (start-up is pai
 import _signal as signal
 import _socket as socket
 import array
+import errno
 import os
 import select
 import sys
@@ -68,7 +69,16 @@ def resolve(name: str, path: str) -> str:
 
 def move(fds) -> None:
     for fd in fds:
-        os.write(fd, b"0")
+        try:
+            os.write(fd, b"0")
+        except OSError as exc:  # an O_PATH descriptor (rootless): reopened as this uid
+            if exc.errno != errno.EBADF:
+                raise
+            again = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(again, b"0")
+            finally:
+                os.close(again)
 
 
 def parse(raw: bytes) -> tuple[list[str], dict[str, str]]:

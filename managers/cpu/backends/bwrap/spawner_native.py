@@ -93,8 +93,21 @@ static int resolve(const char *name, char **envp, char *out, size_t size) {
     return -1;
 }
 
+/* An O_PATH descriptor (rootless) is reopened as this uid: cgroup v1 checks the opener's. */
 static void move(int *fds, int n) {
-    for (int i = 0; i < n; i++) while (write(fds[i], "0", 1) < 0 && errno == EINTR) {}
+    for (int i = 0; i < n; i++) {
+        ssize_t w;
+        while ((w = write(fds[i], "0", 1)) < 0 && errno == EINTR) {}
+        if (w < 0 && errno == EBADF) {
+            char path[64];
+            snprintf(path, sizeof path, "/proc/self/fd/%d", fds[i]);
+            int again = open(path, O_WRONLY | O_CLOEXEC);
+            if (again >= 0) {
+                while (write(again, "0", 1) < 0 && errno == EINTR) {}
+                close(again);
+            }
+        }
+    }
 }
 
 /* Start the request's command in the slot; returns its pid, -1 with errno set, or -2 when it

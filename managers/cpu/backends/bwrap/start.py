@@ -19,7 +19,9 @@ from managers.cpu.backends.bwrap.layout import (
     ISOLATE,
     _drop_to,
     _system_binds,
+    image_root,
 )
+from managers.cpu.backends.bwrap.rootless import image_dirs
 from managers.cpu.backends.cgroup.backend import CgroupBackend
 from managers.cpu.environments import Environment
 from managers.cpu.grant import SAFE_PATH
@@ -123,9 +125,17 @@ def sandbox_args(
 def sandbox_mounts(
     env: Environment, system: list[str], extra: list[str], support: Path
 ) -> list[str]:
-    """What an environment's sandbox sees (its holder's, and each device sandbox's)."""
+    """What an environment's sandbox sees (its holder's, and each device sandbox's). Rootless
+    with an image, the overlay is mounted before bwrap starts (`rootless.overlay_prefix`) at
+    the folder `rootless.image_dirs` names, in a mount namespace of the sandbox's own."""
+    if env.root is not None:
+        root = ["--bind", env.root, "/"]
+    elif env.lower is not None:
+        root = ["--bind", image_dirs(env.workdir)["merged"], "/"]
+    else:
+        root = system
     return [
-        *(system if env.root is None else ["--bind", env.root, "/"]),
+        *root,
         "--proc",
         "/proc",
         "--dev",
@@ -135,7 +145,7 @@ def sandbox_mounts(
         "--tmpfs",
         "/dev/shm",  # private, charged to the env
         # an image's /tmp is its own layer's (bounded by its disk)
-        *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),
+        *(["--perms", "1777", "--tmpfs", "/tmp"] if env.root is None else []),  # (rootless: own)
         "--bind",
         env.workdir,
         INSIDE_WORK,
@@ -146,7 +156,7 @@ def sandbox_mounts(
         "--ro-bind",
         str(support),
         INSIDE_SUPPORT,
-        *(extra if env.root is None else []),
+        *(extra if image_root(env) is None else []),
     ]
 
 

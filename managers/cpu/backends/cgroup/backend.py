@@ -341,7 +341,7 @@ class CgroupSandbox(Sandbox):
         leaf = slot.folders["cpu"]
         return await run_local(
             self._launch(slot.join, spec, fds),
-            cwd=self.env.workdir,
+            cwd=self.launch_cwd,
             env=self.environ(spec),
             timeout=spec.timeout,
             output_cap=spec.output_cap,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import time
@@ -159,11 +160,6 @@ def _v2_available(v2: Path) -> set[str]:
 def detect(tag: str, parent: str | None = None) -> Hierarchy:
     """The hierarchy to use (`version`); raises `BackendUnavailable` with the fix when there is
     none usable. Reads only: nothing is created until the backend makes its bases."""
-    if os.geteuid() != 0:
-        raise BackendUnavailable(
-            f"the cgroup backend needs root to create cgroups (running as "
-            f"uid {os.geteuid()}): run as root, {FIX}"
-        )
     try:
         v1, v2 = _mounts()
         own = _own_paths()
@@ -172,6 +168,8 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
             f"cannot read the cgroup mounts ({exc}): mount /sys/fs/cgroup and /proc, {FIX}"
         ) from exc
     parent = parent or os.environ.get("TANGRAM_CGROUP_PARENT") or None
+    if os.geteuid() != 0:
+        return delegated(tag, parent, v1, v2, own)
     if _version(v1, v2) == 2:
         assert v2 is not None
         root = Path(parent) if parent else v2
@@ -189,6 +187,68 @@ def detect(tag: str, parent: str | None = None) -> Hierarchy:
         below = Path(parent) if parent else v1[c] / own.get(c, "/").lstrip("/")
         bases[c] = below / base_name(tag)
     return Hierarchy(1, bases)
+
+
+def delegated(
+    tag: str, parent: str | None, v1: dict[str, Path], v2: Path | None, own: dict[str, str]
+) -> Hierarchy:
+    """Without root: the cgroup subtree delegated to this user (`delegation`), with Tangram's
+    tree in it; raises `BackendUnavailable` saying where it looked and why each place failed."""
+    found, why = delegation(parent, v1, v2, own)
+    if found is None:
+        raise BackendUnavailable(
+            f"the cgroup backend needs root or a cgroup subtree delegated to this user (uid "
+            f"{os.geteuid()}), and none is: {why}; without one there is no per-exec cpuset "
+            f"and quota and no memory or pids limit (an administrator delegates one: "
+            f"docs/rootless.md), {FIX}"
+        )
+    return Hierarchy(found.version, {c: p / base_name(tag) for c, p in found.bases.items()})
+
+
+def delegation(
+    parent: str | None, v1: dict[str, Path], v2: Path | None, own: dict[str, str]
+) -> tuple[Hierarchy | None, str]:
+    """The writable cgroup folders this user may build under, per controller (the bases of
+    the returned `Hierarchy` are those folders themselves), or None and why not. v2: `parent`,
+    else this process's own cgroup (systemd's `Delegate=yes`); v1, per controller: `parent`
+    below the controller's mount, this process's own cgroup there (a batch system's job
+    cgroup), `tangram-user-<name>` (`.ci/rootless.sh`)."""
+    if _version(v1, v2) == 2:
+        assert v2 is not None
+        mine = v2 / own.get("unified", "/").lstrip("/")
+        tries = [Path(parent)] if parent else [mine, v2 / user_folder()]
+        ok = [p for p in tries if os.access(p, os.W_OK) and os.access(p / "cgroup.procs", os.W_OK)]
+        if not ok:
+            return None, f"cgroup v2: none of {', '.join(map(str, tries))} is writable by this user"
+        names = [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in _v2_available(v2) else [])]
+        return Hierarchy(2, {c: ok[0] for c in names}), f"cgroup v2: {ok[0]}"
+    bases: dict[str, Path] = {}
+    tried: list[str] = []
+    for c in [*CONTROLLERS, *([OPTIONAL] if OPTIONAL in v1 else [])]:
+        if c not in v1:
+            tried.append(f"{c}: not mounted")
+            continue
+        candidates = [v1[c] / own.get(c, "/").lstrip("/"), v1[c] / user_folder()]
+        if parent:
+            candidates.insert(0, v1[c] / parent.lstrip("/"))
+        ok = [p for p in candidates if os.access(p, os.W_OK | os.X_OK)]
+        if ok:
+            bases[c] = ok[0]
+        else:
+            tried.append(f"{c}: none of {', '.join(map(str, candidates))} is writable")
+    missing = [c for c in CONTROLLERS if c not in bases]
+    if missing:
+        return None, "cgroup v1: " + "; ".join(tried)
+    return Hierarchy(1, bases), "cgroup v1: " + ", ".join(f"{c} {p}" for c, p in bases.items())
+
+
+def user_folder() -> str:
+    """The v1 folder an administrator delegates to a user (`.ci/rootless.sh`)."""
+    try:
+        name = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        name = str(os.geteuid())
+    return f"tangram-user-{name}"
 
 
 def base_name(tag: str) -> str:
