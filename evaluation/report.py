@@ -76,7 +76,11 @@ ENTRIES: tuple[Entry, ...] = (
         "Exec overhead per CPU backend",
         ("bench", "exec"),
         35,
-        readme=(r"^raw subprocess", r"^bwrap action, same grant"),
+        readme=(
+            r"^raw subprocess",
+            r"^bwrap action, same grant",
+            r"^bwrap rootless action, same grant",
+        ),
     ),
     Entry(
         "runtime", "The runtime's throughput, in process and over HTTP", ("bench", "runtime"), 40
