@@ -45,12 +45,11 @@ from pathlib import Path
 from rich.console import Console
 
 from evaluation.benches.heuristic import plain_numpy_dp, reference_tasks
-from evaluation.benches.scale_report import document, done_line, plot, table
+from evaluation.benches.scale_report import document, done_line, plot, summary_line, table
 from evaluation.benches.scale_run import (
     BUILT,
     BUILT_S,
     FULL,
-    GOAL_SHARE,
     LABELS,
     QUICK,
     RunFigures,
@@ -194,13 +193,9 @@ def main(argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
     else:
         Console(width=200).print(table(figs, ref_ms))
-        for f in figs:
-            if f.shard_shares and f.batch == max(sizes):
-                print(
-                    f"{f.workload} {f.policy} at batch {f.batch:,}: busiest shard "
-                    f"{f.busiest:.4f} of a core (goal <= {GOAL_SHARE}): "
-                    f"{'met' if f.busiest <= GOAL_SHARE else 'NOT met'}; {f.layout}"
-                )
+        for row in doc["layouts"]:
+            if row["batch"] == max(sizes) and "sharded_total_over_one_process" in row:
+                print(summary_line(row))
     if ns.out:
         ns.out.mkdir(parents=True, exist_ok=True)
         (ns.out / "scale.json").write_text(json.dumps(doc, indent=2))
