@@ -160,23 +160,14 @@ def scheduler(argv: list[str]) -> int:
     times = sorted(_timeit(lambda: alloc.allocate(view, queue, 0.0), ns.reps))
     med, p99 = statistics.median(times), times[int(0.99 * (len(times) - 1))]
 
-    # -- issue 16: backfill beside heuristic, same view, same run --------------------------
     bf = get_allocator("backfill", depth=2)
     bf_times = sorted(_timeit(lambda: bf.allocate(view, queue, 0.0), ns.reps))
     bf_med = statistics.median(bf_times)
-    # -- end issue 16 ------------------------------------------------------------------------
 
     ref = statistics.median(
         _timeit(lambda: plain_numpy_dp(reference_tasks(random.Random(1)), 256), 50)
     )
-    inst = open_instance(ns.actions, 256, seed=0)
-    gc.collect()
-    gc.freeze()  # what lives before the run is not walked by the collector during it
-    t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(inst, get_allocator("heuristic"))
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    del res.records  # 100,000 records: the queue runs below do not collect around them
-    gc.unfreeze()
+    cpu, wall, decisions = _simulator_run(ns.actions)
     one, two = _queue_rates(ns.queue)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _report(
@@ -191,18 +182,18 @@ def scheduler(argv: list[str]) -> int:
                 "  backfill: median decision",
                 f"{bf_med * 1e3:.3f} ms ({bf_med / med:.2f}x)",
                 "<= 1.5x heuristic",
-            ),  # issue 16
+            ),
             (f"simulator, {ns.actions:,} actions on 256 units", "", ""),
             (
                 "  throughput",
                 f"{ns.actions / cpu:,.0f} actions/CPU s ({ns.actions / wall:,.0f} a wall s)",
                 ">= 50,000 actions/s",
             ),
-            ("  CPU s / decisions", f"{cpu:.1f} s / {res.counters['decisions']:,.0f}", ""),
+            ("  CPU s / decisions", f"{cpu:.1f} s / {decisions:,.0f}", ""),
             (
                 "  per decision",
-                f"{cpu / max(res.counters['decisions'], 1) * 1e3:.3f} ms CPU "
-                f"({cpu / max(res.counters['decisions'], 1) / ref:.2f}x reference)",
+                f"{cpu / max(decisions, 1) * 1e3:.3f} ms CPU "
+                f"({cpu / max(decisions, 1) / ref:.2f}x reference)",
                 "",
             ),
             ("  peak RSS of this process", f"{rss:,.0f} MB", "< 1 GB"),
@@ -251,6 +242,22 @@ def _closed_loop_rows(ref: float) -> list[tuple[str, str, str]]:
         ),
         ("  grants identical", str(same), "True"),
     ]
+
+
+def _simulator_run(actions: int) -> tuple[float, float, int]:
+    """The open-loop simulator over `actions` actions on 256 units: (CPU s, wall s, decisions).
+    What lives before the run is frozen out of the collector's passes, and the run's records
+    are dropped after it, so the queue runs that follow do not walk them."""
+    inst = open_instance(actions, 256, seed=0)
+    gc.collect()
+    gc.freeze()
+    t0, c0 = time.perf_counter(), time.process_time()
+    res = simulate(inst, get_allocator("heuristic"))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    decisions = int(res.counters["decisions"])
+    del res
+    gc.unfreeze()
+    return cpu, wall, decisions
 
 
 def _queue_rates(n: int, reps: int = 3) -> tuple[float, float]:

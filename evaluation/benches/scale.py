@@ -144,7 +144,7 @@ def _parser() -> argparse.ArgumentParser:
         help="default: coding (and mixed with --quick)",
     )
     p.add_argument("--configs", nargs="*", default=list(LABELS), choices=LABELS)
-    p.add_argument("--nodes-per-shard", type=int, help="default 4 (1 with --quick)")
+    p.add_argument("--nodes-per-shard", type=int, help="default 16 (1 with --quick)")
     p.add_argument(
         "--warmup",
         type=float,
@@ -169,7 +169,7 @@ def main(argv: list[str]) -> int:
     p = _parser()
     ns = p.parse_args(argv)
     if ns.nodes_per_shard is None:
-        ns.nodes_per_shard = 1 if ns.quick else 4
+        ns.nodes_per_shard = 1 if ns.quick else 16
     if ns.nodes_per_shard < 1 or ns.slices < 1 or ns.jobs < 1:
         p.error("--nodes-per-shard, --slices and --jobs must be >= 1")
     sizes = ns.sizes or (QUICK if ns.quick else FULL)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import os
 import resource
 import time
@@ -254,6 +255,12 @@ class _Probe:
         if now < self.bounds[len(self.marks)]:
             return
         self.mark(now)
+        if not sched.measuring:
+            # the collector's passes walk the simulator's heap (its records, the workload) and
+            # land in whichever call allocates at that moment: off in the run process over the
+            # window, for every configuration alike (a shard process keeps its own collector)
+            gc.freeze()
+            gc.disable()
         sched.measuring = True
         if len(self.marks) == len(self.bounds):
             raise WindowDone

@@ -98,6 +98,12 @@ class ShardedScheduler:
         self.bindings = self._global.bindings  # one binding table: the router's
         self.max_queue = max_queue
         self.max_restarts = max_restarts
+        self._init_state(shards, batched, log_stream)
+        self._shards: list[ShardHandle] = []
+        if start:
+            self.start_shards()
+
+    def _init_state(self, shards: int, batched: bool, log_stream: bool) -> None:
         self.decisions = 0
         self.messages = 0  # sent to node shards (each answered once)
         self.restarts = [0] * shards
@@ -119,9 +125,6 @@ class ShardedScheduler:
         self._batch = OpenBatch(shards)
         self.last_instant: int | None = None  # the id of the last decision's instant (batched)
         self.wire_s: dict[str, float] | None = None  # action -> its grant's round trip (wall s)
-        self._shards: list[ShardHandle] = []
-        if start:
-            self.start_shards()
 
     # -- processes --------------------------------------------------------------------------------
     def start_shards(self) -> None:
@@ -466,30 +469,39 @@ class ShardedScheduler:
             ops, self._out[i] = self._out[i].split()
             self._send_batch(i, common, ops)
         t0 = time.perf_counter()
-        per: list[list[Assignment]] = [[] for _ in b.instants]
+        per: dict[int, list[Assignment]] = {}  # instant -> the node shards' grants there
+        wire = self.wire_s
         for i in asked:
-            for k, grants in self._receive_batch(i, common):
+            results = self._receive_batch(i, common)
+            dt = time.perf_counter() - t0
+            for k, grants in results:
                 got = self._take(i, grants, b.instants[k])
-                per[k].extend(got)
-                if self.wire_s is not None:
-                    dt = time.perf_counter() - t0
-                    self.wire_s.update((a.action.id, dt) for a in got)
+                if k in per:
+                    per[k] += got
+                else:
+                    per[k] = got
+                if wire is not None:
+                    for a in got:
+                        wire[a.action.id] = dt
         self._close_batch(per)
 
-    def _close_batch(self, per: list[list[Assignment]]) -> None:
+    def _close_batch(self, per: dict[int, list[Assignment]]) -> None:
         """Log each instant's grants and keep the node shards' for `collect`. An instant at
         which the router counted queued actions that a shard had in truth already started
         in this batch had nothing queued: no decision (as one scheduler makes none)."""
         b = self._batch
         done = 0
+        none: list[Assignment] = []
+        log = self.stream is not None
         for k, now in enumerate(b.instants):
+            got = per.get(k, none)
             if b.queued[k] <= done:
                 self.decisions -= 1
-            else:
-                self._log("granted", now, tuple(b.inline[k]) + tuple(per[k]))
-            if per[k]:
-                b.ready.append((b.first_id + k, now, per[k]))
-            done += len(per[k])
+            elif log:
+                self._log("granted", now, tuple(b.inline[k]) + tuple(got))
+            if got:
+                b.ready.append((b.first_id + k, now, got))
+                done += len(got)
         b.close()
 
     def _send_batch(self, i: int, common: bytes, ticks: list) -> None:
@@ -575,11 +587,12 @@ class ShardedScheduler:
             self._dirty.add(i)
             if learn:
                 self.profiles.record(
-                    a.action, dict(a.units), now - ra.start if run_s is None else run_s, status
+                    a.action, a.units, now - ra.start if run_s is None else run_s, status
                 )
         if learn:
-            self._means.observed(ra.assignment.action.kind)
-            self._batch.changed.add(ra.assignment.action.kind)
+            kind = ra.assignment.action.kind
+            self._means.observed(kind)
+            self._batch.changed.add(kind)
         if self.stream is not None:
             self._log("complete", action_id, now, run_s, status)
         return ra

@@ -11,7 +11,6 @@ import dataclasses
 import io
 import operator
 import pickle
-from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -62,7 +61,7 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
 def _reduce_action(a: Action):
     values = _values(a)
     el = a.elasticity
-    if el is not None and not isinstance(el.efficiency, Mapping):
+    if el is not None and callable(el.efficiency):
         # E(m) as a function (a learned fit's closure) goes as its table over the allowed
         # amounts, the only ones a decision or a completion reads
         table = MappingProxyType({m: el.e(m) for m in a.demands[el.key].amounts})
