@@ -6,8 +6,8 @@ trajectory: batch / 128 nodes of 128 cores; the mixed workload adds GPU nodes an
 proportion), on the virtual clock, in three configurations, each in a fresh process:
 
 - `heuristic/scoped`: one scheduler process (`Scheduler(scoped=True)`);
-- `heuristic/sharded`: `ShardedScheduler`, one worker process per `--nodes-per-shard` nodes and
-  the global shard (GPU, APIs) in the router;
+- `heuristic/sharded`: `ShardedScheduler` (batched), one worker process per `--nodes-per-shard`
+  nodes (default 16) and the global shard (GPU, APIs) in the router;
 - `min`: FCFS at minimum amounts in one process, the cheapest policy, as the same-run reference;
   beside it one plain numpy DP of 64 tasks x 16 amounts x 256 units, timed in the same run.
 
@@ -16,9 +16,13 @@ Only a bounded window is measured: after `--warmup` simulated seconds, `--slices
 the scheduler's CPU seconds per simulated second (one process: this thread's CPU in the
 scheduler's `decide`, `enqueue` and `complete`; sharded: each shard process's own user + system
 CPU from /proc/PID/stat, and the router's CPU in those calls apart). The window's figure is
-its total over its length, the spread the slices' range. End-to-end decision latency: wall
-time from an action's submission to its grant, for actions granted at the virtual instant they
-arrived (both configurations, same run).
+its total over its length, the spread the slices' range. Per layout the JSON names the
+busiest scheduler process (`busiest_process_cpu_per_s`: one process, or the larger of the
+router and the busiest shard), the total (`total_cpu_per_s`) and the latency
+(`submit_to_grant_p50_ms`, `submit_to_grant_p99_ms`); `layouts` sets them side by side with
+the sharded total over the one process's (docs/scale.md, "The JSON"). Latency: wall time
+from an action's submission to its grant (sharded: the round trip of the batch that carried
+it), for actions granted at the virtual instant they arrived.
 
 Worker processes (each run, each shard) die with the bench, however it ends (PR_SET_PDEATHSIG).
 
