@@ -181,6 +181,7 @@ class _Trajectories(Driver):
             engine.push(t.start, START, t.id)
 
     def _open(self, engine: Engine, t: Trajectory, now: float) -> bool:
+        engine.settle()  # the lifecycle reads the pools: every grant made must be in them
         delay = self.life.start(t, now)
         if delay is None:
             return False

@@ -24,6 +24,7 @@ come after it and get a decision of their own, as they do in the runtime.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from abc import ABC, abstractmethod
 from array import array
@@ -58,6 +59,16 @@ def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
     if action.duration is None:
         raise TangramError(f"action {action.id}: the simulator needs a modelled duration")
     return action.duration
+
+
+def shortest_run(action: Action) -> float:
+    """The shortest the action can run, whatever units it is given (its timeout included)."""
+    el = action.elasticity
+    if el is not None:
+        run = min(el.duration(m) for m in action.demands[el.key].amounts)
+    else:
+        run = action.duration if action.duration is not None else 0.0
+    return run if action.timeout is None else min(run, action.timeout)
 
 
 class Driver(ABC):
@@ -128,6 +139,10 @@ class Engine:
         }
         self._cpu_s = array("d")
         self._wakes: set[float] = set()
+        self._decision_no = 0  # the completions an instant's grants push sort by (decision, rank)
+        self._later: dict[int, tuple[float, int, int]] = {}  # deferred instant -> (now, no, rank)
+        self._floor = math.inf  # the shortest run any queued action could have (deferred grants)
+        self._floor_read = False  # whether the queue before the first deferred grant is in it
 
     def push(self, at: float, kind: int, key: Any = None) -> None:
         heapq.heappush(self.events, (at, kind, self._seq, key))
@@ -138,13 +153,53 @@ class Engine:
         runs (`seen` itself when None)."""
         if truth is not None and truth is not seen:
             self._truth[seen.id] = truth
+        if self._floor > 0.0 and getattr(self.scheduler, "defers_grants", False):
+            self._floor = min(self._floor, shortest_run(truth or seen))
         self.scheduler.enqueue(seen)
+
+    def settle(self) -> None:
+        """Start every grant a scheduler that answers later (`defers_grants`) has made so far:
+        a driver calls it before it reads the pools (where an environment opens)."""
+        if getattr(self.scheduler, "defers_grants", False):
+            self._collect(self._driver)
+            self.scheduler.sync_pools()
+
+    def _collect(self, driver: Driver) -> None:
+        for tag, _, grants in self.scheduler.collect():
+            now, no, rank = self._later.pop(tag)
+            for k, a in enumerate(grants, rank):
+                if any(r in self.executors for r in a.units):
+                    raise TangramError(
+                        f"action {a.action.id}: a grant answered later cannot start a "
+                        f"manager's time model ({sorted(set(a.units) & set(self.executors))})"
+                    )
+                self._start(a, now, (no, k))
+                driver.started(self, a, now)
+
+    def _must_collect(self, events: list) -> bool:
+        """Whether the deferred grants must be started before the next event: a grant made at
+        t ends at t plus its run at the earliest, so an event before that cannot depend on it.
+        """
+        since = self.scheduler.outstanding_since()
+        if since is None:
+            return False
+        if not self._floor_read:  # the actions queued before the scheduler deferred
+            self._floor_read = True
+            for a in self.scheduler.queue:
+                self._floor = min(self._floor, shortest_run(self._truth.get(a.id, a)))
+        return not events or events[0][0] >= since + self._floor
 
     def run(self, driver: Driver) -> EngineRun:
         driver.begin(self)
+        self._driver = driver
         events, sched = self.events, self.scheduler
         done = 0
-        while events:
+        while events or getattr(sched, "defers_grants", False):
+            if getattr(sched, "defers_grants", False) and self._must_collect(events):
+                self._collect(driver)
+                continue
+            if not events:
+                break
             now = events[0][0]
             after = AFTER <= events[0][1] < WAKE  # this round: the instant's reactions
             decide = False
@@ -181,10 +236,9 @@ class Engine:
         sched = self.scheduler
         if not sched.queue:  # nothing to decide: no decision (the scheduler agrees)
             return
+        self._decision_no += 1
         if not self.timed:
-            for a in sched.decide(now):
-                self._start(a, now)
-                driver.started(self, a, now)
+            self._started(driver, sched.decide(now), now)
             return
         made = sched.decisions
         t0, c0 = time.perf_counter(), time.thread_time()
@@ -196,11 +250,19 @@ class Engine:
             self.counters["decide_cpu_s"] += c1 - c0
             if self.on_decision is not None:
                 self.on_decision(sched, c1 - c0)
-        for a in decided:
-            self._start(a, now)
-            driver.started(self, a, now)
+        self._started(driver, decided, now)
 
-    def _start(self, a: Assignment, now: float) -> None:
+    def _started(self, driver: Driver, decided: list[Assignment], now: float) -> None:
+        no = self._decision_no
+        for k, a in enumerate(decided):
+            self._start(a, now, (no, k))
+            driver.started(self, a, now)
+        if getattr(self.scheduler, "defers_grants", False):
+            tag = self.scheduler.last_instant
+            if tag is not None and tag not in self._later:  # its shards answer later
+                self._later[tag] = (now, no, len(decided))
+
+    def _start(self, a: Assignment, now: float, order: tuple[int, int]) -> None:
         act = a.action
         truth = self._truth.get(act.id, act)
         run_s = modelled_duration(truth, a.units)
@@ -216,7 +278,8 @@ class Engine:
                 self.counters["restores"] += bool(restored)
         self.counters["overhead_s"] += extra
         self._run[act.id] = (now, run_s, restored, status)
-        self.push(now + run_s + extra, COMPLETION, act.id)
+        # completions at one time sort by the decision that started them, then the grant's rank
+        heapq.heappush(self.events, (now + run_s + extra, COMPLETION, order, act.id))
 
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)

@@ -156,6 +156,10 @@ TESTS: dict[str, list[str]] = {
         "tests/unit/test_shards_config.py",
         "tests/property/test_shards_stateful.py",
     ],
+    "tangram/runtime/shards/batches.py": [
+        "tests/unit/test_shard_batch_stepper.py",
+        "tests/unit/test_shard_batches.py",
+    ],
     "tangram/runtime/shards/router.py": [
         "tests/unit/test_shards.py",
         "tests/unit/test_shards_config.py",

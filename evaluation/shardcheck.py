@@ -1,5 +1,10 @@
 """Sharded grants against an independent one-process run (docs/scale.md, "Shards").
 
+`same_schedule` runs the workload twice, through the shards (batched, as the scale bench
+runs them, or asked at every instant) and through the plain scoped `Scheduler`, and compares
+what each run's simulator recorded for every action (arrival, start, end, units, node, cores):
+nothing the router reports about itself is read.
+
 `compare` runs a workload closed-loop twice with the same policy: once through
 `ShardedScheduler` (the router's grants kept from its stream), once through the plain scoped
 `Scheduler` in this process, which places every action itself (it is fed the workload's
@@ -53,10 +58,11 @@ def run_sharded(
     policy: str,
     shards: int,
     lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
+    batched: bool = False,
 ) -> tuple[LoopResult, list[tuple[float, Keyed]]]:
     """The closed-loop run through the shards; the router's grants of every decision, as
     (time, grants), in order (one per call of the engine's, as the one-process run's)."""
-    make = functools.partial(ShardedScheduler, shards=shards, log_stream=True)
+    make = functools.partial(ShardedScheduler, shards=shards, log_stream=True, batched=batched)
     sim = ClosedLoopSimulator(workload, _policy(policy, make, lifecycle))
     try:
         result = sim.run()
@@ -144,6 +150,7 @@ def compare(
     policy: str,
     shards: int,
     lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
+    batched: bool = False,
 ) -> Comparison:
     """Run `workload` through the shards, then through one scheduler, and compare their grants
     (module docstring). `lifecycle`: `EnvironmentStart` binds each trajectory where its
@@ -151,7 +158,7 @@ def compare(
     action's node is chosen by the router in one run and by the scheduler in the other. The
     state at a difference is the single scheduler's after its decision there (or its next
     one, where it made none at that time)."""
-    _, theirs = run_sharded(workload, policy, shards, lifecycle)
+    _, theirs = run_sharded(workload, policy, shards, lifecycle, batched)
     pools = workload.make_pools()
     core = [r for r, p in pools.items() if isinstance(p, CorePool)]
     nodes = list(dict.fromkeys(n for r in core for n in pools[r].nodes()))
@@ -170,12 +177,68 @@ def compare(
     return out
 
 
+def schedule(result: LoopResult) -> dict[str, tuple]:
+    """What the simulator recorded of each action: arrival, start and end (to the ns), and
+    per resource its units, node and cores (or chunk)."""
+    return {
+        aid: (
+            round(r.arrival, 9),
+            round(r.start, 9),
+            round(r.end, 9),
+            tuple(
+                (res, r.units[res], p.node, tuple(p.cores or ()), p.chunk)
+                for res, p in sorted(r.placement.items())
+            ),
+        )
+        for aid, r in result.records.items()
+    }
+
+
+@dataclass
+class ScheduleDiff:
+    """Two independent runs' schedules: how many actions ran in both, how many the same, and
+    the earliest-starting action that differs (None: none)."""
+
+    actions: int
+    equal: int
+    first: tuple | None
+
+
+def same_schedule(
+    workload: Workload,
+    policy: str,
+    shards: int,
+    lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
+    batched: bool = True,
+) -> ScheduleDiff:
+    """Run `workload` through the shards and, independently, through one scoped scheduler
+    (each its own simulator, fed the same arrivals), and compare the schedules recorded."""
+    sharded, _ = run_sharded(workload, policy, shards, lifecycle, batched)
+    single = ClosedLoopSimulator(workload, _policy(policy, Scheduler, lifecycle)).run()
+    a, b = schedule(sharded), schedule(single)
+    differ = sorted(
+        (min(a.get(k, (0, math.inf))[1], b.get(k, (0, math.inf))[1]), k, a.get(k), b.get(k))
+        for k in a.keys() | b.keys()
+        if a.get(k) != b.get(k)
+    )
+    return ScheduleDiff(
+        len(a.keys() | b.keys()),
+        len(a.keys() | b.keys()) - len(differ),
+        differ[0] if differ else None,
+    )
+
+
 LIFECYCLES = {"open": EnvironmentStart, "first": NoLifecycle}
 
 if __name__ == "__main__":
     name, batch, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     bind = sys.argv[4] if len(sys.argv) > 4 else "open"
     w = get_workload(name, batch=batch, nodes=max(1, batch // 128), cores_per_node=128)
+    d = same_schedule(w, "heuristic", shards, LIFECYCLES[bind], batched=True)
+    print(
+        f"{name} batch {batch}, {shards} shards (batched), bound at {bind}: independent runs, "
+        f"{d.equal:,} of {d.actions:,} actions scheduled the same; first difference: {d.first}"
+    )
     c = compare(w, "heuristic", shards, LIFECYCLES[bind])
     print(
         f"{name} batch {batch}, {shards} shards, bound at {bind}: {c.decisions} decisions, "

@@ -62,7 +62,14 @@ class ShardLayout:
     def route(self, action: Action, node_of: Mapping[tuple[str, str], str]) -> int | None:
         """The shard deciding `action`: its bound node's shard, `GLOBAL` when it needs no
         sharded resource, None when it needs one but its trajectory is not bound yet."""
-        sharded = [r for r in action.mins if r in self.resources]
+        mins = action.mins
+        if len(mins) == 1:  # the common case, in O(1): one resource
+            for r in mins:
+                if r not in self.resources:
+                    return GLOBAL
+                node = node_of.get((action.trajectory, r)) if action.trajectory else None
+                return None if node is None else self.shard_of(node)
+        sharded = [r for r in mins if r in self.resources]
         if not sharded:
             return GLOBAL
         if len(sharded) != len(action.mins):

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from evaluation.benches import scale
 
 ROOT = Path(__file__).parents[2]
@@ -46,6 +48,25 @@ def test_quick_scale_bench_json_on_stdout_and_files(tmp_path, capsys):
     for w in ("coding", "mixed"):
         a, b = runs[(w, "heuristic/scoped")], runs[(w, "heuristic/sharded")]
         assert a["window"] == b["window"] and a["decisions"] == b["decisions"]
+    # every layout's busiest process (the router counted), total and latency, by name
+    for (_, c), r in runs.items():
+        if c.endswith("/sharded"):
+            assert r["router_cpu_per_s"] == r["share"] > 0
+            assert r["busiest_process_cpu_per_s"] == max(r["share"], r["busiest_shard"])
+            assert r["total_cpu_per_s"] == pytest.approx(r["share"] + sum(r["shard_shares"]))
+            assert r["processes"] == 5
+        else:
+            assert r["busiest_process_cpu_per_s"] == r["total_cpu_per_s"] == r["share"]
+            assert r["processes"] == 1 and r["router_cpu_per_s"] is None
+        assert r["submit_to_grant_p50_ms"] <= r["submit_to_grant_p99_ms"]
+    rows = {row["workload"]: row for row in doc["layouts"]}
+    assert set(rows) == {"coding", "mixed"} and doc["goal_total_ratio"] == 1.3
+    for row in rows.values():
+        one, sh = row["heuristic/scoped"], row["heuristic/sharded"]
+        assert row["sharded_total_over_one_process"] == pytest.approx(
+            sh["total_cpu_per_s"] / one["total_cpu_per_s"]
+        )
+        assert row["sharded_busiest_process_met"] == (sh["busiest_process_cpu_per_s"] <= 0.10)
 
 
 def _descendants(pid: int) -> set[int]:

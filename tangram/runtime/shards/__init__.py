@@ -18,6 +18,10 @@ the runtime drive it unchanged. Behind it:
   would place it on (`pending`: most free cores, first in order), and keeps a mirror of every
   core pool (each grant taken, each completion released, so a shard that grants a taken core
   is caught). Messages cross as `wire` pickles.
+- **Batches** (`batches`, `ShardedScheduler(batched=True)`, for the simulator's event loop):
+  the router only notes each instant's work per shard and sends it many instants at a time;
+  the shard replays them, deciding exactly where it would have been asked, with the means of
+  each instant, and the simulator collects the grants before any event they could precede.
 
 Each shard is the scheduler itself over its nodes, deciding on every event that touches them,
 so its liveness and work-conservation rules hold per shard (docs/scale.md says what holds

@@ -4,6 +4,8 @@ shard (the package's docstring, docs/scale.md "Shards")."""
 from __future__ import annotations
 
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Mapping
 
@@ -14,11 +16,12 @@ from tangram.pools import CorePool, Pool
 from tangram.profiles import CENSORED, LEARNED, DurationProfiles
 from tangram.results import Status
 from tangram.runtime.shards.actors import RayShard, ray_is_running
+from tangram.runtime.shards.batches import OpenBatch, Ops
 from tangram.runtime.shards.handles import ProcessShard, ShardHandle
 from tangram.runtime.shards.means import MeansMirror
 from tangram.runtime.shards.pending import place_pending
 from tangram.runtime.shards.views import QueueView, ShardLost
-from tangram.runtime.shards.wire import STATE, TICK, wire_dumps, wire_loads
+from tangram.runtime.shards.wire import BATCH, STATE, TICK, wire_dumps, wire_loads
 from tangram.runtime.shards.worker import Outbox, ShardInit
 from tangram.scheduler import DEFAULT_MAX_QUEUE, PreparedDecision, Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
@@ -65,10 +68,13 @@ class ShardedScheduler:
         log_stream: bool = False,
         backend: str = "auto",
         start: bool = True,
+        batched: bool = False,
     ) -> None:
         """`backend`: where each node shard runs, "process" (forked here), "ray" (a Ray
         actor), or "auto": a Ray actor when this process is connected to Ray. `start=False`:
-        no shard yet (`take_over` fills the router, then calls `start_shards`)."""
+        no shard yet (`take_over` fills the router, then calls `start_shards`). `batched`:
+        the node shards' grants are answered later, by `collect`, many instants in one message
+        per shard (for the simulator's event loop: docs/scale.md "Batches")."""
         if backend == "auto":
             backend = "ray" if ray_is_running() else "process"
         if backend not in BACKENDS:
@@ -92,23 +98,33 @@ class ShardedScheduler:
         self.bindings = self._global.bindings  # one binding table: the router's
         self.max_queue = max_queue
         self.max_restarts = max_restarts
+        self._init_state(shards, batched, log_stream)
+        self._shards: list[ShardHandle] = []
+        if start:
+            self.start_shards()
+
+    def _init_state(self, shards: int, batched: bool, log_stream: bool) -> None:
         self.decisions = 0
+        self.messages = 0  # sent to node shards (each answered once)
         self.restarts = [0] * shards
         self.failed: dict[str, ShardLost] = {}  # action id -> why it failed
         self.last_scope = None
         self._where: dict[str, int] = {}  # queued or running action -> shard (GLOBAL, PENDING)
         self._queued: list[dict[str, Action]] = [{} for _ in range(shards)]
+        self._in_shards = 0  # actions queued on node shards, all of them (`queued` in O(1))
         self._running: list[dict[str, RunningAction]] = [{} for _ in range(shards)]
         self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
-        self._out = [Outbox() for _ in range(shards)]
+        self.defers_grants = batched
+        self._out = [self._new_box() for _ in range(shards)]
+        self._untaken: dict[str, tuple[dict, dict]] = {}  # batched: grants not in the mirror yet
         self._dirty: set[int] = set()
         self._due: dict[int, float] = {}  # shard -> when a put-off class of it is to be re-read
         self._dead: set[int] = set()
         self._means = MeansMirror(self.profiles, shards)
         self.stream: list[tuple] | None = [] if log_stream else None
-        self._shards: list[ShardHandle] = []
-        if start:
-            self.start_shards()
+        self._batch = OpenBatch(shards)
+        self.last_instant: int | None = None  # the id of the last decision's instant (batched)
+        self.wire_s: dict[str, float] | None = None  # action -> its grant's round trip (wall s)
 
     # -- processes --------------------------------------------------------------------------------
     def start_shards(self) -> None:
@@ -116,7 +132,7 @@ class ShardedScheduler:
         assert not self._shards, "shards already started"
         for i in range(len(self.layout.groups)):
             running = [(ra.assignment, ra.start) for ra in self._running[i].values()]
-            self._out[i] = Outbox()  # all of it is in the copies
+            self._out[i] = self._new_box()  # all of it is in the copies
             self._shards.append(self._spawn(i, running, list(self._queued[i].values())))
 
     def _spawn(self, i: int, running: list, queued: list[Action]) -> ShardHandle:
@@ -173,12 +189,16 @@ class ShardedScheduler:
     # -- admission --------------------------------------------------------------------------------
     @property
     def queue(self) -> QueueView:
-        """Every queued action (the global shard's, the pending, each node shard's)."""
+        """Every queued action (the global shard's, the pending, each node shard's; batched:
+        with those a shard started in the open batch). Built when read, not when counted."""
+        return QueueView(self._all_queued, self.queued())
+
+    def _all_queued(self) -> dict[str, Action]:
         out = dict(self._global.queue.items())
         out.update((a.id, a) for a in self._pending)
         for q in self._queued:
             out.update(q)
-        return QueueView(out)
+        return out
 
     @property
     def running(self) -> dict[str, RunningAction]:
@@ -186,10 +206,15 @@ class ShardedScheduler:
         out = dict(self._global.running)
         for r in self._running:
             out.update(r)
+        for aid, ra in out.items():
+            if math.isnan(ra.expected_end):
+                out[aid] = RunningAction(
+                    ra.assignment, ra.start, ra.start + self._estimate_of(ra.assignment)
+                )
         return out
 
     def queued(self) -> int:
-        return len(self._global.queue) + len(self._pending) + sum(map(len, self._queued))
+        return len(self._global.queue) + len(self._pending) + self._in_shards
 
     def validate(self, action: Action) -> None:
         self._global.validate(action)
@@ -225,11 +250,14 @@ class ShardedScheduler:
             raise ShardLost(f"action {action.id}: shard {i} ({self._span(i)}) is lost")
         self._where[action.id] = i
         self._queued[i][action.id] = action
+        self._in_shards += 1
         self._out[i].arrivals.append(action)
         self._dirty.add(i)
-        self._log("enqueue", action)
+        if self.stream is not None:
+            self._log("enqueue", action)
 
     def cancel(self, action_id: str) -> bool:
+        self.settle()  # its shard may have started it in the open batch
         i = self._where.get(action_id)
         if i is None:
             return False
@@ -243,6 +271,7 @@ class ShardedScheduler:
         else:
             ok = self._queued[i].pop(action_id, None) is not None
             if ok:
+                self._in_shards -= 1
                 self._out[i].cancels.append(action_id)
                 self._dirty.add(i)
         if ok:
@@ -277,10 +306,13 @@ class ShardedScheduler:
     def decide(self, now: float) -> list[Assignment]:
         """Bind waiting first actions, ask every shard that an event touched (in parallel), the
         global shard meanwhile, and gather the grants."""
-        if not self.queued():
+        queued = self.queued()
+        if not queued:
             return []
         self.decisions += 1
         if self._pending:
+            self.settle()  # the placement reads the core pools: every grant must be in them
+            self.sync_pools()
             place_pending(
                 self._pending,
                 self.layout,
@@ -290,7 +322,10 @@ class ShardedScheduler:
                 self._to_shard,
                 (a for q in self._queued for a in q.values()),
             )
-        self._log("decide", now)
+        if self.stream is not None:
+            self._log("decide", now)
+        if self.defers_grants:
+            return self._decide_later(now, queued)
         self._dirty.update(i for i, t in self._due.items() if t <= now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
@@ -314,6 +349,7 @@ class ShardedScheduler:
 
     def _send_tick(self, i: int, now: float) -> None:
         box, self._out[i] = self._out[i], Outbox()
+        self.messages += 1
         try:
             self._shards[i].send(wire_dumps((TICK, now, self._means.since(i), box)))
         except OSError:
@@ -334,8 +370,6 @@ class ShardedScheduler:
             self._send_tick(i, now)
 
     def _granted(self, i: int, reply: list, now: float) -> list[Assignment]:
-        out = []
-        queued, running = self._queued[i], self._running[i]
         self._due.pop(i, None)
         if reply and not isinstance(reply[-1], tuple):  # a put-off class (`ShardWorker.tick`):
             due = reply.pop()  # re-read at the next decision (None) or the first from `due`
@@ -343,22 +377,161 @@ class ShardedScheduler:
                 self._dirty.add(i)
             else:
                 self._due[i] = due
-        for aid, units, placement in reply:
+        return self._take(i, reply, now)
+
+    def _take(self, i: int, grants: list, now: float) -> list[Assignment]:
+        """Shard i's grants at `now`, taken in the router's mirror (which refuses a core
+        granted twice) and its running actions."""
+        out = []
+        queued, running = self._queued[i], self._running[i]
+        for aid, units, placement in grants:
             act = queued.pop(aid, None)
             if act is None:
                 raise InvariantError(f"shard {i} started {aid!r}, which it does not hold")
             a = Assignment(act, units, placement)
-            for r, u in units.items():  # the mirror refuses a core granted twice
-                try:
-                    self.pools[r].take(placement[r], u)
-                except Exception as exc:
-                    raise InvariantError(f"shard {i}: action {aid}: {r}: {exc}") from exc
-            key = act.key
-            running[aid] = RunningAction(
-                a, now, now + self.estimate(act, units[key] if key else None)
-            )
+            if self.defers_grants:  # taken in the mirror when it is read (`sync_pools`)
+                self._untaken[aid] = (units, placement)
+            else:
+                self._mirror_take(i, aid, units, placement)
+            if self.defers_grants:  # its expected end estimated when read (`running`)
+                running[aid] = RunningAction(a, now, math.nan)
+            else:
+                running[aid] = RunningAction(a, now, now + self._estimate_of(a))
             out.append(a)
+        self._in_shards -= len(out)
         return out
+
+    def _estimate_of(self, a: Assignment) -> float:
+        key = a.action.key
+        return self.estimate(a.action, a.units[key] if key else None)
+
+    def _mirror_take(self, i: int, aid: str, units: dict, placement: dict) -> None:
+        for r, u in units.items():  # the mirror refuses a core granted twice
+            try:
+                self.pools[r].take(placement[r], u)
+            except Exception as exc:
+                raise InvariantError(f"shard {i}: action {aid}: {r}: {exc}") from exc
+
+    def sync_pools(self) -> None:
+        """Take every grant not taken yet in the router's mirror of the core pools (batched:
+        a grant that ends before anything reads the mirror is never taken nor released)."""
+        untaken, self._untaken = self._untaken, {}
+        for aid, (units, placement) in untaken.items():
+            self._mirror_take(self._where[aid], aid, units, placement)
+
+    def _new_box(self) -> Outbox | Ops:
+        return Ops() if self.defers_grants else Outbox()
+
+    # -- batches (the simulator's event loop: `batched=True`) ------------------------------------
+    def _decide_later(self, now: float, queued: int) -> list[Assignment]:
+        """Note this instant's work for each shard an event touched and decide the global shard
+        at once; the node shards answer when the batch is sent (`settle`)."""
+        b = self._batch
+        j = len(b.instants)
+        if j == 0:
+            b.base = {k: m for k in self._means.kind_at if (m := self.profiles.mean(k)) is not None}
+        elif b.changed:
+            mean = self.profiles.mean
+            b.changes.append((j, {k: m for k in b.changed if (m := mean(k)) is not None}))
+        b.changed.clear()
+        b.instants.append(now)
+        b.queued.append(queued)
+        for i in self._dirty:
+            self._out[i].mark(j)
+        self._dirty.clear()
+        out = self._global.decide(now) if len(self._global.queue) else []
+        b.inline.append(out)
+        self.last_instant = b.first_id + j
+        return out
+
+    def outstanding_since(self) -> float | None:
+        """The earliest instant whose node-shard grants the simulator has not collected."""
+        b = self._batch
+        if b.ready:
+            return b.ready[0][1]
+        return b.instants[0] if b.instants else None
+
+    def collect(self) -> list[tuple[int, float, list[Assignment]]]:
+        """Every node-shard grant not collected yet, as (instant id, time, grants) in order."""
+        self.settle()
+        out, self._batch.ready = self._batch.ready, []
+        return out
+
+    def settle(self) -> None:
+        """Send the open batch: one message to each shard with work in it or a due put-off
+        class, all sent before any answer is read (the shards decide in parallel)."""
+        b = self._batch
+        if not b.instants:
+            return
+        common = wire_dumps((b.instants, b.base, b.changes))
+        asked = [i for i in range(len(self._shards)) if self._out[i].cut or b.wants(i)]
+        for i in asked:
+            ops, self._out[i] = self._out[i].split()
+            self._send_batch(i, common, ops)
+        t0 = time.perf_counter()
+        per: dict[int, list[Assignment]] = {}  # instant -> the node shards' grants there
+        wire = self.wire_s
+        for i in asked:
+            results = self._receive_batch(i, common)
+            dt = time.perf_counter() - t0
+            for k, grants in results:
+                got = self._take(i, grants, b.instants[k])
+                if k in per:
+                    per[k] += got
+                else:
+                    per[k] = got
+                if wire is not None:
+                    for a in got:
+                        wire[a.action.id] = dt
+        self._close_batch(per)
+
+    def _close_batch(self, per: dict[int, list[Assignment]]) -> None:
+        """Log each instant's grants and keep the node shards' for `collect`. An instant at
+        which the router counted queued actions that a shard had in truth already started
+        in this batch had nothing queued: no decision (as one scheduler makes none)."""
+        b = self._batch
+        done = 0
+        none: list[Assignment] = []
+        log = self.stream is not None
+        for k, now in enumerate(b.instants):
+            got = per.get(k, none)
+            if b.queued[k] <= done:
+                self.decisions -= 1
+            elif log:
+                self._log("granted", now, tuple(b.inline[k]) + tuple(got))
+            if got:
+                b.ready.append((b.first_id + k, now, got))
+                done += len(got)
+        b.close()
+
+    def _send_batch(self, i: int, common: bytes, ticks: list) -> None:
+        if i in self._dead:
+            return
+        self.messages += 1
+        try:
+            self._shards[i].send(wire_dumps((BATCH, common, ticks)))
+        except OSError:
+            pass  # dead: `_receive_batch` notices and recovers
+
+    def _receive_batch(self, i: int, common: bytes) -> list:
+        """Shard i's answer to the batch: [(instant, grants)]. A dead shard is replaced from
+        the router's copies (which hold all the batch's work) and decides at its last instant."""
+        b = self._batch
+        while i not in self._dead:
+            try:
+                reply = wire_loads(self._shards[i].recv())
+            except (EOFError, OSError):
+                reply = None
+            if isinstance(reply, tuple) and reply[0] == "error":
+                raise TangramError(f"shard {i} ({self._span(i)}) failed: {reply[1]}")
+            if reply is not None:
+                results, b.wake[i] = reply
+                return results
+            b.wake[i] = False
+            if not self._recover(i):
+                break
+            self._send_batch(i, common, [len(b.instants) - 1])
+        return []
 
     def _span(self, i: int) -> str:
         g = self.layout.groups[i]
@@ -369,7 +542,8 @@ class ShardedScheduler:
         actions naming it. True when a replacement runs."""
         old = self._shards[i]
         exit_code = old.reap()
-        self._out[i] = Outbox()  # all of it is in the router's copies
+        self.sync_pools()  # the replacement's nodes as its running actions hold them
+        self._out[i] = self._new_box()  # all of it is in the router's copies
         if self.restarts[i] < self.max_restarts:
             self.restarts[i] += 1
             log.warning(
@@ -391,6 +565,7 @@ class ShardedScheduler:
         for aid in self._queued[i]:
             self.failed[aid] = err
             del self._where[aid]
+        self._in_shards -= len(self._queued[i])
         self._queued[i].clear()
         self._dead.add(i)
         return False
@@ -405,17 +580,21 @@ class ShardedScheduler:
         else:
             ra = self._running[i].pop(action_id)
             a = ra.assignment
-            for r, u in a.units.items():
-                self.pools[r].release(a.placement[r], u)
+            if self._untaken.pop(action_id, None) is None:
+                for r, u in a.units.items():
+                    self.pools[r].release(a.placement[r], u)
             self._out[i].completes.append(action_id)
             self._dirty.add(i)
             if learn:
                 self.profiles.record(
-                    a.action, dict(a.units), now - ra.start if run_s is None else run_s, status
+                    a.action, a.units, now - ra.start if run_s is None else run_s, status
                 )
         if learn:
-            self._means.observed(ra.assignment.action.kind)
-        self._log("complete", action_id, now, run_s, status)
+            kind = ra.assignment.action.kind
+            self._means.observed(kind)
+            self._batch.changed.add(kind)
+        if self.stream is not None:
+            self._log("complete", action_id, now, run_s, status)
         return ra
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:
@@ -425,6 +604,7 @@ class ShardedScheduler:
 
     def state(self, i: int) -> tuple[list[str], list[str]]:
         """(queued ids, running ids) as shard i itself holds them (tests)."""
+        self.settle()
         s = self._shards[i]
         s.send(wire_dumps((STATE,)))
         return wire_loads(s.recv())

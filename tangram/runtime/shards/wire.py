@@ -9,8 +9,8 @@ from __future__ import annotations
 import copyreg
 import dataclasses
 import io
+import operator
 import pickle
-from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
@@ -20,9 +20,8 @@ from tangram.actions import Action, Elasticity
 from tangram.pools import Placement
 from tangram.resources import Demand
 
-TICK, STATE, STOP = "tick", "state", "stop"  # the messages a shard answers
+TICK, BATCH, STATE, STOP = "tick", "batch", "state", "stop"  # the messages a shard answers
 
-# shard decides, it never runs anything.
 # every field of `Action` but those rebuilt here (so a new field crosses the pipe unasked)
 _ACTION_FIELDS = tuple(
     f.name
@@ -30,6 +29,7 @@ _ACTION_FIELDS = tuple(
     if f.name not in ("demands", "mins", "payload", "option_arrays")
 )
 assert _ACTION_FIELDS[0] == "id" and _ACTION_FIELDS[1] == "elasticity"  # `_reduce_action`
+_values = operator.attrgetter(*_ACTION_FIELDS)
 
 
 def _read_only(d: dict) -> MappingProxyType:
@@ -59,9 +59,9 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
 
 
 def _reduce_action(a: Action):
-    values = tuple(getattr(a, name) for name in _ACTION_FIELDS)
+    values = _values(a)
     el = a.elasticity
-    if el is not None and not isinstance(el.efficiency, Mapping):
+    if el is not None and callable(el.efficiency):
         # E(m) as a function (a learned fit's closure) goes as its table over the allowed
         # amounts, the only ones a decision or a completion reads
         table = MappingProxyType({m: el.e(m) for m in a.demands[el.key].amounts})

@@ -9,14 +9,15 @@ import gc
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tangram.actions import Action
 from tangram.allocation import Allocator, Assignment
 from tangram.pools import Pool
 from tangram.profiles import DurationProfiles
 from tangram.results import Status
-from tangram.runtime.shards.wire import STATE, STOP, TICK, wire_dumps, wire_loads
+from tangram.runtime.shards.batches import BatchStepper, parse_ops
+from tangram.runtime.shards.wire import BATCH, STATE, STOP, TICK, wire_dumps, wire_loads
 from tangram.scheduler import Scheduler
 
 _PR_SET_PDEATHSIG = 1
@@ -60,15 +61,36 @@ def adopt(sched: Scheduler, a: Assignment, start: float) -> None:
     sched._start(a, start)
 
 
-@dataclass
 class Outbox:
     """What a shard has not been told yet, in the order it must apply it."""
 
-    unbinds: list[str] = field(default_factory=list)
-    binds: list[tuple[str, str, str]] = field(default_factory=list)
-    completes: list[str] = field(default_factory=list)
-    cancels: list[str] = field(default_factory=list)
-    arrivals: list[Action] = field(default_factory=list)
+    __slots__ = ("unbinds", "binds", "completes", "cancels", "arrivals")
+
+    def __init__(self) -> None:
+        self.unbinds: list[str] = []
+        self.binds: list[tuple[str, str, str]] = []
+        self.completes: list[str] = []
+        self.cancels: list[str] = []
+        self.arrivals: list[Action] = []
+
+    def __reduce__(self):
+        return (_outbox, (self.unbinds, self.binds, self.completes, self.cancels, self.arrivals))
+
+    def absorb(self, later: Outbox) -> Outbox:
+        """This box followed by `later`, as the router would have kept adding to one box."""
+        self.unbinds += later.unbinds
+        self.binds += later.binds
+        self.completes += later.completes
+        self.cancels += later.cancels
+        self.arrivals += later.arrivals
+        return self
+
+
+def _outbox(unbinds, binds, completes, cancels, arrivals) -> Outbox:
+    box = Outbox.__new__(Outbox)
+    box.unbinds, box.binds, box.completes = unbinds, binds, completes
+    box.cancels, box.arrivals = cancels, arrivals
+    return box
 
 
 @dataclass(frozen=True)
@@ -101,13 +123,24 @@ class ShardWorker:
             adopt(self.sched, a, start)  # a dead shard's, taken over
         for act in init.queued:
             self.sched.enqueue(act)
+        self.batches = BatchStepper(self)
 
     def tick(self, now: float, mean_updates: dict[str, float], box: Outbox) -> list:
         """Apply what changed, decide, and answer the grants (a trailing None: a put-off class
         to re-read at the router's next decision, as the one-process scoped scheduler does; a
         trailing float: at the router's first decision at or after that time)."""
+        self.sched.profiles.means.update(mean_updates)
+        grants = self.apply_and_decide(now, box)
+        wants = self.sched.wants_next_decision()
+        if wants is True:
+            grants.append(None)
+        elif wants is not False:
+            grants.append(float(wants))
+        return grants
+
+    def apply_and_decide(self, now: float, box: Outbox) -> list:
+        """Apply `box` (in the order the router saw it) and decide: the grants as tuples."""
         sched = self.sched
-        sched.profiles.means.update(mean_updates)
         for t in box.unbinds:
             sched.unbind(t)
         for t, r, n in box.binds:
@@ -118,19 +151,20 @@ class ShardWorker:
             sched.cancel(aid)
         for act in box.arrivals:
             sched.enqueue(act)
-        grants: list = [(a.action.id, dict(a.units), dict(a.placement)) for a in sched.decide(now)]
-        wants = sched.wants_next_decision()
-        if wants is True:
-            grants.append(None)
-        elif wants is not False:
-            grants.append(float(wants))
-        return grants
+        return self.decide(now)
+
+    def decide(self, now: float) -> list:
+        """Decide (nothing changed since the last time: a put-off class is due)."""
+        return [(a.action.id, dict(a.units), dict(a.placement)) for a in self.sched.decide(now)]
 
     def handle(self, data: bytes) -> tuple[bytes, bool]:
         """(the reply, whether to stop). An error is answered as ("error", text): the router
         names the shard and fails loudly."""
         msg = wire_loads(data)
         try:
+            if msg[0] == BATCH:
+                ticks = parse_ops(msg[2], Outbox)
+                return wire_dumps(self.batches.run(wire_loads(msg[1]), ticks)), False
             if msg[0] == TICK:
                 return wire_dumps(self.tick(*msg[1:])), False
             if msg[0] == STATE:

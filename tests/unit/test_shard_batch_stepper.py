@@ -1,0 +1,216 @@
+"""The node shard's side of a batch (`tangram.runtime.shards.batches`, docs/scale.md
+"Batches"), on a recording worker: each instant decided with the learned means of that instant,
+work held while the shard's queue is empty, a put-off class woken at its due instant, and the
+op stream parsed into each instant's work."""
+
+from __future__ import annotations
+
+import functools
+
+from tangram.runtime.shards.batches import BatchStepper, Ops, parse_ops
+from tangram.runtime.shards.worker import Outbox
+
+
+class _Sched:
+    def __init__(self) -> None:
+        self.profiles = type("P", (), {"means": {}})()
+        self.queue: dict[str, object] = {}
+        self.wants: bool | float = False
+
+    def wants_next_decision(self):
+        return self.wants
+
+
+class _Worker:
+    """Records each decision (time, means then, the completions and arrivals applied) and
+    starts the first queued action, if any, wanting to decide again as told."""
+
+    def __init__(self, wants=False, queued=()) -> None:
+        self.sched = _Sched()
+        self.sched.wants = wants
+        self.sched.queue.update((q, q) for q in queued)
+        self.log: list = []
+
+    def apply_and_decide(self, now, box):
+        for aid in box.cancels:
+            self.sched.queue.pop(aid, None)
+        for a in box.arrivals:
+            self.sched.queue[a] = a
+        self.log.append((now, dict(self.sched.profiles.means), list(box.arrivals)))
+        self.completed = list(box.completes)
+        return self._start()
+
+    def decide(self, now):
+        self.log.append((now, dict(self.sched.profiles.means), None))
+        return self._start()
+
+    def _start(self):
+        if not self.sched.queue:
+            return []
+        first = next(iter(self.sched.queue))
+        if self.sched.wants is not False:  # a put-off class: it keeps waiting
+            return []
+        del self.sched.queue[first]
+        return [first]
+
+
+def _stepper(worker):
+    return BatchStepper(worker), functools.partial(parse_ops, box=Outbox)
+
+
+def _arr(name: str):
+    """An arrival in an op stream (anything but a str, an int or a tuple is one)."""
+    return type("Arrival", (), {"__repr__": lambda self: name})()
+
+
+def test_a_batch_decides_each_instant_with_the_means_of_that_instant():
+    w = _Worker()
+    stepper, parse = _stepper(w)
+    a, b = _arr("a"), _arr("b")
+    instants = [1.0, 2.0, 3.0, 4.0]
+    changes = [(1, {"tool": 2.0}), (2, {"tool": 3.0, "reward": 9.0}), (3, {"tool": 4.0})]
+    stepper.run((instants, {"tool": 1.0}, changes), parse([a, 0, "x", 2, b, 3]))
+    # at 3.0 only a completion, with a started and nothing queued: held until 4.0
+    assert [(t, m) for t, m, _ in w.log] == [
+        (1.0, {"tool": 1.0}),
+        (4.0, {"tool": 4.0, "reward": 9.0}),
+    ]
+
+
+def test_a_batch_holds_work_while_the_queue_is_empty_and_wakes_when_due():
+    """Work for a shard whose queue stays empty is held (the per-instant router would not
+    have asked it) and applied at the next instant it decides at; a put-off class due at
+    time t is decided at the first instant at or after t, not before."""
+    a = _arr("a")
+    w = _Worker()
+    stepper, parse = _stepper(w)
+    stepper.run(([1.0, 2.0], {}, []), parse(["x", 0, a, 1]))
+    assert [(t, arr) for t, _, arr in w.log] == [(2.0, [a])]
+    assert stepper.held is None
+
+    w = _Worker(wants=2.5)
+    stepper, parse = _stepper(w)
+    _, wake = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, []), parse([a, 0]))
+    assert [t for t, _, _ in w.log] == [1.0, 2.5, 3.0]  # due again after each decision
+    assert wake == 2.5
+
+    w = _Worker(wants=True)
+    stepper, parse = _stepper(w)
+    stepper.run(([1.0, 2.0, 3.0], {}, []), parse([a, 1]))
+    assert [t for t, _, _ in w.log] == [2.0, 3.0]
+
+
+def test_an_op_stream_splits_at_the_last_instant_and_parses_in_order():
+    a, b = _arr("a"), _arr("b")
+    ops = Ops()
+    ops.arrivals.append(a)
+    ops.binds.append(("t", "cpu", "n0"))
+    ops.mark(0)
+    ops.completes.append("x")
+    ops.cancels.append("y")
+    ops.unbinds.append("t")
+    ops.mark(3)
+    ops.arrivals.append(b)  # after the last instant: the next batch's
+    sent, rest = ops.split()
+    assert rest.arrivals == [b] and rest.cut == 0
+    got = [
+        (j, box.arrivals, box.binds, box.completes, box.cancels, box.unbinds)
+        for j, box in parse_ops(sent, Outbox)
+    ]
+    assert got == [(0, [a], [("t", "cpu", "n0")], [], [], []), (3, [], [], ["x"], ["y"], ["t"])]
+
+
+def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
+    a, b = _arr("a"), _arr("b")
+    w = _Worker()
+    stepper, parse = _stepper(w)
+    got, wake = stepper.run(([0.5, 0.6], {}, [(1, {"k": 1.0})]), parse([a, 0, b, 1]))
+    assert got == [(0, [a]), (1, [b])]
+    assert wake is False and w.sched.profiles.means == {"k": 1.0}
+    w = _Worker(wants=True)  # a put-off class: decided again at the next instant, and after
+    stepper, parse = _stepper(w)
+    got, wake = stepper.run(([0.1, 0.2, 0.3], {}, []), parse([a, 0]))
+    assert [t for t, _, _ in w.log] == [0.1, 0.2, 0.3] and got == [(0, []), (1, []), (2, [])]
+    assert wake is True
+    w.sched.queue.clear()
+    assert stepper.run(([0.4], {}, []), parse([]))[1] is False  # nothing queued: no wish
+
+
+def test_a_fresh_shard_decides_only_when_asked_and_means_apply_in_order():
+    w = _Worker(queued=["q"])
+    stepper, parse = _stepper(w)
+    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, {"other": 5.0})]), parse([1]))
+    assert [(t, m) for t, m, _ in w.log] == [(2.0, {"k": 1.0, "other": 5.0})]
+
+
+def test_held_work_accumulates_and_cancels_of_the_queue_count():
+    """Two instants of completions only (the queue stays empty) are held together; a cancel of
+    the only queued action empties the queue (held too); a cancel of an id not queued does not."""
+    a = _arr("a")
+    w = _Worker()
+    stepper, parse = _stepper(w)
+    stepper.run(([1.0, 2.0, 3.0], {}, []), parse(["x", 0, "y", 1, a, 2]))
+    assert [t for t, _, _ in w.log] == [3.0] and w.completed == ["x", "y"]
+    w = _Worker(queued=["q"], wants=True)
+    stepper, parse = _stepper(w)
+    ops = Ops()
+    ops.cancels.append("q")
+    ops.mark(0)
+    stepper.run(([1.0], {}, []), parse(ops.split()[0]))
+    assert w.log == [] and stepper.held is not None and w.sched.queue == {"q": "q"}
+    w = _Worker(queued=["q"], wants=True)
+    stepper, parse = _stepper(w)
+    ops = Ops()
+    ops.cancels.append("elsewhere")
+    ops.mark(0)
+    stepper.run(([1.0], {}, []), parse(ops.split()[0]))
+    assert [t for t, _, _ in w.log] == [1.0]
+
+
+def test_the_routers_open_batch_asks_a_shard_whose_put_off_class_is_due():
+    from tangram.runtime.shards.batches import OpenBatch
+
+    b = OpenBatch(3)
+    assert (b.instants, b.wake, b.ready, b.first_id) == ([], [False] * 3, [], 0)
+    b.instants = [1.0, 2.0, 3.0]
+    b.wake = [False, True, 3.5]
+    assert [b.wants(i) for i in range(3)] == [False, True, False]
+    b.wake[2] = 2.5  # due by the batch's last instant, though after its second
+    assert b.wants(2)
+    b.wake[2] = 3.0  # due at the last instant itself
+    assert b.wants(2)
+    b.queued, b.inline, b.changes = [1, 1, 1], [[], [], []], [(1, {})]
+    b.close()
+    assert (b.first_id, b.instants, b.queued, b.inline, b.changes) == (3, [], [], [], [])
+    assert not b.wants(2)  # no instant open: nothing is due
+    b.instants = [4.0]
+    b.close()
+    assert b.first_id == 4
+
+
+def test_a_wish_to_decide_carries_into_the_next_batch():
+    a = _arr("a")
+    w = _Worker(wants=True)
+    stepper, parse = _stepper(w)
+    stepper.run(([0.1], {}, []), parse([a, 0]))
+    got, _ = stepper.run(([0.2, 0.3], {}, [(1, {"late": 1.0})]), parse([]))
+    assert got == [(0, []), (1, [])]  # from the new batch's first instant on
+    w = _Worker(wants=2.5)
+    stepper, parse = _stepper(w)
+    stepper.run(([1.0], {}, []), parse([a, 0]))
+    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, {"late": 1.0})]), parse([]))
+    assert [j for j, _ in got] == [1, 2]
+    w.sched.wants = False
+    got, _ = stepper.run(([2.8, 2.9], {}, [(1, {"later": 2.0})]), parse([]))
+    assert [j for j, _ in got] == [0]  # decided at once (due), then no wish
+    assert w.sched.profiles.means == {"late": 1.0, "later": 2.0}  # changes after the last
+
+
+def test_no_wish_to_decide_means_no_decision_unasked():
+    """A decision that leaves work queued but wants no decision of its own (nothing put off)
+    is not followed by one until the shard is asked."""
+    a, b = _arr("a"), _arr("b")
+    w = _Worker()
+    stepper, parse = _stepper(w)
+    got, wake = stepper.run(([1.0, 2.0], {}, []), parse([a, b, 0]))
+    assert got == [(0, [a])] and wake is False and list(w.sched.queue) == [b]
