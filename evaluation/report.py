@@ -93,6 +93,13 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry("sessions", "Shell sessions against swerex-remote", ("bench", "sessions"), 120),
     Entry("env", "Environments from images, fork and snapshot", ("bench", "env"), 60),
+    Entry(
+        "scale",
+        "The scheduler's CPU at 2,048 and 16,384 trajectories, one process and sharded",
+        ("bench", "scale", "--sizes", "2048", "16384", "--workloads", "coding"),
+        300,
+        readme=(r"at batch 16,384: sharded, busiest process",),
+    ),
     Entry("twin", "The digital twin against a real run", ("experiment", "twin", "--quick"), 240),
 )
 README_EXPERIMENTS = {"fig6": ("coding:", "mopd: ACT (")}  # figures quoted in the README
