@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.table import Table
 
 from evaluation.closedloop import EnvironmentStart
-from evaluation.twin_measure import Observed, calibrate, measure, serve_api
+from evaluation.twin_measure import Observed, background, calibrate, measure, serve_api
 from evaluation.twin_model import ABLATIONS, predict, replay_workload, simulate
 from evaluation.twin_plan import LOADS, QUICK, WORKLOADS, TwinParams, plan, twin_kind
 from tangram.runtime.config import DEFAULT_POLICY
@@ -86,8 +86,9 @@ def one_run(p: TwinParams, trajs, seed: int) -> dict:
     api = p.workload == "mixed"
     with serve_api(p.api_latency_s) if api else contextlib.nullcontext() as url:
         prof = asyncio.run(calibrate(p, trajs, url))
+        now = asyncio.run(background())  # the other tenants, just before the run
         t1 = time.monotonic()
-        offline = figures(predict(trajs, prof, p, seed=seed))
+        offline = figures(predict(trajs, prof, p, seed=seed, background=now))
         real = asyncio.run(measure(p, trajs, prof.dops, url))
     t2 = time.monotonic()
     w = replay_workload(real, prof, p)
@@ -101,10 +102,14 @@ def one_run(p: TwinParams, trajs, seed: int) -> dict:
         "replay": replayed,
         "replay_by_runtime": by_runtime,
         "ablations": {
-            name: figures(predict(trajs, prof, p, terms, seed=seed))
+            name: figures(predict(trajs, prof, p, terms, seed=seed, background=now))
             for name, terms in ABLATIONS.items()
         },
-        "background_cores": {"calibration": prof.background, "run": real.background},
+        "background": {
+            "calibration_threads": prof.background,
+            "before_run_threads": now,
+            "during_run_cores": real.background,
+        },
         "load_avg_1m": [load0, os.getloadavg()[0]],
         "wall_s": {"calibrate": round(t1 - t0, 2), "run": round(t2 - t1, 2)},
         "profile": {

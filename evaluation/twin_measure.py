@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import statistics
 import threading
 import time
@@ -90,12 +92,26 @@ def busy_cores(before: tuple[int, int], after: tuple[int, int], cores: int) -> f
     return cores * (after[0] - before[0]) / d if d > 0 else 0.0
 
 
-async def background(cores: int, seconds: float = 0.5) -> float:
-    """Cores the other tenants keep busy now: the machine's busy cores over `seconds` while
-    this process runs nothing."""
-    j0 = cpu_jiffies()
-    await asyncio.sleep(seconds)
-    return busy_cores(j0, cpu_jiffies(), cores)
+def procs_running() -> int:
+    """Threads runnable on the machine now (/proc/stat), this one included."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith("procs_running"):
+                return int(line.split()[1])
+    return 1
+
+
+async def background(seconds: float = 1.0, every: float = 0.01) -> float:
+    """The other tenants' runnable threads now: /proc/stat's runnable count, sampled every
+    `every` seconds over `seconds` while this process runs nothing but the sampling (its own
+    thread taken off). In the unit of the slowdown curve (copies at once), and unlike busy
+    cores it sees a machine loaded past its cores."""
+    n = max(1, round(seconds / every))
+    total = 0
+    for _ in range(n):
+        total += procs_running() - 1
+        await asyncio.sleep(every)
+    return max(0.0, total / n)
 
 
 # -- calibration -------------------------------------------------------------------------------
@@ -104,14 +120,16 @@ class Profile:
     """What calibration measured (each figure the median of its samples unless said):
 
     - `samples`: run seconds per (command, cores), the command alone on the machine;
-    - `corun`: per kind, run seconds of its probe command with k copies at once on one core
-      each, k = 1..cores (the slowdown beside neighbours: `slowdown`);
+    - `corun`: per kind and k = 1..2 x cores, its probe command's run time with k copies at
+      once over its time alone in the same round (k > cores: the copies past the cores run
+      outside the runtime, as other tenants' processes do), one ratio per round;
     - `opens`: environment start seconds (as the client waits them, several at once), and
       `cold_open`: the first one a fresh runtime opens (its one-time costs);
     - `api`: API call seconds as the runtime times them (several at once, up to the limit);
     - `overhead`: the client's seconds per action beyond queueing and run (its submission and
       the result's way back, an `asyncio.sleep` waking late);
-    - `background`: cores the other tenants kept busy, just before calibration."""
+    - `background`: the other tenants' runnable threads (`background`), before and after
+      calibration, averaged."""
 
     samples: Mapping[tuple[Command, int], list[float]]
     opens: list[float]
@@ -144,8 +162,7 @@ class Profile:
         c = self.corun.get(kind)
         if not c:
             return (1.0,)
-        alone = statistics.median(c[1])
-        return tuple(statistics.median(c[k]) / alone for k in sorted(c))
+        return tuple(statistics.median(c[k]) for k in sorted(c))
 
 
 async def _timed(tg: Tangram, env: str, cmd: Command, m: int, over: list[float]) -> float:
@@ -165,23 +182,78 @@ async def _api_calls(tg: Tangram, p: TwinParams, out: list[float], over: list[fl
             over.extend(wall - r.queued_s - r.run_s for r in got)
 
 
+async def _neighbour(cmd: Command, stop: asyncio.Event) -> None:
+    """`cmd` again and again outside the runtime (on any core, as another tenant's process
+    runs) until `stop`; each copy in its own process group, killed whole at the stop."""
+    while not stop.is_set():
+        spawn = (
+            asyncio.create_subprocess_shell(cmd, **_QUIET)
+            if isinstance(cmd, str)
+            else asyncio.create_subprocess_exec(*cmd, **_QUIET)
+        )
+        proc = await spawn
+        waiter, stopper = asyncio.ensure_future(proc.wait()), asyncio.ensure_future(stop.wait())
+        try:
+            await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            await waiter
+
+
+_QUIET = {
+    "stdout": asyncio.subprocess.DEVNULL,
+    "stderr": asyncio.subprocess.DEVNULL,
+    "start_new_session": True,
+}
+
+
+async def _corun(tg: Tangram, envs: Sequence[str], cmd: Command, k: int, cores: int, over):
+    """Mean run seconds of `cmd` with k copies at once: min(k, cores) through the runtime on
+    one core each, the rest as neighbours outside it (`_neighbour`)."""
+    stop = asyncio.Event()
+    extra = [asyncio.ensure_future(_neighbour(cmd, stop)) for _ in range(k - min(k, cores))]
+    try:
+        got = await asyncio.gather(*(_timed(tg, e, cmd, 1, over) for e in envs[: min(k, cores)]))
+    finally:
+        stop.set()
+        await asyncio.gather(*extra)
+    return statistics.mean(got)
+
+
+async def _round(tg, envs, p, tools, reward, dops, cores, prof) -> None:
+    """One calibration round: every command alone, then each kind's probe (its smallest
+    command) beside k - 1 copies, k = 2..2 x cores; its slowdown is the ratio to its own time
+    alone in the same round (background that comes and goes shifts both alike)."""
+    runs, corun, over = prof
+    for cmd, m in [*((c, 1) for c in tools), *((reward, m) for m in dops)]:
+        runs.setdefault((cmd, m), []).append(await _timed(tg, envs[0], cmd, m, over))
+    for cmd in [*tools[:1], reward]:
+        c = corun.setdefault(twin_kind(cmd), {1: []})
+        alone = runs[(cmd, 1)][-1]
+        c[1].append(1.0)
+        for k in range(2, p.corun_max * cores + 1):
+            c.setdefault(k, []).append(await _corun(tg, envs, cmd, k, cores, over) / alone)
+
+
 async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory], url: str | None) -> Profile:
-    """Each command alone (`reps` times at each core count it may get), each kind's probe
-    (its middle-sized command) with k = 1..cores copies at once, as many environments opened
-    at once as the run opens, and the API at 1..its limit calls at once."""
+    """`reps` rounds (`_round`: each command alone at each core count it may get, each kind
+    beside 1..2 x cores - 1 copies), as many environments opened at once as the run opens,
+    the API at 1..its limit calls at once, and the background before and after."""
     commands = sorted({s.command for t in trajs for s in t.steps if s.command}, key=str)
-    tools = [c for c in commands if c != reward_command(p)]
     reward = reward_command(p)
+    tools = sorted((c for c in commands if c != reward), key=lambda c: (len(str(c)), str(c)))
     async with runtime(p, url) as tg:
         pool = tg.scheduler.pools[tg.cpu.resource]
         assert isinstance(pool, CorePool)
         name = pool.nodes()[0]
         node, cores = pool.cpu_node(name).copy(), pool.capacity(name)
-        bg = await background(cores)
+        bg = [await background()]
         dops = tuple(range(1, min(p.max_dop, cores) + 1))
         opens: list[float] = []
-        runs: dict[tuple[Command, int], list[float]] = {}
-        over: list[float] = []
+        prof: tuple[dict, dict, list[float]] = ({}, {}, [])
 
         async def opened(i: int) -> str:
             t0 = time.monotonic()
@@ -194,22 +266,15 @@ async def calibrate(p: TwinParams, trajs: Sequence[TwinTrajectory], url: str | N
         rest = await asyncio.gather(*(opened(i) for i in range(1, len(trajs) + cores)))
         envs = [first, *rest]
         for _ in range(p.reps):
-            for cmd, m in [*((c, 1) for c in tools), *((reward, m) for m in dops)]:
-                runs.setdefault((cmd, m), []).append(await _timed(tg, envs[0], cmd, m, over))
-        corun: dict[str, dict[int, list[float]]] = {}
-        probes = [tools[len(tools) // 2]] if tools else []
-        for cmd in [*probes, reward]:
-            c = corun.setdefault(twin_kind(cmd), {})
-            for k in range(1, cores + 1):
-                for _ in range(p.reps):
-                    got = await asyncio.gather(*(_timed(tg, env, cmd, 1, over) for env in envs[:k]))
-                    c.setdefault(k, []).extend(got)
+            await _round(tg, envs, p, tools, reward, dops, cores, prof)
         api: list[float] = []
         if url is not None:
-            await _api_calls(tg, p, api, over)
+            await _api_calls(tg, p, api, prof[2])
         for env in envs:
             await tg.close_env(env)
-    return Profile(runs, opens, node, dops, corun, api, over, bg, cold)
+        bg.append(await background())
+    runs, corun, over = prof
+    return Profile(runs, opens, node, dops, corun, api, over, statistics.mean(bg), cold)
 
 
 # -- the real run ------------------------------------------------------------------------------
@@ -238,7 +303,8 @@ class Observed:
     cores: int
     trace: Mapping[str, tuple[float, tuple[Done, ...]]] | None = None  # real run: per trajectory
     # its start (the opening of its environment) and its actions
-    background: float | None = None  # real run: the other tenants' busy cores during it
+    background: float | None = None  # real run: cores busy beyond its grants (other tenants
+    # and the runtime's own work) during it
 
 
 async def _step(tg: Tangram, env: str, s, dops: tuple[int, ...]):

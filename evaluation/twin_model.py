@@ -13,7 +13,12 @@ The offline model has four terms, each one a switch of `Terms` (the ablations):
   own, s its kind's measured slowdown at b copies (linear between, beyond the last point);
 - `starts`: environment starts drawn from their measured distribution (else its median);
 - `client`: the client's own latency per action (submission, the result's way back, a sleep
-  waking late), its calibrated median added to each LLM gap.
+  waking late), its calibrated median added to each LLM gap;
+- `background`: the other tenants' runnable threads, measured (/proc/stat's runnable count
+  while the twin runs nothing) around calibration and again just before the run: their
+  difference d shifts the level the slowdown is read at (s(b + d), beyond `cores` where
+  d > 0: calibration measures up to 2 x cores copies), as other tenants' processes are
+  neighbours too.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Terms:
     contention: bool = True
     starts: bool = True
     client: bool = True
+    background: bool = True
 
 
 FULL = Terms()
@@ -50,30 +56,35 @@ ABLATIONS = {
     "no_contention": Terms(contention=False),
     "no_starts": Terms(starts=False),
     "no_client": Terms(client=False),
-    "none": Terms(False, False, False, False),  # the twin's former offline model
+    "no_background": Terms(background=False),
+    "none": Terms(False, False, False, False, False),  # the twin's former offline model
 }
 
 
 class Contention:
     """`evaluation.engine.Sharing` from a profile: a CPU action of kind K at m cores, with b
-    cores granted to everything running, progresses at s_K(m) / s_K(b); others at 1."""
+    cores granted to everything running, progresses at s_K(m) / s_K(b + shift); others at 1.
+    `shift`: the other tenants' runnable threads now less during calibration."""
 
-    def __init__(self, slowdowns: Mapping[str, Sequence[float]], resource: str = "cpu") -> None:
+    def __init__(
+        self, slowdowns: Mapping[str, Sequence[float]], shift: float = 0.0, resource: str = "cpu"
+    ) -> None:
         self.s = {k: tuple(v) for k, v in slowdowns.items()}
+        self.shift = shift
         self.resource = resource
 
     def factor(self, kind: str, b: float) -> float:
         """s_kind(b): its slowdown at b busy cores (1 alone), linear between the measured
         points and beyond the last."""
         s = self.s.get(kind.removeprefix("kind:"))
-        if not s or len(s) == 1 or b <= 1:
+        if not s or len(s) == 1 or b == 1:
             return 1.0
-        lo = min(int(b - 1), len(s) - 2)
-        return max(1e-3, s[lo] + (s[lo + 1] - s[lo]) * (b - 1 - lo))
+        lo = max(0, min(int(b - 1), len(s) - 2))  # below 1 (less background): the first slope
+        return max(0.25, s[lo] + (s[lo + 1] - s[lo]) * (b - 1 - lo))
 
     def rates(self, running: Mapping[str, tuple[Action, Mapping[str, int]]]) -> dict[str, float]:
         r = self.resource
-        b = sum(u.get(r, 0) for _, u in running.values())
+        b = sum(u.get(r, 0) for _, u in running.values()) + self.shift
         return {
             aid: self.factor(a.kind, units[r]) / self.factor(a.kind, b) if units.get(r) else 1.0
             for aid, (a, units) in running.items()
@@ -134,7 +145,8 @@ def _alone(prof: Profile, terms: Terms) -> dict:
     run_s = prof.run_s
     if terms.profiles:
         return run_s
-    full = {k: s[-1] for k, s in ((k, prof.slowdown(k)) for k in prof.corun)}
+    c = prof.node.capacity
+    full = {k: s[min(c, len(s)) - 1] for k, s in ((k, prof.slowdown(k)) for k in prof.corun)}
     return {(c, m): t * full.get(twin_kind(c), 1.0) for (c, m), t in run_s.items()}
 
 
@@ -210,11 +222,18 @@ def predict(
     p: TwinParams,
     terms: Terms = FULL,
     seed: int = 0,
+    background: float | None = None,
 ) -> Observed:
-    """The offline prediction: the plan with the calibrated profile alone (`terms` on)."""
+    """The offline prediction: the plan with the calibrated profile alone (`terms` on);
+    `background`: the other tenants' runnable threads just before the run."""
     w = offline_workload(trajs, prof, p, terms)
-    start = SampledStart(prof.opens, prof.cold_open, seed) if terms.starts else EnvironmentStart(prof.open_s)
+    start = (
+        SampledStart(prof.opens, prof.cold_open, seed)
+        if terms.starts
+        else EnvironmentStart(prof.open_s)
+    )
     sharing = None
     if terms.contention:
-        sharing = Contention({k: prof.slowdown(k) for k in prof.corun})
+        shift = background - prof.background if terms.background and background is not None else 0
+        sharing = Contention({k: prof.slowdown(k) for k in prof.corun}, shift)
     return simulate(w, prof.node.capacity, start, sharing)

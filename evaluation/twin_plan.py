@@ -54,7 +54,8 @@ class TwinParams:
     think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
     start_spread_s: float = 2.0
     max_dop: int = 4
-    reps: int = 3  # calibration runs per (command, amount)
+    reps: int = 3  # calibration rounds (each command alone, each kind beside its copies)
+    corun_max: int = 2  # calibrate co-runs up to this many copies per core
     runs: int = 3  # real runs per workload and load, each after its own calibration
     seed: int = 0
     workload: str = "coding"  # or "mixed" (`WORKLOADS`)
@@ -64,8 +65,8 @@ class TwinParams:
 
 QUICK = TwinParams(
     turns_mean=3.0,
-    tool_bytes=(100_000_000, 200_000_000),
-    reward_parallel=1.2e7,
+    tool_bytes=(60_000_000, 120_000_000),
+    reward_parallel=8e6,
     think_scale=0.05,
     start_spread_s=0.5,
     reps=2,
