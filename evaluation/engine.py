@@ -55,7 +55,8 @@ class SimExecutor(Protocol):
 class Sharing(Protocol):
     """What runs beside an action slows it (`Engine(sharing=...)`): processor sharing. Each
     running action's remaining work (seconds as it would run alone at its grant) progresses
-    at `rates(running)[id]` per second; the rates are recomputed at every start and end."""
+    at `rates(running)[id]` per second; the rates are recomputed at every start and end. A
+    timeout caps the work (seconds alone), not the slowed time."""
 
     def rates(
         self, running: Mapping[str, tuple[Action, Mapping[str, int]]]
