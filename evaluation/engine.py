@@ -268,7 +268,7 @@ class Engine:
 
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)
-        if self._shared.pop(aid, None) is not None:
+        if self._shared and self._shared.pop(aid, None) is not None:
             run_s = now - start  # as it ran beside the others
             self._reshare(now)
         truth = self._truth.pop(aid, None)

@@ -2,7 +2,8 @@
 workload, from calibration alone (`offline_workload`, `Contention`, `SampledStart`) or from
 a real run's trace (`replay_workload`), and the simulation itself (`simulate`).
 
-The offline model has four terms, each one a switch of `Terms` (the ablations):
+The offline model's terms, each one a switch of `Terms` (the ablations; `background` is off
+by default, the others on):
 
 - `profiles`: a command's run time alone at each core count it may get (the median of its
   calibration runs); without it, the run time measured with the machine full of the command
@@ -18,7 +19,9 @@ The offline model has four terms, each one a switch of `Terms` (the ablations):
   while the twin runs nothing) around calibration and again just before the run: their
   difference d shifts the level the slowdown is read at (s(b + d), beyond `cores` where
   d > 0: calibration measures up to 2 x cores copies), as other tenants' processes are
-  neighbours too.
+  neighbours too. Off by default: one reading before the run did not follow the tenants'
+  load through it, and the twin's errors were smaller without it (docs/architecture.md,
+  "The digital twin").
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ class Terms:
     contention: bool = True
     starts: bool = True
     client: bool = True
-    background: bool = True
+    background: bool = False  # off by default: as the twin measures it, it added error
 
 
 FULL = Terms()
@@ -56,7 +59,7 @@ ABLATIONS = {
     "no_contention": Terms(contention=False),
     "no_starts": Terms(starts=False),
     "no_client": Terms(client=False),
-    "no_background": Terms(background=False),
+    "with_background": Terms(background=True),
     "none": Terms(False, False, False, False, False),  # the twin's former offline model
 }
 
