@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from evaluation.engine import AFTER, Driver, Engine, SimExecutor
+from evaluation.engine import AFTER, Driver, Engine, Sharing, SimExecutor
 from evaluation.upstream import ApiUpstream
 from evaluation.workloads.base import Trajectory, Workload
 from managers.cpu.environments import Environment, EnvironmentTable
@@ -244,10 +244,13 @@ class ClosedLoopSimulator:
         progress: Callable[[int, int], None] | None = None,
         oracle: bool = False,
         on_decision: Callable[[Scheduler, float], None] | None = None,
+        sharing: Sharing | None = None,
     ) -> None:
         """`on_decision(scheduler, cpu_s)` is called after every decision the scheduler made
-        (the scale bench attributes its CPU to the nodes it touched)."""
+        (the scale bench attributes its CPU to the nodes it touched); `sharing`: what runs
+        beside an action slows it (`evaluation.engine.Sharing`; None: it never does)."""
         self.on_decision = on_decision
+        self.sharing = sharing
         self.workload = workload
         self.policy = policy
         self.oracle = oracle
@@ -280,6 +283,7 @@ class ClosedLoopSimulator:
             self.executors,
             on_decision=self.on_decision,
             progress=None if progress is None else (lambda d: progress(d, total)),
+            sharing=self.sharing,
         )
         driver = _Trajectories(self)
         out = engine.run(driver)
@@ -313,6 +317,11 @@ def api_executors(workload: Workload) -> dict[str, SimExecutor]:
 
 
 def run(
-    workload: Workload, policy: Policy, progress=None, oracle: bool = False, on_decision=None
+    workload: Workload,
+    policy: Policy,
+    progress=None,
+    oracle: bool = False,
+    on_decision=None,
+    sharing: Sharing | None = None,
 ) -> LoopResult:
-    return ClosedLoopSimulator(workload, policy, progress, oracle, on_decision).run()
+    return ClosedLoopSimulator(workload, policy, progress, oracle, on_decision, sharing).run()

@@ -12,6 +12,8 @@ same for every driver and the same as the runtime (`tangram.runtime.facade`) doe
   which the scheduler never sees unless the driver hands it over) plus what the managers' time
   models add (`SimExecutor.begin`: a GPU service restore);
 - an action that would run past its `Action.timeout` is killed there: `Status.TIMEOUT`;
+- with a `Sharing` model, a running action's remaining time stretches or shrinks with what
+  runs beside it (processor sharing, recomputed at every start and end);
 - every completion goes back through `Scheduler.complete` with its status, so the estimator
   learns by the runtime's rule (`DurationProfiles.record`: timeouts as censored observations).
 
@@ -49,6 +51,17 @@ class SimExecutor(Protocol):
 
     def begin(self, assignment: Assignment, now: float) -> tuple[float, bool]: ...
     def end(self, assignment: Assignment, now: float) -> None: ...
+
+
+class Sharing(Protocol):
+    """What runs beside an action slows it (`Engine(sharing=...)`): processor sharing. Each
+    running action's remaining work (seconds as it would run alone at its grant) progresses
+    at `rates(running)[id]` per second; the rates are recomputed at every start and end. A
+    timeout caps the work (seconds alone), not the slowed time."""
+
+    def rates(
+        self, running: Mapping[str, tuple[Action, Mapping[str, int]]]
+    ) -> dict[str, float]: ...
 
 
 def modelled_duration(action: Action, units: Mapping[str, int]) -> float:
@@ -118,8 +131,12 @@ class Engine:
         on_decision: Callable[[Scheduler, float], None] | None = None,
         progress: Callable[[int], None] | None = None,
         timed: bool = True,
+        sharing: Sharing | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.sharing = sharing
+        # under `sharing`: id -> [remaining work, rate, last update, version, action, units]
+        self._shared: dict[str, list[Any]] = {}
         self.timed = timed or on_decision is not None
         self.executors = dict(executors or {})
         self.on_decision = on_decision
@@ -207,6 +224,10 @@ class Engine:
                 _, kind, _, key = heapq.heappop(events)
                 self.counters["events"] += 1
                 if kind == COMPLETION:
+                    if self.sharing is not None:
+                        key = self._current(key)
+                        if key is None:  # a completion its rate change moved
+                            continue
                     driver.completed(self, self._complete(key, now), now)
                     done += 1
                     decide = True
@@ -278,11 +299,41 @@ class Engine:
                 self.counters["restores"] += bool(restored)
         self.counters["overhead_s"] += extra
         self._run[act.id] = (now, run_s, restored, status)
+        if self.sharing is not None:  # (the twin: no deferred grants, so no decision order)
+            self._shared[act.id] = [run_s + extra, 1.0, now, 0, truth, dict(a.units)]
+            self._reshare(now)
+            return
         # completions at one time sort by the decision that started them, then the grant's rank
         heapq.heappush(self.events, (now + run_s + extra, COMPLETION, order, act.id))
 
+    def _current(self, key: tuple[str, int]) -> str | None:
+        """The action a shared completion event ends, or None where it is stale."""
+        aid, version = key
+        s = self._shared.get(aid)
+        return aid if s is not None and s[3] == version else None
+
+    def _reshare(self, now: float) -> None:
+        """Progress every running action to `now` at its old rate, then give each its new rate
+        and completion (a new version: the old event is stale)."""
+        assert self.sharing is not None
+        shared = self._shared
+        for s in shared.values():
+            s[0] = max(0.0, s[0] - (now - s[2]) * s[1])
+            s[2] = now
+        rates = self.sharing.rates({aid: (s[4], s[5]) for aid, s in shared.items()})
+        for aid, s in shared.items():
+            r = rates.get(aid, 1.0)
+            if r <= 0:
+                raise TangramError(f"action {aid}: sharing rate {r!r} must be positive")
+            if r != s[1] or s[3] == 0:
+                s[1], s[3] = r, s[3] + 1
+                self.push(now + s[0] / r, COMPLETION, (aid, s[3]))
+
     def _complete(self, aid: str, now: float) -> Action:
         start, run_s, restored, status = self._run.pop(aid)
+        if self._shared and self._shared.pop(aid, None) is not None:
+            run_s = now - start  # as it ran beside the others
+            self._reshare(now)
         truth = self._truth.pop(aid, None)
         # learned at 1 ns, as the runtime learns its measured times: a tie between two equal-cost
         # arrangements is not broken by a float's last digits differing between the two

@@ -1,159 +1,59 @@
 """`tangram experiment twin [--quick] [--json]`: the simulator as a digital twin, validated.
 
-One small AI-coding workload (`evaluation.twin_plan`) is
+Two workloads (`coding`: tool calls then a reward; `mixed`: tool calls and calls of a real HTTP
+API on loopback behind Tangram's API pool, then a reward) at two loads (`fit`: as many
+trajectories as cores; `over`: twice as many), `runs` times each (3; `--quick`: 1). Each run:
 
-1. **calibrated**: each command timed through `Tangram.local()` with the machine full of it
-   (the tools on one core, the reward at every core count), the environment start likewise;
-2. **run for real** `runs` times through `Tangram.local()` (real sandboxes, real commands,
-   trajectories that start as a rollout batch does and wait an LLM gap before each action),
-   every action traced (`Done`: its command, cores, submission, gap, queueing, run time);
-3. **predicted**, each run by the closed-loop simulator (`evaluation.engine`, and again by
-   the runtime itself on virtual time, `evaluation.runtime_sim`, which must agree) replaying
-   its trace (`replay_workload`: the measured gaps and run times; an elastic action's time at
-   other core counts from the calibrated speed-up), the same policy (the runtime's default)
-   learning by the runtime's rule; and the plan once more from the calibrated profiles alone
-   (`predicted_offline`: what a twin can say before any run).
+1. **calibrate** (`evaluation.twin_measure.calibrate`), immediately before the run: each
+   command alone, each kind beside 1..cores copies of itself, environment starts, API calls,
+   the client's own latency, the background load;
+2. **predict offline** (`evaluation.twin_model.predict`): the plan simulated from that
+   calibration alone, nothing of the run (the headline);
+3. **run for real** through `Tangram.local()`, every action traced;
+4. **replay** (`evaluation.twin_model.replay_workload`): the simulator fed the run's own
+   measured gaps and run times, so only the queueing is modelled (a check of the scheduler's
+   model, not a prediction).
 
-It prints predicted against measured mean ACT, p99 ACT, step time (batch start to the last
-action's end) and core utilisation (granted core-seconds over cores x step time), medians over
-the runs, with each error. The replay leaves out machine noise between calibration and run
-(on a loaded shared machine, by far the largest source: the offline error); exec overhead and
-the client's latency are inside the measured times on both sides (docs/architecture.md, "The
-digital twin").
+It prints, per workload and load, the offline prediction's error in mean ACT, p99 ACT, step
+time (batch start to the last action's end) and core utilisation (granted core-seconds over
+cores x step time), the median over the runs with their spread, then the replay's, then the
+ablations (each offline term switched off). `--json` keys: docs/architecture.md, "The
+digital twin".
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 
 from rich.console import Console
 from rich.table import Table
 
-from evaluation.closedloop import EnvironmentStart, Policy, run
-from evaluation.runtime_sim import run_on_runtime
-from evaluation.twin_measure import Observed, Profile, calibrate, measure
-from evaluation.twin_plan import (
-    QUICK,
-    TIMEOUT_S,
-    TwinParams,
-    TwinTrajectory,
-    plan,
-    twin_kind,
-)
-from evaluation.workloads.base import Step, Trajectory, Workload
-from solvers import get_allocator
-from tangram.actions import Action, Elasticity
-from tangram.pools import CorePool
-from tangram.profiles import exec_kind
+from evaluation.closedloop import EnvironmentStart
+from evaluation.twin_measure import Observed, background, calibrate, measure, serve_api
+from evaluation.twin_model import ABLATIONS, predict, replay_workload, simulate
+from evaluation.twin_plan import LOADS, QUICK, WORKLOADS, TwinParams, plan, twin_kind
 from tangram.runtime.config import DEFAULT_POLICY
+from tangram.runtime.facade import Tangram
+
+ERRORS = {  # the JSON's error key of each figure
+    "mean_act_s": "mean_act_err",
+    "p99_act_s": "p99_act_err",
+    "step_s": "step_time_err",
+    "core_utilisation": "utilisation_err",
+}
+FIGURES = tuple(ERRORS)
+DIAGNOSTICS = ("mean_run_s", "mean_queued_s")  # where an ACT error comes from
 
 
-# -- predicting ---------------------------------------------------------------------------------
-def elastic_action(aid: str, run_s: Mapping[int, float], trajectory: str, kind: str) -> Action:
-    """An elastic action that runs `run_s[m]` seconds on m cores, exactly: T_ori is the least
-    m x run_s[m], so no efficiency exceeds 1 even where the measured times are superlinear
-    (noise), and none is clipped (a clipped one would play a longer time than measured)."""
-    t_ori = min(m * t for m, t in run_s.items())
-    eff = {m: min(1.0, t_ori / (m * t)) for m, t in run_s.items()}
-    return Action(
-        aid,
-        {"cpu": sorted(run_s)},
-        elasticity=Elasticity("cpu", t_ori, eff),
-        trajectory=trajectory,
-        kind=kind,
-        timeout=TIMEOUT_S,
-    )
-
-
-def twin_workload(trajs: Sequence[TwinTrajectory], prof: Profile) -> Workload:
-    """The same trajectories for the simulator, each action's truth its command's profile."""
-    out = []
-    for t in trajs:
-        steps = []
-        for j, s in enumerate(t.steps):
-            aid, kind = f"{t.id}.{j}", exec_kind(t.id, s.command, twin_kind(s.command))
-            if s.elastic and len(prof.dops) > 1:
-                act = elastic_action(
-                    aid, {m: prof.run_s[(s.command, m)] for m in prof.dops}, t.id, kind
-                )
-            else:
-                act = Action(
-                    aid,
-                    {"cpu": 1},
-                    duration=prof.run_s[(s.command, 1)],
-                    trajectory=t.id,
-                    kind=kind,
-                    timeout=TIMEOUT_S,
-                )
-            steps.append(Step(s.think_s, act))
-        out.append(Trajectory(t.id, "coding", t.start, tuple(steps)))
-
-    def pools():
-        return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
-
-    return Workload("twin", tuple(out), pools, None, tasks=("coding",))
-
-
-def replay_workload(real: Observed, prof: Profile) -> Workload:
-    """The real run's trajectories for the simulator: each starts when its environment was
-    opened, each action is submitted after its measured gap (sleep overshoot and the client's
-    own latency included), and runs its own measured time at the cores it got (at other core
-    counts, an elastic one's time scaled by its calibrated speed-up)."""
-    assert real.trace is not None
-    out = []
-    for tid, (start, done) in real.trace.items():
-        steps = []
-        for j, d in enumerate(done):
-            aid, kind = f"{tid}.{j}", exec_kind(tid, d.command, twin_kind(d.command))
-            if d.elastic and len(prof.dops) > 1:
-                scale = d.run_s / prof.run_s[(d.command, d.cores)]
-                act = elastic_action(
-                    aid, {m: scale * prof.run_s[(d.command, m)] for m in prof.dops}, tid, kind
-                )
-            else:
-                act = Action(
-                    aid, {"cpu": 1}, duration=d.run_s, trajectory=tid, kind=kind, timeout=TIMEOUT_S
-                )
-            steps.append(Step(d.gap, act))
-        out.append(Trajectory(tid, "coding", start, tuple(steps)))
-
-    def pools():
-        return {"cpu": CorePool("cpu", {prof.node.name: prof.node.copy()})}
-
-    return Workload("twin", tuple(out), pools, None, tasks=("coding",))
-
-
-def simulate(w: Workload, cores: int, open_s: float, on_runtime: bool = False) -> Observed:
-    """The simulator's figures for `w`: the closed-loop engine, or (`on_runtime`) the runtime
-    itself on virtual time with the sim backend (`evaluation.runtime_sim`); the two grant
-    alike."""
-    if on_runtime:
-        r = run_on_runtime(w, DEFAULT_POLICY, open_s)
-    else:
-        r = run(w, Policy("tangram", get_allocator(DEFAULT_POLICY), EnvironmentStart(open_s)))
-    busy = sum(x.units["cpu"] * (x.end - x.start) for x in r.records.values())
-    return Observed(
-        [x.end - x.arrival for x in r.records.values()],
-        [x.end - x.start for x in r.records.values()],
-        busy,
-        r.makespan,
-        cores,
-    )
-
-
-def predict(trajs: Sequence[TwinTrajectory], prof: Profile, on_runtime: bool = False) -> Observed:
-    """The offline prediction: the plan with the calibrated profiles alone."""
-    return simulate(twin_workload(trajs, prof), prof.node.capacity, prof.open_s, on_runtime)
-
-
-# -- figures ------------------------------------------------------------------------------------
 def p99(xs: Sequence[float]) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
@@ -170,75 +70,147 @@ def figures(o: Observed) -> dict[str, float]:
     }
 
 
-def compare(p: TwinParams) -> dict:
-    """Calibrate, then `p.runs` real runs, each predicted by replaying it (`replay_workload`);
-    each figure the median over the runs of the measured and of the predicted values."""
-    trajs = plan(p)
-    load = [os.getloadavg()[0]]
+def _err(predicted: float, measured: float) -> float | None:
+    return (predicted - measured) / measured if measured else None
+
+
+async def _cores() -> int:
+    async with Tangram.local() as tg:
+        return tg.scheduler.pools[tg.cpu.resource].capacity()
+
+
+def one_run(p: TwinParams, trajs, seed: int) -> dict:
+    """Calibrate, predict offline, run for real, replay: one run's figures."""
+    load0 = os.getloadavg()[0]
     t0 = time.monotonic()
-    prof = asyncio.run(calibrate(p, trajs))
-    t1 = time.monotonic()
-    runs: list[tuple[dict, dict, dict]] = []
-    for _ in range(p.runs):
-        real = asyncio.run(measure(p, trajs, prof.dops))
-        load.append(os.getloadavg()[0])
-        w = replay_workload(real, prof)
-        runs.append(
-            (
-                figures(real),
-                figures(simulate(w, real.cores, 0.0)),
-                figures(simulate(w, real.cores, 0.0, on_runtime=True)),
-            )
-        )
+    api = p.workload == "mixed"
+    with serve_api(p.api_latency_s) if api else contextlib.nullcontext() as url:
+        prof = asyncio.run(calibrate(p, trajs, url))
+        now = asyncio.run(background())  # the other tenants, just before the run
+        t1 = time.monotonic()
+        offline = figures(predict(trajs, prof, p, seed=seed, background=now))
+        real = asyncio.run(measure(p, trajs, prof.dops, url))
     t2 = time.monotonic()
-    offline = figures(predict(trajs, prof))
-    t3 = time.monotonic()
-    doc: dict = {
-        "experiment": "twin",
-        "trajectories": len(trajs),
-        "actions": sum(len(t.steps) for t in trajs),
-        "cores": prof.node.capacity,
-        "policy": DEFAULT_POLICY,
-        "runs": p.runs,
-        "load_avg_1m": {"start": load[0], "after_runs": load[1:]},
-        "wall_s": {
-            "calibrate": round(t1 - t0, 2),
-            "measure": round(t2 - t1, 2),
-            "simulate_offline": round(t3 - t2, 3),
+    w = replay_workload(real, prof, p)
+    replayed = figures(simulate(w, real.cores, EnvironmentStart(0.0)))
+    by_runtime = None
+    if not api:  # the runtime on virtual time has no API manager for a plain pool
+        by_runtime = figures(simulate(w, real.cores, EnvironmentStart(0.0), on_runtime=True))
+    return {
+        "measured": figures(real),
+        "offline": offline,
+        "replay": replayed,
+        "replay_by_runtime": by_runtime,
+        "ablations": {
+            name: figures(predict(trajs, prof, p, terms, seed=seed, background=now))
+            for name, terms in ABLATIONS.items()
         },
+        "background": {
+            "calibration_threads": prof.background,
+            "before_run_threads": now,
+            "during_run_cores": real.background,
+        },
+        "load_avg_1m": [load0, os.getloadavg()[0]],
+        "wall_s": {"calibrate": round(t1 - t0, 2), "run": round(t2 - t1, 2)},
         "profile": {
-            "open_s": prof.open_s,
+            "open_s": sorted(prof.opens),
+            "cold_open_s": prof.cold_open,
+            "api_s": prof.api_s,
+            "client_overhead_s": prof.overhead_s,
+            "slowdown": {k: prof.slowdown(k) for k in prof.corun},
             "run_s": {
                 f"{twin_kind(c)} {c if isinstance(c, str) else 'reward'} @{m}": v
                 for (c, m), v in prof.run_s.items()
             },
         },
     }
-    for k in offline:
-        m = statistics.median(r[0][k] for r in runs)
-        pr = statistics.median(r[1][k] for r in runs)
-        doc[k] = {
-            "predicted": pr,
-            "measured": m,
-            "error": _err(pr, m),
-            "predicted_by_runtime": statistics.median(r[2][k] for r in runs),
-            "error_per_run": [_err(r[1][k], r[0][k]) for r in runs],
-            "predicted_offline": offline[k],
-            "error_offline": _err(offline[k], m),
-        }
+
+
+def summary(runs: list[dict], side: str) -> dict:
+    """The `side` prediction against the measured figures: per figure the median of the
+    per-run errors (`*_err`), their spread, and the medians of the values."""
+    out: dict = {}
+    per = {k: [_err(r[side][k], r["measured"][k]) for r in runs] for k in FIGURES + DIAGNOSTICS}
+    for k, e in ERRORS.items():
+        out[e] = statistics.median(per[k])
+    out["errors_per_run"] = {ERRORS.get(k, k + "_err"): v for k, v in per.items()}
+    out["spread"] = {ERRORS[k]: [min(per[k]), max(per[k])] for k in FIGURES}
+    out["measured"] = {k: statistics.median(r["measured"][k] for r in runs) for k in per}
+    out["predicted"] = {k: statistics.median(r[side][k] for r in runs) for k in per}
+    return out
+
+
+def _ablation(runs: list[dict], name: str) -> dict:
+    return {
+        e: statistics.median(_err(r["ablations"][name][k], r["measured"][k]) for r in runs)
+        for k, e in ERRORS.items()
+    }
+
+
+def compare(p: TwinParams, workloads=WORKLOADS, loads=tuple(LOADS)) -> dict:
+    """Every workload at every load, `p.runs` runs each (calibration, offline prediction,
+    real run, replay)."""
+    cores = asyncio.run(_cores())
+    doc: dict = {
+        "experiment": "twin",
+        "cores": cores,
+        "policy": DEFAULT_POLICY,
+        "runs": p.runs,
+        "offline": {},
+        "replay": {},
+        "ablations": {},
+        "cells": {},
+    }
+    for wl in workloads:
+        for load in loads:
+            q = replace(p, workload=wl, trajectories=cores * LOADS[load])
+            trajs = plan(q)
+            runs = [one_run(q, trajs, seed) for seed in range(q.runs)]
+            doc["offline"].setdefault(wl, {})[load] = summary(runs, "offline")
+            doc["replay"].setdefault(wl, {})[load] = summary(runs, "replay")
+            doc["ablations"].setdefault(wl, {})[load] = {n: _ablation(runs, n) for n in ABLATIONS}
+            doc["cells"].setdefault(wl, {})[load] = {
+                "trajectories": len(trajs),
+                "actions": sum(len(t.steps) for t in trajs),
+                "runs": runs,
+            }
     return doc
-
-
-def _err(predicted: float, measured: float) -> float | None:
-    return (predicted - measured) / measured if measured else None
-
-
-FIGURES = ("mean_act_s", "p99_act_s", "step_s", "core_utilisation")
-DIAGNOSTICS = ("mean_run_s", "mean_queued_s")  # where an ACT error comes from
 
 
 def _pct(e: float | None) -> str:
     return "-" if e is None else f"{100 * e:+.1f}%"
+
+
+def _table(doc: dict, side: str, title: str) -> Table:
+    t = Table(title=title)
+    for c in ("workload", "load", "figure", "measured", "predicted", "error", "per run"):
+        t.add_column(c)
+    for wl, by_load in doc[side].items():
+        for load, s in by_load.items():
+            for k in FIGURES + DIAGNOSTICS:
+                e = ERRORS.get(k, k + "_err")
+                t.add_row(
+                    wl,
+                    load,
+                    k,
+                    f"{s['measured'][k]:.3f}",
+                    f"{s['predicted'][k]:.3f}",
+                    _pct(statistics.median(s["errors_per_run"][e])),
+                    ", ".join(_pct(x) for x in s["errors_per_run"][e]),
+                )
+    return t
+
+
+def _ablations(doc: dict) -> Table:
+    t = Table(title="offline error with each term switched off (median over runs)")
+    for c in ("workload", "load", "model", *ERRORS.values()):
+        t.add_column(c)
+    for wl, by_load in doc["ablations"].items():
+        for load, abl in by_load.items():
+            rows = {"full": doc["offline"][wl][load], **abl}
+            for name, errs in rows.items():
+                t.add_row(wl, load, name, *(_pct(errs[e]) for e in ERRORS.values()))
+    return t
 
 
 def main(argv: list[str]) -> int:
@@ -247,38 +219,24 @@ def main(argv: list[str]) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--quick", action="store_true", help="a small workload, well under 1 min")
+    ap.add_argument("--quick", action="store_true", help="small workloads, one run each")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--trajectories", type=int, help="override the workload's size")
+    ap.add_argument("--runs", type=int, help="runs per workload and load")
+    ap.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--loads", nargs="+", choices=tuple(LOADS), default=list(LOADS))
     ns = ap.parse_args(argv)
     p = QUICK if ns.quick else TwinParams()
-    if ns.trajectories is not None:
-        if ns.trajectories < 1:
-            ap.error(f"--trajectories {ns.trajectories}: must be at least 1")
-        p = TwinParams(**{**p.__dict__, "trajectories": ns.trajectories})
-    doc = compare(p)
+    if ns.runs is not None:
+        if ns.runs < 1:
+            ap.error(f"--runs {ns.runs}: must be at least 1")
+        p = replace(p, runs=ns.runs)
+    doc = compare(p, tuple(ns.workloads), tuple(ns.loads))
     if ns.json:
         print(json.dumps(doc, indent=2))
         return 0
-    la = doc["load_avg_1m"]
-    t = Table(
-        title=f"twin: {doc['trajectories']} trajectories, {doc['actions']} actions on "
-        f"{doc['cores']} cores, policy {doc['policy']}, medians of {doc['runs']} "
-        f"real runs (calibrate {doc['wall_s']['calibrate']} s, runs "
-        f"{doc['wall_s']['measure']} s; load average {la['start']:.1f} at start, "
-        f"{', '.join(f'{x:.1f}' for x in la['after_runs'])} after each run)"
-    )
-    for c in ("figure", "predicted", "measured", "error", "offline", "offline error"):
-        t.add_column(c)
-    for k in FIGURES + DIAGNOSTICS:
-        f = doc[k]
-        t.add_row(
-            k,
-            f"{f['predicted']:.3f}",
-            f"{f['measured']:.3f}",
-            _pct(f["error"]),
-            f"{f['predicted_offline']:.3f}",
-            _pct(f["error_offline"]),
-        )
-    Console().print(t)
+    c = Console()
+    n = f"{doc['cores']} cores, policy {doc['policy']}, {doc['runs']} run(s) each"
+    c.print(_table(doc, "offline", f"twin, OFFLINE prediction (calibration only): {n}"))
+    c.print(_table(doc, "replay", "twin, replay (the run's own run times and gaps)"))
+    c.print(_ablations(doc))
     return 0

@@ -1,7 +1,12 @@
-"""The twin's workload (`tangram experiment twin`, `evaluation.twin`): its commands (tool calls
-`head -c N /dev/zero | sha256sum` on one core; a reward, a Python program forking one worker
-per granted core over a serial and a parallel part) and its plan (trajectories, turns and
-LLM gaps drawn as the AI-coding workload draws them, `evaluation.workloads.coding`)."""
+"""The twin's workloads (`tangram experiment twin`, `evaluation.twin`): their commands (tool
+calls `head -c N /dev/zero | sha256sum` on one core; a reward, a Python program forking one
+worker per granted core over a serial and a parallel part; in the mixed workload, calls of an
+HTTP API on loopback with a latency and a concurrency limit) and their plans (trajectories,
+turns and LLM gaps drawn as the AI-coding workload draws them, `evaluation.workloads.coding`).
+
+Two workloads (`WORKLOADS`): `coding` (tool calls, then the reward) and `mixed` (each turn a
+tool call or an API call, even odds, then the reward); two loads (`LOADS`): `fit` (as many
+trajectories as cores) and `over` (twice as many)."""
 
 from __future__ import annotations
 
@@ -33,39 +38,46 @@ for pid in kids:
     os.waitpid(pid, 0)
 """
 TIMEOUT_S = 60.0  # every exec's timeout, in the runtime and in the simulated actions
+API = "search"  # the mixed workload's API (resource `api:search`)
+API_KIND = "api:search"
+WORKLOADS = ("coding", "mixed")
+LOADS = {"fit": 1, "over": 2}  # trajectories per core
 
 
 @dataclass(frozen=True)
 class TwinParams:
-    trajectories: int = 8
+    trajectories: int = 8  # overridden per load: cores x `LOADS[load]`
     turns_mean: float = 5.0  # tool calls per trajectory (lognormal as in AI coding)
-    tool_bytes: tuple[int, ...] = (20_000_000, 40_000_000, 80_000_000)
+    tool_bytes: tuple[int, ...] = (100_000_000, 200_000_000, 400_000_000)
     reward_serial: float = 2e6  # loop iterations of the reward's serial part
     reward_parallel: float = 3e7  # ... and of its parallel part, split over the granted cores
     think_scale: float = 0.1  # LLM generation gaps of the coding workload, scaled down
     start_spread_s: float = 2.0
     max_dop: int = 4
-    reps: int = 3  # calibration runs per (command, amount)
-    runs: int = 3  # real runs, each predicted from its own trace; figures are medians over them
+    reps: int = 3  # calibration rounds (each command alone, each kind beside its copies)
+    corun_max: int = 2  # calibrate co-runs up to this many copies per core
+    runs: int = 3  # real runs per workload and load, each after its own calibration
     seed: int = 0
+    workload: str = "coding"  # or "mixed" (`WORKLOADS`)
+    api_latency_s: float = 0.2  # the loopback API server's answer time
+    api_concurrency: int = 2  # calls the API pool lets in flight (Tangram's gate)
 
 
 QUICK = TwinParams(
-    trajectories=3,
     turns_mean=3.0,
-    tool_bytes=(20_000_000, 40_000_000),
-    reward_parallel=1.2e7,
+    tool_bytes=(60_000_000, 120_000_000),
+    reward_parallel=8e6,
     think_scale=0.05,
     start_spread_s=0.5,
     reps=2,
-    runs=2,
+    runs=1,
 )
 
 
 @dataclass(frozen=True)
 class TwinStep:
     think_s: float
-    command: Command
+    command: Command | None  # None: a call of the API
     elastic: bool
 
 
@@ -95,19 +107,20 @@ def plan(p: TwinParams) -> list[TwinTrajectory]:
         steps = []
         for _ in range(turns):
             tokens = lognormal_mean(rng, c.output_tokens_mean, c.output_tokens_sigma)
+            tool = tool_command(rng.choice(p.tool_bytes))
+            api = p.workload == "mixed" and rng.random() < 0.5
             steps.append(
-                TwinStep(
-                    p.think_scale * tokens / c.decode_tok_s,
-                    tool_command(rng.choice(p.tool_bytes)),
-                    False,
-                )
+                TwinStep(p.think_scale * tokens / c.decode_tok_s, None if api else tool, False)
             )
         steps.append(TwinStep(0.0, reward_command(p), True))
         out.append(TwinTrajectory(f"twin{i}", rng.uniform(0, p.start_spread_s), tuple(steps)))
     return out
 
 
-def twin_kind(command: Command) -> str:
-    """The trusted kind the twin gives each command (its program's name), on both sides."""
+def twin_kind(command: Command | None) -> str:
+    """The trusted kind the twin gives each command (its program's name; an API call's
+    `api:<name>`), on both sides."""
+    if command is None:
+        return API_KIND
     first = (command.split() or ["?"])[0] if isinstance(command, str) else command[0]
     return first.rsplit("/", 1)[-1]

@@ -1,59 +1,116 @@
-"""The digital twin in CI (`tangram experiment twin --quick`): a small AI-coding workload run
-for real through `Tangram.local()`, twice, and each run predicted by the simulator replaying
-it (each action's measured run time and the client's measured gaps; the grants, the queueing,
-ACT, p99, step time and utilisation are the simulator's own). Tolerance: each of mean ACT,
-p99 ACT, step time and core utilisation predicted within 10% of the measured figure (the
-median over the runs), and in every run. Measured on the loaded 2-core machine (load average
-7-9): errors 0.0-0.2% once the replay played elastic times exactly, 3-11% before (a clipped
-efficiency); 10% leaves room for a CI runner's event-loop latency. The offline prediction
-(the calibrated profiles alone, `predicted_offline`) is held only to a factor of 3: a shared
-2-core machine swings a command's run time by 2x between calibration and run
-(docs/architecture.md, "The digital twin"). The prediction through the runtime itself on
-virtual time (`predicted_by_runtime`) must equal the engine's."""
+"""The digital twin in CI (`tangram experiment twin --quick`): both workloads (AI coding;
+mixed CPU + a real loopback HTTP API) at both loads (as many trajectories as cores, twice
+as many), one run each, each run calibrated immediately before it.
+
+- The **offline** prediction (calibration only, made before the run starts): for each
+  figure, the median over the four workload x load cells of |ln(predicted / measured)| within
+  `POOLED` (a factor of 2 for mean ACT and step time, 2.5 for p99, 1.35 for utilisation),
+  and every cell within `CELL` (a factor of 5). Defended by three quick runs on the shared
+  2-core machine at load average 8-12 (docs/architecture.md, "The digital twin"): pooled
+  factors 1.07-1.52 (mean ACT), 1.14-1.92 (p99), 1.07-1.35 (step time), 1.07-1.15
+  (utilisation); the worst cell 2.37 (a mean ACT), and single full-size runs missed by up
+  to a factor of 4.79 (a p99). One run of this test in three failed here with the cell
+  bound at a factor of 3. One quick run per cell sees the other
+  tenants' load move between calibration and run; the pooled median is what one run can
+  hold, the goal (10%/20%, medians over 3 runs) is the full run's.
+- The **replay** (the run's own run times and gaps, only the queueing modelled) within 10%,
+  and through the runtime on virtual time equal to the engine's (coding; the runtime's sim
+  has no plain API pool).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import statistics
+from dataclasses import replace
 
 import pytest
 
 from evaluation import twin
+from evaluation.twin_measure import Profile
+from evaluation.twin_model import Contention, predict
+from evaluation.twin_plan import LOADS, QUICK, WORKLOADS, plan
 from tangram.runtime.cli import main as cli
 from topology import CpuNode
 
-TOLERANCE = 0.10  # replayed prediction: |predicted / measured - 1| <= 10%
-OFFLINE = 3.0  # offline prediction: predicted / measured within [1/3, 3]
+REPLAY = 0.10
+POOLED = {
+    "mean_act_s": math.log(2.0),
+    "p99_act_s": math.log(2.5),
+    "step_s": math.log(2.0),
+    "core_utilisation": math.log(1.35),
+}
+CELL = math.log(5.0)
 
 
-def test_twin_quick_predicts_within_tolerance(capsys):
+def test_twin_quick_offline_and_replay(capsys):
     assert cli(["experiment", "twin", "--quick", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["actions"] == sum(len(t.steps) for t in twin.plan(twin.QUICK))
-    for k in twin.FIGURES:
-        f = doc[k]
-        assert set(f) >= {"predicted", "measured"}
-        assert f["predicted"] > 0 and f["measured"] > 0, k
-        assert abs(f["predicted"] / f["measured"] - 1) <= TOLERANCE, (k, f)
-        assert all(abs(e) <= TOLERANCE for e in f["error_per_run"]), (k, f)
-        assert f["predicted_offline"] > 0, k
-        assert abs(math.log(f["predicted_offline"] / f["measured"])) <= math.log(OFFLINE), (k, f)
-        assert f["predicted_by_runtime"] == pytest.approx(f["predicted"], rel=1e-9), (k, f)
-    assert 0 < doc["core_utilisation"]["measured"] <= 1.0 + 1e-9
+    cores = doc["cores"]
+    logs: dict[str, list[float]] = {k: [] for k in twin.FIGURES}
+    for wl in WORKLOADS:
+        for load, per_core in LOADS.items():
+            cell = doc["cells"][wl][load]
+            assert cell["trajectories"] == cores * per_core
+            off, rep = doc["offline"][wl][load], doc["replay"][wl][load]
+            assert set(off) >= {*twin.ERRORS.values(), "measured", "predicted", "spread"}
+            for k, e in twin.ERRORS.items():
+                assert off["predicted"][k] > 0 and off["measured"][k] > 0, (wl, load, k)
+                ratio = abs(math.log(off["predicted"][k] / off["measured"][k]))
+                assert ratio <= CELL, (wl, load, k, off)
+                logs[k].append(ratio)
+                assert abs(rep[e]) <= REPLAY, (wl, load, e, rep)
+            for r in cell["runs"]:
+                assert 0 < r["measured"]["core_utilisation"] <= 1.0 + 1e-9
+                if r["replay_by_runtime"] is not None:
+                    for k in twin.FIGURES:
+                        assert r["replay_by_runtime"][k] == pytest.approx(r["replay"][k], rel=1e-9)
+            assert set(doc["ablations"][wl][load]) >= {"no_contention", "with_background", "none"}
+    for k, bound in POOLED.items():
+        assert statistics.median(logs[k]) <= bound, (k, logs[k])
+    mixed = [s for t in plan(replace(QUICK, workload="mixed")) for s in t.steps]
+    assert any(s.command is None for s in mixed)  # the mixed workload calls the API
 
 
-def test_twin_workload_plays_the_profile():
-    """The simulated side alone: every action of the plan runs, tools at their measured time
-    on one core, and with no contention an action's ACT is its run time."""
-    p = twin.TwinParams(trajectories=1, turns_mean=2.0, reps=1)
-    trajs = twin.plan(p)
-    node = CpuNode.flat("n0", 2)
-    run_s = {}
-    for s in trajs[0].steps:
-        for m in (1, 2):
-            run_s[(s.command, m)] = [0.5 if not s.elastic else 2.0 / m]
-    prof = twin.Profile(run_s, [0.1], node, (1, 2))
-    o = twin.predict(trajs, prof)
-    assert len(o.acts) == len(trajs[0].steps)
-    assert all(a == pytest.approx(r) for a, r in zip(o.acts, o.runs))
-    assert sorted(o.runs)[:-1] == pytest.approx([0.5] * (len(o.runs) - 1))
+def _profile(slow: float) -> tuple[list, Profile]:
+    p = twin.TwinParams(trajectories=2, turns_mean=2.0, reps=1)
+    trajs = plan(p)
+    samples = {}
+    for t in trajs:
+        for s in t.steps:
+            for m in (1, 2):
+                samples[(s.command, m)] = [0.5 if not s.elastic else 2.0 / m]
+    corun = {"head": {1: [1.0], 2: [slow]}, "python3": {1: [1.0], 2: [slow]}}
+    return trajs, Profile(samples, [0.1], CpuNode.flat("n0", 2), (1, 2), corun, [], [0.0])
+
+
+def test_offline_plays_the_profile_and_its_contention():
+    """The simulated side alone: every action of the plan runs, tools at their calibrated
+    time; a slowdown of 2 beside a neighbour makes actions run longer, none shorter."""
+    trajs, alone = _profile(1.0)
+    o = predict(trajs, alone, twin.TwinParams())
+    assert len(o.acts) == sum(len(t.steps) for t in trajs)
+    assert all(r == pytest.approx(0.5) for r in sorted(o.runs)[: len(o.runs) - 2])
+    _, slowed = _profile(2.0)
+    s = predict(trajs, slowed, twin.TwinParams())
+    assert sum(s.runs) > sum(o.runs)
+    assert min(s.runs) >= min(o.runs) - 1e-9
+
+
+def test_background_shift_reads_the_curve_further():
+    c = Contention({"head": (1.0, 1.5, 2.5)}, shift=1.0)
+    rates = c.rates({"a": (_act("kind:head"), {"cpu": 1})})
+    assert rates["a"] == pytest.approx(1 / 1.5)  # alone now, but one more tenant core busy
+
+
+def _act(kind: str):
+    from tangram.actions import Action
+
+    return Action("a", {"cpu": 1}, duration=1.0, kind=kind)
+
+
+def test_bad_runs_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        twin.main(["--runs", "0"])
+    assert "--runs 0" in capsys.readouterr().err
