@@ -181,10 +181,14 @@ class Backend(ABC):
         """Kill and remove what servers that died left behind (their PIDs are gone): called
         once, after `start`, before serving; returns a line per thing swept, for the log."""
         self._require_started("sweep")
-        return self._sweep() + (sweep_workdirs(self.support.parent) if self.support_files else [])
+        return self._sweep() + (self._sweep_workdirs() if self.support_files else [])
 
     def _sweep(self) -> list[str]:
         return []
+
+    def _sweep_workdirs(self) -> list[str]:
+        """Dead servers' work folders under this backend's support folder's parent."""
+        return sweep_workdirs(self.support.parent)
 
     async def shutdown(self) -> None:
         """Release what the backend holds beyond environments (clients, parent cgroups) and

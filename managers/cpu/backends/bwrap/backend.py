@@ -372,22 +372,20 @@ class BwrapBackend(CgroupBackend):
             raise_if_out_of_files(exc)  # a host limit (503)
             raise
 
-    def sweep(self) -> list[str]:
+    def _sweep_workdirs(self) -> list[str]:
         """Rootless, a dead server's work folders hold its environments' files (their uids'):
         they are swept from a user namespace that maps the whole subordinate range."""
         if not self.rootless:
-            return super().sweep()
-        self._require_started("sweep")
-        swept = self._sweep()
+            return super()._sweep_workdirs()
         source = self._uid_source
         assert isinstance(source, subids.SubUidAllocator)
         try:
             ns = subids.make_range_userns(source.ids)
         except BackendUnavailable as exc:
-            return [*swept, f"the work folders of dead servers were not swept ({exc})"]
+            return [f"the work folders of dead servers were not swept ({exc})"]
         try:
             parent = str(self.support.parent)
-            return [*swept, *subids.in_userns(ns, sweep_workdirs, parent, here=True)]
+            return list(subids.in_userns(ns, sweep_workdirs, parent, here=True))
         finally:
             os.close(ns)
 
