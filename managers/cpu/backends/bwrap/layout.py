@@ -254,3 +254,22 @@ def hold_ready(env: Environment, slot: Slot, proc: subprocess.Popen, info_r: int
             if stream is not None:
                 stream.close()
     return _Holder(proc, pid, started, slot)
+
+
+def trial_argv(uid: int) -> list[str]:
+    """A sandbox as every environment gets one, running `/bin/true` as `uid`: the probe that
+    bubblewrap works here (as root, or inside a user namespace rootless)."""
+    return [
+        "bwrap",
+        *ISOLATE,
+        "--unshare-cgroup",
+        "--unshare-net",
+        *_system_binds(()),
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--",
+        *_drop_to(uid),
+        "/bin/true",
+    ]

@@ -31,7 +31,7 @@ import shutil
 import subprocess
 
 from managers.cpu import subids
-from managers.cpu.backends.bwrap.layout import ISOLATE, _drop_to, _system_binds
+from managers.cpu.backends.bwrap.layout import trial_argv
 from managers.cpu.backends.cgroup import fs
 from managers.cpu.removal import remove_tree
 from tangram.errors import BackendUnavailable
@@ -78,21 +78,7 @@ def probe() -> str | None:
 
 
 def _trial(ns: int, uid: int) -> str | None:
-    trial = [
-        *holder_prefix(ns),
-        "bwrap",
-        *ISOLATE,
-        "--unshare-cgroup",
-        "--unshare-net",
-        *_system_binds(()),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--",
-        *_drop_to(uid),
-        "/bin/true",
-    ]
+    trial = [*holder_prefix(ns), *trial_argv(uid)]
     try:
         done = subprocess.run(
             trial, capture_output=True, timeout=10, cwd="/", env={}, pass_fds=(ns,)

@@ -17,9 +17,8 @@ from managers.cpu.backends.bwrap.layout import (
     INSIDE_SUPPORT,
     INSIDE_WORK,
     ISOLATE,
-    _drop_to,
-    _system_binds,
     image_root,
+    trial_argv,
 )
 from managers.cpu.backends.bwrap.rootless import image_dirs
 from managers.cpu.backends.cgroup.backend import CgroupBackend
@@ -47,22 +46,10 @@ def probe_sandbox() -> str | None:
             f"{' and '.join(missing)} not found: install bubblewrap (Debian: "
             f"`apt-get install bubblewrap`; setpriv is in util-linux)"
         )
-    trial = [
-        "bwrap",
-        *ISOLATE,
-        "--unshare-cgroup",
-        "--unshare-net",
-        *_system_binds(()),
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--",
-        *_drop_to(DEFAULT_UID_BASE),
-        "/bin/true",
-    ]
     try:
-        done = subprocess.run(trial, capture_output=True, timeout=10, cwd="/", env={})
+        done = subprocess.run(
+            trial_argv(DEFAULT_UID_BASE), capture_output=True, timeout=10, cwd="/", env={}
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap could not start a sandbox ({exc})"
     if done.returncode != 0:
