@@ -90,6 +90,7 @@ ENTRIES: tuple[Entry, ...] = (
         "/run_code latency against a minimal server",
         ("bench", "sandboxfusion", "--latency"),
         90,
+        readme=(r"^rootless vs root \(tangram\)",),
     ),
     Entry("sessions", "Shell sessions against swerex-remote", ("bench", "sessions"), 120),
     Entry("env", "Environments from images, fork and snapshot", ("bench", "env"), 60),
