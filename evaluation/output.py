@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -116,8 +117,6 @@ class Heartbeat:
     (one bench, one real run) still says it is alive, on a terminal and in a log alike."""
 
     def __init__(self, label: str, every_s: float = 15.0, stream: TextIO | None = None) -> None:
-        import threading
-
         self.label, self.every_s = label, every_s
         self.stream = stream if stream is not None else sys.stderr
         self._stop = threading.Event()

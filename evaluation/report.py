@@ -261,8 +261,8 @@ def _section(d: dict[str, Any]) -> list[str]:
         out += _compare_table(doc)
     else:
         out += ["```text", d["output"] or "(no output)", "```", ""]
-    if d.get("image"):
-        out += [f"![{d['name']}]({d['image']})", ""]
+    if d.get("image"):  # generated, so not in the repository: the report writes it here
+        out += [f"Its plot: `docs/{d['image']}` (written by `tangram report`, not committed).", ""]
     return out
 
 

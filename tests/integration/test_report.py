@@ -27,7 +27,7 @@ def test_report_runs_an_entry_and_renders_it(tmp_path, capsys):
     assert fig6["rc"] == 0 and (docs / "img" / "figures" / "fig6.png").is_file()
     md = (docs / "figures.md").read_text()
     assert "| coding: ACT (queue + run per action), baseline / Tangram |" in md
-    assert "![fig6](img/figures/fig6.png)" in md
+    assert "Its plot: `docs/img/figures/fig6.png` (written by `tangram report`" in md
     text = readme.read_text()
     assert "coding: rollout makespan" in text and text.endswith("\nafter\n")
     # past the budget: not started, the figures of the last report kept
