@@ -1,28 +1,45 @@
 """The node shard's side of a batch (`tangram.runtime.shards.batches`, docs/scale.md
 "Batches"), on a recording worker: each instant decided with the learned means of that instant,
-work held while the shard's queue is empty, a put-off class woken at its due instant, and the
-op stream parsed into each instant's work."""
+no decision while the shard's queue is empty (the work applied all the same, in order), a put-off
+class woken at its due instant, and the op stream cut at the last instant."""
 
 from __future__ import annotations
 
-import functools
-
-from tangram.runtime.shards.batches import BatchStepper, Ops, parse_ops
-from tangram.runtime.shards.worker import Outbox
+from tangram.runtime.shards.batches import BatchStepper, Ops
 
 
 class _Sched:
+    """What the stepper drives of a scheduler: the ops applied in order, recorded."""
+
     def __init__(self) -> None:
         self.profiles = type("P", (), {"means": {}})()
         self.queue: dict[str, object] = {}
         self.wants: bool | float = False
+        self.applied: list = []  # the ops since the last decision
 
     def wants_next_decision(self):
         return self.wants
 
+    def enqueue(self, a) -> None:
+        self.queue[a] = a
+        self.applied.append(a)
+
+    def complete(self, aid, now, status=None) -> None:
+        self.applied.append(aid)
+
+    def cancel(self, aid) -> None:
+        self.queue.pop(aid, None)
+        self.applied.append(("cancels", aid))
+
+    def bind(self, *v) -> None:
+        self.applied.append(("binds", v))
+
+    def unbind(self, t) -> None:
+        self.applied.append(("unbinds", t))
+
 
 class _Worker:
-    """Records each decision (time, means then, the completions and arrivals applied) and
+    """Records each decision (time, means then, the ops applied since the last one) and
     starts the first queued action, if any, wanting to decide again as told."""
 
     def __init__(self, wants=False, queued=()) -> None:
@@ -31,20 +48,13 @@ class _Worker:
         self.sched.queue.update((q, q) for q in queued)
         self.log: list = []
 
-    def apply_and_decide(self, now, box):
-        for aid in box.cancels:
-            self.sched.queue.pop(aid, None)
-        for a in box.arrivals:
-            self.sched.queue[a] = a
-        self.log.append((now, dict(self.sched.profiles.means), list(box.arrivals)))
-        self.completed = list(box.completes)
-        return self._start()
+    @property
+    def completed(self) -> list:
+        return [op for t, m, ops in self.log for op in ops if isinstance(op, str)]
 
     def decide(self, now):
-        self.log.append((now, dict(self.sched.profiles.means), None))
-        return self._start()
-
-    def _start(self):
+        self.log.append((now, dict(self.sched.profiles.means), self.sched.applied))
+        self.sched.applied = []
         if not self.sched.queue:
             return []
         first = next(iter(self.sched.queue))
@@ -55,7 +65,7 @@ class _Worker:
 
 
 def _stepper(worker):
-    return BatchStepper(worker), functools.partial(parse_ops, box=Outbox)
+    return BatchStepper(worker), lambda ops: ops
 
 
 def _arr(name: str):
@@ -78,15 +88,14 @@ def test_a_batch_decides_each_instant_with_the_means_of_that_instant():
 
 
 def test_a_batch_holds_work_while_the_queue_is_empty_and_wakes_when_due():
-    """Work for a shard whose queue stays empty is held (the per-instant router would not
-    have asked it) and applied at the next instant it decides at; a put-off class due at
+    """Work for a shard whose queue stays empty makes no decision (the per-instant router would
+    not have asked it) and is applied, in order, before the next one; a put-off class due at
     time t is decided at the first instant at or after t, not before."""
     a = _arr("a")
     w = _Worker()
     stepper, parse = _stepper(w)
     stepper.run(([1.0, 2.0], {}, []), parse(["x", 0, a, 1]))
-    assert [(t, arr) for t, _, arr in w.log] == [(2.0, [a])]
-    assert stepper.held is None
+    assert [(t, ops) for t, _, ops in w.log] == [(2.0, ["x", a])]
 
     w = _Worker(wants=2.5)
     stepper, parse = _stepper(w)
@@ -100,7 +109,7 @@ def test_a_batch_holds_work_while_the_queue_is_empty_and_wakes_when_due():
     assert [t for t, _, _ in w.log] == [2.0, 3.0]
 
 
-def test_an_op_stream_splits_at_the_last_instant_and_parses_in_order():
+def test_an_op_stream_splits_at_the_last_instant_and_applies_in_order():
     a, b = _arr("a"), _arr("b")
     ops = Ops()
     ops.arrivals.append(a)
@@ -113,11 +122,12 @@ def test_an_op_stream_splits_at_the_last_instant_and_parses_in_order():
     ops.arrivals.append(b)  # after the last instant: the next batch's
     sent, rest = ops.split()
     assert rest.arrivals == [b] and rest.cut == 0
-    got = [
-        (j, box.arrivals, box.binds, box.completes, box.cancels, box.unbinds)
-        for j, box in parse_ops(sent, Outbox)
+    w = _Worker(queued=["q"])
+    BatchStepper(w).run(([1.0, 2.0, 3.0, 4.0], {}, []), sent)
+    assert [(t, ops) for t, _, ops in w.log] == [
+        (1.0, [a, ("binds", ("t", "cpu", "n0"))]),
+        (4.0, ["x", ("cancels", "y"), ("unbinds", "t")]),
     ]
-    assert got == [(0, [a], [("t", "cpu", "n0")], [], [], []), (3, [], [], ["x"], ["y"], ["t"])]
 
 
 def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
@@ -143,9 +153,10 @@ def test_a_fresh_shard_decides_only_when_asked_and_means_apply_in_order():
     assert [(t, m) for t, m, _ in w.log] == [(2.0, {"k": 1.0, "other": 5.0})]
 
 
-def test_held_work_accumulates_and_cancels_of_the_queue_count():
-    """Two instants of completions only (the queue stays empty) are held together; a cancel of
-    the only queued action empties the queue (held too); a cancel of an id not queued does not."""
+def test_work_with_an_empty_queue_is_applied_and_cancels_of_the_queue_count():
+    """Two instants of completions only (the queue stays empty) decide nothing and are both
+    applied before the next decision; a cancel of the only queued action empties the queue (no
+    decision); a cancel of an id not queued does not."""
     a = _arr("a")
     w = _Worker()
     stepper, parse = _stepper(w)
@@ -157,7 +168,7 @@ def test_held_work_accumulates_and_cancels_of_the_queue_count():
     ops.cancels.append("q")
     ops.mark(0)
     stepper.run(([1.0], {}, []), parse(ops.split()[0]))
-    assert w.log == [] and stepper.held is not None and w.sched.queue == {"q": "q"}
+    assert w.log == [] and w.sched.queue == {} and w.sched.applied == [("cancels", "q")]
     w = _Worker(queued=["q"], wants=True)
     stepper, parse = _stepper(w)
     ops = Ops()

@@ -13,7 +13,7 @@ from typing import Any
 
 from tangram.errors import BackendUnavailable
 from tangram.runtime.shards.wire import STOP, wire_dumps, wire_loads
-from tangram.runtime.shards.worker import ShardInit, ShardWorker
+from tangram.runtime.shards.worker import ShardInit, ShardWorker, settle_collector
 
 
 def ray_is_running() -> bool:
@@ -27,6 +27,7 @@ class ShardActor:
 
     def __init__(self, init: bytes) -> None:
         self.worker = ShardWorker(wire_loads(init))
+        settle_collector()  # the actor's process is its own
 
     def handle(self, data: bytes) -> bytes:
         return self.worker.handle(data)[0]

@@ -6,9 +6,9 @@ it in one message once the simulator must know the grants (`ShardedScheduler(bat
 docs/scale.md "Batches"). The shard then replays the instants in order, deciding exactly where
 the per-instant protocol would have asked it:
 
-- at an instant with work for it, when its queue (after that instant's cancels and arrivals) is
-  not empty; with an empty queue the router would not have asked it, so the work is held and
-  applied at the next instant it decides at, as the router would have held it;
+- at an instant with work for it, when its queue (after that instant's ops) is not empty (with
+  an empty queue the router would not have asked it; the work is applied all the same, which
+  changes what the next decision reads exactly as the router's holding it until then would);
 - at the first instant at or after the time a put-off class asked to be read again (or the
   next instant, when it asked for the next decision), when its queue is not empty;
 - with the learned means as of that instant: the message carries the means at the batch's
@@ -18,51 +18,84 @@ the per-instant protocol would have asked it:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
 from typing import Any
+
+from tangram.results import Status
 
 NEVER = 1 << 62  # an instant index past any batch
 
 
 class BatchStepper:
-    """Runs one batch on a shard worker (`ShardWorker`: `sched`, `apply_and_decide`) and keeps
-    what lasts from one batch to the next: the work held while the queue was empty, and when
-    the shard wants to decide again (`wake`: False, True for the next instant, or a time)."""
+    """Runs one batch on a shard worker (`ShardWorker`: `sched`, `decide`) and keeps when the
+    shard wants to decide again from one batch to the next (`wake`: False, True for the next
+    instant, or a time).
+
+    The op stream is applied as it comes, each op at its instant: work that arrives while the
+    queue stays empty changes what the next decision reads exactly as it would have changed it
+    applied then (a completion returns its units and touches its class; the learning is the
+    router's), so nothing is held back, and no per-instant box is built."""
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
-        self.held = None  # an Outbox not applied yet: the shard's queue was empty
         self.wake: bool | float = False
 
-    def run(self, common: tuple, ticks: list) -> tuple[list, bool | float]:
-        """`common`: (the instants, the means at the first, [(instant, {kind: mean})]);
-        `ticks`: [(instant, Outbox)] in order. The answer: [(instant, grants)] for the instants
-        it decided at, and whether (True) or from when (a time) it wants to decide again."""
+    def run(self, common: tuple, ops: list) -> tuple[list, bool | float]:
+        """`common`: (the instants, the means at the first, [(instant, {kind: mean})]); `ops`:
+        the shard's op stream (`Ops`), each instant's ops followed by its index. The answer:
+        [(instant, grants)] for the instants it decided at, and whether (True) or from when
+        (a time) it wants to decide again."""
         instants, base, changes = common
-        means = self.worker.sched.profiles.means
+        sched = self.worker.sched
+        means = sched.profiles.means
         means.update(base)
+        queue = sched.queue
         out: list = []
-        ci, ti = 0, 0
+        ci = 0
+        start = 0
         due = self._due(instants, -1)
-        while True:
-            at_tick = ticks[ti][0] if ti < len(ticks) else NEVER
-            k = min(at_tick, due)
-            if k == NEVER:
-                break
-            while ci < len(changes) and changes[ci][0] <= k:
-                means.update(changes[ci][1])
-                ci += 1
-            box = None
-            if at_tick == k:
-                box = ticks[ti][1]
-                ti += 1
-            grants = self.step(instants[k], box)
-            if grants is not None:
-                out.append((k, grants))
+        for pos in [p for p, op in enumerate(ops) if type(op) is int]:
+            k = ops[pos]
+            while due < k:  # a put-off class due before this instant's work
+                ci = _means_until(changes, ci, due, means)
+                self._decide(instants[due], due, out)
+                due = self._due(instants, due)
+            self._apply(ops, start, pos, instants[k])
+            start = pos + 1
+            ci = _means_until(changes, ci, k, means)
+            if len(queue):  # an empty queue: the router would not have asked it
+                self._decide(instants[k], k, out)
             due = self._due(instants, k)
+        while due != NEVER:
+            ci = _means_until(changes, ci, due, means)
+            self._decide(instants[due], due, out)
+            due = self._due(instants, due)
         for _, m in changes[ci:]:
             means.update(m)
-        return out, (self.wake if len(self.worker.sched.queue) else False)
+        return out, (self.wake if len(queue) else False)
+
+    def _apply(self, ops: list, start: int, stop: int, now: float) -> None:
+        """Apply `ops[start:stop]` in order, at `now`."""
+        sched = self.worker.sched
+        for i in range(start, stop):
+            op = ops[i]
+            t = type(op)
+            if t is str:
+                sched.complete(op, now, status=Status.CANCELLED)  # the router learns
+            elif t is tuple:
+                tag, v = op
+                if tag == "cancels":
+                    sched.cancel(v)
+                elif tag == "binds":
+                    sched.bind(*v)
+                else:
+                    sched.unbind(v)
+            else:
+                sched.enqueue(op)
+
+    def _decide(self, now: float, k: int, out: list) -> None:
+        out.append((k, self.worker.decide(now)))
+        wants = self.worker.sched.wants_next_decision()
+        self.wake = wants if wants is True or wants is False else float(wants)
 
     def _due(self, instants: list[float], k: int) -> int:
         """The first instant after index `k` the shard decides at unasked (NEVER: none)."""
@@ -72,24 +105,13 @@ class BatchStepper:
         j = k + 1 if wake is True else bisect_left(instants, wake, k + 1)
         return j if j < len(instants) else NEVER
 
-    def step(self, now: float, box) -> list | None:
-        """Decide at `now` with `box` (None: a put-off class is due), or hold the work when the
-        queue would be empty (None answered)."""
-        held = self.held
-        if box is not None:
-            held = box if held is None else held.absorb(box)
-        queue = self.worker.sched.queue
-        if held is None or not held.arrivals:
-            n = len(queue) - (sum(c in queue for c in held.cancels) if held is not None else 0)
-            if n <= 0:
-                self.held = held
-                return None
-        self.held = None
-        worker = self.worker
-        grants = worker.apply_and_decide(now, held) if held is not None else worker.decide(now)
-        wants = worker.sched.wants_next_decision()
-        self.wake = wants if wants is True or wants is False else float(wants)
-        return grants
+
+def _means_until(changes: list, ci: int, k: int, means: dict) -> int:
+    """Apply the mean changes up to instant `k` from `changes[ci]` on; the next index."""
+    while ci < len(changes) and changes[ci][0] <= k:
+        means.update(changes[ci][1])
+        ci += 1
+    return ci
 
 
 class _Tagged:
@@ -128,23 +150,6 @@ class Ops:
         """(the ops up to the last instant marked, the rest as a new stream)."""
         ops = self.arrivals
         return ops[: self.cut], Ops(ops[self.cut :])
-
-
-def parse_ops(ops: list, box: Callable[[], Any]) -> list[tuple[int, Any]]:
-    """A shard's op stream as [(instant, Outbox)] (`box` makes an empty one)."""
-    out, cur = [], box()
-    for op in ops:
-        t = type(op)
-        if t is str:
-            cur.completes.append(op)
-        elif t is int:
-            out.append((op, cur))
-            cur = box()
-        elif t is tuple:
-            getattr(cur, op[0]).append(op[1])
-        else:
-            cur.arrivals.append(op)
-    return out
 
 
 class OpenBatch:
