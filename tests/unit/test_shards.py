@@ -4,6 +4,7 @@ closed-loop workloads), and a shard that dies losing no queued action."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -12,6 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from grammar import instances
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -83,6 +85,25 @@ def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
         2: 0.9,
         4: 0.7,
     }
+
+
+@settings(max_examples=60, deadline=None)
+@given(inst=instances(max_actions=6))
+def test_every_action_the_instance_grammar_allows_crosses_the_pipe_whole(inst):
+    """Every field but the payload, for every action an instance file may hold (elastic or
+    not, one resource or several, timeouts, services): the plain path and the general one."""
+    for a in inst.actions:
+        b = pickle.loads(wire_dumps(a))
+        for f in dataclasses.fields(Action):
+            if f.name in ("payload", "option_arrays", "elasticity"):
+                continue
+            assert getattr(b, f.name) == getattr(a, f.name), f.name
+        assert b.payload is None and b.key == a.key and b.is_elastic == a.is_elastic
+        assert b.duration_at() == a.duration_at()
+        if a.option_arrays is None:
+            assert b.option_arrays is None
+        else:
+            assert [list(x) for x in b.option_arrays] == [list(x) for x in a.option_arrays]
 
 
 # -- the same grants ----------------------------------------------------------------------------

@@ -58,9 +58,41 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
     return a
 
 
+# an action that is not elastic and names one resource (nearly every tool call) crosses as the
+# fields below in one flat tuple: everything else of it is derived (`_plain_action`)
+_PLAIN = ("id", "duration", "trajectory", "task", "kind", "service", "submit_time", "timeout")
+assert set(_ACTION_FIELDS) == set(_PLAIN) | {"elasticity", "options"}, (
+    "a new Action field: carry it in `_PLAIN` too"
+)
+_plain_values = operator.attrgetter(*_PLAIN)
+
+
+def _demand(amounts: tuple[int, ...]) -> Demand:
+    d = object.__new__(Demand)
+    object.__setattr__(d, "amounts", amounts)
+    return d
+
+
+def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:
+    a = object.__new__(Action)
+    put = object.__setattr__
+    put(a, "demands", MappingProxyType({resource: _demand(amounts)}))
+    put(a, "mins", MappingProxyType({resource: amounts[0]}))
+    put(a, "payload", None)
+    put(a, "elasticity", None)
+    put(a, "options", ())
+    put(a, "option_arrays", None)
+    for name, v in zip(_PLAIN, values):
+        put(a, name, v)
+    return a
+
+
 def _reduce_action(a: Action):
-    values = _values(a)
     el = a.elasticity
+    if el is None and len(a.demands) == 1:
+        for r, d in a.demands.items():
+            return _plain_action, (r, d.amounts, _plain_values(a))
+    values = _values(a)
     if el is not None and callable(el.efficiency):
         # E(m) as a function (a learned fit's closure) goes as its table over the allowed
         # amounts, the only ones a decision or a completion reads

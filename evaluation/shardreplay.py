@@ -1,0 +1,118 @@
+"""What a node shard's work costs live and what the same work costs replayed: where the sharded
+scheduler's total goes (docs/scale.md, "Where the shards' CPU goes").
+
+    python -m evaluation.shardreplay --batch 16384 --nodes-per-shard 16
+
+One `tangram bench scale` run of the sharded layout (AI coding, window 60-90 simulated s) in
+which every node shard records each message it is sent and each answer; then each shard is built
+again from its start (the `ShardInit` it was started from, wire-pickled) and the messages are
+replayed to it in this process, one shard after the other, its CPU read around the replay. Every
+answer must equal the one recorded (the replay is the same work, decision for decision). Beside
+it, the same window through the one process (`heuristic/scoped`) in the same invocation: the
+same-run reference. Printed: per shard the live CPU (the bench's figure, its process over the
+window) and the replayed CPU, and their totals per simulated second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import pickle
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from evaluation.benches import scale_run
+from tangram.runtime.shards import handles
+from tangram.runtime.shards.wire import wire_dumps, wire_loads
+from tangram.runtime.shards.worker import ShardWorker, settle_collector, shard_main
+
+
+class _Recording:
+    """A shard's pipe end that keeps every message in and every answer out."""
+
+    def __init__(self, conn) -> None:
+        self.conn, self.seen, self.said = conn, [], []
+
+    def recv_bytes(self) -> bytes:
+        data = self.conn.recv_bytes()
+        self.seen.append(data)
+        return data
+
+    def send_bytes(self, data: bytes) -> None:
+        self.conn.send_bytes(data)
+        self.said.append(data)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _recording_main(folder: str):
+    def main(conn, parent: int, inherited: list, init) -> None:
+        rec = _Recording(conn)
+        start = wire_dumps(init)
+        try:
+            shard_main(rec, parent, inherited, init)
+        finally:
+            with open(Path(folder) / f"shard-{os.getpid()}.pkl", "wb") as f:
+                pickle.dump((start, rec.seen, rec.said), f)
+
+    return main
+
+
+def replay(path: Path) -> tuple[float, int]:
+    """(CPU seconds, messages) of replaying one recorded shard here; raises when an answer
+    differs from the one recorded."""
+    with open(path, "rb") as f:
+        start, seen, said = pickle.load(f)
+    worker = ShardWorker(wire_loads(start))
+    settle_collector()
+    answers = []
+    c0 = time.process_time()
+    for data in seen:
+        answers.append(worker.handle(data)[0])
+    cpu = time.process_time() - c0
+    gc.unfreeze()
+    for k, (got, was) in enumerate(zip(answers, said)):
+        if wire_loads(got) != wire_loads(was):
+            raise AssertionError(f"{path.name}: answer {k} differs from the recorded one")
+    return cpu, len(seen)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--batch", type=int, default=16384)
+    p.add_argument("--nodes-per-shard", type=int, default=16)
+    p.add_argument("--warmup", type=float, default=60.0)
+    p.add_argument("--window", type=float, default=30.0)
+    ns = p.parse_args(argv)
+    job = ("coding", ns.batch, "heuristic/scoped", ns.nodes_per_shard, ns.warmup, ns.window, 6)
+    one = scale_run.run_one(job)
+    print(f"one process (live): {one.share:.4f} CPU s per simulated s", flush=True)
+    with tempfile.TemporaryDirectory(prefix="tangram-shardreplay-") as folder:
+        handles.shard_main = _recording_main(folder)
+        try:
+            sharded = scale_run.run_one((job[0], job[1], "heuristic/sharded", *job[3:]))
+        finally:
+            handles.shard_main = shard_main
+        span = sharded.window[1] - sharded.window[0]
+        offline = []
+        for path in sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime):
+            cpu, n = replay(path)
+            offline.append(cpu / span)
+            print(f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}", flush=True)
+    live = sum(sharded.shard_shares)
+    print(
+        f"router (live): {sharded.share:.4f}\n"
+        f"node shards: live {live:.4f}, replayed {sum(offline):.4f} "
+        f"(live / replayed {live / max(sum(offline), 1e-9):.2f}); every answer as recorded\n"
+        f"sharded total (live) {sharded.total:.4f} = {sharded.total / one.share:.2f}x the one "
+        f"process's"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
