@@ -114,6 +114,10 @@ class ShardedScheduler:
         self._in_shards = 0  # actions queued on node shards, all of them (`queued` in O(1))
         self._running: list[dict[str, RunningAction]] = [{} for _ in range(shards)]
         self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
+        # trajectory -> the shard of its node on the sharded core pool, as `route` last found
+        # it (forgotten at every bind and unbind of the trajectory)
+        self._shard_of: dict[str, int] = {}
+        self._core = self.layout.resources[0] if self.layout.resources else None
         self.defers_grants = batched
         self._out = [self._new_box() for _ in range(shards)]
         self._untaken: dict[str, tuple[dict, dict]] = {}  # batched: grants not in the mirror yet
@@ -232,7 +236,16 @@ class ShardedScheduler:
         self.enqueue(action)
 
     def enqueue(self, action: Action) -> None:
+        mins = action.mins
+        if len(mins) == 1 and self._core in mins and not self._pending:
+            # the common case: one node's cores, its trajectory's shard known (`_shard_of`)
+            i = self._shard_of.get(action.trajectory)
+            if i is not None:
+                self._to_shard(i, action)
+                return
         i = self.layout.route(action, self.bindings)
+        if i is not None and i != GLOBAL and len(mins) == 1 and action.trajectory:
+            self._shard_of[action.trajectory] = i
         if i is None or (self._pending and i != GLOBAL):
             # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
             self._where[action.id] = PENDING
@@ -282,6 +295,7 @@ class ShardedScheduler:
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         if self.bindings.get((trajectory, resource)) == node:
             return
+        self._shard_of.pop(trajectory, None)
         self._global.bind(trajectory, resource, node)
         if resource in self.layout.resources:
             self._out[self.layout.shard_of(node)].binds.append((trajectory, resource, node))
@@ -292,6 +306,7 @@ class ShardedScheduler:
         node's shard (an attached owner would already hold the node, so `bind` would skip it)."""
 
     def unbind(self, trajectory: str) -> None:
+        self._shard_of.pop(trajectory, None)
         for r in self.layout.resources:
             node = self.bindings.get((trajectory, r))
             if node is not None:
@@ -306,6 +321,12 @@ class ShardedScheduler:
     def decide(self, now: float) -> list[Assignment]:
         """Bind waiting first actions, ask every shard that an event touched (in parallel), the
         global shard meanwhile, and gather the grants."""
+        if self.defers_grants and not self._pending and self.stream is None:
+            g = len(self._global.queue)  # the batched common case (the simulator's instants)
+            if not g and not self._in_shards:
+                return []
+            self.decisions += 1
+            return self._decide_later(now, g + self._in_shards, g)
         queued = self.queued()
         if not queued:
             return []
@@ -325,7 +346,7 @@ class ShardedScheduler:
         if self.stream is not None:
             self._log("decide", now)
         if self.defers_grants:
-            return self._decide_later(now, queued)
+            return self._decide_later(now, queued, len(self._global.queue))
         self._dirty.update(i for i, t in self._due.items() if t <= now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
@@ -384,18 +405,19 @@ class ShardedScheduler:
         granted twice) and its running actions."""
         out = []
         queued, running = self._queued[i], self._running[i]
+        later = self._untaken if self.defers_grants else None
         for aid, units, placement in grants:
             act = queued.pop(aid, None)
             if act is None:
                 raise InvariantError(f"shard {i} started {aid!r}, which it does not hold")
             a = Assignment(act, units, placement)
-            if self.defers_grants:  # taken in the mirror when it is read (`sync_pools`)
-                self._untaken[aid] = (units, placement)
-            else:
-                self._mirror_take(i, aid, units, placement)
-            if self.defers_grants:  # its expected end estimated when read (`running`)
+            if later is not None:
+                # taken in the mirror when it is read (`sync_pools`), its expected end
+                # estimated when read (`running`)
+                later[aid] = (units, placement)
                 running[aid] = RunningAction(a, now, math.nan)
             else:
+                self._mirror_take(i, aid, units, placement)
                 running[aid] = RunningAction(a, now, now + self._estimate_of(a))
             out.append(a)
         self._in_shards -= len(out)
@@ -423,26 +445,30 @@ class ShardedScheduler:
         return Ops() if self.defers_grants else Outbox()
 
     # -- batches (the simulator's event loop: `batched=True`) ------------------------------------
-    def _decide_later(self, now: float, queued: int) -> list[Assignment]:
+    def _decide_later(self, now: float, queued: int, in_global: int) -> list[Assignment]:
         """Note this instant's work for each shard an event touched and decide the global shard
         at once; the node shards answer when the batch is sent (`settle`)."""
         b = self._batch
         j = len(b.instants)
         if j == 0:
             b.base = {k: m for k in self._means.kind_at if (m := self.profiles.mean(k)) is not None}
+            b.changed.clear()
         elif b.changed:
             mean = self.profiles.mean
             b.changes.append((j, {k: m for k in b.changed if (m := mean(k)) is not None}))
-        b.changed.clear()
+            b.changed.clear()
         b.instants.append(now)
         b.queued.append(queued)
-        for i in self._dirty:
-            self._out[i].mark(j)
-        self._dirty.clear()
-        out = self._global.decide(now) if len(self._global.queue) else []
-        b.inline.append(out)
+        dirty = self._dirty
+        if dirty:
+            out = self._out
+            for i in dirty:
+                out[i].mark(j)
+            dirty.clear()
+        got = self._global.decide(now) if in_global else []
+        b.inline.append(got)
         self.last_instant = b.first_id + j
-        return out
+        return got
 
     def outstanding_since(self) -> float | None:
         """The earliest instant whose node-shard grants the simulator has not collected."""
