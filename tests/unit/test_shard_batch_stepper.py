@@ -16,6 +16,7 @@ class _Sched:
         self.queue: dict[str, object] = {}
         self.wants: bool | float = False
         self.applied: list = []  # the ops since the last decision
+        self.completions: list = []  # (id, time, status) as applied
 
     def wants_next_decision(self):
         return self.wants
@@ -26,6 +27,7 @@ class _Sched:
 
     def complete(self, aid, now, status=None) -> None:
         self.applied.append(aid)
+        self.completions.append((aid, now, status))
 
     def cancel(self, aid) -> None:
         self.queue.pop(aid, None)
@@ -225,3 +227,42 @@ def test_no_wish_to_decide_means_no_decision_unasked():
     stepper, parse = _stepper(w)
     got, wake = stepper.run(([1.0, 2.0], {}, []), parse([a, b, 0]))
     assert got == [(0, [a])] and wake is False and list(w.sched.queue) == [b]
+
+
+def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means():
+    """A put-off class due at 2.5 is decided there, with the means of that instant, before
+    the work of the instant after it is applied; a due instant that has work too is decided
+    once; completions are applied at their instant's time, cancelled (the router learns)."""
+    from tangram.results import Status
+
+    a, b = _arr("a"), _arr("b")
+    w = _Worker(queued=["q"], wants=2.5)
+    stepper = BatchStepper(w)
+    changes = [(1, {"k": 1.0}), (2, {"k": 2.0}), (3, {"k": 3.0})]
+    got, _ = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, changes), [a, 0, "x", b, 3])
+    assert [(t, m, ops) for t, m, ops in w.log] == [
+        (1.0, {}, [a]),
+        (2.5, {"k": 2.0}, []),
+        (3.0, {"k": 3.0}, ["x", b]),
+    ]
+    assert [k for k, _ in got] == [0, 2, 3]
+    assert w.sched.completions == [("x", 3.0, Status.CANCELLED)]
+    w = _Worker(queued=["q"], wants=2.0)
+    BatchStepper(w).run(([1.0, 2.0], {}, []), [a, 0, b, 1])
+    assert [t for t, _, _ in w.log] == [1.0, 2.0]  # due at 2.0 with work there: once
+
+
+def test_decisions_after_the_last_op_read_the_means_of_their_instants():
+    w = _Worker(queued=["q"], wants=True)
+    changes = [(1, {"k": 1.0}), (2, {"k": 2.0})]
+    got, wake = BatchStepper(w).run(([0.1, 0.2, 0.3], {}, changes), [_arr("a"), 0])
+    assert [(t, m) for t, m, _ in w.log] == [(0.1, {}), (0.2, {"k": 1.0}), (0.3, {"k": 2.0})]
+    assert [k for k, _ in got] == [0, 1, 2] and wake is True
+
+
+def test_an_unknown_op_is_refused():
+    import pytest
+
+    w = _Worker(queued=["q"])
+    with pytest.raises(ValueError, match="unknown op"):
+        BatchStepper(w).run(([1.0], {}, []), [("rebind", "t"), 0])

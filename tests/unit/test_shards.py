@@ -99,6 +99,12 @@ def test_every_action_the_instance_grammar_allows_crosses_the_pipe_whole(inst):
                 continue
             assert getattr(b, f.name) == getattr(a, f.name), f.name
         assert b.payload is None and b.key == a.key and b.is_elastic == a.is_elastic
+        if a.elasticity is not None:  # E(m) as its table over the allowed amounts, T_ori as is
+            el, got = a.elasticity, b.elasticity
+            assert (got.key, got.t_ori) == (el.key, el.t_ori)
+            amounts = a.demands[el.key].amounts
+            assert [got.e(m) for m in amounts] == [el.e(m) for m in amounts]
+            assert [b.duration_at(m) for m in amounts] == [a.duration_at(m) for m in amounts]
         assert b.duration_at() == a.duration_at()
         if a.option_arrays is None:
             assert b.option_arrays is None

@@ -87,8 +87,10 @@ class BatchStepper:
                     sched.cancel(v)
                 elif tag == "binds":
                     sched.bind(*v)
-                else:
+                elif tag == "unbinds":
                     sched.unbind(v)
+                else:
+                    raise ValueError(f"unknown op {tag!r}")
             else:
                 sched.enqueue(op)
 
