@@ -80,6 +80,7 @@ def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
         {"cpu": 1},
     )
     assert b.options == a.options and b.duration_at(4) == a.duration_at(4)
+    assert (b.elasticity.key, b.elasticity.t_ori) == ("cpu", 3.0)
     assert list(b.option_arrays[0]) == [1, 2, 4] and dict(b.elasticity.efficiency) == {
         1: 1,
         2: 0.9,
