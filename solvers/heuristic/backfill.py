@@ -123,15 +123,17 @@ def _held_now(view: ClusterView, started: list[Assignment], now: float):
     return held
 
 
-def _choices(view: ClusterView, a: Action, fastest_first: bool):
-    """(units per resource, estimated duration) the action may run with."""
+def _choices(view: ClusterView, a: Action, fastest_first: bool, cap: int | None = None):
+    """(units per resource, estimated duration) the action may run with: fastest first, or the
+    reservation's `RESERVE_OPTIONS` evenly spread. `cap`: no more than that many units of the
+    elastic resource (the others are left out before they are estimated)."""
     if a.is_elastic:
         key = a.key
         assert key is not None
-        opts = [(m, view.estimate(a, m)) for m, _ in a.options]
-        if not fastest_first:
-            opts = list(spread(tuple(opts), RESERVE_OPTIONS))
+        if not fastest_first:  # spread picks by position: only the picked are estimated
+            opts = [(m, view.estimate(a, m)) for m, _ in spread(a.options, RESERVE_OPTIONS)]
         else:
+            opts = [(m, view.estimate(a, m)) for m, _ in a.options if cap is None or m <= cap]
             opts.sort(key=lambda o: (o[1], o[0]))
         return [({**a.mins, key: m}, d) for m, d in opts]
     k = a.key
@@ -143,6 +145,10 @@ def _earliest(
 ) -> tuple[float, dict[str, Slot]] | None:
     """First estimated time every resource of `units` is free for d seconds (a fixed point over
     the resources: each one's earliest time at or after the others')."""
+    if len(units) == 1:  # one resource: its own earliest time is the fixed point
+        for r, k in units.items():
+            got = tls[r].earliest(k, d, now, view.node_for(a, r))
+            return None if got is None else (max(got[0], now), {r: got[1]})
     t = now
     while True:
         slots: dict[str, Slot] = {}
@@ -191,7 +197,8 @@ def _try_start(
     tls: _Timelines, view: ClusterView, pools: ScratchPools, a: Action, now: float
 ) -> Assignment | None:
     """Start `a` now with its fastest amount that fits now and beside every reservation."""
-    for units, d in _choices(view, a, True):
+    cap = pools[a.key].free() if a.is_elastic else None  # more can never fit now
+    for units, d in _choices(view, a, True, cap):
         if any(pools[r].free() < k for r, k in units.items()):
             continue
         slots: dict[str, Slot] = {}
