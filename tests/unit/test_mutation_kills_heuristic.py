@@ -5,6 +5,8 @@ keep them from others)."""
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import pytest
 
 from solvers import get_allocator
@@ -32,3 +34,39 @@ def test_a_lone_candidate_takes_its_fastest_amount_that_fits(policy):
     pool = FlatPool("cpu", {"n0": 4})
     (got,) = get_allocator(policy).allocate(ClusterView({"cpu": pool}), q, 0)
     assert got.units == {"cpu": 4}
+
+
+def _held(pools, aid, node, units, end):
+    """A running action holding `units` ({resource: k}) on `node` until `end` (taken in the
+    pools, as the scheduler holds it)."""
+    from tangram.allocation import Assignment, RunningAction
+    from tangram.pools import Placement
+
+    a = Action(aid, {r: k for r, k in units.items()}, duration=end)
+    placement = {r: Placement(node) for r in units}
+    for r, k in units.items():
+        pools[r].take(placement[r], k)
+    return RunningAction(Assignment(a, dict(units), placement), 0.0, end)
+
+
+def test_a_two_resource_reservation_waits_for_both_on_its_bound_node():
+    """A waiting action needing cores and a GPU count on its trajectory's node is reserved
+    where both are free for its run on that node (the fixed point over the resources: cores at
+    10, the GPU at 20), not on the idle node beside it; with the cores free now and the GPU
+    free half a second later, at that half second."""
+    from solvers.heuristic.backfill import estimated_starts
+
+    for cpu_end, gpu_end, want in ((10.0, 20.0, 20.0), (None, 0.5, 0.5)):
+        pools = {
+            "cpu": FlatPool("cpu", {"n0": 4, "n1": 4}),
+            "gpu": FlatPool("gpu", {"n0": 2, "n1": 2}),
+        }
+        running = [_held(pools, "r2", "n1", {"gpu": 2}, gpu_end)]
+        if cpu_end is not None:
+            running.append(_held(pools, "r1", "n1", {"cpu": 4}, cpu_end))
+        view = ClusterView(
+            pools, running, MappingProxyType({("t", "cpu"): "n1", ("t", "gpu"): "n1"})
+        )
+        a = Action("a", {"cpu": 2, "gpu": 1}, duration=5.0, trajectory="t")
+        res = estimated_starts(view, [a], 0.0, [])
+        assert res["a"].start == want and dict(res["a"].units) == {"cpu": 2, "gpu": 1}
