@@ -11,12 +11,21 @@ answer must equal the one recorded (the replay is the same work, decision for de
 it, the same window through the one process (`heuristic/scoped`) in the same invocation: the
 same-run reference. Printed: per shard the live CPU (the bench's figure, its process over the
 window) and the replayed CPU, and their totals per simulated second.
+
+    python -m evaluation.shardreplay --lockstep none walk sleep
+
+replays the recorded shards again, each in a process of its own, in lockstep as the router
+drives them (each batch sent to every shard, then every answer read), with this process doing
+nothing between two batches (`none`), walking 200,000 objects of a 3,000,000-object list as a
+simulation would (`walk`), or sleeping 10 ms (`sleep`): the shards' total CPU per simulated
+second under each (docs/scale.md, "Where the shards' CPU goes").
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import multiprocessing
 import os
 import pickle
 import sys
@@ -81,12 +90,66 @@ def replay(path: Path) -> tuple[float, int]:
     return cpu, len(seen)
 
 
+def _lockstep_child(conn, path: str) -> None:
+    with open(path, "rb") as f:
+        start, _, _ = pickle.load(f)
+    worker = ShardWorker(wire_loads(start))
+    settle_collector()
+    conn.send_bytes(b"ready")
+    c0 = time.process_time()
+    while (data := conn.recv_bytes()) != b"end":
+        conn.send_bytes(worker.handle(data)[0])
+    conn.send_bytes(repr(time.process_time() - c0).encode())
+
+
+def lockstep(paths: list[Path], between: str) -> float:
+    """The shards' total CPU seconds replaying `paths` in lockstep, this process doing
+    `between` (none, walk, sleep) between two batches."""
+    seen = []
+    for path in paths:
+        with open(path, "rb") as f:
+            seen.append(pickle.load(f)[1])
+    heap = [(i, str(i)) for i in range(3_000_000)] if between == "walk" else []
+    ctx = multiprocessing.get_context("fork")
+    kids = []
+    for path in paths:
+        ours, theirs = ctx.Pipe()
+        p = ctx.Process(target=_lockstep_child, args=(theirs, str(path)), daemon=True)
+        p.start()
+        ours.recv_bytes()
+        kids.append((ours, p))
+    for k in range(max(map(len, seen))):
+        asked = [(c, msgs[k]) for (c, _), msgs in zip(kids, seen) if k < len(msgs)]
+        for c, data in asked:
+            c.send_bytes(data)
+        for c, _ in asked:
+            c.recv_bytes()
+        if between == "walk":
+            at = (k * 7919) % len(heap)
+            sum(x for x, _ in heap[at : at + 200_000])
+        elif between == "sleep":
+            time.sleep(0.01)
+    total = 0.0
+    for c, p in kids:
+        c.send_bytes(b"end")
+        total += float(c.recv_bytes())
+        p.join()
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batch", type=int, default=16384)
     p.add_argument("--nodes-per-shard", type=int, default=16)
     p.add_argument("--warmup", type=float, default=60.0)
     p.add_argument("--window", type=float, default=30.0)
+    p.add_argument(
+        "--lockstep",
+        nargs="*",
+        choices=("none", "walk", "sleep"),
+        default=(),
+        help="replay the shards in lockstep too, with this between two batches",
+    )
     ns = p.parse_args(argv)
     job = ("coding", ns.batch, "heuristic/scoped", ns.nodes_per_shard, ns.warmup, ns.window, 6)
     one = scale_run.run_one(job)
@@ -99,10 +162,14 @@ def main(argv: list[str] | None = None) -> int:
             handles.shard_main = shard_main
         span = sharded.window[1] - sharded.window[0]
         offline = []
-        for path in sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime):
+        paths = sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime)
+        for path in paths:
             cpu, n = replay(path)
             offline.append(cpu / span)
             print(f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}", flush=True)
+        for between in ns.lockstep:
+            cpu = lockstep(paths, between)
+            print(f"node shards in lockstep, {between} between batches: {cpu / span:.4f}")
     live = sum(sharded.shard_shares)
     print(
         f"router (live): {sharded.share:.4f}\n"
