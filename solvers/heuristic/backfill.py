@@ -203,10 +203,10 @@ def _try_start(
             continue
         slots: dict[str, Slot] = {}
         for r, k in units.items():
-            pool, tl = pools[r], tls[r]
+            tl, now_ok = tls[r], _now_ok(pools[r], k)
             bound = view.node_for(a, r)
             for n in [bound] if bound is not None else tl.nodes():
-                slot = tl.fits_now(k, d, n, _now_ok(pool, k))
+                slot = tl.fits_now(k, d, n, now_ok)
                 if slot is not None:
                     slots[r] = slot
                     break

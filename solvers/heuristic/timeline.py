@@ -60,14 +60,11 @@ class CountTimeline:
         return list(self._times)
 
     def _min_free(self, node: str, s: float, e: float) -> int:
+        """The fewest units free on `node` at any step of [s, e)."""
         times, free = self._times[node], self._free[node]
         i = bisect.bisect_right(times, s + EPS) - 1
-        lo = free[i]
-        i += 1
-        while i < len(times) and times[i] < e - EPS:
-            lo = min(lo, free[i])
-            i += 1
-        return lo
+        j = bisect.bisect_left(times, e - EPS, i + 1)  # the first step from e on
+        return min(free[i:j])
 
     def earliest(
         self, k: int, d: float, t0: float, node: str | None = None
