@@ -70,3 +70,16 @@ def test_a_two_resource_reservation_waits_for_both_on_its_bound_node():
         a = Action("a", {"cpu": 2, "gpu": 1}, duration=5.0, trajectory="t")
         res = estimated_starts(view, [a], 0.0, [])
         assert res["a"].start == want and dict(res["a"].units) == {"cpu": 2, "gpu": 1}
+
+
+def test_a_window_ends_where_the_next_reservation_begins():
+    """Units reserved from 5 s on leave [0, 5) whole: a run of exactly 5 s fits now beside
+    them, a run a little longer does not."""
+    from solvers.heuristic.timeline import CountTimeline
+
+    tl = CountTimeline(0.0, {"n0": 4}, [])
+    tl.take(("n0", None), 3, 5.0, 10.0)
+    free = lambda slot: True  # the pool's own check (free now): yes
+    assert tl.fits_now(4, 5.0, "n0", free) == ("n0", None)
+    assert tl.fits_now(4, 5.001, "n0", free) is None
+    assert tl.fits_now(1, 7.0, "n0", free) == ("n0", None)
