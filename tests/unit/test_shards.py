@@ -315,6 +315,33 @@ def test_a_trajectorys_pooled_action_stays_global_once_its_shard_is_remembered()
         assert c4.placement["cpu"].node == other
 
 
+def test_a_batch_carries_the_means_at_its_first_instant_and_each_change_after():
+    """The open batch's means: those learned before its first instant as its base (a kind
+    learned between two batches included), then each change at the instant it was learned
+    by; a kind learned nothing is not sent."""
+    pools = {"cpu": cores(2, 2)}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=2, batched=True) as s:
+        s.submit(Action("a", {"cpu": 1}, trajectory="t", kind="tool"))
+        s.decide(0.0)
+        s.collect()
+        s.complete("a", 2.0)  # learned between two batches: 2 s
+        s.submit(Action("b", {"cpu": 1}, trajectory="t", kind="tool"))
+        s.decide(2.0)
+        b = s._batch
+        assert b.base == {"tool": 2.0} and b.changes == []
+        s.submit(Action("c", {"cpu": 1}, trajectory="t", kind="other"))
+        s.decide(2.5)  # nothing learned since the first instant: no change
+        s.settle()  # the grants of b and c
+        s.complete("b", 6.0)  # 4 s: the mean of tool moves to 3 s
+        s.submit(Action("d", {"cpu": 1}, trajectory="t", kind="tool"))
+        s.decide(6.0)
+        assert s._batch.base == {"tool": 3.0}  # a new batch: its base, no change yet
+        s.complete("c", 7.0)
+        s.submit(Action("e", {"cpu": 1}, trajectory="t", kind="tool"))
+        s.decide(7.0)
+        assert s._batch.changes == [(1, {"other": 4.5})]
+
+
 def test_tangram_runs_on_shards_and_closes_them():
     """`Tangram(shards=2)`: environments on both nodes, execs granted by their node's shard,
     the shard processes gone after shutdown."""
