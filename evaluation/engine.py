@@ -158,7 +158,10 @@ class Engine:
         self._wakes: set[float] = set()
         self._decision_no = 0  # the completions an instant's grants push sort by (decision, rank)
         self._later: dict[int, tuple[float, int, int]] = {}  # deferred instant -> (now, no, rank)
-        self._floor = math.inf  # the shortest run any queued action could have (deferred grants)
+        # deferred grants: the shortest run of each action submitted and not started here yet
+        # (a grant the scheduler owes can only be one of them), and those runs in a heap
+        self._waiting: dict[str, float] = {}
+        self._floors: list[tuple[float, str]] = []
         self._floor_read = False  # whether the queue before the first deferred grant is in it
 
     def push(self, at: float, kind: int, key: Any = None) -> None:
@@ -170,9 +173,13 @@ class Engine:
         runs (`seen` itself when None)."""
         if truth is not None and truth is not seen:
             self._truth[seen.id] = truth
-        if self._floor > 0.0 and getattr(self.scheduler, "defers_grants", False):
-            self._floor = min(self._floor, shortest_run(truth or seen))
+        if getattr(self.scheduler, "defers_grants", False):
+            self._wait_for(seen.id, shortest_run(truth or seen))
         self.scheduler.enqueue(seen)
+
+    def _wait_for(self, aid: str, run: float) -> None:
+        self._waiting[aid] = run
+        heapq.heappush(self._floors, (run, aid))
 
     def settle(self) -> None:
         """Start every grant a scheduler that answers later (`defers_grants`) has made so far:
@@ -203,8 +210,12 @@ class Engine:
         if not self._floor_read:  # the actions queued before the scheduler deferred
             self._floor_read = True
             for a in self.scheduler.queue:
-                self._floor = min(self._floor, shortest_run(self._truth.get(a.id, a)))
-        return not events or events[0][0] >= since + self._floor
+                self._wait_for(a.id, shortest_run(self._truth.get(a.id, a)))
+        floors, waiting = self._floors, self._waiting
+        while floors and floors[0][1] not in waiting:  # started meanwhile
+            heapq.heappop(floors)
+        floor = floors[0][0] if floors else math.inf
+        return not events or events[0][0] >= since + floor
 
     def run(self, driver: Driver) -> EngineRun:
         driver.begin(self)
@@ -285,6 +296,7 @@ class Engine:
 
     def _start(self, a: Assignment, now: float, order: tuple[int, int]) -> None:
         act = a.action
+        self._waiting.pop(act.id, None)
         truth = self._truth.get(act.id, act)
         run_s = modelled_duration(truth, a.units)
         status = Status.OK
