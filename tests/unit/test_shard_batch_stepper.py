@@ -66,10 +66,6 @@ class _Worker:
         return [first]
 
 
-def _stepper(worker):
-    return BatchStepper(worker), lambda ops: ops
-
-
 def _arr(name: str):
     """An arrival in an op stream (anything but a str, an int or a tuple is one)."""
     return type("Arrival", (), {"__repr__": lambda self: name})()
@@ -77,11 +73,11 @@ def _arr(name: str):
 
 def test_a_batch_decides_each_instant_with_the_means_of_that_instant():
     w = _Worker()
-    stepper, parse = _stepper(w)
+    stepper = BatchStepper(w)
     a, b = _arr("a"), _arr("b")
     instants = [1.0, 2.0, 3.0, 4.0]
     changes = [(1, {"tool": 2.0}), (2, {"tool": 3.0, "reward": 9.0}), (3, {"tool": 4.0})]
-    stepper.run((instants, {"tool": 1.0}, changes), parse([a, 0, "x", 2, b, 3]))
+    stepper.run((instants, {"tool": 1.0}, changes), [a, 0, "x", 2, b, 3])
     # at 3.0 only a completion, with a started and nothing queued: held until 4.0
     assert [(t, m) for t, m, _ in w.log] == [
         (1.0, {"tool": 1.0}),
@@ -95,19 +91,19 @@ def test_a_batch_holds_work_while_the_queue_is_empty_and_wakes_when_due():
     time t is decided at the first instant at or after t, not before."""
     a = _arr("a")
     w = _Worker()
-    stepper, parse = _stepper(w)
-    stepper.run(([1.0, 2.0], {}, []), parse(["x", 0, a, 1]))
+    stepper = BatchStepper(w)
+    stepper.run(([1.0, 2.0], {}, []), ["x", 0, a, 1])
     assert [(t, ops) for t, _, ops in w.log] == [(2.0, ["x", a])]
 
     w = _Worker(wants=2.5)
-    stepper, parse = _stepper(w)
-    _, wake = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, []), parse([a, 0]))
+    stepper = BatchStepper(w)
+    _, wake = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, []), [a, 0])
     assert [t for t, _, _ in w.log] == [1.0, 2.5, 3.0]  # due again after each decision
     assert wake == 2.5
 
     w = _Worker(wants=True)
-    stepper, parse = _stepper(w)
-    stepper.run(([1.0, 2.0, 3.0], {}, []), parse([a, 1]))
+    stepper = BatchStepper(w)
+    stepper.run(([1.0, 2.0, 3.0], {}, []), [a, 1])
     assert [t for t, _, _ in w.log] == [2.0, 3.0]
 
 
@@ -135,23 +131,23 @@ def test_an_op_stream_splits_at_the_last_instant_and_applies_in_order():
 def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
     a, b = _arr("a"), _arr("b")
     w = _Worker()
-    stepper, parse = _stepper(w)
-    got, wake = stepper.run(([0.5, 0.6], {}, [(1, {"k": 1.0})]), parse([a, 0, b, 1]))
+    stepper = BatchStepper(w)
+    got, wake = stepper.run(([0.5, 0.6], {}, [(1, {"k": 1.0})]), [a, 0, b, 1])
     assert got == [(0, [a]), (1, [b])]
     assert wake is False and w.sched.profiles.means == {"k": 1.0}
     w = _Worker(wants=True)  # a put-off class: decided again at the next instant, and after
-    stepper, parse = _stepper(w)
-    got, wake = stepper.run(([0.1, 0.2, 0.3], {}, []), parse([a, 0]))
+    stepper = BatchStepper(w)
+    got, wake = stepper.run(([0.1, 0.2, 0.3], {}, []), [a, 0])
     assert [t for t, _, _ in w.log] == [0.1, 0.2, 0.3] and got == [(0, []), (1, []), (2, [])]
     assert wake is True
     w.sched.queue.clear()
-    assert stepper.run(([0.4], {}, []), parse([]))[1] is False  # nothing queued: no wish
+    assert stepper.run(([0.4], {}, []), [])[1] is False  # nothing queued: no wish
 
 
 def test_a_fresh_shard_decides_only_when_asked_and_means_apply_in_order():
     w = _Worker(queued=["q"])
-    stepper, parse = _stepper(w)
-    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, {"other": 5.0})]), parse([1]))
+    stepper = BatchStepper(w)
+    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, {"other": 5.0})]), [1])
     assert [(t, m) for t, m, _ in w.log] == [(2.0, {"k": 1.0, "other": 5.0})]
 
 
@@ -161,23 +157,18 @@ def test_work_with_an_empty_queue_is_applied_and_cancels_of_the_queue_count():
     decision); a cancel of an id not queued does not."""
     a = _arr("a")
     w = _Worker()
-    stepper, parse = _stepper(w)
-    stepper.run(([1.0, 2.0, 3.0], {}, []), parse(["x", 0, "y", 1, a, 2]))
+    stepper = BatchStepper(w)
+    stepper.run(([1.0, 2.0, 3.0], {}, []), ["x", 0, "y", 1, a, 2])
     assert [t for t, _, _ in w.log] == [3.0] and w.completed == ["x", "y"]
-    w = _Worker(queued=["q"], wants=True)
-    stepper, parse = _stepper(w)
-    ops = Ops()
-    ops.cancels.append("q")
-    ops.mark(0)
-    stepper.run(([1.0], {}, []), parse(ops.split()[0]))
-    assert w.log == [] and w.sched.queue == {} and w.sched.applied == [("cancels", "q")]
-    w = _Worker(queued=["q"], wants=True)
-    stepper, parse = _stepper(w)
-    ops = Ops()
-    ops.cancels.append("elsewhere")
-    ops.mark(0)
-    stepper.run(([1.0], {}, []), parse(ops.split()[0]))
-    assert [t for t, _, _ in w.log] == [1.0]
+    for cancelled, decided in (("q", []), ("elsewhere", [1.0])):
+        w = _Worker(queued=["q"], wants=True)
+        ops = Ops()
+        ops.cancels.append(cancelled)
+        ops.mark(0)
+        BatchStepper(w).run(([1.0], {}, []), ops.split()[0])
+        assert [t for t, _, _ in w.log] == decided
+        assert w.sched.applied == ([] if decided else [("cancels", cancelled)])
+        assert list(w.sched.queue) == (["q"] if decided else [])  # "q" waits (put off)
 
 
 def test_the_routers_open_batch_asks_a_shard_whose_put_off_class_is_due():
@@ -204,17 +195,17 @@ def test_the_routers_open_batch_asks_a_shard_whose_put_off_class_is_due():
 def test_a_wish_to_decide_carries_into_the_next_batch():
     a = _arr("a")
     w = _Worker(wants=True)
-    stepper, parse = _stepper(w)
-    stepper.run(([0.1], {}, []), parse([a, 0]))
-    got, _ = stepper.run(([0.2, 0.3], {}, [(1, {"late": 1.0})]), parse([]))
+    stepper = BatchStepper(w)
+    stepper.run(([0.1], {}, []), [a, 0])
+    got, _ = stepper.run(([0.2, 0.3], {}, [(1, {"late": 1.0})]), [])
     assert got == [(0, []), (1, [])]  # from the new batch's first instant on
     w = _Worker(wants=2.5)
-    stepper, parse = _stepper(w)
-    stepper.run(([1.0], {}, []), parse([a, 0]))
-    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, {"late": 1.0})]), parse([]))
+    stepper = BatchStepper(w)
+    stepper.run(([1.0], {}, []), [a, 0])
+    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, {"late": 1.0})]), [])
     assert [j for j, _ in got] == [1, 2]
     w.sched.wants = False
-    got, _ = stepper.run(([2.8, 2.9], {}, [(1, {"later": 2.0})]), parse([]))
+    got, _ = stepper.run(([2.8, 2.9], {}, [(1, {"later": 2.0})]), [])
     assert [j for j, _ in got] == [0]  # decided at once (due), then no wish
     assert w.sched.profiles.means == {"late": 1.0, "later": 2.0}  # changes after the last
 
@@ -224,8 +215,8 @@ def test_no_wish_to_decide_means_no_decision_unasked():
     is not followed by one until the shard is asked."""
     a, b = _arr("a"), _arr("b")
     w = _Worker()
-    stepper, parse = _stepper(w)
-    got, wake = stepper.run(([1.0, 2.0], {}, []), parse([a, b, 0]))
+    stepper = BatchStepper(w)
+    got, wake = stepper.run(([1.0, 2.0], {}, []), [a, b, 0])
     assert got == [(0, [a])] and wake is False and list(w.sched.queue) == [b]
 
 
