@@ -285,31 +285,31 @@ def test_a_pooled_resource_stays_on_the_global_shard():
         assert s.bindings[("t", "cpu")] == got["c"]["cpu"].node == "n0"
 
 
-def test_a_trajectorys_pooled_action_stays_global_once_its_shard_is_remembered():
-    """The router remembers a trajectory's shard for its CPU actions; an action of the same
-    trajectory on a pooled resource still goes to the global shard, and a new binding is
-    read again."""
+def test_a_bound_trajectorys_actions_route_by_resource_and_by_its_current_binding():
+    """A trajectory's CPU actions go to its node's shard, an action of the same trajectory on
+    a pooled resource to the global shard; after an unbind its next action is placed (and
+    bound) again, and after a bind elsewhere it goes to that node's shard."""
     pools = {"cpu": cores(2, 2), "gpu": ChunkPool("gpu", {"g0": ChunkTree(8)})}
     with ShardedScheduler(pools, get_allocator("heuristic"), shards=2) as s:
         s.submit(fixed("c", 1, "t"))
         (first,) = s.decide(0.0)
-        s.submit(fixed("c2", 1, "t"))  # routed to the bound node's shard, remembered
+        s.submit(fixed("c2", 1, "t"))  # routed to the bound node's shard
         s.submit(Action("j", {"gpu": [1, 2]}, duration=1.0, trajectory="t"))
         got = {a.action.id: a.placement for a in s.decide(1.0)}
         assert got["j"]["gpu"].node == "g0"
         assert got["c2"]["cpu"].node == first.placement["cpu"].node
         s.complete("c", 2.0)
         s.complete("c2", 2.0)
-        s.unbind("t")  # forgotten: its next action is placed, and bound, again
+        s.unbind("t")  # its next action is placed, and bound, again
         s.submit(fixed("c3", 1, "t"))
         (c3,) = s.decide(3.0)
         assert s.bindings.get(("t", "cpu")) == c3.placement["cpu"].node
-        s.submit(fixed("c3b", 1, "t"))  # routed by its binding: the shard remembered again
+        s.submit(fixed("c3b", 1, "t"))  # routed by its new binding
         assert s.decide(3.5)[0].placement["cpu"].node == c3.placement["cpu"].node
         s.complete("c3", 4.0)
         s.complete("c3b", 4.0)
         other = "n1" if c3.placement["cpu"].node == "n0" else "n0"
-        s.bind("t", "cpu", other)  # a new node: its shard, not the remembered one
+        s.bind("t", "cpu", other)  # a new node: its shard
         s.submit(fixed("c4", 1, "t"))
         (c4,) = s.decide(5.0)
         assert c4.placement["cpu"].node == other

@@ -114,10 +114,6 @@ class ShardedScheduler:
         self._in_shards = 0  # actions queued on node shards, all of them (`queued` in O(1))
         self._running: list[dict[str, RunningAction]] = [{} for _ in range(shards)]
         self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
-        # trajectory -> the shard of its node on the sharded core pool, as `route` last found
-        # it (forgotten at every bind and unbind of the trajectory)
-        self._shard_of: dict[str, int] = {}
-        self._core = self.layout.resources[0] if self.layout.resources else None
         self.defers_grants = batched
         self._out = [self._new_box() for _ in range(shards)]
         self._untaken: dict[str, tuple[dict, dict]] = {}  # batched: grants not in the mirror yet
@@ -236,16 +232,7 @@ class ShardedScheduler:
         self.enqueue(action)
 
     def enqueue(self, action: Action) -> None:
-        mins = action.mins
-        if len(mins) == 1 and self._core in mins and not self._pending:
-            # the common case: one node's cores, its trajectory's shard known (`_shard_of`)
-            i = self._shard_of.get(action.trajectory)
-            if i is not None:
-                self._to_shard(i, action)
-                return
         i = self.layout.route(action, self.bindings)
-        if i is not None and i != GLOBAL and len(mins) == 1 and action.trajectory:
-            self._shard_of[action.trajectory] = i
         if i is None or (self._pending and i != GLOBAL):
             # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
             self._where[action.id] = PENDING
@@ -295,7 +282,6 @@ class ShardedScheduler:
     def bind(self, trajectory: str, resource: str, node: str) -> None:
         if self.bindings.get((trajectory, resource)) == node:
             return
-        self._shard_of.pop(trajectory, None)
         self._global.bind(trajectory, resource, node)
         if resource in self.layout.resources:
             self._out[self.layout.shard_of(node)].binds.append((trajectory, resource, node))
@@ -306,7 +292,6 @@ class ShardedScheduler:
         node's shard (an attached owner would already hold the node, so `bind` would skip it)."""
 
     def unbind(self, trajectory: str) -> None:
-        self._shard_of.pop(trajectory, None)
         for r in self.layout.resources:
             node = self.bindings.get((trajectory, r))
             if node is not None:
