@@ -158,9 +158,9 @@ class Engine:
         self._wakes: set[float] = set()
         self._decision_no = 0  # the completions an instant's grants push sort by (decision, rank)
         self._later: dict[int, tuple[float, int, int]] = {}  # deferred instant -> (now, no, rank)
-        # deferred grants: the shortest run of each action submitted and not started here yet
-        # (a grant the scheduler owes can only be one of them), and those runs in a heap
-        self._waiting: dict[str, float] = {}
+        # deferred grants: the actions submitted and not started here yet (a grant the scheduler
+        # owes can only be one of them), and their shortest runs in a heap
+        self._waiting: set[str] = set()
         self._floors: list[tuple[float, str]] = []
         self._floor_read = False  # whether the queue before the first deferred grant is in it
 
@@ -178,7 +178,7 @@ class Engine:
         self.scheduler.enqueue(seen)
 
     def _wait_for(self, aid: str, run: float) -> None:
-        self._waiting[aid] = run
+        self._waiting.add(aid)
         heapq.heappush(self._floors, (run, aid))
 
     def settle(self) -> None:
@@ -296,7 +296,7 @@ class Engine:
 
     def _start(self, a: Assignment, now: float, order: tuple[int, int]) -> None:
         act = a.action
-        self._waiting.pop(act.id, None)
+        self._waiting.discard(act.id)
         truth = self._truth.get(act.id, act)
         run_s = modelled_duration(truth, a.units)
         status = Status.OK

@@ -145,10 +145,6 @@ def _earliest(
 ) -> tuple[float, dict[str, Slot]] | None:
     """First estimated time every resource of `units` is free for d seconds (a fixed point over
     the resources: each one's earliest time at or after the others')."""
-    if len(units) == 1:  # one resource: its own earliest time is the fixed point
-        for r, k in units.items():
-            got = tls[r].earliest(k, d, now, view.node_for(a, r))
-            return None if got is None else (max(got[0], now), {r: got[1]})
     t = now
     while True:
         slots: dict[str, Slot] = {}
@@ -161,6 +157,8 @@ def _earliest(
             latest = max(latest, got[0])
         if latest <= t + 1e-9:
             return t, slots
+        if len(units) == 1:  # one resource: its own earliest time is the fixed point
+            return latest, slots
         t = latest
 
 
