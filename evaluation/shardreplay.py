@@ -71,19 +71,30 @@ def _recording_main(folder: str):
     return main
 
 
-def replay(path: Path) -> tuple[float, int]:
-    """(CPU seconds, messages) of replaying one recorded shard here; raises when an answer
-    differs from the one recorded."""
+def _rebuilt(path: Path | str) -> tuple[ShardWorker, list[bytes], list[bytes]]:
+    """A recorded shard built again from its start, with its collector as a shard's, and the
+    messages it was sent and its answers."""
     with open(path, "rb") as f:
         start, seen, said = pickle.load(f)
     worker = ShardWorker(wire_loads(start))
     settle_collector()
+    return worker, seen, said
+
+
+def replay(path: Path) -> tuple[float, int]:
+    """(CPU seconds, messages) of replaying one recorded shard in this process (its collector
+    set back after); raises when an answer differs from the one recorded."""
+    threshold = gc.get_threshold()
+    worker, seen, said = _rebuilt(path)
     answers = []
     c0 = time.process_time()
-    for data in seen:
-        answers.append(worker.handle(data)[0])
-    cpu = time.process_time() - c0
-    gc.unfreeze()
+    try:
+        for data in seen:
+            answers.append(worker.handle(data)[0])
+        cpu = time.process_time() - c0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
     for k, (got, was) in enumerate(zip(answers, said)):
         if wire_loads(got) != wire_loads(was):
             raise AssertionError(f"{path.name}: answer {k} differs from the recorded one")
@@ -91,10 +102,7 @@ def replay(path: Path) -> tuple[float, int]:
 
 
 def _lockstep_child(conn, path: str) -> None:
-    with open(path, "rb") as f:
-        start, _, _ = pickle.load(f)
-    worker = ShardWorker(wire_loads(start))
-    settle_collector()
+    worker, _, _ = _rebuilt(path)
     conn.send_bytes(b"ready")
     c0 = time.process_time()
     while (data := conn.recv_bytes()) != b"end":

@@ -3,6 +3,8 @@ batch: the shards' recorded messages replay to the same answers, alone and in lo
 
 from __future__ import annotations
 
+import gc
+
 from evaluation import shardreplay
 from tangram.runtime.shards import handles
 from tangram.runtime.shards.worker import shard_main
@@ -29,8 +31,10 @@ def test_a_replay_that_answers_otherwise_is_refused(tmp_path):
     start = wire_dumps(_tiny_init())
     with open(path, "wb") as f:
         pickle.dump((start, [wire_dumps((STATE,))], [wire_dumps((["x"], []))]), f)
+    threshold = gc.get_threshold()
     with pytest.raises(AssertionError, match="differs from the recorded one"):
         shardreplay.replay(path)
+    assert gc.get_threshold() == threshold  # the replay leaves this process's collector as it was
 
 
 def _tiny_init():
