@@ -81,9 +81,10 @@ def _rebuilt(path: Path | str) -> tuple[ShardWorker, list[bytes], list[bytes]]:
     return worker, seen, said
 
 
-def replay(path: Path) -> tuple[float, int]:
-    """(CPU seconds, messages) of replaying one recorded shard in this process (its collector
-    set back after); raises when an answer differs from the one recorded."""
+def replay(path: Path) -> tuple[float, int, int]:
+    """(CPU seconds, messages, cyclic objects a full collection finds after it) of replaying
+    one recorded shard in this process (its collector set back after); raises when an answer
+    differs from the one recorded."""
     threshold = gc.get_threshold()
     worker, seen, said = _rebuilt(path)
     answers = []
@@ -92,13 +93,14 @@ def replay(path: Path) -> tuple[float, int]:
         for data in seen:
             answers.append(worker.handle(data)[0])
         cpu = time.process_time() - c0
+        cyclic = gc.collect()  # what a shard's collector would ever have to find
     finally:
         gc.unfreeze()
         gc.set_threshold(*threshold)
     for k, (got, was) in enumerate(zip(answers, said)):
         if wire_loads(got) != wire_loads(was):
             raise AssertionError(f"{path.name}: answer {k} differs from the recorded one")
-    return cpu, len(seen)
+    return cpu, len(seen), cyclic
 
 
 def _lockstep_child(conn, path: str) -> None:
@@ -172,9 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         offline = []
         paths = sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime)
         for path in paths:
-            cpu, n = replay(path)
+            cpu, n, cyclic = replay(path)
             offline.append(cpu / span)
-            print(f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}", flush=True)
+            print(
+                f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}, "
+                f"{cyclic} cyclic objects left",
+                flush=True,
+            )
         for between in ns.lockstep:
             cpu = lockstep(paths, between)
             print(f"node shards in lockstep, {between} between batches: {cpu / span:.4f}")

@@ -23,8 +23,9 @@ from tangram.scheduler import Scheduler
 _PR_SET_PDEATHSIG = 1
 # a shard's young-object collection runs every this many allocations (Python's default: 700).
 # A shard makes no cyclic garbage (its actions, grants and queue entries are freed by their
-# reference counts: a full collection after a 16,384-trajectory window finds 0 objects), so the
-# passes only cost time: 12% of a shard's CPU at the default (docs/scale.md "Shards' collector").
+# reference counts: `python -m evaluation.shardreplay` prints what a full collection finds
+# after each shard's replay, 0 at 16,384 trajectories), so the passes only cost time: 12-15% of a
+# shard's CPU at the default, replayed (docs/scale.md, "Where the shards' CPU goes").
 SHARD_GC_THRESHOLD = 10_000
 
 
