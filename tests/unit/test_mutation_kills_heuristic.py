@@ -10,9 +10,11 @@ from types import MappingProxyType
 import pytest
 
 from solvers import get_allocator
+from solvers.heuristic.backfill import estimated_starts
+from solvers.heuristic.timeline import CountTimeline
 from tangram.actions import Action, Elasticity
-from tangram.allocation import ClusterView
-from tangram.pools import FlatPool
+from tangram.allocation import Assignment, ClusterView, RunningAction
+from tangram.pools import FlatPool, Placement
 from tangram.queue import ActionQueue
 
 
@@ -39,8 +41,6 @@ def test_a_lone_candidate_takes_its_fastest_amount_that_fits(policy):
 def _held(pools, aid, node, units, end):
     """A running action holding `units` ({resource: k}) on `node` until `end` (taken in the
     pools, as the scheduler holds it)."""
-    from tangram.allocation import Assignment, RunningAction
-    from tangram.pools import Placement
 
     a = Action(aid, {r: k for r, k in units.items()}, duration=end)
     placement = {r: Placement(node) for r in units}
@@ -54,7 +54,6 @@ def test_a_two_resource_reservation_waits_for_both_on_its_bound_node():
     where both are free for its run on that node (the fixed point over the resources: cores at
     10, the GPU at 20), not on the idle node beside it; with the cores free now and the GPU
     free half a second later, at that half second."""
-    from solvers.heuristic.backfill import estimated_starts
 
     for cpu_end, gpu_end, want in ((10.0, 20.0, 20.0), (None, 0.5, 0.5)):
         pools = {
@@ -75,7 +74,6 @@ def test_a_two_resource_reservation_waits_for_both_on_its_bound_node():
 def test_a_window_ends_where_the_next_reservation_begins():
     """Units reserved from 5 s on leave [0, 5) whole: a run of exactly 5 s fits now beside
     them, a run a little longer does not."""
-    from solvers.heuristic.timeline import CountTimeline
 
     tl = CountTimeline(0.0, {"n0": 4}, [])
     tl.take(("n0", None), 3, 5.0, 10.0)

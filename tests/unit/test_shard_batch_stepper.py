@@ -5,6 +5,9 @@ class woken at its due instant, and the op stream cut at the last instant."""
 
 from __future__ import annotations
 
+import pytest
+
+from tangram.results import Status
 from tangram.runtime.shards.batches import BatchStepper, Ops
 
 
@@ -224,7 +227,6 @@ def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means
     """A put-off class due at 2.5 is decided there, with the means of that instant, before
     the work of the instant after it is applied; a due instant that has work too is decided
     once; completions are applied at their instant's time, cancelled (the router learns)."""
-    from tangram.results import Status
 
     a, b = _arr("a"), _arr("b")
     w = _Worker(queued=["q"], wants=2.5)
@@ -252,7 +254,6 @@ def test_decisions_after_the_last_op_read_the_means_of_their_instants():
 
 
 def test_an_unknown_op_is_refused():
-    import pytest
 
     w = _Worker(queued=["q"])
     with pytest.raises(ValueError, match="unknown op"):

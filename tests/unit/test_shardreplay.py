@@ -4,10 +4,17 @@ batch: the shards' recorded messages replay to the same answers, alone and in lo
 from __future__ import annotations
 
 import gc
+import pickle
+
+import pytest
 
 from evaluation import shardreplay
+from solvers import get_allocator
+from tangram.pools import CorePool
 from tangram.runtime.shards import handles
-from tangram.runtime.shards.worker import shard_main
+from tangram.runtime.shards.wire import STATE, wire_dumps
+from tangram.runtime.shards.worker import ShardInit, shard_main
+from topology import CpuNode
 
 
 def test_the_recorded_shards_replay_to_the_same_answers(capsys):
@@ -22,11 +29,6 @@ def test_the_recorded_shards_replay_to_the_same_answers(capsys):
 
 
 def test_a_replay_that_answers_otherwise_is_refused(tmp_path):
-    import pickle
-
-    import pytest
-
-    from tangram.runtime.shards.wire import STATE, wire_dumps
 
     path = tmp_path / "shard-1.pkl"
     start = wire_dumps(_tiny_init())
@@ -43,10 +45,6 @@ def test_a_replay_that_answers_otherwise_is_refused(tmp_path):
 
 
 def _tiny_init():
-    from solvers import get_allocator
-    from tangram.pools import CorePool
-    from tangram.runtime.shards.worker import ShardInit
-    from topology import CpuNode
 
     pools = {"cpu": CorePool("cpu", {"n0": CpuNode.flat("n0", 2)})}
     return ShardInit(pools, get_allocator("heuristic"), 1.0, {}, [], [], [])
