@@ -24,6 +24,7 @@ MAX_PATH = 4096
 SYS_OPENAT2 = 437  # the same number on x86_64 and aarch64 (the generic syscall table)
 RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_IN_ROOT = 0x01, 0x02, 0x10
 RESOLVE = RESOLVE_NO_XDEV | RESOLVE_NO_MAGICLINKS | RESOLVE_IN_ROOT
+RETRIES = 1000  # tries of a resolution a concurrent rename or mount spoiled (EAGAIN)
 
 
 class _OpenHow(ctypes.Structure):
@@ -36,7 +37,13 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def openat2(dirfd: int, path: str, flags: int, mode: int = 0, resolve: int = RESOLVE) -> int:
     """`openat2(dirfd, path, {flags, mode, resolve})`; raises OSError."""
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
-    fd = _libc.syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    name = os.fsencode(path)
+    for _ in range(RETRIES):
+        fd = _libc.syscall(SYS_OPENAT2, dirfd, name, ctypes.byref(how), ctypes.sizeof(how))
+        # EAGAIN: a rename or mount anywhere on the host moved while a `..` was resolved, so
+        # the kernel could not prove it stayed inside; openat2(2) says to try again.
+        if fd >= 0 or ctypes.get_errno() != errno.EAGAIN:
+            break
     if fd < 0:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
