@@ -25,7 +25,8 @@ WALK = "a/b/../../a/up/etc"  # `..` twice, and a planted link to `..`
 def renamer(tmp_path):
     a, b = tmp_path / "x", tmp_path / "y"
     a.touch()
-    loop = f"import os\nwhile True:\n    os.rename({str(a)!r}, {str(b)!r}); os.rename({str(b)!r}, {str(a)!r})\n"
+    swap = f"os.rename({str(a)!r}, {str(b)!r}); os.rename({str(b)!r}, {str(a)!r})"
+    loop = f"import os\nwhile True:\n    {swap}\n"
     proc = subprocess.Popen([sys.executable, "-c", loop])
     time.sleep(0.3)  # let it start renaming
     yield proc
