@@ -123,6 +123,11 @@ class Engine:
     `progress(done)` after every instant. `timed=False` skips the decisions' CPU clock (two
     system calls a decision: a tenth of an open-loop replay's time)."""
 
+    # A diagnostic only (`python -m evaluation.shardreplay --stretch`): collect deferred grants
+    # this many times later than the exact bound, to see what batches that long would cost.
+    # Above 1 a grant can end before events already handled, so the schedule is not exact.
+    collect_stretch = 1.0
+
     def __init__(
         self,
         scheduler: Scheduler,
@@ -215,7 +220,7 @@ class Engine:
         while floors and floors[0][1] not in waiting:  # started meanwhile
             heapq.heappop(floors)
         floor = floors[0][0] if floors else math.inf
-        return not events or events[0][0] >= since + floor
+        return not events or events[0][0] >= since + floor * self.collect_stretch
 
     def run(self, driver: Driver) -> EngineRun:
         driver.begin(self)

@@ -19,6 +19,15 @@ drives them (each batch sent to every shard, then every answer read), with this 
 nothing between two batches (`none`), walking 200,000 objects of a 3,000,000-object list as a
 simulation would (`walk`), or sleeping 10 ms (`sleep`): the shards' total CPU per simulated
 second under each (docs/scale.md, "Where the shards' CPU goes").
+
+    python -m evaluation.shardreplay --nap 0 0.005 --stretch 4
+
+`--nap` replays each shard in this process once more per value, sleeping that long before
+each message (what a pause alone costs the work after it); `--stretch F` records a run whose
+engine collects the shards' grants F times later than its exact bound (batches about F times
+as long, so F times fewer messages; a diagnostic of what the message count costs: a grant may
+then end before events already handled, so that run's schedule is not exact, though its replay
+must still answer as recorded).
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import time
 from pathlib import Path
 
 from evaluation.benches import scale_run
+from evaluation.engine import Engine
 from tangram.runtime.shards import handles
 from tangram.runtime.shards.wire import wire_dumps, wire_loads
 from tangram.runtime.shards.worker import ShardWorker, settle_collector, shard_main
@@ -81,16 +91,18 @@ def _rebuilt(path: Path | str) -> tuple[ShardWorker, list[bytes], list[bytes]]:
     return worker, seen, said
 
 
-def replay(path: Path) -> tuple[float, int, int]:
+def replay(path: Path, nap: float = 0.0) -> tuple[float, int, int]:
     """(CPU seconds, messages, cyclic objects a full collection finds after it) of replaying
-    one recorded shard in this process (its collector set back after); raises when an answer
-    differs from the one recorded."""
+    one recorded shard in this process (its collector set back after), sleeping `nap` seconds
+    before each message; raises when an answer differs from the one recorded."""
     threshold = gc.get_threshold()
     worker, seen, said = _rebuilt(path)
     answers = []
     c0 = time.process_time()
     try:
         for data in seen:
+            if nap:
+                time.sleep(nap)
             answers.append(worker.handle(data)[0])
         cpu = time.process_time() - c0
         cyclic = gc.collect()  # what a shard's collector would ever have to find
@@ -160,16 +172,36 @@ def main(argv: list[str] | None = None) -> int:
         default=(),
         help="replay the shards in lockstep too, with this between two batches",
     )
+    p.add_argument(
+        "--nap",
+        nargs="*",
+        type=float,
+        default=(),
+        help="replay each shard in this process again, sleeping this long before each message",
+    )
+    p.add_argument(
+        "--stretch",
+        type=float,
+        default=1.0,
+        help="collect the shards' grants this many times later than the exact bound "
+        "(longer batches; a diagnostic: the schedule is then not exact)",
+    )
     ns = p.parse_args(argv)
+    if not ns.stretch >= 1.0:
+        p.error(f"--stretch must be at least 1 (got {ns.stretch})")
+    if any(not n >= 0 for n in ns.nap):
+        p.error(f"--nap must be at least 0 seconds (got {ns.nap})")
     job = ("coding", ns.batch, "heuristic/scoped", ns.nodes_per_shard, ns.warmup, ns.window, 6)
     one = scale_run.run_one(job)
     print(f"one process (live): {one.share:.4f} CPU s per simulated s", flush=True)
     with tempfile.TemporaryDirectory(prefix="tangram-shardreplay-") as folder:
         handles.shard_main = _recording_main(folder)
+        Engine.collect_stretch = ns.stretch
         try:
             sharded = scale_run.run_one((job[0], job[1], "heuristic/sharded", *job[3:]))
         finally:
             handles.shard_main = shard_main
+            Engine.collect_stretch = 1.0
         span = sharded.window[1] - sharded.window[0]
         offline = []
         paths = sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime)
@@ -180,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}, "
                 f"{cyclic} cyclic objects left",
                 flush=True,
+            )
+        for nap in ns.nap:
+            cpu = sum(replay(path, nap)[0] for path in paths)
+            print(
+                f"node shards replayed, {nap * 1e3:g} ms asleep before each message: "
+                f"{cpu / span:.4f}"
             )
         for between in ns.lockstep:
             cpu = lockstep(paths, between)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import gc
 import pickle
+import re
 
 import pytest
 
 from evaluation import shardreplay
+from evaluation.engine import Engine
 from solvers import get_allocator
 from tangram.pools import CorePool
 from tangram.runtime.shards import handles
@@ -26,6 +28,29 @@ def test_the_recorded_shards_replay_to_the_same_answers(capsys):
     assert out.count(", 0 cyclic objects left") == 4  # a shard makes no cyclic garbage
     assert "in lockstep, none between batches" in out and "sleep between batches" in out
     assert handles.shard_main is shard_main  # the recording hook is taken out again
+
+
+def _messages(out: str) -> int:
+    return sum(int(n) for n in re.findall(r"(\d+) messages, replayed", out))
+
+
+def test_stretched_batches_send_fewer_messages_and_naps_replay_the_same(capsys):
+    argv = ["--batch", "512", "--nodes-per-shard", "2", "--warmup", "10", "--window", "4"]
+    assert shardreplay.main(argv) == 0
+    exact = _messages(capsys.readouterr().out)
+    assert shardreplay.main([*argv, "--stretch", "4", "--nap", "0", "0.001"]) == 0
+    out = capsys.readouterr().out
+    assert 0 < _messages(out) < exact * 0.75  # batches about 4 times as long
+    assert "every answer as recorded" in out
+    assert "0 ms asleep before each message" in out and "1 ms asleep" in out
+    assert Engine.collect_stretch == 1.0  # set back for whatever runs next
+
+
+@pytest.mark.parametrize("bad", [["--stretch", "0.5"], ["--stretch", "nan"], ["--nap", "-1"]])
+def test_a_bad_diagnostic_value_is_refused_naming_it(bad, capsys):
+    with pytest.raises(SystemExit):
+        shardreplay.main(bad)
+    assert bad[0] in capsys.readouterr().err
 
 
 def test_a_replay_that_answers_otherwise_is_refused(tmp_path):
