@@ -22,7 +22,9 @@ second under each (docs/scale.md, "Where the shards' CPU goes").
 
     python -m evaluation.shardreplay --nap 0 0.005 --stretch 4
 
-`--nap` replays each shard in this process once more per value, sleeping that long before
+It also replays the shards interleaved, batch by batch in this process (each shard's k-th
+message, then each one's k+1-th, as they take turns live, with no process switch and no
+pause). `--nap` replays each shard in this process once more per value, sleeping that long before
 each message (what a pause alone costs the work after it); `--stretch F` records a run whose
 engine collects the shards' grants F times later than its exact bound (batches about F times
 as long, so F times fewer messages; a diagnostic of what the message count costs: a grant may
@@ -113,6 +115,32 @@ def replay(path: Path, nap: float = 0.0) -> tuple[float, int, int]:
         if wire_loads(got) != wire_loads(was):
             raise AssertionError(f"{path.name}: answer {k} differs from the recorded one")
     return cpu, len(seen), cyclic
+
+
+def interleaved(paths: list[Path]) -> float:
+    """CPU seconds of replaying every recorded shard in this process batch by batch (each
+    shard's k-th message, then each shard's k+1-th), as the shards take turns live but with no
+    process switch and no pause: what the shards' data competing for the caches costs alone.
+    Raises when an answer differs from the one recorded."""
+    threshold = gc.get_threshold()
+    shards = [_rebuilt(path) for path in paths]
+    answers: list[list[bytes]] = [[] for _ in shards]
+    c0 = time.process_time()
+    try:
+        for k in range(max(len(seen) for _, seen, _ in shards)):
+            for (worker, seen, _), got in zip(shards, answers):
+                if k < len(seen):
+                    got.append(worker.handle(seen[k])[0])
+        cpu = time.process_time() - c0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+    for path, (_, _, said), got in zip(paths, shards, answers):
+        if [wire_loads(a) for a in got] != [wire_loads(b) for b in said]:
+            raise AssertionError(
+                f"{path.name}: an interleaved answer differs from the recorded one"
+            )
+    return cpu
 
 
 def _lockstep_child(conn, path: str) -> None:
@@ -213,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cyclic} cyclic objects left",
                 flush=True,
             )
+        cpu = interleaved(paths)
+        print(f"node shards replayed interleaved, batch by batch in this process: {cpu / span:.4f}")
         for nap in ns.nap:
             cpu = sum(replay(path, nap)[0] for path in paths)
             print(

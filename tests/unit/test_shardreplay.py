@@ -27,6 +27,7 @@ def test_the_recorded_shards_replay_to_the_same_answers(capsys):
     assert out.count("messages, replayed") == 4  # 4 nodes, one shard each
     assert out.count(", 0 cyclic objects left") == 4  # a shard makes no cyclic garbage
     assert "in lockstep, none between batches" in out and "sleep between batches" in out
+    assert "replayed interleaved, batch by batch in this process" in out
     assert handles.shard_main is shard_main  # the recording hook is taken out again
 
 
@@ -64,6 +65,9 @@ def test_a_replay_that_answers_otherwise_is_refused(tmp_path):
     try:
         with pytest.raises(AssertionError, match="differs from the recorded one"):
             shardreplay.replay(path)
+        assert gc.get_threshold() == (701, 11, 12)
+        with pytest.raises(AssertionError, match="interleaved answer differs"):
+            shardreplay.interleaved([path])
         assert gc.get_threshold() == (701, 11, 12)
     finally:
         gc.set_threshold(*threshold)
