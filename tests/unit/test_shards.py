@@ -24,7 +24,7 @@ from evaluation.shardcheck import compare
 from evaluation.workloads import get_workload
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
-from tangram.errors import ValidationError
+from tangram.errors import InvariantError, ValidationError
 from tangram.pools import ChunkPool, CorePool
 from tangram.runtime.facade import Tangram
 from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire_dumps
@@ -340,6 +340,44 @@ def test_a_batch_carries_the_means_at_its_first_instant_and_each_change_after():
         s.submit(Action("e", {"cpu": 1}, trajectory="t", kind="tool"))
         s.decide(7.0)
         assert s._batch.changes == [(1, {"other": 4.5})]
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_grant_is_running_from_its_instant_with_its_estimated_end(batched):
+    """Per instant a grant is taken in the router's mirror at once; batched, when something
+    reads the mirror (`sync_pools`). Either way `running` holds it from the instant it was
+    granted, expected to end at that instant plus its estimate."""
+    pools = {"cpu": cores(2, 2)}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=2, batched=batched) as s:
+        s.bind("t", "cpu", "n1")
+        s.submit(fixed("a", 2, "t", d=3.0))
+        got = s.decide(1.0)
+        if batched:
+            assert got == [] and pools["cpu"].free("n1") == 2  # answered later
+            ((_, at, got),) = s.collect()
+            assert at == 1.0 and pools["cpu"].free("n1") == 2  # not read yet: not taken
+            s.sync_pools()
+        assert [a.action.id for a in got] == ["a"]
+        assert pools["cpu"].free("n1") == 0  # the mirror holds both cores
+        ra = s.running["a"]
+        assert ra.start == 1.0 and ra.expected_end == 1.0 + s.estimate(ra.assignment.action)
+        s.complete("a", 4.0)
+        assert pools["cpu"].free("n1") == 2 and "a" not in s.running
+
+
+def test_a_shard_granting_what_it_does_not_hold_or_a_core_taken_is_refused_naming_it():
+    """The router's checks on a shard's answer (white-box: a healthy shard never sends these):
+    an action it was not sent, a core the mirror already holds."""
+    pools = {"cpu": cores(2, 2)}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=2) as s:
+        s.bind("t", "cpu", "n1")
+        s.submit(fixed("a", 1, "t"))
+        (a,) = s.decide(0.0)
+        with pytest.raises(InvariantError, match=r"shard 1 started 'ghost', which it does not"):
+            s._take(1, [("ghost", {"cpu": 1}, a.placement)], 0.5)
+        s.submit(fixed("b", 1, "t"))
+        with pytest.raises(InvariantError, match=r"shard 1: action b: cpu: "):
+            s._take(1, [("b", {"cpu": 1}, a.placement)], 0.5)  # a's core, granted twice
 
 
 def test_tangram_runs_on_shards_and_closes_them():
