@@ -63,8 +63,7 @@ def run_sharded(
 ) -> tuple[LoopResult, list[tuple[float, Keyed]]]:
     """The closed-loop run through the shards; the router's grants of every decision, as
     (time, grants), in order (one per call of the engine's, as the one-process run's; empty
-    without `log_stream`, which leaves the router on the path the scale bench runs: its
-    batched fast path is taken only when it keeps no event stream)."""
+    without `log_stream`)."""
     make = functools.partial(
         ShardedScheduler, shards=shards, log_stream=log_stream, batched=batched
     )
@@ -217,8 +216,7 @@ def same_schedule(
     batched: bool = True,
 ) -> ScheduleDiff:
     """Run `workload` through the shards and, independently, through one scoped scheduler
-    (each its own simulator, fed the same arrivals), and compare the schedules recorded. The
-    router keeps no event stream here, so it runs the path the scale bench runs."""
+    (each its own simulator, fed the same arrivals), and compare the schedules recorded."""
     sharded, _ = run_sharded(workload, policy, shards, lifecycle, batched, log_stream=False)
     single = ClosedLoopSimulator(workload, _policy(policy, Scheduler, lifecycle)).run()
     a, b = schedule(sharded), schedule(single)

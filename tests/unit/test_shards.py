@@ -315,6 +315,48 @@ def test_a_bound_trajectorys_actions_route_by_resource_and_by_its_current_bindin
         assert c4.placement["cpu"].node == other
 
 
+def test_a_first_action_is_placed_behind_what_the_shards_already_queue():
+    """An unbound first action is placed as one scheduler's FCFS scan would place it, behind
+    the actions its shards queue and have not decided yet: n0 has the most free cores, but an
+    earlier action bound there takes both, so the first action goes to n1's free core."""
+    grants = []
+    for make in (Scheduler, functools.partial(ShardedScheduler, shards=2)):
+        pools = {"cpu": cores(2, 2)}
+        s = make(pools, get_allocator("heuristic"))
+        try:
+            s.bind("r", "cpu", "n1")
+            s.submit(fixed("busy", 1, "r"))
+            assert [a.action.id for a in s.decide(0.0)] == ["busy"]  # n1: 1 core free
+            s.bind("b", "cpu", "n0")
+            s.submit(fixed("big", 2, "b"))  # bound to n0, not decided yet
+            s.submit(fixed("first", 1, "u"))  # unbound: placed at the decision
+            grants.append({a.action.id: a.placement["cpu"].node for a in s.decide(1.0)})
+        finally:
+            getattr(s, "close", lambda: None)()
+    assert grants[0] == grants[1] == {"big": "n0", "first": "n1"}
+
+
+def test_a_shard_whose_put_off_class_is_due_is_asked_at_that_instant():
+    """Per instant: the elastic e is put off on n0's shard to wait for x's 3 cores (x's
+    estimated end, 1.0); events on n1's shard alone do not ask n0's, and at 1.0 (an event on
+    n1 only) the router asks n0's shard, due then, and e starts, as in one scheduler."""
+    pools = {"cpu": CorePool("cpu", {n: CpuNode.flat(n, c) for n, c in (("n0", 6), ("n1", 1))})}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=2) as s:
+        for t, n in (("ta", "n0"), ("tb", "n1")):
+            s.bind(t, "cpu", n)
+        s.submit(fixed("x", 3, "ta"))
+        assert [a.action.id for a in s.decide(0.0)] == ["x"]
+        e = Elasticity("cpu", 8.0, lambda m: 1.0)
+        s.submit(Action("e", {"cpu": (1, 6)}, elasticity=e, trajectory="ta"))
+        assert s.decide(0.0) == [] and "e" in s.queue  # put off until 1.0
+        for i, now in enumerate((0.2, 0.5, 0.9)):
+            s.submit(fixed(f"b{i}", 1, "tb", d=0.1))
+            assert [a.action.id for a in s.decide(now)] == [f"b{i}"]
+            s.complete(f"b{i}", now + 0.1)
+        s.submit(fixed("b9", 1, "tb", d=0.1))
+        assert {a.action.id for a in s.decide(1.0)} == {"e", "b9"}
+
+
 def test_a_batch_carries_the_means_at_its_first_instant_and_each_change_after():
     """The open batch's means: those learned before its first instant as its base (a kind
     learned between two batches included), then each change at the instant it was learned

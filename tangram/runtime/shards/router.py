@@ -74,7 +74,9 @@ class ShardedScheduler:
         actor), or "auto": a Ray actor when this process is connected to Ray. `start=False`:
         no shard yet (`take_over` fills the router, then calls `start_shards`). `batched`:
         the node shards' grants are answered later, by `collect`, many instants in one message
-        per shard (for the simulator's event loop: docs/scale.md "Batches")."""
+        per shard (for the simulator's event loop: docs/scale.md "Batches"). `log_stream`:
+        keep each decision's grants in `stream`, as ("granted", time, grants) in decision
+        order (`evaluation.shardcheck.compare` reads them)."""
         if backend == "auto":
             backend = "ray" if ray_is_running() else "process"
         if backend not in BACKENDS:
@@ -241,7 +243,6 @@ class ShardedScheduler:
         if i == GLOBAL:
             self._where[action.id] = GLOBAL
             self._global.enqueue(action)
-            self._log("enqueue", action)
             return
         self._to_shard(i, action)
 
@@ -253,8 +254,6 @@ class ShardedScheduler:
         self._in_shards += 1
         self._out[i].arrivals.append(action)
         self._dirty.add(i)
-        if self.stream is not None:
-            self._log("enqueue", action)
 
     def cancel(self, action_id: str) -> bool:
         self.settle()  # its shard may have started it in the open batch
@@ -276,7 +275,6 @@ class ShardedScheduler:
                 self._dirty.add(i)
         if ok:
             del self._where[action_id]
-            self._log("cancel", action_id)
         return ok
 
     def bind(self, trajectory: str, resource: str, node: str) -> None:
@@ -285,7 +283,6 @@ class ShardedScheduler:
         self._global.bind(trajectory, resource, node)
         if resource in self.layout.resources:
             self._out[self.layout.shard_of(node)].binds.append((trajectory, resource, node))
-        self._log("bind", trajectory, resource, node)
 
     def attach_bindings(self, resource: str, owner: Mapping[str, str]) -> None:
         """Keeps its own table: every bind must pass through `bind`, which forwards it to the
@@ -297,7 +294,6 @@ class ShardedScheduler:
             if node is not None:
                 self._out[self.layout.shard_of(node)].unbinds.append(trajectory)
         self._global.unbind(trajectory)
-        self._log("unbind", trajectory)
 
     # -- decisions ----------------------------------------------------------------------------
     def estimate(self, action: Action, units: int | None = None) -> float:
@@ -306,7 +302,7 @@ class ShardedScheduler:
     def decide(self, now: float) -> list[Assignment]:
         """Bind waiting first actions, ask every shard that an event touched (in parallel), the
         global shard meanwhile, and gather the grants."""
-        if self.defers_grants and not self._pending and self.stream is None:
+        if self.defers_grants and not self._pending:
             g = len(self._global.queue)  # the batched common case (the simulator's instants)
             if not g and not self._in_shards:
                 return []
@@ -328,8 +324,6 @@ class ShardedScheduler:
                 self._to_shard,
                 (a for q in self._queued for a in q.values()),
             )
-        if self.stream is not None:
-            self._log("decide", now)
         if self.defers_grants:
             return self._decide_later(now, queued, len(self._global.queue))
         self._dirty.update(i for i, t in self._due.items() if t <= now)
@@ -604,8 +598,6 @@ class ShardedScheduler:
             kind = ra.assignment.action.kind
             self._means.observed(kind)
             self._batch.changed.add(kind)
-        if self.stream is not None:
-            self._log("complete", action_id, now, run_s, status)
         return ra
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:
