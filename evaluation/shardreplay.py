@@ -187,7 +187,7 @@ def lockstep(paths: list[Path], between: str) -> float:
     return total
 
 
-def main(argv: list[str] | None = None) -> int:
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batch", type=int, default=16384)
     p.add_argument("--nodes-per-shard", type=int, default=16)
@@ -219,6 +219,35 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--stretch must be at least 1 (got {ns.stretch})")
     if any(not n >= 0 for n in ns.nap):
         p.error(f"--nap must be at least 0 seconds (got {ns.nap})")
+    return ns
+
+
+def _replays(paths: list[Path], span: float, ns: argparse.Namespace) -> list[float]:
+    """Replay the recorded shards every way asked, printing each; each shard's share replayed
+    one after the other."""
+    offline = []
+    for path in paths:
+        cpu, n, cyclic = replay(path)
+        offline.append(cpu / span)
+        print(
+            f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}, {cyclic} cyclic objects left",
+            flush=True,
+        )
+    cpu = interleaved(paths)
+    print(f"node shards replayed interleaved, batch by batch in this process: {cpu / span:.4f}")
+    for nap in ns.nap:
+        cpu = sum(replay(path, nap)[0] for path in paths)
+        print(
+            f"node shards replayed, {nap * 1e3:g} ms asleep before each message: {cpu / span:.4f}"
+        )
+    for between in ns.lockstep:
+        cpu = lockstep(paths, between)
+        print(f"node shards in lockstep, {between} between batches: {cpu / span:.4f}")
+    return offline
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = _args(argv)
     job = ("coding", ns.batch, "heuristic/scoped", ns.nodes_per_shard, ns.warmup, ns.window, 6)
     one = scale_run.run_one(job)
     print(f"one process (live): {one.share:.4f} CPU s per simulated s", flush=True)
@@ -231,27 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             handles.shard_main = shard_main
             Engine.collect_stretch = 1.0
         span = sharded.window[1] - sharded.window[0]
-        offline = []
         paths = sorted(Path(folder).glob("shard-*.pkl"), key=lambda q: q.stat().st_mtime)
-        for path in paths:
-            cpu, n, cyclic = replay(path)
-            offline.append(cpu / span)
-            print(
-                f"  {path.stem}: {n} messages, replayed {cpu / span:.4f}, "
-                f"{cyclic} cyclic objects left",
-                flush=True,
-            )
-        cpu = interleaved(paths)
-        print(f"node shards replayed interleaved, batch by batch in this process: {cpu / span:.4f}")
-        for nap in ns.nap:
-            cpu = sum(replay(path, nap)[0] for path in paths)
-            print(
-                f"node shards replayed, {nap * 1e3:g} ms asleep before each message: "
-                f"{cpu / span:.4f}"
-            )
-        for between in ns.lockstep:
-            cpu = lockstep(paths, between)
-            print(f"node shards in lockstep, {between} between batches: {cpu / span:.4f}")
+        offline = _replays(paths, span, ns)
     live = sum(sharded.shard_shares)
     print(
         f"router (live): {sharded.share:.4f}\n"
