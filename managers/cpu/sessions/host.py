@@ -55,15 +55,18 @@ class Shell:
         self.script = os.path.join(SOCKET_DIR, name + ".cmd")
         pid, fd = pty.fork()
         if pid == 0:  # the child: bash on the terminal's slave side
+            # the typed line is not output. Set here, before bash starts: bash keeps the
+            # terminal's settings as it found them and restores them after a job killed by a
+            # signal, so settings changed once it runs would be undone by an interrupt
+            attrs = termios.tcgetattr(0)
+            attrs[3] &= ~(termios.ECHO | termios.ECHONL)
+            termios.tcsetattr(0, termios.TCSANOW, attrs)
             os.environ["PS1"] = self.prompt.decode()
             os.environ["PS2"] = ""
             os.environ.pop("PROMPT_COMMAND", None)
             os.environ.pop("HISTFILE", None)
             os.execvp(bash, [bash, "--noprofile", "--norc", "--noediting", "-i"])
         self.pid, self.fd = pid, fd
-        attrs = termios.tcgetattr(fd)
-        attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # the typed line is not output
-        termios.tcsetattr(fd, termios.TCSANOW, attrs)
         self.dead = None
         self.pending = b""
         self.n = 0
