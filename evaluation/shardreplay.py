@@ -35,6 +35,7 @@ must still answer as recorded).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import multiprocessing
 import os
@@ -93,27 +94,38 @@ def _rebuilt(path: Path | str) -> tuple[ShardWorker, list[bytes], list[bytes]]:
     return worker, seen, said
 
 
+@contextlib.contextmanager
+def _collector_kept():
+    """Set this process's collector back as it was (a rebuilt shard's settings change it)."""
+    threshold = gc.get_threshold()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
+
+
+def _check(label: str, got: list[bytes], said: list[bytes]) -> None:
+    for k, (a, b) in enumerate(zip(got, said, strict=True)):
+        if wire_loads(a) != wire_loads(b):
+            raise AssertionError(f"{label}: answer {k} differs from the recorded one")
+
+
 def replay(path: Path, nap: float = 0.0) -> tuple[float, int, int]:
     """(CPU seconds, messages, cyclic objects a full collection finds after it) of replaying
     one recorded shard in this process (its collector set back after), sleeping `nap` seconds
     before each message; raises when an answer differs from the one recorded."""
-    threshold = gc.get_threshold()
-    worker, seen, said = _rebuilt(path)
-    answers = []
-    c0 = time.process_time()
-    try:
+    with _collector_kept():
+        worker, seen, said = _rebuilt(path)
+        answers = []
+        c0 = time.process_time()
         for data in seen:
             if nap:
                 time.sleep(nap)
             answers.append(worker.handle(data)[0])
         cpu = time.process_time() - c0
         cyclic = gc.collect()  # what a shard's collector would ever have to find
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
-    for k, (got, was) in enumerate(zip(answers, said)):
-        if wire_loads(got) != wire_loads(was):
-            raise AssertionError(f"{path.name}: answer {k} differs from the recorded one")
+    _check(path.name, answers, said)
     return cpu, len(seen), cyclic
 
 
@@ -122,24 +134,17 @@ def interleaved(paths: list[Path]) -> float:
     shard's k-th message, then each shard's k+1-th), as the shards take turns live but with no
     process switch and no pause: what the shards' data competing for the caches costs alone.
     Raises when an answer differs from the one recorded."""
-    threshold = gc.get_threshold()
-    shards = [_rebuilt(path) for path in paths]
-    answers: list[list[bytes]] = [[] for _ in shards]
-    c0 = time.process_time()
-    try:
+    with _collector_kept():
+        shards = [_rebuilt(path) for path in paths]
+        answers: list[list[bytes]] = [[] for _ in shards]
+        c0 = time.process_time()
         for k in range(max(len(seen) for _, seen, _ in shards)):
             for (worker, seen, _), got in zip(shards, answers):
                 if k < len(seen):
                     got.append(worker.handle(seen[k])[0])
         cpu = time.process_time() - c0
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*threshold)
     for path, (_, _, said), got in zip(paths, shards, answers):
-        if [wire_loads(a) for a in got] != [wire_loads(b) for b in said]:
-            raise AssertionError(
-                f"{path.name}: an interleaved answer differs from the recorded one"
-            )
+        _check(f"{path.name} (interleaved)", got, said)
     return cpu
 
 
