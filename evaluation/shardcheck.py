@@ -59,20 +59,16 @@ def run_sharded(
     shards: int,
     lifecycle: Callable[[], Lifecycle] = EnvironmentStart,
     batched: bool = False,
-    log_stream: bool = True,
 ) -> tuple[LoopResult, list[tuple[float, Keyed]]]:
     """The closed-loop run through the shards; the router's grants of every decision, as
-    (time, grants), in order (one per call of the engine's, as the one-process run's; empty
-    without `log_stream`)."""
-    make = functools.partial(
-        ShardedScheduler, shards=shards, log_stream=log_stream, batched=batched
-    )
+    (time, grants), in order (one per call of the engine's, as the one-process run's)."""
+    make = functools.partial(ShardedScheduler, shards=shards, log_stream=True, batched=batched)
     sim = ClosedLoopSimulator(workload, _policy(policy, make, lifecycle))
     try:
         result = sim.run()
     finally:
         sim.scheduler.close()
-    stream = sim.scheduler.stream or ()
+    stream = sim.scheduler.stream
     return result, [(ev[1], _keyed(ev[1], ev[2])) for ev in stream if ev[0] == "granted"]
 
 
@@ -217,7 +213,7 @@ def same_schedule(
 ) -> ScheduleDiff:
     """Run `workload` through the shards and, independently, through one scoped scheduler
     (each its own simulator, fed the same arrivals), and compare the schedules recorded."""
-    sharded, _ = run_sharded(workload, policy, shards, lifecycle, batched, log_stream=False)
+    sharded, _ = run_sharded(workload, policy, shards, lifecycle, batched)
     single = ClosedLoopSimulator(workload, _policy(policy, Scheduler, lifecycle)).run()
     a, b = schedule(sharded), schedule(single)
     differ = sorted(
