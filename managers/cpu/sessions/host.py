@@ -54,18 +54,11 @@ class Shell:
         self.prompt = (f"\x1e{self.token}:P\x1e").encode()  # PS1: the shell is back
         self.script = os.path.join(SOCKET_DIR, name + ".cmd")
         pid, fd = pty.fork()
-        if pid == 0:  # the child: bash on the terminal's slave side
-            # the typed line is not output. Set here, before bash starts: bash keeps the
-            # terminal's settings as it found them and restores them after a job killed by a
-            # signal, so settings changed once it runs would be undone by an interrupt
-            attrs = termios.tcgetattr(0)
-            attrs[3] &= ~(termios.ECHO | termios.ECHONL)
-            termios.tcsetattr(0, termios.TCSANOW, attrs)
-            os.environ["PS1"] = self.prompt.decode()
-            os.environ["PS2"] = ""
-            os.environ.pop("PROMPT_COMMAND", None)
-            os.environ.pop("HISTFILE", None)
-            os.execvp(bash, [bash, "--noprofile", "--norc", "--noediting", "-i"])
+        if pid == 0:  # the child: bash on the terminal's slave side, or exit 127
+            try:
+                self._exec(bash)
+            finally:
+                os._exit(127)  # never back into the host's code
         self.pid, self.fd = pid, fd
         self.dead = None
         self.pending = b""
@@ -73,6 +66,19 @@ class Shell:
         self._send(b"unset HISTFILE; set +o history 2>/dev/null\n")
         self._wait(self._sync(), 10.0, 1 << 16)
         self._settle()
+
+    def _exec(self, bash):
+        # the typed line is not output. Set here, before bash starts: bash keeps the
+        # terminal's settings as it found them and restores them after a job killed by a
+        # signal, so settings changed once it runs would be undone by an interrupt
+        attrs = termios.tcgetattr(0)
+        attrs[3] &= ~(termios.ECHO | termios.ECHONL)
+        termios.tcsetattr(0, termios.TCSANOW, attrs)
+        os.environ["PS1"] = self.prompt.decode()
+        os.environ["PS2"] = ""
+        os.environ.pop("PROMPT_COMMAND", None)
+        os.environ.pop("HISTFILE", None)
+        os.execvp(bash, [bash, "--noprofile", "--norc", "--noediting", "-i"])
 
     def _marker(self, n):
         return f"\x1e{self.token}:{n}:".encode()
