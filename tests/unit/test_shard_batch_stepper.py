@@ -79,7 +79,7 @@ def test_a_batch_decides_each_instant_with_the_means_of_that_instant():
     stepper = BatchStepper(w)
     a, b = _arr("a"), _arr("b")
     instants = [1.0, 2.0, 3.0, 4.0]
-    changes = [(1, {"tool": 2.0}), (2, {"tool": 3.0, "reward": 9.0}), (3, {"tool": 4.0})]
+    changes = [(1, "tool", 2.0), (2, "tool", 3.0), (2, "reward", 9.0), (3, "tool", 4.0)]
     stepper.run((instants, {"tool": 1.0}, changes), [a, 0, "x", 2, b, 3])
     # at 3.0 only a completion, with a started and nothing queued: held until 4.0
     assert [(t, m) for t, m, _ in w.log] == [
@@ -135,7 +135,7 @@ def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
     a, b = _arr("a"), _arr("b")
     w = _Worker()
     stepper = BatchStepper(w)
-    got, wake = stepper.run(([0.5, 0.6], {}, [(1, {"k": 1.0})]), [a, 0, b, 1])
+    got, wake = stepper.run(([0.5, 0.6], {}, [(1, "k", 1.0)]), [a, 0, b, 1])
     assert got == [(0, [a]), (1, [b])]
     assert wake is False and w.sched.profiles.means == {"k": 1.0}
     w = _Worker(wants=True)  # a put-off class: decided again at the next instant, and after
@@ -150,7 +150,7 @@ def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
 def test_a_fresh_shard_decides_only_when_asked_and_means_apply_in_order():
     w = _Worker(queued=["q"])
     stepper = BatchStepper(w)
-    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, {"other": 5.0})]), [1])
+    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, "other", 5.0)]), [1])
     assert [(t, m) for t, m, _ in w.log] == [(2.0, {"k": 1.0, "other": 5.0})]
 
 
@@ -200,15 +200,15 @@ def test_a_wish_to_decide_carries_into_the_next_batch():
     w = _Worker(wants=True)
     stepper = BatchStepper(w)
     stepper.run(([0.1], {}, []), [a, 0])
-    got, _ = stepper.run(([0.2, 0.3], {}, [(1, {"late": 1.0})]), [])
+    got, _ = stepper.run(([0.2, 0.3], {}, [(1, "late", 1.0)]), [])
     assert got == [(0, []), (1, [])]  # from the new batch's first instant on
     w = _Worker(wants=2.5)
     stepper = BatchStepper(w)
     stepper.run(([1.0], {}, []), [a, 0])
-    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, {"late": 1.0})]), [])
+    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, "late", 1.0)]), [])
     assert [j for j, _ in got] == [1, 2]
     w.sched.wants = False
-    got, _ = stepper.run(([2.8, 2.9], {}, [(1, {"later": 2.0})]), [])
+    got, _ = stepper.run(([2.8, 2.9], {}, [(1, "later", 2.0)]), [])
     assert [j for j, _ in got] == [0]  # decided at once (due), then no wish
     assert w.sched.profiles.means == {"late": 1.0, "later": 2.0}  # changes after the last
 
@@ -231,7 +231,7 @@ def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means
     a, b = _arr("a"), _arr("b")
     w = _Worker(queued=["q"], wants=2.5)
     stepper = BatchStepper(w)
-    changes = [(1, {"k": 1.0}), (2, {"k": 2.0}), (3, {"k": 3.0})]
+    changes = [(1, "k", 1.0), (2, "k", 2.0), (3, "k", 3.0)]
     got, _ = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, changes), [a, 0, "x", b, 3])
     assert [(t, m, ops) for t, m, ops in w.log] == [
         (1.0, {}, [a]),
@@ -247,7 +247,7 @@ def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means
 
 def test_decisions_after_the_last_op_read_the_means_of_their_instants():
     w = _Worker(queued=["q"], wants=True)
-    changes = [(1, {"k": 1.0}), (2, {"k": 2.0})]
+    changes = [(1, "k", 1.0), (2, "k", 2.0)]
     got, wake = BatchStepper(w).run(([0.1, 0.2, 0.3], {}, changes), [_arr("a"), 0])
     assert [(t, m) for t, m, _ in w.log] == [(0.1, {}), (0.2, {"k": 1.0}), (0.3, {"k": 2.0})]
     assert [k for k, _ in got] == [0, 1, 2] and wake is True

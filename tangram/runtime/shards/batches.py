@@ -21,6 +21,7 @@ from bisect import bisect_left
 from typing import Any
 
 from tangram.results import Status
+from tangram.runtime.shards.wire import from_wire
 
 NEVER = 1 << 62  # an instant index past any batch
 
@@ -40,7 +41,7 @@ class BatchStepper:
         self.wake: bool | float = False
 
     def run(self, common: tuple, ops: list) -> tuple[list, bool | float]:
-        """`common`: (the instants, the means at the first, [(instant, {kind: mean})]); `ops`:
+        """`common`: (the instants, the means at the first, [(instant, kind, mean)]); `ops`:
         the shard's op stream (`Ops`), each instant's ops followed by its index. The answer:
         [(instant, grants)] for the instants it decided at, and whether (True) or from when
         (a time) it wants to decide again."""
@@ -59,18 +60,18 @@ class BatchStepper:
                 ci = _means_until(changes, ci, due, means)
                 self._decide(instants[due], due, out)
                 due = self._due(instants, due)
-            self._apply(ops, start, pos, instants[k])
+            self._apply(ops, start, pos, instants[k])  # (reads no mean)
             start = pos + 1
-            ci = _means_until(changes, ci, k, means)
             if len(queue):  # an empty queue: the router would not have asked it
+                ci = _means_until(changes, ci, k, means)
                 self._decide(instants[k], k, out)
             due = self._due(instants, k)
         while due != NEVER:
             ci = _means_until(changes, ci, due, means)
             self._decide(instants[due], due, out)
             due = self._due(instants, due)
-        for _, m in changes[ci:]:
-            means.update(m)
+        for _, kind, m in changes[ci:]:
+            means[kind] = m
         return out, (self.wake if len(queue) else False)
 
     def _apply(self, ops: list, start: int, stop: int, now: float) -> None:
@@ -81,7 +82,11 @@ class BatchStepper:
             t = type(op)
             if t is str:
                 sched.complete(op, now, status=Status.CANCELLED)  # the router learns
-            elif t is tuple:
+            elif t is not tuple:
+                sched.enqueue(op)  # an action `to_wire` left as it is
+            elif len(op) != 2:
+                sched.enqueue(from_wire(op))
+            else:
                 tag, v = op
                 if tag == "cancels":
                     sched.cancel(v)
@@ -91,8 +96,6 @@ class BatchStepper:
                     sched.unbind(v)
                 else:
                     raise ValueError(f"unknown op {tag!r}")
-            else:
-                sched.enqueue(op)
 
     def _decide(self, now: float, k: int, out: list) -> None:
         out.append((k, self.worker.decide(now)))
@@ -110,8 +113,12 @@ class BatchStepper:
 
 def _means_until(changes: list, ci: int, k: int, means: dict) -> int:
     """Apply the mean changes up to instant `k` from `changes[ci]` on; the next index."""
-    while ci < len(changes) and changes[ci][0] <= k:
-        means.update(changes[ci][1])
+    n = len(changes)
+    while ci < n:
+        j, kind, m = changes[ci]
+        if j > k:
+            break
+        means[kind] = m
         ci += 1
     return ci
 
@@ -164,8 +171,8 @@ class OpenBatch:
         self.queued: list[int] = []  # the router's count of queued actions at each instant
         self.inline: list[list] = []  # the global shard's grants at each (decided at once)
         self.base: dict[str, float] = {}  # the learned means at the first instant
-        self.changes: list[tuple[int, dict[str, float]]] = []  # (instant, means) after it
-        self.changed: set[str] = set()  # kinds learned since the last instant
+        # (instant, kind, mean) after the first, in order: each learned before that instant
+        self.changes: list[tuple[int, str, float]] = []
         self.wake: list[bool | float] = [False] * shards  # as each shard last answered
         self.ready: list[tuple[int, float, list]] = []  # (id, time, grants) not collected
 

@@ -21,7 +21,7 @@ from tangram.runtime.shards.handles import ProcessShard, ShardHandle
 from tangram.runtime.shards.means import MeansMirror
 from tangram.runtime.shards.pending import place_pending
 from tangram.runtime.shards.views import QueueView, ShardLost
-from tangram.runtime.shards.wire import BATCH, STATE, TICK, wire_dumps, wire_loads
+from tangram.runtime.shards.wire import BATCH, STATE, TICK, to_wire, wire_dumps, wire_loads
 from tangram.runtime.shards.worker import Outbox, ShardInit
 from tangram.scheduler import DEFAULT_MAX_QUEUE, PreparedDecision, Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
@@ -252,7 +252,7 @@ class ShardedScheduler:
         self._where[action.id] = i
         self._queued[i][action.id] = action
         self._in_shards += 1
-        self._out[i].arrivals.append(action)
+        self._out[i].arrivals.append(to_wire(action))
         self._dirty.add(i)
 
     def cancel(self, action_id: str) -> bool:
@@ -429,13 +429,8 @@ class ShardedScheduler:
         at once; the node shards answer when the batch is sent (`settle`)."""
         b = self._batch
         j = len(b.instants)
-        if j == 0:
+        if j == 0:  # the means as of the batch's first instant; `complete` notes later changes
             b.base = {k: m for k in self._means.kind_at if (m := self.profiles.mean(k)) is not None}
-            b.changed.clear()
-        elif b.changed:
-            mean = self.profiles.mean
-            b.changes.append((j, {k: m for k in b.changed if (m := mean(k)) is not None}))
-            b.changed.clear()
         b.instants.append(now)
         b.queued.append(queued)
         dirty = self._dirty
@@ -597,7 +592,11 @@ class ShardedScheduler:
         if learn:
             kind = ra.assignment.action.kind
             self._means.observed(kind)
-            self._batch.changed.add(kind)
+            b = self._batch
+            if b.instants:  # (before the first, the batch's base reads it)
+                m = self.profiles.mean(kind)
+                if m is not None:  # an elastic kind learns its curve, not a mean
+                    b.changes.append((len(b.instants), kind, m))
         return ra
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:

@@ -73,18 +73,63 @@ def _demand(amounts: tuple[int, ...]) -> Demand:
     return d
 
 
-def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:
-    a = object.__new__(Action)
-    put = object.__setattr__
-    put(a, "demands", MappingProxyType({resource: _demand(amounts)}))
-    put(a, "mins", MappingProxyType({resource: amounts[0]}))
-    put(a, "payload", None)
-    put(a, "elasticity", None)
-    put(a, "options", ())
-    put(a, "option_arrays", None)
-    for name, v in zip(_PLAIN, values):
-        put(a, name, v)
+# the slots a plain action's fields are set through (a frozen class: its own `__setattr__`
+# refuses), in the order of (resource, amounts, *_PLAIN) after the two derived from those
+(_set_id, _set_duration, _set_trajectory, _set_task, _set_kind, _set_service, _set_submit, _set_to) = (
+    getattr(Action, name).__set__ for name in _PLAIN
+)
+(_set_demands, _set_mins, _set_payload, _set_elasticity, _set_options, _set_option_arrays) = (
+    getattr(Action, name).__set__
+    for name in ("demands", "mins", "payload", "elasticity", "options", "option_arrays")
+)
+# (resource, amounts) -> the read-only demands and mins of a plain action demanding them, one
+# pair shared by every action that demands the same (both immutable); bounded by the distinct
+# demands a workload makes
+_PROXIES: dict[tuple[str, tuple[int, ...]], tuple[MappingProxyType, MappingProxyType]] = {}
+
+
+def to_wire(a: Action) -> tuple | Action:
+    """What the router puts in a shard's op stream for an arrival: a plain action (not
+    elastic, one resource: nearly every tool call) as one flat tuple (resource, amounts,
+    *its `_PLAIN` fields), pickled without a reducer; any other as itself. `from_wire` is
+    the shard's side."""
+    if a.elasticity is None and len(a.demands) == 1:
+        for r, d in a.demands.items():
+            return (r, d.amounts, *_plain_values(a))
     return a
+
+
+def from_wire(t: tuple) -> Action:
+    """The action `to_wire` flattened, rebuilt without validating again what the router
+    validated."""
+    key = (t[0], t[1])
+    proxies = _PROXIES.get(key)
+    if proxies is None:
+        r, amounts = key
+        proxies = _PROXIES[key] = (
+            MappingProxyType({r: _demand(amounts)}),
+            MappingProxyType({r: amounts[0]}),
+        )
+    a = object.__new__(Action)
+    _set_demands(a, proxies[0])
+    _set_mins(a, proxies[1])
+    _set_payload(a, None)
+    _set_elasticity(a, None)
+    _set_options(a, ())
+    _set_option_arrays(a, None)
+    _set_id(a, t[2])
+    _set_duration(a, t[3])
+    _set_trajectory(a, t[4])
+    _set_task(a, t[5])
+    _set_kind(a, t[6])
+    _set_service(a, t[7])
+    _set_submit(a, t[8])
+    _set_to(a, t[9])
+    return a
+
+
+def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:
+    return from_wire((resource, amounts, *values))
 
 
 def _reduce_action(a: Action):

@@ -17,7 +17,15 @@ from tangram.pools import Pool
 from tangram.profiles import DurationProfiles
 from tangram.results import Status
 from tangram.runtime.shards.batches import BatchStepper
-from tangram.runtime.shards.wire import BATCH, STATE, STOP, TICK, wire_dumps, wire_loads
+from tangram.runtime.shards.wire import (
+    BATCH,
+    STATE,
+    STOP,
+    TICK,
+    from_wire,
+    wire_dumps,
+    wire_loads,
+)
 from tangram.scheduler import Scheduler
 
 _PR_SET_PDEATHSIG = 1
@@ -87,7 +95,7 @@ class Outbox:
         self.binds: list[tuple[str, str, str]] = []
         self.completes: list[str] = []
         self.cancels: list[str] = []
-        self.arrivals: list[Action] = []
+        self.arrivals: list[tuple | Action] = []  # `wire.to_wire`
 
     def __reduce__(self):
         return (_outbox, (self.unbinds, self.binds, self.completes, self.cancels, self.arrivals))
@@ -166,7 +174,7 @@ class ShardWorker:
         for aid in box.cancels:
             sched.cancel(aid)
         for act in box.arrivals:
-            sched.enqueue(act)
+            sched.enqueue(from_wire(act) if type(act) is tuple else act)
         return self.decide(now)
 
     def decide(self, now: float) -> list:
