@@ -75,9 +75,16 @@ def _demand(amounts: tuple[int, ...]) -> Demand:
 
 # the slots a plain action's fields are set through (a frozen class: its own `__setattr__`
 # refuses), in the order of (resource, amounts, *_PLAIN) after the two derived from those
-(_set_id, _set_duration, _set_trajectory, _set_task, _set_kind, _set_service, _set_submit, _set_to) = (
-    getattr(Action, name).__set__ for name in _PLAIN
-)
+(
+    _set_id,
+    _set_duration,
+    _set_trajectory,
+    _set_task,
+    _set_kind,
+    _set_service,
+    _set_submit,
+    _set_to,
+) = (getattr(Action, name).__set__ for name in _PLAIN)
 (_set_demands, _set_mins, _set_payload, _set_elasticity, _set_options, _set_option_arrays) = (
     getattr(Action, name).__set__
     for name in ("demands", "mins", "payload", "elasticity", "options", "option_arrays")
