@@ -8,7 +8,18 @@ from __future__ import annotations
 import pytest
 
 from tangram.results import Status
-from tangram.runtime.shards.batches import BatchStepper, Ops
+from tangram.runtime.shards.batches import BatchStepper, MeanChanges, Ops
+
+
+def _changes(*triples: tuple[int, str, float]) -> tuple:
+    """The means learned after a batch's first instant, as the router sends them."""
+    out = MeanChanges()
+    for t in triples:
+        out.append(*t)
+    return out.wire()
+
+
+_NO_CHANGES = _changes()
 
 
 class _Sched:
@@ -79,7 +90,7 @@ def test_a_batch_decides_each_instant_with_the_means_of_that_instant():
     stepper = BatchStepper(w)
     a, b = _arr("a"), _arr("b")
     instants = [1.0, 2.0, 3.0, 4.0]
-    changes = [(1, "tool", 2.0), (2, "tool", 3.0), (2, "reward", 9.0), (3, "tool", 4.0)]
+    changes = _changes((1, "tool", 2.0), (2, "tool", 3.0), (2, "reward", 9.0), (3, "tool", 4.0))
     stepper.run((instants, {"tool": 1.0}, changes), [a, 0, "x", 2, b, 3])
     # at 3.0 only a completion, with a started and nothing queued: held until 4.0
     assert [(t, m) for t, m, _ in w.log] == [
@@ -95,18 +106,18 @@ def test_a_batch_holds_work_while_the_queue_is_empty_and_wakes_when_due():
     a = _arr("a")
     w = _Worker()
     stepper = BatchStepper(w)
-    stepper.run(([1.0, 2.0], {}, []), ["x", 0, a, 1])
+    stepper.run(([1.0, 2.0], {}, _NO_CHANGES), ["x", 0, a, 1])
     assert [(t, ops) for t, _, ops in w.log] == [(2.0, ["x", a])]
 
     w = _Worker(wants=2.5)
     stepper = BatchStepper(w)
-    _, wake = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, []), [a, 0])
+    _, wake = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, _NO_CHANGES), [a, 0])
     assert [t for t, _, _ in w.log] == [1.0, 2.5, 3.0]  # due again after each decision
     assert wake == 2.5
 
     w = _Worker(wants=True)
     stepper = BatchStepper(w)
-    stepper.run(([1.0, 2.0, 3.0], {}, []), [a, 1])
+    stepper.run(([1.0, 2.0, 3.0], {}, _NO_CHANGES), [a, 1])
     assert [t for t, _, _ in w.log] == [2.0, 3.0]
 
 
@@ -124,7 +135,7 @@ def test_an_op_stream_splits_at_the_last_instant_and_applies_in_order():
     sent, rest = ops.split()
     assert rest.arrivals == [b] and rest.cut == 0
     w = _Worker(queued=["q"])
-    BatchStepper(w).run(([1.0, 2.0, 3.0, 4.0], {}, []), sent)
+    BatchStepper(w).run(([1.0, 2.0, 3.0, 4.0], {}, _NO_CHANGES), sent)
     assert [(t, ops) for t, _, ops in w.log] == [
         (1.0, [a, ("binds", ("t", "cpu", "n0"))]),
         (4.0, ["x", ("cancels", "y"), ("unbinds", "t")]),
@@ -135,22 +146,22 @@ def test_a_batch_answers_each_decisions_grants_and_its_wish_to_decide_again():
     a, b = _arr("a"), _arr("b")
     w = _Worker()
     stepper = BatchStepper(w)
-    got, wake = stepper.run(([0.5, 0.6], {}, [(1, "k", 1.0)]), [a, 0, b, 1])
+    got, wake = stepper.run(([0.5, 0.6], {}, _changes((1, "k", 1.0))), [a, 0, b, 1])
     assert got == [(0, [a]), (1, [b])]
     assert wake is False and w.sched.profiles.means == {"k": 1.0}
     w = _Worker(wants=True)  # a put-off class: decided again at the next instant, and after
     stepper = BatchStepper(w)
-    got, wake = stepper.run(([0.1, 0.2, 0.3], {}, []), [a, 0])
+    got, wake = stepper.run(([0.1, 0.2, 0.3], {}, _NO_CHANGES), [a, 0])
     assert [t for t, _, _ in w.log] == [0.1, 0.2, 0.3] and got == [(0, []), (1, []), (2, [])]
     assert wake is True
     w.sched.queue.clear()
-    assert stepper.run(([0.4], {}, []), [])[1] is False  # nothing queued: no wish
+    assert stepper.run(([0.4], {}, _NO_CHANGES), [])[1] is False  # nothing queued: no wish
 
 
 def test_a_fresh_shard_decides_only_when_asked_and_means_apply_in_order():
     w = _Worker(queued=["q"])
     stepper = BatchStepper(w)
-    stepper.run(([1.0, 2.0], {"k": 1.0}, [(1, "other", 5.0)]), [1])
+    stepper.run(([1.0, 2.0], {"k": 1.0}, _changes((1, "other", 5.0))), [1])
     assert [(t, m) for t, m, _ in w.log] == [(2.0, {"k": 1.0, "other": 5.0})]
 
 
@@ -161,14 +172,14 @@ def test_work_with_an_empty_queue_is_applied_and_cancels_of_the_queue_count():
     a = _arr("a")
     w = _Worker()
     stepper = BatchStepper(w)
-    stepper.run(([1.0, 2.0, 3.0], {}, []), ["x", 0, "y", 1, a, 2])
+    stepper.run(([1.0, 2.0, 3.0], {}, _NO_CHANGES), ["x", 0, "y", 1, a, 2])
     assert [t for t, _, _ in w.log] == [3.0] and w.completed == ["x", "y"]
     for cancelled, decided in (("q", []), ("elsewhere", [1.0])):
         w = _Worker(queued=["q"], wants=True)
         ops = Ops()
         ops.cancels.append(cancelled)
         ops.mark(0)
-        BatchStepper(w).run(([1.0], {}, []), ops.split()[0])
+        BatchStepper(w).run(([1.0], {}, _NO_CHANGES), ops.split()[0])
         assert [t for t, _, _ in w.log] == decided
         assert w.sched.applied == ([] if decided else [("cancels", cancelled)])
         assert list(w.sched.queue) == (["q"] if decided else [])  # "q" waits (put off)
@@ -186,9 +197,11 @@ def test_the_routers_open_batch_asks_a_shard_whose_put_off_class_is_due():
     assert b.wants(2)
     b.wake[2] = 3.0  # due at the last instant itself
     assert b.wants(2)
-    b.queued, b.inline, b.changes = [1, 1, 1], [[], [], []], [(1, {})]
+    b.queued, b.inline = [1, 1, 1], [[], [], []]
+    b.changes.append(1, "k", 1.0)
     b.close()
-    assert (b.first_id, b.instants, b.queued, b.inline, b.changes) == (3, [], [], [], [])
+    assert (b.first_id, b.instants, b.queued, b.inline) == (3, [], [], [])
+    assert b.changes.triples() == []
     assert not b.wants(2)  # no instant open: nothing is due
     b.instants = [4.0]
     b.close()
@@ -199,16 +212,16 @@ def test_a_wish_to_decide_carries_into_the_next_batch():
     a = _arr("a")
     w = _Worker(wants=True)
     stepper = BatchStepper(w)
-    stepper.run(([0.1], {}, []), [a, 0])
-    got, _ = stepper.run(([0.2, 0.3], {}, [(1, "late", 1.0)]), [])
+    stepper.run(([0.1], {}, _NO_CHANGES), [a, 0])
+    got, _ = stepper.run(([0.2, 0.3], {}, _changes((1, "late", 1.0))), [])
     assert got == [(0, []), (1, [])]  # from the new batch's first instant on
     w = _Worker(wants=2.5)
     stepper = BatchStepper(w)
-    stepper.run(([1.0], {}, []), [a, 0])
-    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, [(2, "late", 1.0)]), [])
+    stepper.run(([1.0], {}, _NO_CHANGES), [a, 0])
+    got, _ = stepper.run(([2.4, 2.6, 2.7], {}, _changes((2, "late", 1.0))), [])
     assert [j for j, _ in got] == [1, 2]
     w.sched.wants = False
-    got, _ = stepper.run(([2.8, 2.9], {}, [(1, "later", 2.0)]), [])
+    got, _ = stepper.run(([2.8, 2.9], {}, _changes((1, "later", 2.0))), [])
     assert [j for j, _ in got] == [0]  # decided at once (due), then no wish
     assert w.sched.profiles.means == {"late": 1.0, "later": 2.0}  # changes after the last
 
@@ -219,7 +232,7 @@ def test_no_wish_to_decide_means_no_decision_unasked():
     a, b = _arr("a"), _arr("b")
     w = _Worker()
     stepper = BatchStepper(w)
-    got, wake = stepper.run(([1.0, 2.0], {}, []), [a, b, 0])
+    got, wake = stepper.run(([1.0, 2.0], {}, _NO_CHANGES), [a, b, 0])
     assert got == [(0, [a])] and wake is False and list(w.sched.queue) == [b]
 
 
@@ -231,7 +244,7 @@ def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means
     a, b = _arr("a"), _arr("b")
     w = _Worker(queued=["q"], wants=2.5)
     stepper = BatchStepper(w)
-    changes = [(1, "k", 1.0), (2, "k", 2.0), (3, "k", 3.0)]
+    changes = _changes((1, "k", 1.0), (2, "k", 2.0), (3, "k", 3.0))
     got, _ = stepper.run(([1.0, 2.0, 2.5, 3.0], {}, changes), [a, 0, "x", b, 3])
     assert [(t, m, ops) for t, m, ops in w.log] == [
         (1.0, {}, [a]),
@@ -241,13 +254,13 @@ def test_a_class_due_before_an_instant_with_work_is_decided_first_with_its_means
     assert [k for k, _ in got] == [0, 2, 3]
     assert w.sched.completions == [("x", 3.0, Status.CANCELLED)]
     w = _Worker(queued=["q"], wants=2.0)
-    BatchStepper(w).run(([1.0, 2.0], {}, []), [a, 0, b, 1])
+    BatchStepper(w).run(([1.0, 2.0], {}, _NO_CHANGES), [a, 0, b, 1])
     assert [t for t, _, _ in w.log] == [1.0, 2.0]  # due at 2.0 with work there: once
 
 
 def test_decisions_after_the_last_op_read_the_means_of_their_instants():
     w = _Worker(queued=["q"], wants=True)
-    changes = [(1, "k", 1.0), (2, "k", 2.0)]
+    changes = _changes((1, "k", 1.0), (2, "k", 2.0))
     got, wake = BatchStepper(w).run(([0.1, 0.2, 0.3], {}, changes), [_arr("a"), 0])
     assert [(t, m) for t, m, _ in w.log] == [(0.1, {}), (0.2, {"k": 1.0}), (0.3, {"k": 2.0})]
     assert [k for k, _ in got] == [0, 1, 2] and wake is True
@@ -257,4 +270,4 @@ def test_an_unknown_op_is_refused():
 
     w = _Worker(queued=["q"])
     with pytest.raises(ValueError, match="unknown op"):
-        BatchStepper(w).run(([1.0], {}, []), [("rebind", "t"), 0])
+        BatchStepper(w).run(([1.0], {}, _NO_CHANGES), [("rebind", "t"), 0])

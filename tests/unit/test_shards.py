@@ -370,7 +370,7 @@ def test_a_batch_carries_the_means_at_its_first_instant_and_each_change_after():
         s.submit(Action("b", {"cpu": 1}, trajectory="t", kind="tool"))
         s.decide(2.0)
         b = s._batch
-        assert b.base == {"tool": 2.0} and b.changes == []
+        assert b.base == {"tool": 2.0} and b.changes.triples() == []
         s.submit(Action("c", {"cpu": 1}, trajectory="t", kind="other"))
         s.decide(2.5)  # nothing learned since the first instant: no change
         s.settle()  # the grants of b and c
@@ -381,7 +381,7 @@ def test_a_batch_carries_the_means_at_its_first_instant_and_each_change_after():
         s.complete("c", 7.0)
         s.submit(Action("e", {"cpu": 1}, trajectory="t", kind="tool"))
         s.decide(7.0)
-        assert s._batch.changes == [(1, "other", 4.5)]
+        assert s._batch.changes.triples() == [(1, "other", 4.5)]
 
 
 @pytest.mark.parametrize("batched", [False, True])

@@ -17,6 +17,7 @@ the per-instant protocol would have asked it:
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from typing import Any
 
@@ -24,6 +25,7 @@ from tangram.results import Status
 from tangram.runtime.shards.wire import from_wire
 
 NEVER = 1 << 62  # an instant index past any batch
+_CANCELLED = Status.CANCELLED  # how a shard completes: the router learns, not the shard
 
 
 class BatchStepper:
@@ -41,7 +43,8 @@ class BatchStepper:
         self.wake: bool | float = False
 
     def run(self, common: tuple, ops: list) -> tuple[list, bool | float]:
-        """`common`: (the instants, the means at the first, [(instant, kind, mean)]); `ops`:
+        """`common`: (the instants, the means at the first, the changes after it as
+        (instants, kinds, means), `MeanChanges.wire`); `ops`:
         the shard's op stream (`Ops`), each instant's ops followed by its index. The answer:
         [(instant, grants)] for the instants it decided at, and whether (True) or from when
         (a time) it wants to decide again."""
@@ -50,6 +53,7 @@ class BatchStepper:
         means = sched.profiles.means
         means.update(base)
         queue = sched.queue
+        apply, decide = self._apply, self._decide
         out: list = []
         ci = 0
         start = 0
@@ -58,30 +62,27 @@ class BatchStepper:
             k = ops[pos]
             while due < k:  # a put-off class due before this instant's work
                 ci = _means_until(changes, ci, due, means)
-                self._decide(instants[due], due, out)
-                due = self._due(instants, due)
-            self._apply(ops, start, pos, instants[k])  # (reads no mean)
+                due = decide(instants, due, out)
+            apply(ops[start:pos], instants[k])  # (reads no mean)
             start = pos + 1
             if len(queue):  # an empty queue: the router would not have asked it
                 ci = _means_until(changes, ci, k, means)
-                self._decide(instants[k], k, out)
-            due = self._due(instants, k)
+                due = decide(instants, k, out)
+            else:
+                due = NEVER
         while due != NEVER:
             ci = _means_until(changes, ci, due, means)
-            self._decide(instants[due], due, out)
-            due = self._due(instants, due)
-        for _, kind, m in changes[ci:]:
-            means[kind] = m
+            due = decide(instants, due, out)
+        _means_until(changes, ci, NEVER, means)
         return out, (self.wake if len(queue) else False)
 
-    def _apply(self, ops: list, start: int, stop: int, now: float) -> None:
-        """Apply `ops[start:stop]` in order, at `now`."""
+    def _apply(self, ops: list, now: float) -> None:
+        """Apply `ops` in order, at `now`."""
         sched = self.worker.sched
-        for i in range(start, stop):
-            op = ops[i]
+        for op in ops:
             t = type(op)
             if t is str:
-                sched.complete(op, now, status=Status.CANCELLED)  # the router learns
+                sched.complete(op, now, status=_CANCELLED)  # the router learns
             elif t is not tuple:
                 sched.enqueue(op)  # an action `to_wire` left as it is
             elif len(op) != 2:
@@ -97,10 +98,16 @@ class BatchStepper:
                 else:
                     raise ValueError(f"unknown op {tag!r}")
 
-    def _decide(self, now: float, k: int, out: list) -> None:
-        out.append((k, self.worker.decide(now)))
-        wants = self.worker.sched.wants_next_decision()
-        self.wake = wants if wants is True or wants is False else float(wants)
+    def _decide(self, instants: list[float], k: int, out: list) -> int:
+        """Decide at instant `k`; the next instant the shard decides at unasked (`_due`)."""
+        worker = self.worker
+        out.append((k, worker.decide(instants[k])))
+        wants = worker.sched.wants_next_decision()
+        if wants is False:
+            self.wake = False
+            return NEVER
+        self.wake = wants if wants is True else float(wants)
+        return self._due(instants, k)
 
     def _due(self, instants: list[float], k: int) -> int:
         """The first instant after index `k` the shard decides at unasked (NEVER: none)."""
@@ -111,16 +118,39 @@ class BatchStepper:
         return j if j < len(instants) else NEVER
 
 
-def _means_until(changes: list, ci: int, k: int, means: dict) -> int:
-    """Apply the mean changes up to instant `k` from `changes[ci]` on; the next index."""
-    n = len(changes)
-    while ci < n:
-        j, kind, m = changes[ci]
-        if j > k:
-            break
-        means[kind] = m
+def _means_until(changes: tuple, ci: int, k: int, means: dict) -> int:
+    """Apply the mean changes (`MeanChanges.wire`) up to instant `k` from index `ci` on; the
+    next index."""
+    at, kinds, values = changes
+    n = len(at)
+    while ci < n and at[ci] <= k:  # (most often none: nothing learned since the last decision)
+        means[kinds[ci]] = values[ci]
         ci += 1
     return ci
+
+
+class MeanChanges:
+    """The means learned after a batch's first instant, each with the instant it was learned
+    before, in order: kept as three columns so that a shard reads the numbers without making an
+    object of each (`wire`)."""
+
+    __slots__ = ("at", "kinds", "means")
+
+    def __init__(self) -> None:
+        self.at: list[int] = []
+        self.kinds: list[str] = []
+        self.means: list[float] = []
+
+    def append(self, instant: int, kind: str, mean: float) -> None:
+        self.at.append(instant)
+        self.kinds.append(kind)
+        self.means.append(mean)
+
+    def wire(self) -> tuple[array, list[str], array]:
+        return array("q", self.at), self.kinds, array("d", self.means)
+
+    def triples(self) -> list[tuple[int, str, float]]:
+        return list(zip(self.at, self.kinds, self.means))
 
 
 class _Tagged:
@@ -171,8 +201,7 @@ class OpenBatch:
         self.queued: list[int] = []  # the router's count of queued actions at each instant
         self.inline: list[list] = []  # the global shard's grants at each (decided at once)
         self.base: dict[str, float] = {}  # the learned means at the first instant
-        # (instant, kind, mean) after the first, in order: each learned before that instant
-        self.changes: list[tuple[int, str, float]] = []
+        self.changes = MeanChanges()  # learned after the first instant, each before which
         self.wake: list[bool | float] = [False] * shards  # as each shard last answered
         self.ready: list[tuple[int, float, list]] = []  # (id, time, grants) not collected
 
@@ -185,4 +214,5 @@ class OpenBatch:
     def close(self) -> None:
         """The instants are sent and answered: the next batch starts after them."""
         self.first_id += len(self.instants)
-        self.instants, self.queued, self.inline, self.changes = [], [], [], []
+        self.instants, self.queued, self.inline = [], [], []
+        self.changes = MeanChanges()

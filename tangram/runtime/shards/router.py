@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from array import array
 from collections import deque
 from collections.abc import Mapping
 
@@ -21,7 +22,15 @@ from tangram.runtime.shards.handles import ProcessShard, ShardHandle
 from tangram.runtime.shards.means import MeansMirror
 from tangram.runtime.shards.pending import place_pending
 from tangram.runtime.shards.views import QueueView, ShardLost
-from tangram.runtime.shards.wire import BATCH, STATE, TICK, to_wire, wire_dumps, wire_loads
+from tangram.runtime.shards.wire import (
+    BATCH,
+    STATE,
+    TICK,
+    grant_from_wire,
+    to_wire,
+    wire_dumps,
+    wire_loads,
+)
 from tangram.runtime.shards.worker import Outbox, ShardInit
 from tangram.scheduler import DEFAULT_MAX_QUEUE, PreparedDecision, Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
@@ -385,7 +394,8 @@ class ShardedScheduler:
         out = []
         queued, running = self._queued[i], self._running[i]
         later = self._untaken if self.defers_grants else None
-        for aid, units, placement in grants:
+        for g in grants:
+            aid, units, placement = grant_from_wire(g)
             act = queued.pop(aid, None)
             if act is None:
                 raise InvariantError(f"shard {i} started {aid!r}, which it does not hold")
@@ -463,7 +473,7 @@ class ShardedScheduler:
         b = self._batch
         if not b.instants:
             return
-        common = wire_dumps((b.instants, b.base, b.changes))
+        common = wire_dumps((array("d", b.instants), b.base, b.changes.wire()))
         asked = [i for i in range(len(self._shards)) if self._out[i].cut or b.wants(i)]
         for i in asked:
             ops, self._out[i] = self._out[i].split()
@@ -596,7 +606,7 @@ class ShardedScheduler:
             if b.instants:  # (before the first, the batch's base reads it)
                 m = self.profiles.mean(kind)
                 if m is not None:  # an elastic kind learns its curve, not a mean
-                    b.changes.append((len(b.instants), kind, m))
+                    b.changes.append(len(b.instants), kind, m)
         return ra
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tangram.actions import Action, Elasticity
+from tangram.allocation import Assignment
 from tangram.pools import Placement
 from tangram.resources import Demand
 
@@ -133,6 +134,35 @@ def from_wire(t: tuple) -> Action:
     _set_submit(a, t[8])
     _set_to(a, t[9])
     return a
+
+
+_set_node, _set_cores, _set_chunk = (
+    getattr(Placement, name).__set__ for name in ("node", "cores", "chunk")
+)
+
+
+def grant_to_wire(a: Assignment) -> tuple:
+    """A shard's grant as the wire carries it: one of a single resource (nearly all) as one
+    flat tuple (action id, resource, units, node, cores, chunk), any other as (action id,
+    units, placement). `grant_from_wire` is the router's side."""
+    units = a.units
+    if len(units) == 1:
+        for r, u in units.items():
+            p = a.placement[r]
+            return (a.action.id, r, u, p.node, p.cores, p.chunk)
+    return (a.action.id, dict(units), dict(a.placement))
+
+
+def grant_from_wire(g: tuple) -> tuple[str, dict, dict]:
+    """(action id, units, placement) of a grant `grant_to_wire` sent."""
+    if len(g) == 3:
+        return g
+    aid, r, u, node, cores, chunk = g
+    p = object.__new__(Placement)
+    _set_node(p, node)
+    _set_cores(p, cores)
+    _set_chunk(p, chunk)
+    return aid, {r: u}, {r: p}
 
 
 def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:

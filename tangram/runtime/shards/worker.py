@@ -23,6 +23,7 @@ from tangram.runtime.shards.wire import (
     STOP,
     TICK,
     from_wire,
+    grant_to_wire,
     wire_dumps,
     wire_loads,
 )
@@ -178,8 +179,9 @@ class ShardWorker:
         return self.decide(now)
 
     def decide(self, now: float) -> list:
-        """Decide (nothing changed since the last time: a put-off class is due)."""
-        return [(a.action.id, dict(a.units), dict(a.placement)) for a in self.sched.decide(now)]
+        """Decide (nothing changed since the last time: a put-off class is due): the grants
+        as the wire carries them (`wire.grant_to_wire`)."""
+        return [grant_to_wire(a) for a in self.sched.decide(now)]
 
     def handle(self, data: bytes) -> tuple[bytes, bool]:
         """(the reply, whether to stop). An error is answered as ("error", text): the router
