@@ -26,7 +26,9 @@ from tangram.runtime.shards.wire import (
     BATCH,
     STATE,
     TICK,
+    assignment,
     grant_from_wire,
+    running_action,
     to_wire,
     wire_dumps,
     wire_loads,
@@ -399,12 +401,12 @@ class ShardedScheduler:
             act = queued.pop(aid, None)
             if act is None:
                 raise InvariantError(f"shard {i} started {aid!r}, which it does not hold")
-            a = Assignment(act, units, placement)
+            a = assignment(act, units, placement)
             if later is not None:
                 # taken in the mirror when it is read (`sync_pools`), its expected end
                 # estimated when read (`running`)
                 later[aid] = (units, placement)
-                running[aid] = RunningAction(a, now, math.nan)
+                running[aid] = running_action(a, now, math.nan)
             else:
                 self._mirror_take(i, aid, units, placement)
                 running[aid] = RunningAction(a, now, now + self._estimate_of(a))
@@ -587,27 +589,31 @@ class ShardedScheduler:
         learn = status in LEARNED or status in CENSORED  # the one learning rule's statuses
         if i == GLOBAL:
             ra = self._global.complete(action_id, now, run_s, status)
-        else:
-            ra = self._running[i].pop(action_id)
-            a = ra.assignment
-            if self._untaken.pop(action_id, None) is None:
-                for r, u in a.units.items():
-                    self.pools[r].release(a.placement[r], u)
-            self._out[i].completes.append(action_id)
-            self._dirty.add(i)
             if learn:
-                self.profiles.record(
-                    a.action, a.units, now - ra.start if run_s is None else run_s, status
-                )
+                self._learned(ra.assignment.action.kind)
+            return ra
+        ra = self._running[i].pop(action_id)
+        a = ra.assignment
+        if self._untaken.pop(action_id, None) is None:
+            for r, u in a.units.items():
+                self.pools[r].release(a.placement[r], u)
+        self._out[i].completes.append(action_id)
+        self._dirty.add(i)
         if learn:
-            kind = ra.assignment.action.kind
-            self._means.observed(kind)
-            b = self._batch
-            if b.instants:  # (before the first, the batch's base reads it)
-                m = self.profiles.mean(kind)
-                if m is not None:  # an elastic kind learns its curve, not a mean
-                    b.changes.append(len(b.instants), kind, m)
+            act = a.action
+            self.profiles.record(act, a.units, now - ra.start if run_s is None else run_s, status)
+            self._learned(act.kind)
         return ra
+
+    def _learned(self, kind: str) -> None:
+        """A completion of `kind` was learned from: its mean goes to every shard (per instant,
+        with its next tick; batched, as a change before the batch's next instant)."""
+        self._means.observed(kind)
+        b = self._batch
+        if b.instants:  # (before the first, the batch's base reads it)
+            m = self.profiles.mean(kind)
+            if m is not None:  # an elastic kind learns its curve, not a mean
+                b.changes.append(len(b.instants), kind, m)
 
     def take_failed(self) -> list[tuple[str, ShardLost]]:
         """The actions failed since the last call (a lost shard's queue), to report."""

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from tangram.actions import Action, Elasticity
-from tangram.allocation import Assignment
+from tangram.allocation import Assignment, RunningAction
 from tangram.pools import Placement
 from tangram.resources import Demand
 
@@ -163,6 +163,33 @@ def grant_from_wire(g: tuple) -> tuple[str, dict, dict]:
     _set_cores(p, cores)
     _set_chunk(p, chunk)
     return aid, {r: u}, {r: p}
+
+
+_set_action, _set_units, _set_placement = (
+    getattr(Assignment, name).__set__ for name in ("action", "units", "placement")
+)
+_set_assignment, _set_start, _set_end = (
+    getattr(RunningAction, name).__set__ for name in ("assignment", "start", "expected_end")
+)
+
+
+def assignment(action: Action, units: dict, placement: dict) -> Assignment:
+    """`Assignment(action, units, placement)` for a grant a shard answered, built through its
+    slots (the router makes one per grant)."""
+    a = object.__new__(Assignment)
+    _set_action(a, action)
+    _set_units(a, units)
+    _set_placement(a, placement)
+    return a
+
+
+def running_action(a: Assignment, start: float, expected_end: float) -> RunningAction:
+    """`RunningAction(a, start, expected_end)`, built through its slots, as `assignment`."""
+    ra = object.__new__(RunningAction)
+    _set_assignment(ra, a)
+    _set_start(ra, start)
+    _set_end(ra, expected_end)
+    return ra
 
 
 def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:
