@@ -24,10 +24,19 @@ from evaluation.shardcheck import compare
 from evaluation.workloads import get_workload
 from solvers import get_allocator
 from tangram.actions import Action, Elasticity
+from tangram.allocation import Assignment, RunningAction
 from tangram.errors import InvariantError, ValidationError
-from tangram.pools import ChunkPool, CorePool
+from tangram.pools import ChunkPool, CorePool, Placement
 from tangram.runtime.facade import Tangram
 from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire_dumps
+from tangram.runtime.shards.wire import (
+    assignment,
+    from_wire,
+    grant_from_wire,
+    grant_to_wire,
+    running_action,
+    to_wire,
+)
 from tangram.scheduler import Scheduler
 from tangram.sharding import GLOBAL, ShardLayout
 from topology import ChunkTree, CpuNode
@@ -88,13 +97,23 @@ def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
     }
 
 
+def _as_arrival(a: Action) -> Action:
+    """`a` as a shard rebuilds it from the router's op stream (`to_wire`, pickled, `from_wire`
+    where it crossed flat)."""
+    got = pickle.loads(wire_dumps([to_wire(a)]))[0]
+    return from_wire(got) if type(got) is tuple else got
+
+
 @settings(max_examples=60, deadline=None)
 @given(inst=instances(max_actions=6))
-def test_every_action_the_instance_grammar_allows_crosses_the_pipe_whole(inst):
+@pytest.mark.parametrize("cross", [lambda a: pickle.loads(wire_dumps(a)), _as_arrival])
+def test_every_action_the_instance_grammar_allows_crosses_the_pipe_whole(cross, inst):
     """Every field but the payload, for every action an instance file may hold (elastic or
-    not, one resource or several, timeouts, services): the plain path and the general one."""
+    not, one resource or several, timeouts, services): the plain path and the general one, as
+    a shard's start or a replacement's queue carries it (pickled) and in the op stream."""
     for a in inst.actions:
-        b = pickle.loads(wire_dumps(a))
+        b = cross(a)
+        assert type(b) is Action
         for f in dataclasses.fields(Action):
             if f.name in ("payload", "option_arrays", "elasticity"):
                 continue
@@ -111,6 +130,34 @@ def test_every_action_the_instance_grammar_allows_crosses_the_pipe_whole(inst):
             assert b.option_arrays is None
         else:
             assert [list(x) for x in b.option_arrays] == [list(x) for x in a.option_arrays]
+
+
+_placements = st.builds(
+    Placement,
+    st.sampled_from(["n0", "cpu12", "gpu-node-3"]),
+    st.lists(st.integers(0, 255), max_size=8, unique=True).map(tuple),
+    st.none() | st.tuples(st.integers(0, 7), st.sampled_from([1, 2, 4, 8])),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(inst=instances(max_actions=6), data=st.data())
+def test_every_grant_the_instance_grammar_allows_crosses_the_pipe_whole(inst, data):
+    """A grant of every action an instance file may hold, on one resource or several, reaches
+    the router with the units and placements the shard granted, and the router's assignment
+    and running action equal the ones their constructors make."""
+    for act in inst.actions:
+        units = {r: data.draw(st.sampled_from(d.amounts)) for r, d in act.demands.items()}
+        placement = {r: data.draw(_placements) for r in units}
+        g = pickle.loads(wire_dumps(grant_to_wire(Assignment(act, units, placement))))
+        aid, got_units, got_placement = grant_from_wire(g)
+        assert (aid, got_units, got_placement) == (act.id, units, placement)
+        assert all(type(p) is Placement for p in got_placement.values())
+        a = assignment(act, got_units, got_placement)
+        assert (a.action, a.units, a.placement) == (act, units, placement)
+        ra = running_action(a, 1.5, 4.0)
+        assert (ra.assignment, ra.start, ra.expected_end) == (a, 1.5, 4.0)
+        assert type(a) is Assignment and type(ra) is RunningAction
 
 
 # -- the same grants ----------------------------------------------------------------------------
