@@ -498,23 +498,37 @@ class ShardedScheduler:
         self._close_batch(per)
 
     def _close_batch(self, per: dict[int, list[Assignment]]) -> None:
-        """Log each instant's grants and keep the node shards' for `collect`. An instant at
+        """Keep the node shards' grants for `collect` (and log each instant's). An instant at
         which the router counted queued actions that a shard had in truth already started
-        in this batch had nothing queued: no decision (as one scheduler makes none)."""
+        in this batch had nothing queued: no decision (as one scheduler makes none). Walks the
+        instants with grants, not every instant."""
+        b = self._batch
+        if self.stream is not None:
+            self._log_batch(per)
+        queued, done, at = b.queued, 0, 0
+        for k in sorted(per):
+            got = per[k]
+            if not got:
+                continue
+            if done:  # (before the batch's first grant every count holds; at an instant with
+                # grants something was queued beside the `done` already started)
+                self.decisions -= sum(1 for q in queued[at:k] if q <= done)
+            b.ready.append((b.first_id + k, b.instants[k], got))
+            done += len(got)
+            at = k + 1
+        if done:
+            self.decisions -= sum(1 for q in queued[at:] if q <= done)
+        b.close()
+
+    def _log_batch(self, per: dict[int, list[Assignment]]) -> None:
+        """Each decision's grants in `stream`, the global shard's and the node shards'."""
         b = self._batch
         done = 0
-        none: list[Assignment] = []
-        log = self.stream is not None
         for k, now in enumerate(b.instants):
-            got = per.get(k, none)
-            if b.queued[k] <= done:
-                self.decisions -= 1
-            elif log:
+            got = per.get(k, [])
+            if b.queued[k] > done:  # (else no decision: `_close_batch`)
                 self._log("granted", now, tuple(b.inline[k]) + tuple(got))
-            if got:
-                b.ready.append((b.first_id + k, now, got))
-                done += len(got)
-        b.close()
+            done += len(got)
 
     def _send_batch(self, i: int, common: bytes, ticks: list) -> None:
         if i in self._dead:
