@@ -197,10 +197,10 @@ def test_the_routers_open_batch_asks_a_shard_whose_put_off_class_is_due():
     assert b.wants(2)
     b.wake[2] = 3.0  # due at the last instant itself
     assert b.wants(2)
-    b.queued, b.inline = [1, 1, 1], [[], [], []]
+    b.queued, b.inline = [1, 1, 1], {1: ["g"]}
     b.changes.append(1, "k", 1.0)
     b.close()
-    assert (b.first_id, b.instants, b.queued, b.inline) == (3, [], [], [])
+    assert (b.first_id, b.instants, b.queued, b.inline) == (3, [], [], {})
     assert b.changes.triples() == []
     assert not b.wants(2)  # no instant open: nothing is due
     b.instants = [4.0]

@@ -199,7 +199,7 @@ class OpenBatch:
         self.first_id = 0  # the id of `instants[0]`: instants are numbered from the first
         self.instants: list[float] = []
         self.queued: list[int] = []  # the router's count of queued actions at each instant
-        self.inline: list[list] = []  # the global shard's grants at each (decided at once)
+        self.inline: dict[int, list] = {}  # the global shard's grants by instant, where any
         self.base: dict[str, float] = {}  # the learned means at the first instant
         self.changes = MeanChanges()  # learned after the first instant, each before which
         self.wake: list[bool | float] = [False] * shards  # as each shard last answered
@@ -214,5 +214,5 @@ class OpenBatch:
     def close(self) -> None:
         """The instants are sent and answered: the next batch starts after them."""
         self.first_id += len(self.instants)
-        self.instants, self.queued, self.inline = [], [], []
+        self.instants, self.queued, self.inline = [], [], {}
         self.changes = MeanChanges()

@@ -39,6 +39,7 @@ from tangram.sharding import GLOBAL, ShardLayout
 
 log = logging.getLogger("tangram.shards")
 PENDING = -2  # `_where` of an action waiting for its trajectory's node
+_NAN = math.nan  # a batched grant's expected end until read (`running`)
 BACKENDS = {"process": ProcessShard, "ray": RayShard}
 
 
@@ -129,7 +130,7 @@ class ShardedScheduler:
         self._pending: deque[Action] = deque()  # first CPU actions of unbound trajectories
         self.defers_grants = batched
         self._out = [self._new_box() for _ in range(shards)]
-        self._untaken: dict[str, tuple[dict, dict]] = {}  # batched: grants not in the mirror yet
+        self._untaken: dict[str, Assignment] = {}  # batched: grants not in the mirror yet
         self._dirty: set[int] = set()
         self._due: dict[int, float] = {}  # shard -> when a put-off class of it is to be re-read
         self._dead: set[int] = set()
@@ -246,6 +247,9 @@ class ShardedScheduler:
 
     def enqueue(self, action: Action) -> None:
         i = self.layout.route(action, self.bindings)
+        if i is not None and i >= 0 and not self._pending:  # a node shard's (the common case)
+            self._to_shard(i, action)
+            return
         if i is None or (self._pending and i != GLOBAL):
             # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
             self._where[action.id] = PENDING
@@ -317,12 +321,10 @@ class ShardedScheduler:
             g = len(self._global.queue)  # the batched common case (the simulator's instants)
             if not g and not self._in_shards:
                 return []
-            self.decisions += 1
             return self._decide_later(now, g + self._in_shards, g)
         queued = self.queued()
         if not queued:
             return []
-        self.decisions += 1
         if self._pending:
             self.settle()  # the placement reads the core pools: every grant must be in them
             self.sync_pools()
@@ -337,6 +339,7 @@ class ShardedScheduler:
             )
         if self.defers_grants:
             return self._decide_later(now, queued, len(self._global.queue))
+        self.decisions += 1
         self._dirty.update(i for i, t in self._due.items() if t <= now)
         asked = [i for i in sorted(self._dirty) if self._queued[i]]
         self._dirty.difference_update(asked)
@@ -405,8 +408,8 @@ class ShardedScheduler:
             if later is not None:
                 # taken in the mirror when it is read (`sync_pools`), its expected end
                 # estimated when read (`running`)
-                later[aid] = (units, placement)
-                running[aid] = running_action(a, now, math.nan)
+                later[aid] = a
+                running[aid] = running_action(a, now, _NAN)
             else:
                 self._mirror_take(i, aid, units, placement)
                 running[aid] = RunningAction(a, now, now + self._estimate_of(a))
@@ -429,8 +432,8 @@ class ShardedScheduler:
         """Take every grant not taken yet in the router's mirror of the core pools (batched:
         a grant that ends before anything reads the mirror is never taken nor released)."""
         untaken, self._untaken = self._untaken, {}
-        for aid, (units, placement) in untaken.items():
-            self._mirror_take(self._where[aid], aid, units, placement)
+        for aid, a in untaken.items():
+            self._mirror_take(self._where[aid], aid, a.units, a.placement)
 
     def _new_box(self) -> Outbox | Ops:
         return Ops() if self.defers_grants else Outbox()
@@ -439,11 +442,13 @@ class ShardedScheduler:
     def _decide_later(self, now: float, queued: int, in_global: int) -> list[Assignment]:
         """Note this instant's work for each shard an event touched and decide the global shard
         at once; the node shards answer when the batch is sent (`settle`)."""
+        self.decisions += 1
         b = self._batch
-        j = len(b.instants)
-        if j == 0:  # the means as of the batch's first instant; `complete` notes later changes
+        instants = b.instants
+        j = len(instants)
+        if not j:  # the means as of the batch's first instant; `complete` notes later changes
             b.base = {k: m for k in self._means.kind_at if (m := self.profiles.mean(k)) is not None}
-        b.instants.append(now)
+        instants.append(now)
         b.queued.append(queued)
         dirty = self._dirty
         if dirty:
@@ -451,9 +456,12 @@ class ShardedScheduler:
             for i in dirty:
                 out[i].mark(j)
             dirty.clear()
-        got = self._global.decide(now) if in_global else []
-        b.inline.append(got)
         self.last_instant = b.first_id + j
+        if not in_global:
+            return []
+        got = self._global.decide(now)
+        if got:
+            b.inline[j] = got
         return got
 
     def outstanding_since(self) -> float | None:
@@ -527,7 +535,7 @@ class ShardedScheduler:
         for k, now in enumerate(b.instants):
             got = per.get(k, [])
             if b.queued[k] > done:  # (else no decision: `_close_batch`)
-                self._log("granted", now, tuple(b.inline[k]) + tuple(got))
+                self._log("granted", now, tuple(b.inline.get(k, ())) + tuple(got))
             done += len(got)
 
     def _send_batch(self, i: int, common: bytes, ticks: list) -> None:
