@@ -57,6 +57,13 @@ def _core_pool(pools: Mapping[str, Pool]) -> list[str]:
     return sharded
 
 
+def _at_most(counts: list[int], n: int) -> int:
+    """How many of `counts` are at most `n` (most often none: `min` finds that in C)."""
+    if not counts or min(counts) > n:
+        return 0
+    return sum(1 for q in counts if q <= n)
+
+
 class ShardedScheduler:
     """The scheduler's interface (`tangram.scheduling.SchedulerInterface`) over `shards` node
     shards plus the global shard (module docstring). Node shards always decide scoped (a shard
@@ -520,12 +527,12 @@ class ShardedScheduler:
                 continue
             if done:  # (before the batch's first grant every count holds; at an instant with
                 # grants something was queued beside the `done` already started)
-                self.decisions -= sum(1 for q in queued[at:k] if q <= done)
+                self.decisions -= _at_most(queued[at:k], done)
             b.ready.append((b.first_id + k, b.instants[k], got))
             done += len(got)
             at = k + 1
         if done:
-            self.decisions -= sum(1 for q in queued[at:] if q <= done)
+            self.decisions -= _at_most(queued[at:], done)
         b.close()
 
     def _log_batch(self, per: dict[int, list[Assignment]]) -> None:
