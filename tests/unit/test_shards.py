@@ -27,8 +27,9 @@ from tangram.actions import Action, Elasticity
 from tangram.allocation import Assignment, RunningAction
 from tangram.errors import InvariantError, ValidationError
 from tangram.pools import ChunkPool, CorePool, Placement
+from tangram.resources import Demand
 from tangram.runtime.facade import Tangram
-from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire_dumps
+from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire, wire_dumps
 from tangram.runtime.shards.wire import (
     assignment,
     from_wire,
@@ -99,9 +100,37 @@ def test_actions_cross_the_pipe_whole_but_their_payload(efficiency):
 
 def _as_arrival(a: Action) -> Action:
     """`a` as a shard rebuilds it from the router's op stream (`to_wire`, pickled, `from_wire`
-    where it crossed flat)."""
+    where it crossed flat), with no demand seen before (the shared mappings built anew)."""
+    wire._PROXIES.clear()
     got = pickle.loads(wire_dumps([to_wire(a)]))[0]
     return from_wire(got) if type(got) is tuple else got
+
+
+def test_a_plain_arrival_crosses_the_op_stream_with_every_field():
+    """Every field set (the instance grammar may draw None for the optional ones), twice: the
+    second time through the demands shared with the first."""
+    a = Action(
+        "a1",
+        {"cpu": [2, 4]},
+        duration=3.5,
+        trajectory="traj-7",
+        task="task-3",
+        kind="tool",
+        service="svc",
+        submit_time=12.25,
+        timeout=9.0,
+        payload=object(),
+    )
+    for shared in (False, True):
+        t = to_wire(a)
+        assert type(t) is tuple
+        b = from_wire(pickle.loads(wire_dumps(t))) if shared else _as_arrival(a)
+        for f in dataclasses.fields(Action):
+            want = None if f.name == "payload" else getattr(a, f.name)
+            assert getattr(b, f.name) == want, f.name
+        assert type(b.demands["cpu"]) is Demand and b.demands["cpu"].amounts == (2, 4)
+    with pytest.raises(TypeError):  # read-only, as an action's own
+        b.demands["cpu"] = None  # type: ignore[index]
 
 
 @settings(max_examples=60, deadline=None)
