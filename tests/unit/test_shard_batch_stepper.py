@@ -5,10 +5,14 @@ class woken at its due instant, and the op stream cut at the last instant."""
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 
+from tangram.actions import Action, Elasticity
 from tangram.results import Status
 from tangram.runtime.shards.batches import BatchStepper, MeanChanges, Ops
+from tangram.runtime.shards.wire import to_wire
 
 
 def _changes(*triples: tuple[int, str, float]) -> tuple:
@@ -271,3 +275,27 @@ def test_an_unknown_op_is_refused():
     w = _Worker(queued=["q"])
     with pytest.raises(ValueError, match="unknown op"):
         BatchStepper(w).run(([1.0], {}, _NO_CHANGES), [("rebind", "t"), 0])
+
+
+def test_a_flat_arrival_is_queued_as_the_action_the_router_sent():
+    """An arrival the router put in the op stream as a flat tuple (`wire.to_wire`) reaches the
+    scheduler as that action, whole; one it left as an action (elastic), as itself."""
+    plain = Action("p", {"cpu": 2}, duration=1.5, trajectory="t", task="k", kind="tool")
+    elastic = Action("e", {"cpu": [1, 2]}, elasticity=Elasticity("cpu", 4.0, {1: 1, 2: 0.8}))
+    w = _Worker()
+    BatchStepper(w).run(([1.0], {}, _NO_CHANGES), [to_wire(plain), to_wire(elastic), 0])
+    (_, _, applied), *_ = w.log
+    got, same = applied
+    assert type(got) is Action and same is elastic
+    assert all(getattr(got, f) == getattr(plain, f) for f in ("id", "duration", "trajectory"))
+    assert (got.task, got.kind, dict(got.mins)) == ("k", "tool", {"cpu": 2})
+
+
+def test_mean_changes_keep_their_order_and_cross_as_columns():
+    ch = MeanChanges()
+    ch.append(1, "tool", 2.0)
+    ch.append(3, "reward", 9.5)
+    assert ch.triples() == [(1, "tool", 2.0), (3, "reward", 9.5)]
+    at, kinds, means = pickle.loads(pickle.dumps(ch.wire()))
+    assert (list(at), kinds, list(means)) == ([1, 3], ["tool", "reward"], [2.0, 9.5])
+    assert (at.typecode, means.typecode) == ("q", "d")
