@@ -28,6 +28,7 @@ from tangram.allocation import Assignment, RunningAction
 from tangram.errors import InvariantError, ValidationError
 from tangram.pools import ChunkPool, CorePool, Placement
 from tangram.resources import Demand
+from tangram.results import Status
 from tangram.runtime.facade import Tangram
 from tangram.runtime.shards import ShardedScheduler, ShardLost, take_over, wire, wire_dumps
 from tangram.runtime.shards.wire import (
@@ -410,6 +411,70 @@ def test_a_first_action_is_placed_behind_what_the_shards_already_queue():
         finally:
             getattr(s, "close", lambda: None)()
     assert grants[0] == grants[1] == {"big": "n0", "first": "n1"}
+
+
+def test_actions_behind_an_unplaced_first_action_wait_on_the_cores_only():
+    """While a trajectory's first CPU action waits for a node, a later CPU action of a bound
+    trajectory waits behind it (FCFS on the cores, as one scheduler: it takes n0's only core
+    first); a pooled action does not wait, and a waiting action can be cancelled."""
+    pools = {"cpu": cores(1, 1), "gpu": ChunkPool("gpu", {"g0": ChunkTree(8)})}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=1) as s:
+        s.bind("t", "cpu", "n0")
+        s.submit(fixed("first", 1, "u"))  # unbound: waits for a node
+        s.submit(fixed("later", 1, "t"))  # bound to n0, but behind it
+        s.submit(Action("g", {"gpu": 2}, duration=1.0, trajectory="t"))
+        s.submit(fixed("gone", 1, "t"))
+        assert s.cancel("gone") and "gone" not in s.queue
+        assert sorted(a.action.id for a in s.decide(0.0)) == ["first", "g"]
+        assert s.bindings[("u", "cpu")] == "n0" and "later" in s.queue
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_the_router_learns_by_the_one_rule_from_its_run_time(pooled):
+    """A completion teaches its kind's mean from the run time it reports (else from its start),
+    by the one learning rule (a failed run teaches nothing), on a node shard's action and on a
+    pooled one alike; a mean learned inside a batch is noted at the next instant."""
+    pools = {"cpu": cores(1, 2), "gpu": ChunkPool("gpu", {"g0": ChunkTree(8)})}
+    with ShardedScheduler(pools, get_allocator("heuristic"), shards=1, batched=True) as s:
+
+        def start(aid, at):
+            r = "gpu" if pooled else "cpu"
+            s.submit(Action(aid, {r: 1}, duration=9.0, trajectory="t", kind="k"))
+            s.decide(at)
+            s.collect()
+
+        s.bind("t", "cpu", "n0")
+        start("a", 0.0)
+        s.complete("a", 7.0, run_s=5.0)
+        assert s.profiles.mean("k") == 5.0
+        start("b", 7.0)
+        s.complete("b", 8.0, status=Status.FAILED)  # a failed run teaches nothing
+        assert s.profiles.mean("k") == 5.0
+        start("c", 8.0)
+        s.complete("c", 11.0)  # no run time given: from its start
+        assert s.profiles.mean("k") == 4.0
+        start("d", 11.0)
+        s.submit(fixed("x", 1, "t"))
+        s.decide(11.5)  # a batch is open: a mean learned now is a change before its next instant
+        ra = s.complete("d", 12.0, status=Status.TIMEOUT)  # killed at its timeout: learned
+        assert ra.assignment.action.id == "d" and s.profiles.mean("k") == 3.0
+        assert s._batch.changes.triples() == [(1, "k", 3.0)]
+
+
+def test_a_logged_batched_decision_holds_the_global_shards_grants_too():
+    """The stream `compare` reads: each decision's grants, the pooled ones decided at once and
+    the node shards' answered later, at the instant they were made."""
+    pools = {"cpu": cores(1, 2), "gpu": ChunkPool("gpu", {"g0": ChunkTree(8)})}
+    with ShardedScheduler(
+        pools, get_allocator("heuristic"), shards=1, batched=True, log_stream=True
+    ) as s:
+        s.bind("t", "cpu", "n0")
+        s.submit(fixed("c", 1, "t"))
+        s.submit(Action("g", {"gpu": 2}, duration=1.0, trajectory="t"))
+        assert [a.action.id for a in s.decide(0.5)] == ["g"]
+        s.collect()
+        ((_, at, grants),) = s.stream
+        assert at == 0.5 and sorted(a.action.id for a in grants) == ["c", "g"]
 
 
 def test_a_shard_whose_put_off_class_is_due_is_asked_at_that_instant():

@@ -254,19 +254,15 @@ class ShardedScheduler:
 
     def enqueue(self, action: Action) -> None:
         i = self.layout.route(action, self.bindings)
-        if i is not None and i >= 0 and not self._pending:  # a node shard's (the common case)
-            self._to_shard(i, action)
-            return
-        if i is None or (self._pending and i != GLOBAL):
-            # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
-            self._where[action.id] = PENDING
-            self._pending.append(action)
-            return
         if i == GLOBAL:
             self._where[action.id] = GLOBAL
             self._global.enqueue(action)
-            return
-        self._to_shard(i, action)
+        elif i is None or self._pending:
+            # no node yet, or behind one that has none: FCFS on the cores, as one scheduler
+            self._where[action.id] = PENDING
+            self._pending.append(action)
+        else:
+            self._to_shard(i, action)
 
     def _to_shard(self, i: int, action: Action) -> None:
         if i in self._dead:
@@ -520,7 +516,8 @@ class ShardedScheduler:
         b = self._batch
         if self.stream is not None:
             self._log_batch(per)
-        queued, done, at = b.queued, 0, 0
+        queued, done = b.queued, 0
+        at = 0  # (read only once `done`: set at the first instant with grants)
         for k in sorted(per):
             got = per[k]
             if not got:
