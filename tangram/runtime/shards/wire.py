@@ -1,7 +1,12 @@
-"""The wire between the router and its shards: actions go out, grants come back, pickled with
-the reducers below (for this pipe only: other pickling of these types is untouched). They send
+"""The wire between the router and its shards: actions go out, grants come back.
+
+What crosses on every message is numbers and strings, so neither side makes an object it does
+not need (docs/scale.md, "What the messages cost"): a plain arrival as one flat tuple
+(`to_wire`, `from_wire`), a grant of one resource as one flat tuple (`grant_to_wire`,
+`grant_from_wire`), each rebuilt through the slots' own setters. Everything else is pickled with
+the reducers below (for this pipe only: other pickling of these types is untouched), which send
 what a value is made of and rebuild it without the dataclass machinery (`fields()` on every
-object) and without validating again what the router validated. An action's payload stays in
+object). Nothing is validated again that the router validated. An action's payload stays in
 the router: a shard decides, it never runs anything."""
 
 from __future__ import annotations
