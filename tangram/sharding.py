@@ -68,10 +68,7 @@ class ShardLayout:
                 if r not in self.resources:
                     return GLOBAL
                 node = node_of.get((action.trajectory, r)) if action.trajectory else None
-                if node is None:
-                    return None
-                i = self._of.get(node)  # (`shard_of`, inline: on every arrival's path)
-                return self.shard_of(node) if i is None else i
+                return None if node is None else self.shard_of(node)
         sharded = [r for r in mins if r in self.resources]
         if not sharded:
             return GLOBAL

@@ -224,23 +224,9 @@ class Handoff:
                 self.inner.state(i)
 
     def __getattr__(self, name: str):
+        """Everything else of the scheduler it stands for (`TimedSharded` calls the scheduler's
+        own methods through `_Timed._bind`)."""
         return getattr(self.inner, name)
-
-    def enqueue(self, action) -> None:
-        self.inner.enqueue(action)
-
-    def complete(self, *args, **kw):
-        return self.inner.complete(*args, **kw)
-
-    def decide(self, now: float):
-        return self.inner.decide(now)
-
-    def collect(self):
-        return self.inner.collect()
-
-    def settle(self) -> None:
-        if self.sharded:
-            self.inner.settle()
 
     def close(self) -> None:
         if self.sharded:

@@ -134,6 +134,17 @@ def test_a_plain_arrival_crosses_the_op_stream_with_every_field():
         b.demands["cpu"] = None  # type: ignore[index]
 
 
+def test_the_shared_demands_a_shard_keeps_are_bounded():
+    """Users choose the demands: past `PROXIES_MAX` distinct ones the shared mappings are
+    dropped and built anew, and every action still crosses with its own demand."""
+    wire._PROXIES.clear()
+    for n in range(wire.PROXIES_MAX + 10):
+        a = Action(f"a{n}", {"cpu": [1, 2 + n]}, duration=1.0, trajectory="t")
+        b = from_wire(to_wire(a))
+        assert b.demands["cpu"].amounts == (1, 2 + n) and dict(b.mins) == {"cpu": 1}
+        assert len(wire._PROXIES) <= wire.PROXIES_MAX
+
+
 @settings(max_examples=60, deadline=None)
 @given(inst=instances(max_actions=6))
 @pytest.mark.parametrize("cross", [lambda a: pickle.loads(wire_dumps(a)), _as_arrival])

@@ -65,7 +65,7 @@ def _action(demands: dict, mins: dict, values: tuple) -> Action:
 
 
 # an action that is not elastic and names one resource (nearly every tool call) crosses as the
-# fields below in one flat tuple: everything else of it is derived (`_plain_action`)
+# fields below in one flat tuple: everything else of it is derived (`from_wire`)
 _PLAIN = ("id", "duration", "trajectory", "task", "kind", "service", "submit_time", "timeout")
 assert set(_ACTION_FIELDS) == set(_PLAIN) | {"elasticity", "options"}, (
     "a new Action field: carry it in `_PLAIN` too"
@@ -96,9 +96,10 @@ def _demand(amounts: tuple[int, ...]) -> Demand:
     for name in ("demands", "mins", "payload", "elasticity", "options", "option_arrays")
 )
 # (resource, amounts) -> the read-only demands and mins of a plain action demanding them, one
-# pair shared by every action that demands the same (both immutable); bounded by the distinct
-# demands a workload makes
+# pair shared by every action that demands the same (both immutable); emptied when it holds
+# `PROXIES_MAX` (the demands come from users: their variety is not bounded)
 _PROXIES: dict[tuple[str, tuple[int, ...]], tuple[MappingProxyType, MappingProxyType]] = {}
+PROXIES_MAX = 4096
 
 
 def to_wire(a: Action) -> tuple | Action:
@@ -118,6 +119,8 @@ def from_wire(t: tuple) -> Action:
     key = (t[0], t[1])
     proxies = _PROXIES.get(key)
     if proxies is None:
+        if len(_PROXIES) >= PROXIES_MAX:
+            _PROXIES.clear()
         r, amounts = key
         proxies = _PROXIES[key] = (
             MappingProxyType({r: _demand(amounts)}),
@@ -197,15 +200,11 @@ def running_action(a: Assignment, start: float, expected_end: float) -> RunningA
     return ra
 
 
-def _plain_action(resource: str, amounts: tuple[int, ...], values: tuple) -> Action:
-    return from_wire((resource, amounts, *values))
-
-
 def _reduce_action(a: Action):
+    flat = to_wire(a)
+    if type(flat) is tuple:  # a plain action: as in the op stream
+        return from_wire, (flat,)
     el = a.elasticity
-    if el is None and len(a.demands) == 1:
-        for r, d in a.demands.items():
-            return _plain_action, (r, d.amounts, _plain_values(a))
     values = _values(a)
     if el is not None and callable(el.efficiency):
         # E(m) as a function (a learned fit's closure) goes as its table over the allowed
